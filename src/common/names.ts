@@ -1,0 +1,34 @@
+/**
+ * Validation of every user-supplied name that becomes part of a path. A name that passes here is a single
+ * path component: no separators, never "." or "..", no leading dot or dash.
+ */
+import { invalidArgument } from "./errors.js";
+
+const TAG_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const SANDBOX_ID_PATTERN = /^sb-[0-9a-f]{12}$/;
+
+export function isValidTag(tag: unknown): tag is string {
+  return typeof tag === "string" && TAG_PATTERN.test(tag);
+}
+
+/** Throws `invalid_argument` naming the rule unless `tag` is a safe snapshot tag. */
+export function assertTag(tag: unknown, what = "tag"): string {
+  if (!isValidTag(tag)) {
+    throw invalidArgument(
+      `invalid ${what} ${JSON.stringify(tag)}: must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (no '/' and no leading '.')`,
+    );
+  }
+  return tag;
+}
+
+/** Template names follow the same rule as tags: they name files and cache directories. */
+export const assertTemplateName = (name: unknown) => assertTag(name, "template name");
+
+export function isValidSandboxId(id: unknown): id is string {
+  return typeof id === "string" && SANDBOX_ID_PATTERN.test(id);
+}
+
+export function assertSandboxId(id: unknown): string {
+  if (!isValidSandboxId(id)) throw invalidArgument(`invalid sandbox id ${JSON.stringify(id)}: expected sb-<12 hex>`);
+  return id;
+}
