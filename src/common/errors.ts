@@ -23,7 +23,11 @@ export class ForkdError extends Error {
   /** Extra machine-readable detail (e.g. the dependents blocking a delete). */
   readonly detail: Record<string, unknown> | undefined;
 
-  constructor(code: ErrorCode, message: string, options?: { cause?: unknown; detail?: Record<string, unknown> }) {
+  constructor(
+    code: ErrorCode,
+    message: string,
+    options?: { cause?: unknown; detail?: Record<string, unknown> },
+  ) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "ForkdError";
     this.code = code;

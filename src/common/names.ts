@@ -29,6 +29,7 @@ export function isValidSandboxId(id: unknown): id is string {
 }
 
 export function assertSandboxId(id: unknown): string {
-  if (!isValidSandboxId(id)) throw invalidArgument(`invalid sandbox id ${JSON.stringify(id)}: expected sb-<12 hex>`);
+  if (!isValidSandboxId(id))
+    throw invalidArgument(`invalid sandbox id ${JSON.stringify(id)}: expected sb-<12 hex>`);
   return id;
 }

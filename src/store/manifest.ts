@@ -1,0 +1,57 @@
+/** The snapshot manifest: the one file that says what a snapshot is and lets every other file be verified. */
+import { type Static, Type } from "@sinclair/typebox";
+import { Value } from "@sinclair/typebox/value";
+import { ForkdError } from "../common/errors.js";
+
+export const MANIFEST_FORMAT = 1;
+export const MANIFEST_FILE = "manifest.json";
+
+const FileEntry = Type.Object({
+  size: Type.Integer({ minimum: 0 }),
+  sha256: Type.String({ pattern: "^[0-9a-f]{64}$" }),
+});
+
+export const SnapshotManifestSchema = Type.Object({
+  format: Type.Literal(MANIFEST_FORMAT),
+  tag: Type.String(),
+  createdAtUnix: Type.Integer(),
+  template: Type.Object({ name: Type.String(), interpreter: Type.String() }),
+  image: Type.Object({
+    hash: Type.String(),
+    rootfs: Type.String(),
+    kernel: Type.String(),
+    initrd: Type.String(),
+  }),
+  machine: Type.Object({
+    accel: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
+    cpu: Type.String(),
+    memoryMiB: Type.Integer({ minimum: 16 }),
+    vcpus: Type.Integer({ minimum: 1 }),
+    cmdline: Type.String(),
+    qemuVersion: Type.String(),
+  }),
+  /** Content hashes of every data file, computed when the snapshot was written. */
+  files: Type.Record(Type.String(), FileEntry),
+  timings: Type.Object({ bootMs: Type.Number(), warmupMs: Type.Number(), saveMs: Type.Number() }),
+  /** Set for layered snapshots; null for a snapshot taken from a freshly booted parent. */
+  parent: Type.Union([Type.Null(), Type.Object({ tag: Type.String(), manifestSha256: Type.String() })]),
+});
+
+export type SnapshotManifest = Static<typeof SnapshotManifestSchema>;
+
+export function parseManifest(text: string, where: string): SnapshotManifest {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw new ForkdError("unprocessable", `${where}: manifest is not valid JSON`, { cause: err });
+  }
+  if (!Value.Check(SnapshotManifestSchema, raw)) {
+    const first = Value.Errors(SnapshotManifestSchema, raw).First();
+    throw new ForkdError(
+      "unprocessable",
+      `${where}: manifest is invalid at ${first?.path || "/"}: ${first?.message ?? "unknown error"}`,
+    );
+  }
+  return raw;
+}

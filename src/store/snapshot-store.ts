@@ -1,0 +1,240 @@
+/**
+ * Snapshots on disk. A snapshot is written into a staging directory and renamed into place when complete,
+ * so readers only ever see complete snapshots; deletion renames first and removes after, for the same reason.
+ */
+import { randomBytes } from "node:crypto";
+import { constants as fsConstants } from "node:fs";
+import { chmod, mkdir, open, readdir, readFile, rename, rm } from "node:fs/promises";
+import path from "node:path";
+import { conflict, ForkdError, notFound } from "../common/errors.js";
+import { assertTag } from "../common/names.js";
+import { digestFile } from "./hash.js";
+import { MANIFEST_FILE, MANIFEST_FORMAT, parseManifest, type SnapshotManifest } from "./manifest.js";
+
+const STAGING_PREFIX = ".staging-";
+const DELETING_PREFIX = ".deleting-";
+
+export interface StoredSnapshot {
+  tag: string;
+  dir: string;
+  manifest: SnapshotManifest;
+}
+
+export type ManifestDraft = Omit<SnapshotManifest, "format" | "tag" | "files" | "createdAtUnix">;
+
+export class SnapshotStore {
+  constructor(readonly root: string) {}
+
+  dirOf(tag: string): string {
+    return path.join(this.root, assertTag(tag));
+  }
+
+  async list(): Promise<StoredSnapshot[]> {
+    let names: string[];
+    try {
+      names = await readdir(this.root);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return [];
+      throw err;
+    }
+    const out: StoredSnapshot[] = [];
+    for (const name of names.sort()) {
+      if (name.startsWith(".")) continue;
+      try {
+        out.push(await this.get(name));
+      } catch {
+        // A directory without a valid manifest is not a snapshot; `get` reports why when asked directly.
+      }
+    }
+    return out;
+  }
+
+  async get(tag: string): Promise<StoredSnapshot> {
+    const dir = this.dirOf(tag);
+    let text: string;
+    try {
+      text = await readFile(path.join(dir, MANIFEST_FILE), "utf8");
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT")
+        throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
+      throw err;
+    }
+    return { tag, dir, manifest: parseManifest(text, `snapshot ${tag}`) };
+  }
+
+  async exists(tag: string): Promise<boolean> {
+    try {
+      await this.get(tag);
+      return true;
+    } catch (err) {
+      if (err instanceof ForkdError && err.code === "not_found") return false;
+      throw err;
+    }
+  }
+
+  /** Starts writing `tag` in a private staging directory. Fails early if the tag exists and `replace` is off. */
+  async beginWrite(tag: string, options: { replace?: boolean } = {}): Promise<SnapshotWriter> {
+    assertTag(tag);
+    if (!options.replace && (await this.exists(tag))) {
+      throw conflict(`snapshot ${JSON.stringify(tag)} already exists (delete it first, or replace it)`);
+    }
+    await mkdir(this.root, { recursive: true, mode: 0o700 });
+    const staging = path.join(
+      this.root,
+      `${STAGING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
+    );
+    await mkdir(staging, { mode: 0o700 });
+    return new SnapshotWriter(this, tag, staging, options.replace ?? false);
+  }
+
+  async delete(tag: string): Promise<void> {
+    const dir = this.dirOf(tag);
+    const doomed = path.join(
+      this.root,
+      `${DELETING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
+    );
+    try {
+      await rename(dir, doomed);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT")
+        throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
+      throw err;
+    }
+    await rm(doomed, { recursive: true, force: true });
+  }
+
+  /** Removes staging and half-deleted directories left by processes that no longer exist. */
+  async sweepStale(): Promise<string[]> {
+    let names: string[];
+    try {
+      names = await readdir(this.root);
+    } catch {
+      return [];
+    }
+    const removed: string[] = [];
+    for (const name of names) {
+      if (!name.startsWith(STAGING_PREFIX) && !name.startsWith(DELETING_PREFIX)) continue;
+      const pid = Number(/-(\d+)-[0-9a-f]+$/.exec(name)?.[1]);
+      if (Number.isInteger(pid) && pid !== process.pid && isAlive(pid)) continue;
+      if (pid === process.pid) continue;
+      await rm(path.join(this.root, name), { recursive: true, force: true });
+      removed.push(name);
+    }
+    return removed;
+  }
+
+  /** @internal used by SnapshotWriter */
+  async publish(tag: string, staging: string, replace: boolean): Promise<void> {
+    const final = this.dirOf(tag);
+    if (replace) {
+      const doomed = path.join(
+        this.root,
+        `${DELETING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
+      );
+      try {
+        await rename(final, doomed);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+      }
+      await rename(staging, final);
+      await rm(doomed, { recursive: true, force: true });
+      return;
+    }
+    try {
+      await rename(staging, final);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "ENOTEMPTY" || code === "EEXIST") {
+        throw conflict(`snapshot ${JSON.stringify(tag)} was created by someone else meanwhile`);
+      }
+      throw err;
+    }
+  }
+}
+
+export class SnapshotWriter {
+  private done = false;
+
+  constructor(
+    private readonly store: SnapshotStore,
+    readonly tag: string,
+    /** Write the snapshot's files here. */
+    readonly dir: string,
+    private readonly replace: boolean,
+  ) {}
+
+  file(name: string): string {
+    return path.join(this.dir, name);
+  }
+
+  /**
+   * Hashes `dataFiles`, makes them read-only, writes the manifest durably and renames the staging directory
+   * into place. After this the snapshot is visible and immutable.
+   */
+  async commit(draft: ManifestDraft, dataFiles: string[], signal?: AbortSignal): Promise<SnapshotManifest> {
+    const files: SnapshotManifest["files"] = {};
+    for (const name of dataFiles) {
+      files[name] = await digestFile(this.file(name), signal);
+      await syncFile(this.file(name));
+      await chmod(this.file(name), 0o444);
+    }
+    const manifest: SnapshotManifest = {
+      format: MANIFEST_FORMAT,
+      tag: this.tag,
+      createdAtUnix: Math.floor(Date.now() / 1000),
+      ...draft,
+      files,
+    };
+    await writeDurably(this.file(MANIFEST_FILE), `${JSON.stringify(manifest, null, 2)}\n`);
+    await fsyncDir(this.dir);
+    signal?.throwIfAborted();
+    await this.store.publish(this.tag, this.dir, this.replace);
+    await fsyncDir(path.dirname(this.dir));
+    this.done = true;
+    return manifest;
+  }
+
+  /** Removes the staging directory. Safe to call after a failed or successful commit. */
+  async abort(): Promise<void> {
+    if (this.done) return;
+    this.done = true;
+    await rm(this.dir, { recursive: true, force: true });
+  }
+}
+
+async function writeDurably(file: string, text: string): Promise<void> {
+  const handle = await open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o444);
+  try {
+    await handle.writeFile(text);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+async function syncFile(file: string): Promise<void> {
+  const handle = await open(file, fsConstants.O_RDONLY);
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  const handle = await open(dir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY);
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}

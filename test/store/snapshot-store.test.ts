@@ -1,0 +1,118 @@
+import assert from "node:assert/strict";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import { ForkdError } from "../../src/common/errors.js";
+import type { ManifestDraft } from "../../src/store/snapshot-store.js";
+import { SnapshotStore } from "../../src/store/snapshot-store.js";
+
+const draft: ManifestDraft = {
+  template: { name: "minimal", interpreter: "none" },
+  image: { hash: "h", rootfs: "/r", kernel: "/k", initrd: "/i" },
+  machine: {
+    accel: "tcg",
+    cpu: "max",
+    memoryMiB: 256,
+    vcpus: 1,
+    cmdline: "console=ttyS0",
+    qemuVersion: "7.2",
+  },
+  timings: { bootMs: 1, warmupMs: 2, saveMs: 3 },
+  parent: null,
+};
+
+describe("SnapshotStore", () => {
+  let root: string;
+  let store: SnapshotStore;
+  before(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), "forkd-store-"));
+    store = new SnapshotStore(path.join(root, "snapshots"));
+  });
+  after(async () => {
+    await rm(root, { recursive: true, force: true });
+  });
+
+  it("publishes a snapshot only when committed, with hashes and read-only files", async () => {
+    const writer = await store.beginWrite("alpha");
+    await writeFile(writer.file("vmstate"), "device state");
+    assert.equal(await store.exists("alpha"), false, "staging must be invisible");
+    assert.deepEqual(await store.list(), []);
+    const manifest = await writer.commit(draft, ["vmstate"]);
+    assert.equal(manifest.files.vmstate?.size, 12);
+    assert.equal(
+      manifest.files.vmstate?.sha256,
+      "8a17c1e90d39736cebab1dc4237fab6e7d4a3f13cf58439d6d4a8f178b258137",
+    );
+    const got = await store.get("alpha");
+    assert.equal(got.manifest.tag, "alpha");
+    assert.equal((await stat(path.join(got.dir, "vmstate"))).mode & 0o222, 0, "data files are read-only");
+    assert.deepEqual(
+      (await store.list()).map((s) => s.tag),
+      ["alpha"],
+    );
+  });
+
+  it("refuses to overwrite an existing tag unless replacing", async () => {
+    await assert.rejects(
+      store.beginWrite("alpha"),
+      (err: unknown) => err instanceof ForkdError && err.code === "conflict",
+    );
+    const writer = await store.beginWrite("alpha", { replace: true });
+    await writeFile(writer.file("vmstate"), "newer state");
+    await writer.commit(draft, ["vmstate"]);
+    const text = await readFile(path.join(store.dirOf("alpha"), "vmstate"), "utf8");
+    assert.equal(text, "newer state");
+    assert.deepEqual(
+      (await readdir(store.root)).filter((n) => n.startsWith(".")),
+      [],
+      "no leftovers",
+    );
+  });
+
+  it("abort removes the staging directory", async () => {
+    const writer = await store.beginWrite("beta");
+    await writeFile(writer.file("vmstate"), "x");
+    await writer.abort();
+    assert.deepEqual((await readdir(store.root)).sort(), ["alpha"]);
+  });
+
+  it("rejects traversal and invalid tags before touching the disk", async () => {
+    for (const bad of ["../x", "a/b", "..", ".hidden", "", "x".repeat(65), "-dash"]) {
+      await assert.rejects(
+        store.beginWrite(bad),
+        (err: unknown) => err instanceof ForkdError && err.code === "invalid_argument",
+        bad,
+      );
+    }
+  });
+
+  it("sweeps staging directories of dead writers but not live ones", async () => {
+    const deadDir = path.join(store.root, ".staging-gamma-999999999-abcd1234");
+    await mkdir(deadDir);
+    const live = await store.beginWrite("delta");
+    const removed = await store.sweepStale();
+    assert.deepEqual(removed, [path.basename(deadDir)]);
+    assert.ok((await readdir(store.root)).includes(path.basename(live.dir)));
+    await live.abort();
+  });
+
+  it("delete makes the snapshot disappear and reports unknown tags", async () => {
+    await store.delete("alpha");
+    assert.equal(await store.exists("alpha"), false);
+    await assert.rejects(
+      store.delete("alpha"),
+      (err: unknown) => err instanceof ForkdError && err.code === "not_found",
+    );
+  });
+
+  it("names a corrupt manifest", async () => {
+    const writer = await store.beginWrite("broken");
+    await writeFile(writer.file("vmstate"), "x");
+    await writer.commit(draft, ["vmstate"]);
+    const file = path.join(store.dirOf("broken"), "manifest.json");
+    await rm(file);
+    await writeFile(file, '{"format":1}');
+    await assert.rejects(store.get("broken"), /snapshot broken: manifest is invalid/);
+  });
+});
