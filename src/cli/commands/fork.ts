@@ -1,0 +1,121 @@
+import { type Command, InvalidArgumentError } from "commander";
+import { resolvePaths } from "../../common/paths.js";
+import { type ForkResult, failedChildren, forkChildren, MAX_CHILDREN } from "../../controller/fork.js";
+import { EXIT } from "../exit-codes.js";
+import { oneLine, percentile, printJson, printTable, startProgress } from "../output.js";
+import { runCommand } from "../run-command.js";
+
+export function parseIntOption(name: string, min: number, max: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value) || !Number.isInteger(n) || n < min || n > max) {
+      throw new InvalidArgumentError(`${name} must be an integer in ${min}..${max}`);
+    }
+    return n;
+  };
+}
+
+export function registerFork(program: Command): void {
+  program
+    .command("fork")
+    .description("restore N copy-on-write children from a snapshot, optionally run a command or code in each")
+    .requiredOption("-t, --tag <tag>", "snapshot tag")
+    .option(
+      "-n, --count <n>",
+      `number of children (1..${MAX_CHILDREN})`,
+      parseIntOption("-n", 1, MAX_CHILDREN),
+      1,
+    )
+    .option("--exec [command...]", "command to run in each child (put it after `--` if it has flags)")
+    .option("--eval <code>", "Python code to evaluate in each child's warm interpreter")
+    .option(
+      "--concurrency <c>",
+      "children restored at once",
+      parseIntOption("--concurrency", 1, MAX_CHILDREN),
+    )
+    .option(
+      "--timeout-ms <ms>",
+      "limit for --exec/--eval in each child",
+      parseIntOption("--timeout-ms", 1, 86_400_000),
+    )
+    .option("--json", "print one JSON object")
+    .addHelpText(
+      "after",
+      "\nExamples:\n  forkd fork --tag pyagent -n 100 --eval 'numpy.zeros(5).tolist()'\n" +
+        "  forkd fork --tag pyagent -n 3 --exec -- python3 -c 'import uuid; print(uuid.uuid4())'\n",
+    )
+    .action((opts, cmd: Command) =>
+      runCommand(async (signal) => {
+        const exec = resolveExec(opts.exec, cmd.args);
+        const progress = opts.json ? undefined : startProgress(`forking ${opts.count} from ${opts.tag}`);
+        let done = 0;
+        const result = await forkChildren(resolvePaths(), {
+          tag: opts.tag,
+          n: opts.count,
+          exec,
+          eval: opts.eval,
+          concurrency: opts.concurrency,
+          workTimeoutMs: opts.timeoutMs,
+          signal,
+          onChild: () => {
+            done++;
+            progress?.update(`forking from ${opts.tag}: ${done}/${opts.count} answered`);
+          },
+        }).finally(() => progress?.stop());
+        if (opts.json) printJson(jsonView(result));
+        else printHuman(result);
+        return failedChildren(result).length > 0 ? EXIT.failure : EXIT.ok;
+      }),
+    );
+}
+
+/** `--exec a b` or `--exec -- a -b`: commander leaves what follows `--` in the command's operands. */
+function resolveExec(flag: unknown, operands: string[]): string[] | undefined {
+  if (flag === undefined) {
+    if (operands.length > 0)
+      throw new InvalidArgumentError(`unexpected arguments: ${operands.join(" ")} (use --exec)`);
+    return undefined;
+  }
+  const argv = [...(Array.isArray(flag) ? (flag as string[]) : []), ...operands];
+  if (argv.length === 0) throw new InvalidArgumentError("--exec needs a command");
+  return argv;
+}
+
+function jsonView(result: ForkResult) {
+  return {
+    accelerator: result.accelerator,
+    n: result.n,
+    wall_ms: result.wall_ms,
+    children: result.children.map((c) => ({
+      index: c.index,
+      id: c.id,
+      ready_ms: c.ready_ms,
+      exit_code: c.exit_code,
+      stdout: c.stdout,
+      stderr: c.stderr,
+      result: c.result,
+      error: c.error,
+    })),
+  };
+}
+
+function printHuman(result: ForkResult): void {
+  printTable(
+    ["#", "ID", "READY_MS", "DONE_MS", "EXIT", "RESULT / STDOUT", "ERROR"],
+    result.children.map((c) => [
+      String(c.index),
+      c.id ?? "-",
+      c.ready_ms === null ? "-" : c.ready_ms.toFixed(0),
+      c.done_ms.toFixed(0),
+      c.exit_code === null ? "-" : String(c.exit_code),
+      oneLine(c.result ?? c.stdout, 40),
+      oneLine(c.error ?? "", 50),
+    ]),
+  );
+  const ready = result.children.flatMap((c) => (c.ready_ms === null ? [] : [c.ready_ms]));
+  const failed = failedChildren(result).length;
+  process.stdout.write(
+    `\n${result.n - failed}/${result.n} ok on ${result.accelerator} in ${result.wall_ms.toFixed(0)} ms wall; ` +
+      `ready p50 ${percentile(ready, 50).toFixed(0)} ms, p99 ${percentile(ready, 99).toFixed(0)} ms\n`,
+  );
+}

@@ -1,0 +1,28 @@
+/** Entry point of the `forkd` command line. */
+import { Command } from "commander";
+import { FORKD_VERSION } from "../common/version.js";
+import { registerDoctor } from "./commands/doctor.js";
+import { registerFork } from "./commands/fork.js";
+import { registerImage } from "./commands/image.js";
+import { registerSnapshot } from "./commands/snapshot.js";
+import { registerSnapshots } from "./commands/snapshots.js";
+import { EXIT } from "./exit-codes.js";
+
+export function buildProgram(): Command {
+  const program = new Command("forkd")
+    .description("microVM sandboxes for AI-agent fan-out: warm a parent VM once, fork copy-on-write children")
+    .version(FORKD_VERSION)
+    .showHelpAfterError("(run with --help for usage)")
+    .exitOverride((err) => {
+      // commander prints its own message; map its exits onto ours (help/version are not errors).
+      process.exit(err.exitCode === 0 ? EXIT.ok : EXIT.usage);
+    });
+  registerImage(program);
+  registerSnapshot(program);
+  registerFork(program);
+  registerSnapshots(program);
+  registerDoctor(program);
+  return program;
+}
+
+await buildProgram().parseAsync(process.argv);

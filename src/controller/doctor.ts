@@ -1,0 +1,252 @@
+/**
+ * `forkd doctor`: what works on this host, decided by trying things (a probe boot, creating a network
+ * namespace), never by the mere presence of a device file, and what to do about each failure.
+ */
+import { execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { access, constants, mkdir, readFile, statfs } from "node:fs/promises";
+import { promisify } from "node:util";
+import { errorMessage } from "../common/errors.js";
+import type { ForkdPaths } from "../common/paths.js";
+import { findCachedImage } from "../image/build.js";
+import { listTemplates } from "../image/template.js";
+import { probeAccelerator } from "../vmm/accel.js";
+import { qemuVersion } from "../vmm/qemu-tools.js";
+
+const execFileAsync = promisify(execFile);
+
+export type CheckStatus = "ok" | "warn" | "fail";
+
+export interface DoctorCheck {
+  name: string;
+  status: CheckStatus;
+  detail: string;
+  /** What to do about a warn/fail. */
+  fix?: string;
+}
+
+/** Below this, a pyagent snapshot (512 MiB RAM file + disk layer) plus a few children's overlays won't fit. */
+export const MIN_FREE_DISK_BYTES = 2 * 1024 ** 3;
+/** Host memory the doctor wants free: a parent VM plus tens of children. */
+export const MIN_AVAILABLE_MEMORY_BYTES = 2 * 1024 ** 3;
+
+export async function runDoctor(
+  paths: ForkdPaths,
+  options: { signal?: AbortSignal } = {},
+): Promise<DoctorCheck[]> {
+  const checks: DoctorCheck[] = [];
+  const add = (check: DoctorCheck) => checks.push(check);
+
+  add(await checkRoot());
+  add(await checkQemu());
+  add(await checkTool("qemu-img", ["--version"], "apt-get install qemu-utils"));
+  add(await checkAccelerator(paths, options.signal));
+  for (const [tool, pkg] of [
+    ["mmdebstrap", "mmdebstrap"],
+    ["dpkg-deb", "dpkg"],
+    ["mkfs.ext4", "e2fsprogs"],
+    ["cpio", "cpio"],
+    ["modinfo", "kmod"],
+  ] as const) {
+    add(await checkTool(tool, ["--version"], `apt-get install ${pkg} (needed to build guest images)`));
+  }
+  add(await checkUserfaultfd());
+  add(await checkCgroups());
+  add(await checkNetns());
+  add(await checkDisk(paths));
+  add(await checkMemory());
+  return checks;
+}
+
+async function checkRoot(): Promise<DoctorCheck> {
+  const uid = process.getuid?.() ?? -1;
+  return uid === 0
+    ? { name: "privileges", status: "ok", detail: "running as root" }
+    : {
+        name: "privileges",
+        status: "warn",
+        detail: `running as uid ${uid}`,
+        fix: "run forkd as root (sudo -E forkd ...): it creates namespaces, cgroups and VMs",
+      };
+}
+
+async function checkQemu(): Promise<DoctorCheck> {
+  try {
+    const v = await qemuVersion();
+    return { name: "qemu", status: "ok", detail: `qemu-system-x86_64 ${v.version}` };
+  } catch (err) {
+    return {
+      name: "qemu",
+      status: "fail",
+      detail: errorMessage(err),
+      fix: "apt-get install qemu-system-x86 (or set FORKD_QEMU_BINARY)",
+    };
+  }
+}
+
+async function checkTool(tool: string, args: string[], fix: string): Promise<DoctorCheck> {
+  try {
+    const { stdout, stderr } = await execFileAsync(tool, args, { timeout: 10_000 });
+    const first = `${stdout}${stderr}`.split("\n").find((l) => l.trim() !== "") ?? "";
+    return { name: tool, status: "ok", detail: first.trim().slice(0, 100) };
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    // Some tools print their version and exit non-zero; being found is what matters.
+    if (code !== "ENOENT") return { name: tool, status: "ok", detail: "present" };
+    return { name: tool, status: "fail", detail: "not found", fix };
+  }
+}
+
+async function checkAccelerator(paths: ForkdPaths, signal?: AbortSignal): Promise<DoctorCheck> {
+  const kvmDevice = await access("/dev/kvm", constants.R_OK | constants.W_OK).then(
+    () => "/dev/kvm present",
+    () => "no /dev/kvm",
+  );
+  let image: Awaited<ReturnType<typeof findCachedImage>> | undefined;
+  for (const template of await listTemplates()) {
+    image = await findCachedImage(template);
+    if (image) break;
+  }
+  if (!image) {
+    return {
+      name: "accelerator",
+      status: "warn",
+      detail: `not probed yet (${kvmDevice}): the probe boots the guest kernel, and no image is built`,
+      fix: "forkd image build minimal   (then run forkd doctor again)",
+    };
+  }
+  try {
+    const probe = await probeAccelerator({
+      kernel: image.kernel,
+      probeInitrd: image.probeInitrd,
+      cacheDir: paths.hostState,
+      signal,
+    });
+    if (probe.kvm.usable) return { name: "accelerator", status: "ok", detail: `kvm: ${probe.kvm.reason}` };
+    if (probe.tcg.usable) {
+      return {
+        name: "accelerator",
+        status: "warn",
+        detail: `tcg (emulation, slow): kvm not usable: ${probe.kvm.reason}`,
+        fix: "for KVM: a host with VT-x/AMD-V exposed (bare metal, or a VM with nested virtualisation) and kvm_intel/kvm_amd loaded",
+      };
+    }
+    return {
+      name: "accelerator",
+      status: "fail",
+      detail: `no accelerator boots the guest: kvm: ${probe.kvm.reason}; tcg: ${probe.tcg.reason}`,
+      fix: "rebuild the image (forkd image build minimal --force) and check the QEMU installation",
+    };
+  } catch (err) {
+    return {
+      name: "accelerator",
+      status: "fail",
+      detail: errorMessage(err),
+      fix: "check the QEMU installation",
+    };
+  }
+}
+
+async function checkUserfaultfd(): Promise<DoctorCheck> {
+  try {
+    const value = (await readFile("/proc/sys/vm/unprivileged_userfaultfd", "utf8")).trim();
+    return {
+      name: "userfaultfd",
+      status: "ok",
+      detail: `available (vm.unprivileged_userfaultfd=${value}; forkd runs as root)`,
+    };
+  } catch {
+    return {
+      name: "userfaultfd",
+      status: "warn",
+      detail: "kernel has no userfaultfd sysctl",
+      fix: "live BRANCH (background snapshot) needs a kernel with CONFIG_USERFAULTFD",
+    };
+  }
+}
+
+async function checkCgroups(): Promise<DoctorCheck> {
+  for (const candidate of [
+    "/sys/fs/cgroup/cgroup.controllers",
+    "/sys/fs/cgroup/unified/cgroup.controllers",
+  ]) {
+    try {
+      const controllers = (await readFile(candidate, "utf8")).trim();
+      const mount = candidate.replace("/cgroup.controllers", "");
+      const hasMemory = controllers.split(/\s+/).includes("memory");
+      return {
+        name: "cgroups",
+        status: hasMemory ? "ok" : "warn",
+        detail: `cgroup v2 at ${mount}; controllers: ${controllers || "(none)"}`,
+        fix: hasMemory
+          ? undefined
+          : "per-sandbox memory limits need the memory controller on the cgroup v2 hierarchy",
+      };
+    } catch {
+      // try the next location
+    }
+  }
+  return {
+    name: "cgroups",
+    status: "warn",
+    detail: "no cgroup v2 hierarchy found",
+    fix: "mount cgroup2 (systemd.unified_cgroup_hierarchy=1) for per-sandbox limits",
+  };
+}
+
+async function checkNetns(): Promise<DoctorCheck> {
+  const name = `forkd-doctor-${randomBytes(3).toString("hex")}`;
+  try {
+    await execFileAsync("ip", ["netns", "add", name], { timeout: 10_000 });
+    await execFileAsync("ip", ["netns", "delete", name], { timeout: 10_000 });
+    return { name: "netns", status: "ok", detail: "created and removed a network namespace" };
+  } catch (err) {
+    await execFileAsync("ip", ["netns", "delete", name]).catch(() => {});
+    return {
+      name: "netns",
+      status: "warn",
+      detail: `cannot create a network namespace: ${errorMessage(err).split("\n")[0]}`,
+      fix: "apt-get install iproute2 and run as root, for per-child network namespaces",
+    };
+  }
+}
+
+async function checkDisk(paths: ForkdPaths): Promise<DoctorCheck> {
+  try {
+    await mkdir(paths.home, { recursive: true, mode: 0o700 });
+    const fs = await statfs(paths.home);
+    const free = fs.bavail * fs.bsize;
+    const ok = free >= MIN_FREE_DISK_BYTES;
+    return {
+      name: "disk",
+      status: ok ? "ok" : "warn",
+      detail: `${gib(free)} free for ${paths.home}`,
+      fix: ok ? undefined : `free at least ${gib(MIN_FREE_DISK_BYTES)} or point FORKD_HOME elsewhere`,
+    };
+  } catch (err) {
+    return {
+      name: "disk",
+      status: "fail",
+      detail: errorMessage(err),
+      fix: "set FORKD_HOME to a writable directory",
+    };
+  }
+}
+
+async function checkMemory(): Promise<DoctorCheck> {
+  const meminfo = await readFile("/proc/meminfo", "utf8");
+  const available = Number(/MemAvailable:\s+(\d+)/.exec(meminfo)?.[1] ?? 0) * 1024;
+  const ok = available >= MIN_AVAILABLE_MEMORY_BYTES;
+  return {
+    name: "memory",
+    status: ok ? "ok" : "warn",
+    detail: `${gib(available)} available`,
+    fix: ok
+      ? undefined
+      : `children share the parent's RAM, but each costs tens of MiB; free at least ${gib(MIN_AVAILABLE_MEMORY_BYTES)}`,
+  };
+}
+
+function gib(bytes: number): string {
+  return `${(bytes / 1024 ** 3).toFixed(1)} GiB`;
+}

@@ -1,0 +1,160 @@
+/**
+ * One sandbox: a child VM restored from a snapshot. It owns a run directory (sockets, console log, its private
+ * disk overlay), a QEMU process whose RAM maps the snapshot's memory file MAP_PRIVATE, and the agent channel.
+ */
+import { randomBytes } from "node:crypto";
+import { access, copyFile, mkdir, rm } from "node:fs/promises";
+import path from "node:path";
+import { AgentClient } from "../agent/host/client.js";
+import { deadlineSignal } from "../common/deadline.js";
+import { errorMessage, ForkdError } from "../common/errors.js";
+import type { ForkdPaths } from "../common/paths.js";
+import type { StoredSnapshot } from "../store/snapshot-store.js";
+import { launchVm, type VmHandle } from "../vmm/launch.js";
+import { createOverlay } from "../vmm/qemu-tools.js";
+import { raceExit } from "./create-snapshot.js";
+import { newSandboxId } from "./ids.js";
+import { machineSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
+
+/**
+ * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
+ * children starting together this reaches tens of seconds; a child slower than this is reported as failed.
+ */
+export const CHILD_READY_TIMEOUT_MS = { tcg: 120_000, kvm: 30_000 } as const;
+
+/** Bytes of fresh host entropy mixed into each child's kernel RNG (it resumes with its parent's RNG state). */
+export const CHILD_ENTROPY_BYTES = 64;
+
+export interface RestoreOptions {
+  /** An empty qcow2 overlay over the snapshot's disk, copied for each child (see `prepareOverlayTemplate`). */
+  overlayTemplate: string;
+  id?: string;
+  signal?: AbortSignal;
+}
+
+export class Sandbox {
+  private destroyed: Promise<void> | undefined;
+
+  private constructor(
+    readonly id: string,
+    readonly snapshotTag: string,
+    readonly runDir: string,
+    readonly vm: VmHandle,
+    readonly agent: AgentClient,
+    readonly createdAtUnix: number,
+    /** From the start of the restore to the agent's answer to the fix-up. */
+    readonly readyMs: number,
+  ) {}
+
+  get pid(): number {
+    return this.vm.pid;
+  }
+
+  static async restore(
+    paths: ForkdPaths,
+    snapshot: StoredSnapshot,
+    options: RestoreOptions,
+  ): Promise<Sandbox> {
+    const started = performance.now();
+    const id = options.id ?? newSandboxId();
+    const { manifest, dir } = snapshot;
+    const runDir = path.join(paths.run, id);
+    const signal = deadlineSignal(CHILD_READY_TIMEOUT_MS[manifest.machine.accel], options.signal);
+    let vm: VmHandle | undefined;
+    let agent: AgentClient | undefined;
+    try {
+      await mkdir(runDir, { recursive: true, mode: 0o700 });
+      const disk = path.join(runDir, RUN_FILES.disk);
+      await copyFile(options.overlayTemplate, disk);
+      vm = await launchVm(
+        machineSpec(
+          {
+            accel: manifest.machine.accel,
+            cpuModel: manifest.machine.cpu,
+            memoryMiB: manifest.machine.memoryMiB,
+            vcpus: manifest.machine.vcpus,
+            kernel: manifest.image.kernel,
+            initrd: manifest.image.initrd,
+            kernelCmdline: manifest.machine.cmdline,
+          },
+          {
+            runDir,
+            memoryFile: path.join(dir, SNAPSHOT_FILES.memory),
+            shared: false,
+            disk,
+            restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+          },
+        ),
+        { runDir, signal },
+      );
+      const launched = vm;
+      agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`));
+      await raceExit(
+        launched,
+        agent.restore({
+          timeNs: BigInt(Date.now()) * 1_000_000n,
+          entropy: randomBytes(CHILD_ENTROPY_BYTES),
+          hostname: id,
+          sandboxId: id,
+        }),
+        `sandbox ${id}: post-restore fix-up`,
+      );
+      signal.throwIfAborted();
+      const readyMs = performance.now() - started;
+      return new Sandbox(id, snapshot.tag, runDir, launched, agent, Math.floor(Date.now() / 1000), readyMs);
+    } catch (err) {
+      agent?.close();
+      const tail = vm ? await vm.consoleTail(1500).catch(() => "") : "";
+      await vm?.kill({ graceMs: 0 }).catch(() => {});
+      await rm(runDir, { recursive: true, force: true });
+      if (signal.aborted && !options.signal?.aborted) {
+        throw new ForkdError(
+          "timeout",
+          `sandbox ${id} from ${snapshot.tag}: not ready within ${CHILD_READY_TIMEOUT_MS[manifest.machine.accel] / 1000} s` +
+            (tail ? `\n--- guest console ---\n${tail}` : ""),
+          { cause: err },
+        );
+      }
+      throw err instanceof ForkdError
+        ? err
+        : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
+    }
+  }
+
+  /** Kills the VM and removes everything it had on the host. Idempotent; safe to call concurrently. */
+  destroy(): Promise<void> {
+    this.destroyed ??= (async () => {
+      this.agent.close();
+      // A sandbox has nothing to flush: its overlay is discarded with it, so skip the graceful quit.
+      await this.vm.kill({ graceMs: 0 }).catch(() => {});
+      await rm(this.runDir, { recursive: true, force: true });
+    })();
+    return this.destroyed;
+  }
+}
+
+/**
+ * An empty qcow2 overlay backed by the snapshot's frozen disk. Children copy it (a ~200 KiB file) instead of
+ * each running qemu-img, which costs a process start per child.
+ */
+export async function prepareOverlayTemplate(paths: ForkdPaths, snapshot: StoredSnapshot): Promise<string> {
+  const backing = path.join(snapshot.dir, SNAPSHOT_FILES.disk);
+  await access(backing).catch(() => {
+    throw new ForkdError("unprocessable", `snapshot ${snapshot.tag}: disk layer ${backing} is missing`);
+  });
+  for (const file of [snapshot.manifest.image.kernel, snapshot.manifest.image.initrd]) {
+    await access(file).catch(() => {
+      throw new ForkdError(
+        "unprocessable",
+        `snapshot ${snapshot.tag}: its image file ${file} is gone (image cache cleared?); rebuild the snapshot`,
+      );
+    });
+  }
+  await mkdir(paths.run, { recursive: true, mode: 0o700 });
+  const overlay = path.join(
+    paths.run,
+    `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+  );
+  await createOverlay({ backing, backingFormat: "qcow2", overlay });
+  return overlay;
+}
