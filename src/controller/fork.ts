@@ -30,6 +30,8 @@ export interface ForkOptions {
   signal?: AbortSignal;
   /** Called as each child finishes its work (or fails), in completion order. */
   onChild?: (child: ChildResult) => void;
+  /** Called with every live child after all have answered, before teardown (benchmarks measure memory here). */
+  inspect?: (live: readonly Sandbox[]) => Promise<void>;
 }
 
 export interface ChildResult {
@@ -117,6 +119,7 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     await Promise.all(Array.from({ length: concurrency }, worker));
     options.signal?.throwIfAborted();
     const wallMs = performance.now() - started;
+    await options.inspect?.([...live]);
     return {
       accelerator: snapshot.manifest.machine.accel,
       tag,

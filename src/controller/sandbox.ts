@@ -12,7 +12,7 @@ import type { ForkdPaths } from "../common/paths.js";
 import type { StoredSnapshot } from "../store/snapshot-store.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { createOverlay } from "../vmm/qemu-tools.js";
-import { raceExit } from "./create-snapshot.js";
+import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { machineSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 

@@ -2,7 +2,8 @@ import { type Command, InvalidArgumentError } from "commander";
 import { resolvePaths } from "../../common/paths.js";
 import { type ForkResult, failedChildren, forkChildren, MAX_CHILDREN } from "../../controller/fork.js";
 import { EXIT } from "../exit-codes.js";
-import { oneLine, percentile, printJson, printTable, startProgress } from "../output.js";
+import { percentile } from "../../common/stats.js";
+import { oneLine, printJson, printTable, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
 export function parseIntOption(name: string, min: number, max: number) {

@@ -1,0 +1,55 @@
+/** Shared output of the benchmarks: a printed table plus JSON and markdown files under bench/results/. */
+import { mkdir, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const RESULTS_DIR = path.resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../bench/results");
+
+export interface Row {
+  metric: string;
+  value: string;
+  target?: string;
+  note?: string;
+}
+
+export function hostDescription(): string {
+  const cpu = os.cpus()[0]?.model ?? "unknown cpu";
+  return `${os.cpus().length} x ${cpu}, ${(os.totalmem() / 1024 ** 3).toFixed(0)} GiB, Linux ${os.release()}`;
+}
+
+export function markdownTable(rows: Row[]): string {
+  const lines = ["| metric | value | target | note |", "|---|---|---|---|"];
+  for (const r of rows) lines.push(`| ${r.metric} | ${r.value} | ${r.target ?? ""} | ${r.note ?? ""} |`);
+  return lines.join("\n");
+}
+
+export function printRows(title: string, rows: Row[]): void {
+  const w = Math.max(...rows.map((r) => r.metric.length));
+  const v = Math.max(...rows.map((r) => r.value.length));
+  console.log(`\n${title}`);
+  for (const r of rows) {
+    console.log(`  ${r.metric.padEnd(w)}  ${r.value.padStart(v)}  ${r.target ? `(target ${r.target})` : ""} ${r.note ?? ""}`);
+  }
+}
+
+export async function writeResults(name: string, json: unknown, markdown: string): Promise<void> {
+  await mkdir(RESULTS_DIR, { recursive: true });
+  await writeFile(path.join(RESULTS_DIR, `${name}.json`), `${JSON.stringify(json, null, 2)}\n`);
+  await writeFile(path.join(RESULTS_DIR, `${name}.md`), `${markdown}\n`);
+  console.log(`\nwrote ${path.join(RESULTS_DIR, `${name}.json`)} and ${name}.md`);
+}
+
+
+/** Proportional set size of a process in KiB (shared pages divided among the processes mapping them). */
+export async function pssKiB(pid: number): Promise<number> {
+  const { readFile } = await import("node:fs/promises");
+  const text = await readFile(`/proc/${pid}/smaps_rollup`, "utf8");
+  return Number(/^Pss:\s+(\d+) kB/m.exec(text)?.[1] ?? Number.NaN);
+}
+
+export async function memAvailableKiB(): Promise<number> {
+  const { readFile } = await import("node:fs/promises");
+  const text = await readFile("/proc/meminfo", "utf8");
+  return Number(/^MemAvailable:\s+(\d+) kB/m.exec(text)?.[1] ?? Number.NaN);
+}

@@ -1,0 +1,113 @@
+/**
+ * Booting a fresh VM from an image to a warm agent: used for a snapshot's parent and for the cold-boot
+ * baseline the spawn benchmark compares forks against. The guest agent announces itself with a hello when it
+ * has opened its port: that handshake, never a fixed sleep, is what "booted" means.
+ */
+import { AgentClient } from "../agent/host/client.js";
+import { deadlineSignal } from "../common/deadline.js";
+import { ForkdError } from "../common/errors.js";
+import type { BuiltImage } from "../image/build.js";
+import type { Template } from "../image/template.js";
+import { launchVm, type VmHandle } from "../vmm/launch.js";
+import { describeExit } from "../vmm/qemu-process.js";
+import type { Accelerator } from "../vmm/qemu-args.js";
+import { cpuModelFor, machineSpec, type MachineShape } from "./machine.js";
+
+/** A cold boot to the agent's hello: ~20 s under TCG on a 2-core host, ~1 s under KVM. */
+export const BOOT_TIMEOUT_MS = { tcg: 240_000, kvm: 60_000 } as const;
+/** Warm-up code (e.g. `import numpy`) takes seconds under TCG. */
+export const WARMUP_TIMEOUT_MS = 300_000;
+
+export interface BootedVm {
+  vm: VmHandle;
+  agent: AgentClient;
+  shape: MachineShape;
+  bootMs: number;
+  warmupMs: number;
+}
+
+export function machineShape(template: Template, image: BuiltImage, accel: Accelerator): MachineShape {
+  return {
+    accel,
+    cpuModel: cpuModelFor(accel),
+    memoryMiB: template.memoryMib,
+    vcpus: template.vcpus,
+    kernel: image.kernel,
+    initrd: image.initrd,
+    kernelCmdline: image.kernelCmdline,
+  };
+}
+
+/**
+ * Boots `image` with RAM in `memoryFile` (MAP_SHARED, so the guest writes straight into it) on the disk
+ * overlay `disk`, waits for the agent's hello and runs the template's warm-up. On failure the VM is killed and
+ * the error carries the end of the guest console.
+ */
+export async function bootWarmVm(options: {
+  template: Template;
+  image: BuiltImage;
+  accel: Accelerator;
+  runDir: string;
+  memoryFile: string;
+  disk: string;
+  signal?: AbortSignal;
+  onProgress?: (step: "boot" | "warmup", message: string) => void;
+}): Promise<BootedVm> {
+  const { template, image, accel, runDir } = options;
+  const progress = options.onProgress ?? (() => {});
+  const shape = machineShape(template, image, accel);
+  const started = performance.now();
+  const bootSignal = deadlineSignal(BOOT_TIMEOUT_MS[accel], options.signal);
+  progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel})`);
+  const vm = await launchVm(
+    machineSpec(shape, { runDir, memoryFile: options.memoryFile, shared: true, disk: options.disk }),
+    { runDir, signal: bootSignal },
+  );
+  let agent: AgentClient | undefined;
+  try {
+    agent = new AgentClient(await raceExit(vm, vm.agentConnection, "boot"));
+    const hello = await raceExit(vm, agent.waitHello({ signal: bootSignal }), "boot");
+    const bootMs = performance.now() - started;
+    progress("boot", `agent ${hello.agent_version} ready after ${(bootMs / 1000).toFixed(1)} s`);
+    let warmupMs = 0;
+    if (template.warmup !== undefined) {
+      progress("warmup", "running warm-up");
+      const warmStarted = performance.now();
+      const result = await raceExit(
+        vm,
+        agent.warmup(template.warmup, { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
+        "warm-up",
+      );
+      if (result.error) {
+        throw new ForkdError(
+          "unprocessable",
+          `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
+        );
+      }
+      warmupMs = performance.now() - warmStarted;
+      progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
+    }
+    return { vm, agent, shape, bootMs, warmupMs };
+  } catch (err) {
+    agent?.close();
+    const tail = await vm.consoleTail(2000).catch(() => "");
+    await vm.kill({ graceMs: 0 }).catch(() => {});
+    if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
+      throw new ForkdError(
+        err instanceof ForkdError ? err.code : "internal",
+        `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
+        { cause: err },
+      );
+    }
+    throw err;
+  }
+}
+
+/** Rejects with the QEMU exit (and its output) if the VM dies while `work` is pending. */
+export function raceExit<T>(vm: VmHandle, work: Promise<T>, what: string): Promise<T> {
+  const died = vm.exited.then((exit): never => {
+    const output = vm.process.outputTail().trim();
+    throw new ForkdError("unavailable", `${what}: QEMU ${describeExit(exit)}${output ? `: ${output}` : ""}`);
+  });
+  return Promise.race([work, died]);
+}
