@@ -106,7 +106,7 @@ describe("frame codec", () => {
   it("reports one error for a stretch of garbage and recovers at the next frame", () => {
     const { decoder, frames, errors } = collect();
     decoder.push(Buffer.from("this is not a frame at all, just noise\n".repeat(50)));
-    decoder.push(randomBytes(4096).map((b) => (b === 0xfd ? 0 : b)));
+    decoder.push(Buffer.from(randomBytes(4096).map((b) => (b === 0xfd ? 0 : b))));
     decoder.push(encodeFrame({ t: "req", id: 9, op: "ping" }));
     assert.equal(errors.length, 1);
     assert.equal(errors[0]?.reason, "bad_magic");

@@ -55,7 +55,7 @@ export const RestoreResult = Type.Object({
 // ---- eval / warmup: request body = UTF-8 Python code
 
 export const EvalArgs = Type.Object({ timeout_ms: TimeoutMs }, strict);
-export const EvalError = Type.Object({
+export const PythonError = Type.Object({
   type: Type.String(),
   message: Type.String(),
   traceback: Type.String(),
@@ -68,7 +68,7 @@ export const EvalResult = Type.Object({
   stderr: Type.String(),
   stdout_truncated: Type.Boolean(),
   stderr_truncated: Type.Boolean(),
-  error: Type.Union([EvalError, Type.Null()]),
+  error: Type.Union([PythonError, Type.Null()]),
   timed_out: Type.Boolean(),
   duration_ms: Type.Number({ minimum: 0 }),
 });

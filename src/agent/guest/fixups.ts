@@ -1,0 +1,169 @@
+/**
+ * What a restored child must change before it does anything else: every child of one snapshot wakes up with
+ * the parent's wall clock, the parent's kernel RNG state and the parent's hostname.
+ *
+ * The system implementation calls libc through koffi (Node has no clock_settime or ioctl). Host tests run the
+ * agent as root on the host, so they use the dry-run implementation, which records instead of acting.
+ */
+import fs from "node:fs";
+import { ForkdError } from "../../common/errors.js";
+
+export interface Fixups {
+  readonly kind: "system" | "dry-run";
+  /** Sets CLOCK_REALTIME. */
+  setRealtimeClock(timeNs: bigint): void;
+  /** Mixes `entropy` into the kernel pool (credited) and forces the CRNG to reseed from it. */
+  addEntropy(entropy: Buffer): void;
+  setHostname(hostname: string): void;
+}
+
+export interface DryRunRecord {
+  timeNs?: bigint;
+  entropyBytes?: number;
+  hostname?: string;
+}
+
+export class DryRunFixups implements Fixups {
+  readonly kind = "dry-run" as const;
+  readonly applied: DryRunRecord = {};
+
+  setRealtimeClock(timeNs: bigint): void {
+    this.applied.timeNs = timeNs;
+  }
+
+  addEntropy(entropy: Buffer): void {
+    this.applied.entropyBytes = entropy.length;
+  }
+
+  setHostname(hostname: string): void {
+    this.applied.hostname = hostname;
+  }
+}
+
+const CLOCK_REALTIME = 0;
+/** _IOW('R', 0x03, int[2]) and _IO('R', 0x07) from <linux/random.h>. */
+const RNDADDENTROPY = 0x40085203;
+const RNDRESEEDCRNG = 0x5207;
+/** _IOR('R', 0x00, int): read-only, used by the self-test. */
+const RNDGETENTCNT = 0x80045200;
+const HOSTNAME_FILE = "/proc/sys/kernel/hostname";
+const RANDOM_DEVICE = "/dev/urandom";
+
+type KoffiFunction = (...args: unknown[]) => unknown;
+
+interface Libc {
+  clockSettime: KoffiFunction;
+  clockGettime: KoffiFunction;
+  ioctl: KoffiFunction;
+  errno: () => number;
+  version: string;
+}
+
+let libcPromise: Promise<Libc> | undefined;
+
+/** Loads koffi and binds the libc functions once. Rejects with a clear error when koffi is unusable. */
+function loadLibc(): Promise<Libc> {
+  libcPromise ??= (async () => {
+    // Imported lazily: agents that never restore (host tests) must not depend on the native module.
+    const koffi = (await import("koffi")).default;
+    const libc = koffi.load("libc.so.6");
+    koffi.struct("forkd_timespec", { tv_sec: "int64_t", tv_nsec: "int64_t" });
+    return {
+      clockSettime: libc.func("int clock_settime(int clock, const forkd_timespec *ts)") as KoffiFunction,
+      clockGettime: libc.func("int clock_gettime(int clock, _Out_ forkd_timespec *ts)") as KoffiFunction,
+      ioctl: libc.func("int ioctl(int fd, unsigned long request, ...)") as KoffiFunction,
+      errno: () => koffi.errno() as number,
+      version: String((koffi as unknown as { version?: unknown }).version),
+    };
+  })();
+  return libcPromise;
+}
+
+function failed(what: string, errno: number): ForkdError {
+  return new ForkdError("internal", `${what} failed with errno ${errno}`);
+}
+
+export class SystemFixups implements Fixups {
+  readonly kind = "system" as const;
+  private readonly libc: Libc;
+
+  private constructor(libc: Libc) {
+    this.libc = libc;
+  }
+
+  static async create(): Promise<SystemFixups> {
+    return new SystemFixups(await loadLibc());
+  }
+
+  setRealtimeClock(timeNs: bigint): void {
+    const ts = { tv_sec: timeNs / 1_000_000_000n, tv_nsec: timeNs % 1_000_000_000n };
+    if (this.libc.clockSettime(CLOCK_REALTIME, ts) !== 0) throw failed("clock_settime", this.libc.errno());
+  }
+
+  addEntropy(entropy: Buffer): void {
+    // struct rand_pool_info { int entropy_count (bits); int buf_size (bytes); __u32 buf[]; }
+    const info = Buffer.alloc(8 + entropy.length);
+    info.writeInt32LE(entropy.length * 8, 0);
+    info.writeInt32LE(entropy.length, 4);
+    entropy.copy(info, 8);
+    const fd = fs.openSync(RANDOM_DEVICE, "r");
+    try {
+      if (this.libc.ioctl(fd, RNDADDENTROPY, "void *", info) !== 0)
+        throw failed("ioctl RNDADDENTROPY", this.libc.errno());
+      if (this.libc.ioctl(fd, RNDRESEEDCRNG) !== 0) throw failed("ioctl RNDRESEEDCRNG", this.libc.errno());
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  setHostname(hostname: string): void {
+    fs.writeFileSync(HOSTNAME_FILE, hostname);
+  }
+}
+
+export interface SelfTestReport {
+  node: string;
+  koffi: string;
+  realtimeNs: string;
+  entropyCount: number;
+  /** errno of clock_settime on CLOCK_MONOTONIC (always EINVAL = 22): proves the timespec marshalling. */
+  settimeProbeErrno: number;
+  /** errno of RNDADDENTROPY with a negative entropy count (EINVAL = 22, checked before anything is mixed). */
+  addEntropyProbeErrno: number;
+}
+
+const CLOCK_MONOTONIC = 1;
+
+/**
+ * Proves koffi and the libc bindings work in this root filesystem without changing anything: reads the clock
+ * and the entropy count, and calls clock_settime and RNDADDENTROPY with arguments the kernel rejects before
+ * acting, through the same bindings the fix-ups use.
+ */
+export async function selfTest(): Promise<SelfTestReport> {
+  const libc = await loadLibc();
+  const ts: { tv_sec?: bigint | number; tv_nsec?: bigint | number } = {};
+  if (libc.clockGettime(CLOCK_REALTIME, ts) !== 0) throw failed("clock_gettime", libc.errno());
+  const realtimeNs = BigInt(ts.tv_sec ?? 0) * 1_000_000_000n + BigInt(ts.tv_nsec ?? 0);
+  const settimeResult = libc.clockSettime(CLOCK_MONOTONIC, { tv_sec: 1n, tv_nsec: 0n });
+  const settimeProbeErrno = settimeResult === 0 ? 0 : libc.errno();
+  const count = Buffer.alloc(4);
+  const invalid = Buffer.alloc(8 + 32);
+  invalid.writeInt32LE(-1, 0);
+  invalid.writeInt32LE(32, 4);
+  const fd = fs.openSync(RANDOM_DEVICE, "r");
+  let addEntropyProbeErrno: number;
+  try {
+    if (libc.ioctl(fd, RNDGETENTCNT, "void *", count) !== 0) throw failed("ioctl RNDGETENTCNT", libc.errno());
+    addEntropyProbeErrno = libc.ioctl(fd, RNDADDENTROPY, "void *", invalid) === 0 ? 0 : libc.errno();
+  } finally {
+    fs.closeSync(fd);
+  }
+  return {
+    node: process.version,
+    koffi: libc.version,
+    realtimeNs: realtimeNs.toString(),
+    entropyCount: count.readInt32LE(0),
+    settimeProbeErrno,
+    addEntropyProbeErrno,
+  };
+}
