@@ -1,0 +1,340 @@
+/**
+ * Builds a guest image from a template, or returns the cached one. Two chains run side by side: the boot
+ * chain (kernel package -> modules -> initramfs images) and the root filesystem chain (mmdebstrap -> payload
+ * and files -> ext4). Both write inside one staging directory, which is renamed into the cache when
+ * everything succeeded and removed in every case.
+ */
+import { randomUUID } from "node:crypto";
+import fs from "node:fs/promises";
+import path from "node:path";
+import { abortError } from "../common/deadline.js";
+import { errorMessage, ForkdError } from "../common/errors.js";
+import { resolvePaths } from "../common/paths.js";
+import {
+  type BootPackages,
+  downloadPackages,
+  type HostDistro,
+  hostDistro,
+  resolveBootPackages,
+} from "./apt.js";
+import {
+  type BuiltImage,
+  createStaging,
+  IMAGE_FILES,
+  type ImageManifest,
+  MANIFEST_FORMAT,
+  publish,
+  readImageDir,
+  removeStaging,
+  type Staging,
+  sweepStaleStaging,
+} from "./cache.js";
+import { buildBootInitramfs, buildProbeInitramfs, KERNEL_CMDLINE } from "./initramfs.js";
+import { extractKernel, type KernelModule, moduleLoadOrder } from "./kernel.js";
+import { defaultGuestPayloadDir } from "./package-root.js";
+import {
+  BUILDER_VERSION,
+  hashPayloadDir,
+  imageTemplate,
+  type Recipe,
+  recipeHash,
+  sha256File,
+} from "./recipe.js";
+import { customizeTree, debootstrap, type Ext4Result, makeExt4, rootfsPackages } from "./rootfs.js";
+import { run } from "./run.js";
+import type { Template } from "./template.js";
+
+/**
+ * Steps of a build. "kernel"/"initramfs" and "rootfs"/"filesystem" belong to two chains that run at the same
+ * time, so two steps can be in progress at once.
+ */
+export type BuildStep = "resolve" | "kernel" | "initramfs" | "rootfs" | "filesystem" | "finalize";
+
+export interface BuildProgressEvent {
+  step: BuildStep;
+  phase: "start" | "progress" | "done" | "failed";
+  message: string;
+  /** 0..1 within the step, when known. */
+  fraction?: number;
+}
+
+export interface ImageOptions {
+  /** Where images are cached (default: resolvePaths().images, i.e. FORKD_IMAGE_CACHE). */
+  cacheDir?: string;
+  /** The guest agent payload copied to /opt/forkd (default: dist/guest of the forkd package). */
+  payloadDir?: string;
+  signal?: AbortSignal;
+}
+
+export interface BuildOptions extends ImageOptions {
+  onProgress?: (event: BuildProgressEvent) => void;
+  /** Rebuild even if the recipe is cached; the new image replaces the old one. */
+  force?: boolean;
+}
+
+export interface ResolvedRecipe {
+  recipe: Recipe;
+  hash: string;
+  distro: HostDistro;
+  boot: BootPackages;
+}
+
+const cacheDirOf = (options: ImageOptions) => path.resolve(options.cacheDir ?? resolvePaths().images);
+
+/** The recipe a build of `template` would use now (asks apt only when its state changed since last time). */
+export async function resolveRecipe(template: Template, options: ImageOptions = {}): Promise<ResolvedRecipe> {
+  const distro = await hostDistro();
+  const [boot, payloadHash, normalized] = await Promise.all([
+    resolveBootPackages(cacheDirOf(options), distro.arch, options.signal),
+    hashPayloadDir(options.payloadDir ?? defaultGuestPayloadDir()),
+    imageTemplate(template),
+  ]);
+  const recipe: Recipe = {
+    builderVersion: BUILDER_VERSION,
+    suite: distro.suite,
+    arch: distro.arch,
+    kernelPackage: boot.kernelPackage,
+    kernelVersion: boot.kernelVersion,
+    busyboxVersion: boot.busyboxVersion,
+    payloadHash,
+    template: normalized,
+  };
+  return { recipe, hash: recipeHash(recipe), distro, boot };
+}
+
+/** The cached image for `template`'s current recipe, or undefined. Never builds. */
+export async function findCachedImage(
+  template: Template,
+  options: ImageOptions = {},
+): Promise<BuiltImage | undefined> {
+  const { hash } = await resolveRecipe(template, options);
+  return readImageDir(cacheDirOf(options), hash);
+}
+
+/** A cached image by its hash (e.g. the one a snapshot was made from), or undefined. */
+export async function readImage(hash: string, options: ImageOptions = {}): Promise<BuiltImage | undefined> {
+  return readImageDir(cacheDirOf(options), hash);
+}
+
+type Emit = (event: BuildProgressEvent) => void;
+
+async function step<T>(emit: Emit, name: BuildStep, message: string, fn: () => Promise<T>): Promise<T> {
+  const started = performance.now();
+  emit({ step: name, phase: "start", message });
+  try {
+    const result = await fn();
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    emit({ step: name, phase: "done", message: `${message} (${seconds} s)`, fraction: 1 });
+    return result;
+  } catch (err) {
+    emit({ step: name, phase: "failed", message: `${message}: ${errorMessage(err)}` });
+    throw err;
+  }
+}
+
+interface BootParts {
+  release: string;
+  modules: KernelModule[];
+}
+
+async function buildBootChain(
+  resolved: ResolvedRecipe,
+  staging: Staging,
+  emit: Emit,
+  signal: AbortSignal,
+): Promise<BootParts> {
+  const { boot } = resolved;
+  const { kernel, busybox, modules } = await step(
+    emit,
+    "kernel",
+    `kernel ${boot.kernelPackage}`,
+    async () => {
+      const debDir = path.join(staging.work, "debs");
+      await fs.mkdir(debDir, { mode: 0o755 });
+      const debs = await downloadPackages(
+        [
+          { name: boot.kernelPackage, version: boot.kernelVersion },
+          { name: "busybox-static", version: boot.busyboxVersion },
+        ],
+        debDir,
+        signal,
+      );
+      emit({ step: "kernel", phase: "progress", message: "extracting the kernel package", fraction: 0.3 });
+      const kernel = await extractKernel(
+        debs.get(boot.kernelPackage)!,
+        path.join(staging.work, "kernel"),
+        signal,
+      );
+      if (`linux-image-${kernel.release}` !== boot.kernelPackage) {
+        throw new ForkdError("internal", `${boot.kernelPackage} contains kernel ${kernel.release}`);
+      }
+      const busyboxRoot = path.join(staging.work, "busybox");
+      await run("dpkg-deb", ["-x", debs.get("busybox-static")!, busyboxRoot], { signal, stdout: "ignore" });
+      const busybox = path.join(busyboxRoot, "bin", "busybox");
+      if (!(await fs.stat(busybox).catch(() => undefined))?.isFile()) {
+        throw new ForkdError("internal", "busybox-static has no bin/busybox");
+      }
+      emit({ step: "kernel", phase: "progress", message: "computing module order", fraction: 0.8 });
+      const modules = await moduleLoadOrder(kernel, undefined, signal);
+      return { kernel, busybox, modules };
+    },
+  );
+  await step(emit, "initramfs", `initramfs (${modules.length} modules)`, async () => {
+    await fs.copyFile(kernel.vmlinuz, path.join(staging.out, IMAGE_FILES.kernel));
+    await buildBootInitramfs(
+      path.join(staging.out, IMAGE_FILES.initrd),
+      staging.work,
+      busybox,
+      modules,
+      signal,
+    );
+    await buildProbeInitramfs(path.join(staging.out, IMAGE_FILES.probeInitrd), staging.work, busybox, signal);
+  });
+  return { release: kernel.release, modules };
+}
+
+async function buildRootfsChain(
+  template: Template,
+  resolved: ResolvedRecipe,
+  payloadDir: string,
+  staging: Staging,
+  emit: Emit,
+  signal: AbortSignal,
+): Promise<Ext4Result> {
+  const tree = path.join(staging.work, "rootfs");
+  const packages = rootfsPackages(template);
+  await step(
+    emit,
+    "rootfs",
+    `Debian ${resolved.distro.suite} root filesystem (${packages.join(", ")})`,
+    async () => {
+      await debootstrap({
+        suite: resolved.distro.suite,
+        packages,
+        target: tree,
+        tmpDir: path.join(staging.work, "tmp"),
+        signal,
+        onStatus: (message, fraction) => emit({ step: "rootfs", phase: "progress", message, fraction }),
+      });
+      emit({ step: "rootfs", phase: "progress", message: "adding the guest agent and template files" });
+      await customizeTree({ root: tree, template, payloadDir });
+    },
+  );
+  return step(emit, "filesystem", `ext4 image (${template.diskMib} MiB)`, async () => {
+    const result = await makeExt4(
+      tree,
+      path.join(staging.out, IMAGE_FILES.rootfs),
+      template.diskMib,
+      template.source,
+      signal,
+    );
+    await fs.rm(tree, { recursive: true, force: true });
+    return result;
+  });
+}
+
+/** Runs both chains; the first failure cancels the other, and both have stopped before this returns. */
+async function runChains<A, B>(
+  signal: AbortSignal | undefined,
+  a: (signal: AbortSignal) => Promise<A>,
+  b: (signal: AbortSignal) => Promise<B>,
+): Promise<[A, B]> {
+  const stop = new AbortController();
+  const combined = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+  let firstError: unknown;
+  const guard = <T>(p: Promise<T>) =>
+    p.catch((err: unknown) => {
+      if (firstError === undefined) firstError = err;
+      stop.abort(err);
+      throw err;
+    });
+  const [ra, rb] = await Promise.allSettled([guard(a(combined)), guard(b(combined))]);
+  if (signal?.aborted) throw abortError(signal, "image build");
+  if (ra.status === "rejected" || rb.status === "rejected") throw firstError;
+  return [ra.value, rb.value];
+}
+
+async function fileInfo(file: string, withHash: boolean): Promise<{ size: number; sha256?: string }> {
+  const st = await fs.stat(file);
+  return withHash ? { size: st.size, sha256: await sha256File(file) } : { size: st.size };
+}
+
+/** Builds the image for `template`, or returns it from the cache. */
+export async function buildImage(template: Template, options: BuildOptions = {}): Promise<BuiltImage> {
+  const emit: Emit = (event) => options.onProgress?.(event);
+  const cacheDir = cacheDirOf(options);
+  const payloadDir = path.resolve(options.payloadDir ?? defaultGuestPayloadDir());
+  const { signal } = options;
+
+  const resolved = await step(emit, "resolve", `template ${template.name}: resolving the recipe`, () =>
+    resolveRecipe(template, { ...options, payloadDir }),
+  );
+  const { hash, recipe, boot } = resolved;
+  const existing = await readImageDir(cacheDir, hash);
+  if (existing && !options.force) {
+    emit({ step: "finalize", phase: "done", message: `cached image ${hash.slice(0, 12)}`, fraction: 1 });
+    return existing;
+  }
+
+  if (process.geteuid?.() !== 0) {
+    throw new ForkdError(
+      "unavailable",
+      "building an image needs root (mmdebstrap --mode=root creates device nodes and owns files as root)",
+    );
+  }
+  await sweepStaleStaging(cacheDir);
+  const started = performance.now();
+  const staging = await createStaging(cacheDir, hash);
+  try {
+    const [bootParts, ext4] = await runChains(
+      signal,
+      (s) => buildBootChain(resolved, staging, emit, s),
+      (s) => buildRootfsChain(template, resolved, payloadDir, staging, emit, s),
+    );
+    return await step(emit, "finalize", `publishing image ${hash.slice(0, 12)}`, async () => {
+      const files: ImageManifest["files"] = {};
+      for (const name of [
+        IMAGE_FILES.kernel,
+        IMAGE_FILES.initrd,
+        IMAGE_FILES.probeInitrd,
+        IMAGE_FILES.rootfs,
+      ]) {
+        files[name] = await fileInfo(path.join(staging.out, name), name !== IMAGE_FILES.rootfs);
+      }
+      const manifest: ImageManifest = {
+        format: MANIFEST_FORMAT,
+        hash,
+        buildId: randomUUID(),
+        builtAt: new Date().toISOString(),
+        buildSeconds: Math.round((performance.now() - started) / 100) / 10,
+        recipe,
+        kernel: {
+          release: bootParts.release,
+          package: boot.kernelPackage,
+          version: boot.kernelVersion,
+          cmdline: KERNEL_CMDLINE,
+        },
+        modules: bootParts.modules.map((m) => m.name),
+        rootfs: {
+          uuid: ext4.uuid,
+          usedMib: ext4.usedMib,
+          diskMib: template.diskMib,
+          packages: rootfsPackages(template),
+        },
+        files,
+      };
+      await fs.writeFile(
+        path.join(staging.out, IMAGE_FILES.manifest),
+        `${JSON.stringify(manifest, null, 2)}\n`,
+      );
+      if (signal?.aborted) throw abortError(signal, "image build");
+      const outcome = await publish(staging, cacheDir, hash, options.force === true);
+      const image = await readImageDir(cacheDir, hash);
+      if (!image)
+        throw new ForkdError("internal", `image ${hash} is incomplete after publishing (${outcome})`);
+      return { ...image, cached: outcome === "lost-race" };
+    });
+  } finally {
+    await removeStaging(staging.dir);
+  }
+}

@@ -1,0 +1,140 @@
+/**
+ * The recipe of an image: everything that determines what a build produces. Its hash names the image's
+ * cache directory, so two builds share an image exactly when their recipes are equal.
+ *
+ * The template enters in normalized form (parsed values, extra files by content), so reformatting a template
+ * or adding a comment does not rebuild, while any change to a value or to an extra file's bytes does.
+ */
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import fs from "node:fs/promises";
+import path from "node:path";
+import { ForkdError } from "../common/errors.js";
+import type { Interpreter, Template } from "./template.js";
+
+/** Bump whenever the builder's output changes for the same inputs (init script, trimming, mkfs options...). */
+export const BUILDER_VERSION = 1;
+
+/** The template as it enters the recipe and the image manifest: values only, no host paths. */
+export interface ImageTemplate {
+  name: string;
+  description: string;
+  packages: string[];
+  memoryMib: number;
+  vcpus: number;
+  diskMib: number;
+  interpreter: Interpreter;
+  warmup: string | null;
+  files: { dest: string; mode: number; sha256: string; size: number }[];
+}
+
+export interface Recipe {
+  builderVersion: number;
+  suite: string;
+  arch: string;
+  kernelPackage: string;
+  kernelVersion: string;
+  busyboxVersion: string;
+  /** Content hash of the guest payload directory (dist/guest). */
+  payloadHash: string;
+  template: ImageTemplate;
+}
+
+export async function sha256File(file: string): Promise<string> {
+  const hash = createHash("sha256");
+  for await (const chunk of createReadStream(file, { highWaterMark: 1 << 20 })) hash.update(chunk as Buffer);
+  return hash.digest("hex");
+}
+
+export async function imageTemplate(template: Template): Promise<ImageTemplate> {
+  const files = [];
+  for (const f of template.files) {
+    const st = await fs.stat(f.src);
+    files.push({ dest: f.dest, mode: f.mode, sha256: await sha256File(f.src), size: st.size });
+  }
+  return {
+    name: template.name,
+    description: template.description,
+    packages: [...template.packages].sort(),
+    memoryMib: template.memoryMib,
+    vcpus: template.vcpus,
+    diskMib: template.diskMib,
+    interpreter: template.interpreter,
+    warmup: template.warmup ?? null,
+    files: files.sort((a, b) => (a.dest < b.dest ? -1 : 1)),
+  };
+}
+
+const MAX_PAYLOAD_ENTRIES = 100_000;
+
+/**
+ * A hash over a directory tree: every entry's relative path, type, permission bits and content (or link
+ * target), in sorted order. Fails clearly when the payload is missing, since a build without it would
+ * produce a guest with no agent.
+ */
+export async function hashPayloadDir(dir: string): Promise<string> {
+  const st = await fs.stat(dir).catch(() => undefined);
+  if (!st?.isDirectory()) {
+    throw new ForkdError(
+      "unavailable",
+      `guest agent payload not found at ${dir} (run \`npm run build\` to produce dist/guest)`,
+    );
+  }
+  const agent = await fs.stat(path.join(dir, "agent.mjs")).catch(() => undefined);
+  if (!agent?.isFile()) {
+    throw new ForkdError(
+      "unavailable",
+      `guest agent payload ${dir} has no agent.mjs (run \`npm run build\`)`,
+    );
+  }
+  const hash = createHash("sha256");
+  let entries = 0;
+  const walk = async (rel: string): Promise<void> => {
+    const names = (await fs.readdir(path.join(dir, rel))).sort();
+    for (const name of names) {
+      if (++entries > MAX_PAYLOAD_ENTRIES) {
+        throw new ForkdError(
+          "invalid_argument",
+          `guest payload ${dir} has more than ${MAX_PAYLOAD_ENTRIES} entries`,
+        );
+      }
+      const childRel = rel === "" ? name : `${rel}/${name}`;
+      const full = path.join(dir, childRel);
+      const lst = await fs.lstat(full);
+      const perm = (lst.mode & 0o7777).toString(8);
+      if (lst.isSymbolicLink()) {
+        hash.update(`L ${childRel} ${await fs.readlink(full)}\n`);
+      } else if (lst.isDirectory()) {
+        hash.update(`D ${childRel} ${perm}\n`);
+        await walk(childRel);
+      } else if (lst.isFile()) {
+        hash.update(`F ${childRel} ${perm} ${await sha256File(full)}\n`);
+      } else {
+        throw new ForkdError("invalid_argument", `guest payload contains a special file: ${full}`);
+      }
+    }
+  };
+  await walk("");
+  return hash.digest("hex");
+}
+
+/** JSON with object keys sorted at every level, so equal recipes always serialize identically. */
+export function canonicalJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (value !== null && typeof value === "object") {
+    const keys = Object.keys(value as object).sort();
+    const obj = value as Record<string, unknown>;
+    return `{${keys
+      .filter((k) => obj[k] !== undefined)
+      .map((k) => `${JSON.stringify(k)}:${canonicalJson(obj[k])}`)
+      .join(",")}}`;
+  }
+  return JSON.stringify(value);
+}
+
+/** 64 hex digits: the image's cache directory name. */
+export function recipeHash(recipe: Recipe): string {
+  return createHash("sha256").update(canonicalJson(recipe)).digest("hex");
+}
+
+export const RECIPE_HASH_PATTERN = /^[0-9a-f]{64}$/;

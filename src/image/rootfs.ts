@@ -1,0 +1,273 @@
+/**
+ * The guest root filesystem: a Debian minbase tree from mmdebstrap, the forkd guest payload and the
+ * template's extra files on top, written into an ext4 image with `mkfs.ext4 -d` (no loop device, no mount).
+ */
+import { randomUUID } from "node:crypto";
+import fs from "node:fs/promises";
+import path from "node:path";
+import { ForkdError } from "../common/errors.js";
+import { run, runText } from "./run.js";
+import type { Template } from "./template.js";
+
+/** Packages every image has: the agent runs on Node.js under tini as PID 1. */
+export const BASE_PACKAGES = ["nodejs", "tini"];
+export const PYTHON_PACKAGES = ["python3"];
+
+/** Content no guest needs; dpkg never unpacks it, which also makes the build faster. */
+const DPKG_EXCLUDES = [
+  "/usr/share/doc/*",
+  "/usr/share/man/*",
+  "/usr/share/info/*",
+  "/usr/share/locale/*",
+  "/usr/share/lintian/*",
+];
+
+/** Left behind by package installation; removed before the tree becomes an image. */
+const TRIM_PATHS = [
+  "var/cache/apt",
+  "var/lib/apt/lists",
+  "var/log",
+  "var/cache/debconf",
+  "usr/share/doc",
+  "usr/share/man",
+  "usr/share/info",
+];
+
+export const GUEST_HOSTNAME = "forkd";
+
+/** mmdebstrap's "I: ..." status lines mapped to rough build fractions, so the CLI can show movement. */
+const MMDEBSTRAP_STAGES: [RegExp, number][] = [
+  [/running apt-get update/, 0.05],
+  [/downloading packages/, 0.2],
+  [/extracting archives/, 0.35],
+  [/installing essential packages/, 0.5],
+  [/installing remaining packages/, 0.7],
+  [/cleaning package lists/, 0.95],
+];
+
+export function rootfsPackages(template: Pick<Template, "packages" | "interpreter">): string[] {
+  const extra = template.interpreter === "python" ? PYTHON_PACKAGES : [];
+  return [...new Set([...BASE_PACKAGES, ...extra, ...template.packages])];
+}
+
+/**
+ * The host's own apt sources, passed to mmdebstrap as files (it pastes them into the chroot's sources), so
+ * guests come from the same archive, mirror or proxy the host uses. No mirror is ever named by forkd.
+ */
+export async function hostAptSources(): Promise<string[]> {
+  const out: string[] = [];
+  const main = "/etc/apt/sources.list";
+  const mainText = await fs.readFile(main, "utf8").catch(() => "");
+  if (mainText.split("\n").some((l) => /^\s*deb\s/.test(l))) out.push(main);
+  const dir = "/etc/apt/sources.list.d";
+  const names = await fs.readdir(dir).catch(() => [] as string[]);
+  for (const name of names.sort()) {
+    if (!/\.(list|sources)$/.test(name)) continue;
+    const file = path.join(dir, name);
+    const text = await fs.readFile(file, "utf8").catch(() => "");
+    const enabled = !/^\s*Enabled:\s*no\s*$/im.test(text);
+    if (enabled && /^\s*(deb\s|Types:.*\bdeb\b)/m.test(text)) out.push(file);
+  }
+  if (out.length === 0) {
+    throw new ForkdError(
+      "unavailable",
+      "the host has no apt sources (/etc/apt/sources.list[.d]) to build images from",
+    );
+  }
+  return out;
+}
+
+export interface DebootstrapOptions {
+  suite: string;
+  packages: string[];
+  target: string;
+  /** Scratch space for mmdebstrap (inside the build's staging directory). */
+  tmpDir: string;
+  signal?: AbortSignal;
+  onStatus?: (message: string, fraction?: number) => void;
+}
+
+export async function debootstrap(options: DebootstrapOptions): Promise<void> {
+  const sources = await hostAptSources();
+  await fs.mkdir(options.tmpDir, { recursive: true });
+  const args = [
+    // A private mount namespace: whatever mmdebstrap mounts inside the tree (proc, sys, dev) disappears with
+    // it, even if it is killed, so removing a cancelled build's tree can never reach the host's /dev.
+    "--mount",
+    "--propagation",
+    "private",
+    "--",
+    "mmdebstrap",
+    "--mode=root",
+    "--variant=minbase",
+    "--format=directory",
+    `--include=${options.packages.join(",")}`,
+    ...DPKG_EXCLUDES.map((p) => `--dpkgopt=path-exclude=${p}`),
+    options.suite,
+    options.target,
+    ...sources,
+  ];
+  await run("unshare", args, {
+    signal: options.signal,
+    stdout: "ignore",
+    env: { ...process.env, TMPDIR: options.tmpDir },
+    onStderrLine: (line) => {
+      const m = /^I: (.*)$/.exec(line);
+      if (!m) return;
+      const fraction = MMDEBSTRAP_STAGES.find(([re]) => re.test(m[1]!))?.[1];
+      options.onStatus?.(m[1]!, fraction);
+    },
+  });
+}
+
+/**
+ * `guestPath` inside `root`, resolving symlinks as the guest would (absolute targets are relative to `root`,
+ * ".." stops at `root`), so a link in the tree can never make us read or write outside it. The last component
+ * is followed only with `followLast` (to replace a link rather than write through it).
+ */
+export async function resolveInRoot(root: string, guestPath: string, followLast = false): Promise<string> {
+  const queue = guestPath.split("/").filter((p) => p !== "" && p !== ".");
+  let current: string[] = [];
+  let hops = 0;
+  while (queue.length > 0) {
+    const part = queue.shift()!;
+    if (part === "..") {
+      current.pop();
+      continue;
+    }
+    const candidate = path.join(root, ...current, part);
+    const isLast = queue.length === 0;
+    const st = isLast && !followLast ? undefined : await fs.lstat(candidate).catch(() => undefined);
+    if (st?.isSymbolicLink()) {
+      if (++hops > 40) throw new ForkdError("invalid_argument", `too many symlinks resolving ${guestPath}`);
+      const target = await fs.readlink(candidate);
+      if (target.startsWith("/")) current = [];
+      queue.unshift(...target.split("/").filter((p) => p !== "" && p !== "."));
+      continue;
+    }
+    current.push(part);
+  }
+  return path.join(root, ...current);
+}
+
+/** Writes a regular file at `guestPath` in the tree, replacing whatever (even a symlink) was there. */
+async function writeGuestFile(
+  root: string,
+  guestPath: string,
+  data: string | Buffer,
+  mode: number,
+): Promise<void> {
+  const dest = await resolveInRoot(root, guestPath);
+  if (dest === root) throw new ForkdError("invalid_argument", `bad guest path ${guestPath}`);
+  await fs.mkdir(path.dirname(dest), { recursive: true, mode: 0o755 });
+  const existing = await fs.lstat(dest).catch(() => undefined);
+  if (existing?.isDirectory())
+    throw new ForkdError("invalid_argument", `${guestPath} is a directory in the guest`);
+  if (existing) await fs.rm(dest);
+  await fs.writeFile(dest, data, { flag: "wx", mode });
+  await fs.chmod(dest, mode);
+}
+
+export interface CustomizeOptions {
+  root: string;
+  template: Template;
+  payloadDir: string;
+}
+
+/** Puts forkd's payload, the template's files and the guest identity into a debootstrapped tree. */
+export async function customizeTree({ root, template, payloadDir }: CustomizeOptions): Promise<void> {
+  const forkdDir = await resolveInRoot(root, "/opt/forkd", true);
+  await fs.rm(forkdDir, { recursive: true, force: true });
+  await fs.mkdir(forkdDir, { recursive: true, mode: 0o755 });
+  await fs.cp(payloadDir, forkdDir, { recursive: true, verbatimSymlinks: true, preserveTimestamps: true });
+  await fs.chmod(forkdDir, 0o755);
+  const templateJson = { name: template.name, interpreter: template.interpreter };
+  await fs.writeFile(path.join(forkdDir, "template.json"), `${JSON.stringify(templateJson, null, 2)}\n`, {
+    mode: 0o644,
+  });
+
+  for (const file of template.files) {
+    try {
+      await writeGuestFile(root, file.dest, await fs.readFile(file.src), file.mode);
+    } catch (err) {
+      if (!(err instanceof ForkdError)) throw err;
+      throw new ForkdError("invalid_argument", `${template.source}: files dest ${file.dest}: ${err.message}`);
+    }
+  }
+
+  await writeGuestFile(root, "/etc/hostname", `${GUEST_HOSTNAME}\n`, 0o644);
+  const hosts = `127.0.0.1\tlocalhost\n127.0.1.1\t${GUEST_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n`;
+  await writeGuestFile(root, "/etc/hosts", hosts, 0o644);
+
+  for (const rel of TRIM_PATHS) {
+    const dir = await resolveInRoot(root, rel, true);
+    const entries = await fs.readdir(dir).catch(() => [] as string[]);
+    for (const entry of entries) await fs.rm(path.join(dir, entry), { recursive: true, force: true });
+  }
+
+  for (const required of ["/usr/bin/tini", "/usr/bin/node", "/opt/forkd/agent.mjs"]) {
+    const st = await fs.lstat(await resolveInRoot(root, required, true)).catch(() => undefined);
+    if (!st?.isFile()) throw new ForkdError("internal", `root filesystem tree lacks ${required}`);
+  }
+}
+
+async function treeSizeMib(root: string, signal?: AbortSignal): Promise<number> {
+  const out = await runText("du", ["-s", "-x", "--block-size=1M", root], { signal });
+  return Number.parseInt(out, 10);
+}
+
+export interface Ext4Result {
+  uuid: string;
+  /** Space the files take, before any guest writes. */
+  usedMib: number;
+}
+
+/** An ext4 image of `diskMib` holding `root`, checked with e2fsck. */
+export async function makeExt4(
+  root: string,
+  image: string,
+  diskMib: number,
+  templateSource: string,
+  signal?: AbortSignal,
+): Promise<Ext4Result> {
+  const usedMib = await treeSizeMib(root, signal);
+  // Metadata (inode tables, journal) needs room too; an image filled to the brim also leaves guests no space.
+  const neededMib = Math.ceil(usedMib * 1.1) + 64;
+  if (neededMib > diskMib) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${templateSource}: disk_mib = ${diskMib} is too small: the root filesystem holds ${usedMib} MiB of files, ` +
+        `so disk_mib must be at least ${neededMib}`,
+    );
+  }
+  const uuid = randomUUID();
+  const handle = await fs.open(image, "wx", 0o644);
+  try {
+    await handle.truncate(diskMib * 1024 * 1024);
+  } finally {
+    await handle.close();
+  }
+  await run(
+    "mkfs.ext4",
+    [
+      "-q",
+      "-F",
+      "-L",
+      "forkd-root",
+      "-U",
+      uuid,
+      "-m",
+      "0",
+      // Initialize everything now: otherwise the guest kernel zeroes inode tables in the background after
+      // boot, writing into every VM's disk overlay and burning CPU under TCG.
+      "-E",
+      "root_owner=0:0,lazy_itable_init=0,lazy_journal_init=0",
+      "-d",
+      root,
+      image,
+    ],
+    { signal, stdout: "ignore" },
+  );
+  await run("e2fsck", ["-f", "-n", image], { signal, stdout: "ignore" });
+  return { uuid, usedMib };
+}

@@ -1,0 +1,147 @@
+/**
+ * Runs the Debian tools the image build is made of. Every tool gets its own process group so that
+ * cancelling a build also stops the grandchildren (apt, dpkg, gpg under mmdebstrap), and nothing is
+ * left writing into a directory we are about to remove.
+ */
+import { spawn } from "node:child_process";
+import { abortError } from "../common/deadline.js";
+import { ForkdError } from "../common/errors.js";
+
+/** Debian package that provides each tool, for the "not installed" message. */
+const TOOL_PACKAGES: Record<string, string> = {
+  "apt-cache": "apt",
+  "apt-get": "apt",
+  "dpkg-deb": "dpkg",
+  mmdebstrap: "mmdebstrap",
+  unshare: "util-linux",
+  cpio: "cpio",
+  depmod: "kmod",
+  modprobe: "kmod",
+  modinfo: "kmod",
+  "mkfs.ext4": "e2fsprogs",
+  e2fsck: "e2fsprogs",
+  debugfs: "e2fsprogs",
+  mknod: "coreutils",
+  du: "coreutils",
+};
+
+const KILL_GRACE_MS = 5_000;
+const STDERR_TAIL_BYTES = 4_096;
+
+export interface RunOptions {
+  cwd?: string;
+  signal?: AbortSignal;
+  env?: NodeJS.ProcessEnv;
+  /** Bytes written to the tool's stdin (stdin is /dev/null otherwise). */
+  input?: string | Buffer;
+  /** Where stdout goes: collected (bounded by maxStdoutBytes) or discarded. */
+  stdout?: "collect" | "ignore";
+  maxStdoutBytes?: number;
+  /** Called with every complete stderr line, e.g. to forward a tool's own progress messages. */
+  onStderrLine?: (line: string) => void;
+}
+
+export interface RunResult {
+  stdout: Buffer;
+  stderr: string;
+}
+
+/** Runs `command` with an argv array (never a shell) and resolves when it exits 0. */
+export function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  const what = `${command} ${args.slice(0, 3).join(" ")}`.trim();
+  if (options.signal?.aborted) return Promise.reject(abortError(options.signal, what));
+  const maxStdout = options.maxStdoutBytes ?? 16 * 1024 * 1024;
+
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, {
+      cwd: options.cwd,
+      env: options.env ?? process.env,
+      detached: true,
+      stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"],
+    });
+    const stdoutChunks: Buffer[] = [];
+    let stdoutBytes = 0;
+    let stdoutOverflow = false;
+    let stderrTail = "";
+    let stderrPartial = "";
+    let killTimer: NodeJS.Timeout | undefined;
+    let aborted = false;
+
+    const killGroup = (sig: NodeJS.Signals) => {
+      if (child.pid === undefined) return;
+      try {
+        process.kill(-child.pid, sig);
+      } catch {
+        // the group is already gone
+      }
+    };
+    const onAbort = () => {
+      aborted = true;
+      killGroup("SIGTERM");
+      killTimer = setTimeout(() => killGroup("SIGKILL"), KILL_GRACE_MS);
+    };
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+
+    child.stdout?.on("data", (chunk: Buffer) => {
+      if (options.stdout === "ignore") return;
+      stdoutBytes += chunk.length;
+      if (stdoutBytes > maxStdout) {
+        stdoutOverflow = true;
+        killGroup("SIGKILL");
+        return;
+      }
+      stdoutChunks.push(chunk);
+    });
+    child.stderr?.setEncoding("utf8");
+    child.stderr?.on("data", (chunk: string) => {
+      stderrTail = (stderrTail + chunk).slice(-STDERR_TAIL_BYTES);
+      if (!options.onStderrLine) return;
+      const lines = (stderrPartial + chunk).split("\n");
+      stderrPartial = (lines.pop() ?? "").slice(-STDERR_TAIL_BYTES);
+      for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
+    });
+    if (options.input !== undefined && child.stdin) {
+      child.stdin.on("error", () => {
+        // the tool exited before reading all input; its exit status tells the story
+      });
+      child.stdin.end(options.input);
+    }
+
+    child.on("error", (err: NodeJS.ErrnoException) => {
+      options.signal?.removeEventListener("abort", onAbort);
+      if (err.code === "ENOENT") {
+        const pkg = TOOL_PACKAGES[command];
+        const hint = pkg ? ` (install the Debian package ${pkg})` : "";
+        reject(new ForkdError("unavailable", `${command} is not installed${hint}`, { cause: err }));
+      } else {
+        reject(new ForkdError("internal", `cannot run ${command}: ${err.message}`, { cause: err }));
+      }
+    });
+    child.on("close", (code, sig) => {
+      options.signal?.removeEventListener("abort", onAbort);
+      if (killTimer) clearTimeout(killTimer);
+      // Sweep anything the tool left behind in its group (it is dead, so nobody needs them).
+      killGroup("SIGKILL");
+      if (aborted && options.signal) return reject(abortError(options.signal, what));
+      if (stdoutOverflow) {
+        return reject(new ForkdError("internal", `${what}: output larger than ${maxStdout} bytes`));
+      }
+      if (code !== 0) {
+        const status = code === null ? `killed by ${sig}` : `exit status ${code}`;
+        const tail = stderrTail.trim();
+        return reject(
+          new ForkdError("internal", `${what} failed (${status})${tail ? `:\n${tail}` : ""}`, {
+            detail: { command, args, code, signal: sig },
+          }),
+        );
+      }
+      resolve({ stdout: Buffer.concat(stdoutChunks), stderr: stderrTail });
+    });
+  });
+}
+
+/** `run` for tools whose stdout is short text. */
+export async function runText(command: string, args: string[], options: RunOptions = {}): Promise<string> {
+  const { stdout } = await run(command, args, { ...options, stdout: "collect" });
+  return stdout.toString("utf8");
+}

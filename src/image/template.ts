@@ -1,0 +1,345 @@
+/**
+ * Templates: TOML files that say what goes into a guest image and how big its VMs are. Parsed with smol-toml,
+ * checked with typebox, then checked for the rules a schema cannot express (warm-up only with Python, extra
+ * files that stay inside the template's directory). Every error names the file, the field and the rule.
+ */
+import fs from "node:fs/promises";
+import path from "node:path";
+import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { Value } from "@sinclair/typebox/value";
+import { parse as parseToml } from "smol-toml";
+import { ForkdError, invalidArgument } from "../common/errors.js";
+import { assertTemplateName, isValidTag } from "../common/names.js";
+import { builtinTemplatesDir } from "./package-root.js";
+
+export type Interpreter = "python" | "none";
+
+export interface TemplateFile {
+  /** Absolute host path of the file to copy. */
+  src: string;
+  /** `src` as written in the template (relative to the template file). */
+  srcRelative: string;
+  /** Absolute path inside the guest. */
+  dest: string;
+  mode: number;
+}
+
+export interface Template {
+  name: string;
+  description: string;
+  /** Debian packages installed on top of minbase, nodejs and tini (python3 is added for interpreter "python"). */
+  packages: string[];
+  memoryMib: number;
+  vcpus: number;
+  diskMib: number;
+  interpreter: Interpreter;
+  /** Python run once in the parent VM before it is snapshotted; only with interpreter "python". */
+  warmup: string | undefined;
+  files: TemplateFile[];
+  /** Absolute path of the TOML file. */
+  source: string;
+  builtin: boolean;
+}
+
+export const TEMPLATE_DEFAULTS = {
+  description: "",
+  memory_mib: 512,
+  vcpus: 1,
+  disk_mib: 1024,
+  interpreter: "python" as Interpreter,
+};
+
+export const TEMPLATE_LIMITS = {
+  memoryMib: { min: 128, max: 65_536 },
+  vcpus: { min: 1, max: 64 },
+  diskMib: { min: 256, max: 262_144 },
+  packages: 256,
+  files: 256,
+  warmupBytes: 64 * 1024,
+  descriptionChars: 500,
+  templateFileBytes: 1024 * 1024,
+};
+
+/** Debian Policy 5.6.1: lowercase letters, digits, + - . ; at least two characters; starts alphanumeric. */
+const DEBIAN_PACKAGE_PATTERN = "^[a-z0-9][a-z0-9+.-]+$";
+/** Paths a booting guest mounts over (or owns): a file placed there would be hidden or clobbered. */
+const RESERVED_GUEST_DIRS = ["/opt/forkd", "/proc", "/sys", "/dev", "/run", "/tmp"];
+
+const TAG_RULE = "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (no '/' and no leading '.')";
+
+function intInRange(min: number, max: number) {
+  return Type.Integer({ minimum: min, maximum: max, rule: `must be a whole number from ${min} to ${max}` });
+}
+
+const TemplateFileSchema = Type.Object(
+  {
+    src: Type.String({ minLength: 1, maxLength: 1024, rule: "must be a path relative to the template file" }),
+    dest: Type.String({ minLength: 1, maxLength: 1024, rule: "must be an absolute path inside the guest" }),
+    mode: Type.Optional(
+      Type.Union([Type.Integer({ minimum: 0, maximum: 0o7777 }), Type.String({ pattern: "^[0-7]{3,4}$" })], {
+        rule: 'must be an octal permission like "0644" (or the TOML integer 0o644)',
+      }),
+    ),
+  },
+  { additionalProperties: false, rule: "must be a table with src, dest and optional mode" },
+);
+
+const TemplateSchema = Type.Object(
+  {
+    name: Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", rule: TAG_RULE }),
+    description: Type.Optional(
+      Type.String({
+        maxLength: TEMPLATE_LIMITS.descriptionChars,
+        rule: `must be a string of at most ${TEMPLATE_LIMITS.descriptionChars} characters`,
+      }),
+    ),
+    packages: Type.Optional(
+      Type.Array(
+        Type.String({
+          pattern: DEBIAN_PACKAGE_PATTERN,
+          rule: "must be a Debian package name (lowercase letters, digits, '+', '-', '.'; at least 2 characters, starting with a letter or digit)",
+        }),
+        {
+          maxItems: TEMPLATE_LIMITS.packages,
+          rule: `must be a list of at most ${TEMPLATE_LIMITS.packages} package names`,
+        },
+      ),
+    ),
+    memory_mib: Type.Optional(intInRange(TEMPLATE_LIMITS.memoryMib.min, TEMPLATE_LIMITS.memoryMib.max)),
+    vcpus: Type.Optional(intInRange(TEMPLATE_LIMITS.vcpus.min, TEMPLATE_LIMITS.vcpus.max)),
+    disk_mib: Type.Optional(intInRange(TEMPLATE_LIMITS.diskMib.min, TEMPLATE_LIMITS.diskMib.max)),
+    interpreter: Type.Optional(
+      Type.Union([Type.Literal("python"), Type.Literal("none")], { rule: 'must be "python" or "none"' }),
+    ),
+    warmup: Type.Optional(
+      Type.String({
+        maxLength: TEMPLATE_LIMITS.warmupBytes,
+        rule: `must be a string of Python code of at most ${TEMPLATE_LIMITS.warmupBytes} characters`,
+      }),
+    ),
+    files: Type.Optional(
+      Type.Array(TemplateFileSchema, {
+        maxItems: TEMPLATE_LIMITS.files,
+        rule: `must be a list ([[files]] tables) of at most ${TEMPLATE_LIMITS.files} entries`,
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+type TemplateDocument = Static<typeof TemplateSchema>;
+
+export const TEMPLATE_FIELDS = Object.keys(TemplateSchema.properties);
+
+/** "/files/0/src" -> "files[0].src" */
+function fieldName(pointer: string): string {
+  return pointer
+    .split("/")
+    .filter((p) => p !== "")
+    .map((p, i) => (/^\d+$/.test(p) ? `[${p}]` : i === 0 ? p : `.${p}`))
+    .join("");
+}
+
+function describeValue(value: unknown): string {
+  const text = JSON.stringify(value) ?? String(value);
+  return text.length > 60 ? `${text.slice(0, 57)}...` : text;
+}
+
+function schemaErrors(file: string, doc: unknown): string[] {
+  const problems: string[] = [];
+  const seen = new Set<string>();
+  for (const error of Value.Errors(TemplateSchema, doc)) {
+    const field = fieldName(error.path);
+    if (seen.has(error.path)) continue;
+    seen.add(error.path);
+    if (error.message === "Unexpected property") {
+      const parent = error.path.split("/").slice(0, -1).join("/");
+      const allowed = parent === "" ? TEMPLATE_FIELDS : Object.keys(TemplateFileSchema.properties);
+      problems.push(`${file}: unknown field "${field}" (allowed: ${allowed.join(", ")})`);
+    } else if (error.message === "Expected required property") {
+      problems.push(`${file}: field "${field}" is required`);
+    } else {
+      const rule = (error.schema as TSchema & { rule?: string }).rule ?? error.message;
+      problems.push(`${file}: field "${field}" ${rule} (got ${describeValue(error.value)})`);
+    }
+  }
+  return problems;
+}
+
+function parseMode(mode: number | string | undefined): number {
+  if (mode === undefined) return 0o644;
+  return typeof mode === "number" ? mode : Number.parseInt(mode, 8);
+}
+
+function isInside(parent: string, child: string): boolean {
+  const rel = path.relative(parent, child);
+  return rel !== "" && !rel.startsWith("..") && !path.isAbsolute(rel);
+}
+
+async function checkFiles(file: string, doc: TemplateDocument, problems: string[]): Promise<TemplateFile[]> {
+  const templateDir = path.dirname(file);
+  const realTemplateDir = await fs.realpath(templateDir);
+  const files: TemplateFile[] = [];
+  const dests = new Set<string>();
+  for (const [i, entry] of (doc.files ?? []).entries()) {
+    const field = `files[${i}]`;
+    const srcSegments = entry.src.split(/[\\/]/);
+    if (path.isAbsolute(entry.src) || entry.src.startsWith("~")) {
+      problems.push(
+        `${file}: field "${field}.src" must be relative to the template file (got ${describeValue(entry.src)})`,
+      );
+      continue;
+    }
+    if (srcSegments.includes("..")) {
+      problems.push(`${file}: field "${field}.src" must not contain ".." (got ${describeValue(entry.src)})`);
+      continue;
+    }
+    const dest = entry.dest;
+    if (
+      !dest.startsWith("/") ||
+      path.posix.normalize(dest) !== dest ||
+      dest.endsWith("/") ||
+      dest.includes("\0")
+    ) {
+      problems.push(
+        `${file}: field "${field}.dest" must be a normalized absolute guest path without a trailing '/' (got ${describeValue(dest)})`,
+      );
+      continue;
+    }
+    const reserved = RESERVED_GUEST_DIRS.find((dir) => dest === dir || dest.startsWith(`${dir}/`));
+    if (reserved) {
+      problems.push(
+        `${file}: field "${field}.dest" must not be under ${reserved}, which the guest reserves or mounts over`,
+      );
+      continue;
+    }
+    if (dests.has(dest)) {
+      problems.push(`${file}: field "${field}.dest" repeats ${dest}; each destination may appear once`);
+      continue;
+    }
+    dests.add(dest);
+    const src = path.resolve(templateDir, entry.src);
+    let realSrc: string;
+    try {
+      realSrc = await fs.realpath(src);
+    } catch {
+      problems.push(`${file}: field "${field}.src" names a file that does not exist: ${src}`);
+      continue;
+    }
+    if (!isInside(realTemplateDir, realSrc)) {
+      problems.push(`${file}: field "${field}.src" resolves outside the template's directory (${realSrc})`);
+      continue;
+    }
+    if (!(await fs.stat(realSrc)).isFile()) {
+      problems.push(`${file}: field "${field}.src" must be a regular file: ${src}`);
+      continue;
+    }
+    files.push({ src: realSrc, srcRelative: entry.src, dest, mode: parseMode(entry.mode) });
+  }
+  return files;
+}
+
+/** Parses and validates template text; `file` is used in error messages and to resolve extra files. */
+export async function parseTemplate(text: string, file: string, builtin = false): Promise<Template> {
+  const source = path.resolve(file);
+  let doc: unknown;
+  try {
+    doc = parseToml(text);
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    throw invalidArgument(`${source}: invalid TOML: ${message}`);
+  }
+  const problems = schemaErrors(source, doc);
+  if (problems.length > 0) throw templateError(problems);
+  const valid = doc as TemplateDocument;
+  const interpreter = valid.interpreter ?? TEMPLATE_DEFAULTS.interpreter;
+  if (valid.warmup !== undefined && interpreter !== "python") {
+    problems.push(
+      `${source}: field "warmup" is only allowed with interpreter = "python" (interpreter is "${interpreter}")`,
+    );
+  }
+  const files = await checkFiles(source, valid, problems);
+  if (problems.length > 0) throw templateError(problems);
+  return {
+    name: valid.name,
+    description: valid.description ?? TEMPLATE_DEFAULTS.description,
+    packages: [...new Set(valid.packages ?? [])],
+    memoryMib: valid.memory_mib ?? TEMPLATE_DEFAULTS.memory_mib,
+    vcpus: valid.vcpus ?? TEMPLATE_DEFAULTS.vcpus,
+    diskMib: valid.disk_mib ?? TEMPLATE_DEFAULTS.disk_mib,
+    interpreter,
+    warmup: valid.warmup,
+    files,
+    source,
+    builtin,
+  };
+}
+
+function templateError(problems: string[]): ForkdError {
+  const message = problems.length === 1 ? problems[0]! : `invalid template:\n  ${problems.join("\n  ")}`;
+  return new ForkdError("invalid_argument", message, { detail: { problems } });
+}
+
+async function readTemplateFile(file: string): Promise<string> {
+  let stat: Awaited<ReturnType<typeof fs.stat>>;
+  try {
+    stat = await fs.stat(file);
+  } catch {
+    throw new ForkdError("not_found", `template file not found: ${file}`);
+  }
+  if (!stat.isFile()) throw invalidArgument(`${file}: not a regular file`);
+  if (stat.size > TEMPLATE_LIMITS.templateFileBytes) {
+    throw invalidArgument(`${file}: template file larger than ${TEMPLATE_LIMITS.templateFileBytes} bytes`);
+  }
+  return fs.readFile(file, "utf8");
+}
+
+/**
+ * A built-in template by name (templates/<name>.toml in the forkd package) or a template file by path
+ * (anything containing '/' or ending in .toml, relative to the working directory).
+ */
+export async function loadTemplate(nameOrPath: string): Promise<Template> {
+  if (typeof nameOrPath !== "string" || nameOrPath === "")
+    throw invalidArgument("template name or path is required");
+  if (nameOrPath.includes("/") || nameOrPath.endsWith(".toml")) {
+    const file = path.resolve(nameOrPath);
+    return parseTemplate(await readTemplateFile(file), file);
+  }
+  const name = assertTemplateName(nameOrPath);
+  const file = path.join(builtinTemplatesDir(), `${name}.toml`);
+  try {
+    await fs.access(file);
+  } catch {
+    const available = (await listTemplateFiles()).map((f) => path.basename(f, ".toml"));
+    throw new ForkdError(
+      "not_found",
+      `no built-in template named "${name}" (available: ${available.join(", ") || "none"}); ` +
+        "pass a path to a .toml file to use your own",
+    );
+  }
+  const template = await parseTemplate(await readTemplateFile(file), file, true);
+  if (template.name !== name) {
+    throw invalidArgument(`${file}: field "name" is "${template.name}" but the file is named ${name}.toml`);
+  }
+  return template;
+}
+
+async function listTemplateFiles(): Promise<string[]> {
+  const dir = builtinTemplatesDir();
+  let entries: string[];
+  try {
+    entries = await fs.readdir(dir);
+  } catch {
+    return [];
+  }
+  return entries
+    .filter((e) => e.endsWith(".toml") && isValidTag(e.slice(0, -5)))
+    .sort()
+    .map((e) => path.join(dir, e));
+}
+
+/** The built-in templates, parsed and validated. */
+export async function listTemplates(): Promise<Template[]> {
+  const files = await listTemplateFiles();
+  return Promise.all(files.map((f) => loadTemplate(path.basename(f, ".toml"))));
+}
