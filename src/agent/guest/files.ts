@@ -75,8 +75,18 @@ export async function fileWrite(
   const dir = path.dirname(target);
   const mode = args.mode ?? 0o644;
   const temp = path.join(dir, `.${name.slice(0, 200)}.forkd-${process.pid}-${++tempCounter}.tmp`);
+  if (args.parents !== false) {
+    await mkdir(dir, { recursive: true }).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "EEXIST" || err.code === "ENOTDIR") {
+        throw new ForkdError(
+          "invalid_argument",
+          `file.write ${target}: a parent of it exists and is not a directory`,
+        );
+      }
+      throw fsError(err, "file.write", target);
+    });
+  }
   try {
-    if (args.parents !== false) await mkdir(dir, { recursive: true });
     const handle = await open(temp, "wx", mode);
     try {
       await handle.writeFile(data);

@@ -7,6 +7,7 @@
  */
 import fs from "node:fs";
 import { ForkdError } from "../../common/errors.js";
+import { type Libc, loadLibc } from "./libc.js";
 
 export interface Fixups {
   readonly kind: "system" | "dry-run";
@@ -48,36 +49,6 @@ const RNDRESEEDCRNG = 0x5207;
 const RNDGETENTCNT = 0x80045200;
 const HOSTNAME_FILE = "/proc/sys/kernel/hostname";
 const RANDOM_DEVICE = "/dev/urandom";
-
-type KoffiFunction = (...args: unknown[]) => unknown;
-
-interface Libc {
-  clockSettime: KoffiFunction;
-  clockGettime: KoffiFunction;
-  ioctl: KoffiFunction;
-  errno: () => number;
-  version: string;
-}
-
-let libcPromise: Promise<Libc> | undefined;
-
-/** Loads koffi and binds the libc functions once. Rejects with a clear error when koffi is unusable. */
-function loadLibc(): Promise<Libc> {
-  libcPromise ??= (async () => {
-    // Imported lazily: agents that never restore (host tests) must not depend on the native module.
-    const koffi = (await import("koffi")).default;
-    const libc = koffi.load("libc.so.6");
-    koffi.struct("forkd_timespec", { tv_sec: "int64_t", tv_nsec: "int64_t" });
-    return {
-      clockSettime: libc.func("int clock_settime(int clock, const forkd_timespec *ts)") as KoffiFunction,
-      clockGettime: libc.func("int clock_gettime(int clock, _Out_ forkd_timespec *ts)") as KoffiFunction,
-      ioctl: libc.func("int ioctl(int fd, unsigned long request, ...)") as KoffiFunction,
-      errno: () => koffi.errno() as number,
-      version: String((koffi as unknown as { version?: unknown }).version),
-    };
-  })();
-  return libcPromise;
-}
 
 function failed(what: string, errno: number): ForkdError {
   return new ForkdError("internal", `${what} failed with errno ${errno}`);
@@ -160,7 +131,7 @@ export async function selfTest(): Promise<SelfTestReport> {
   }
   return {
     node: process.version,
-    koffi: libc.version,
+    koffi: libc.koffiVersion,
     realtimeNs: realtimeNs.toString(),
     entropyCount: count.readInt32LE(0),
     settimeProbeErrno,

@@ -11,8 +11,10 @@
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { errorMessage } from "../../common/errors.js";
+import { markInheritedCloseOnExec } from "./fds.js";
 import { DryRunFixups, type Fixups, SystemFixups, selfTest } from "./fixups.js";
 import { type AgentState, createHandlers, helloFor, unavailableFixups } from "./handlers.js";
+import { loadLibc } from "./libc.js";
 import { createLog } from "./log.js";
 import { AGENT_PORT_NAME, findPortDevice, PortTransport } from "./port-transport.js";
 import { PythonWorker } from "./python.js";
@@ -66,6 +68,13 @@ async function main(): Promise<void> {
     // stdout carries the protocol: a stray console.log must not corrupt it.
     console.log = console.error;
     console.info = console.error;
+  }
+
+  try {
+    const marked = markInheritedCloseOnExec(await loadLibc());
+    if (marked.length > 0) log.info("marked inherited descriptors close-on-exec", { fds: marked });
+  } catch (err) {
+    log.warn("cannot mark inherited descriptors close-on-exec", { error: errorMessage(err) });
   }
 
   const template = await readTemplate(values.template);

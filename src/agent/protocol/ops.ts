@@ -11,7 +11,12 @@ import { type Validator, validator } from "./validate.js";
 const strict = { additionalProperties: false } as const;
 const NO_NUL = "^[^\\x00]*$";
 
-export const GuestPath = Type.String({ minLength: 1, maxLength: MAX_PATH_CHARS, pattern: "^/[^\\x00]*$" });
+export const GuestPath = Type.String({
+  minLength: 1,
+  maxLength: MAX_PATH_CHARS,
+  pattern: "^/[^\\x00]*$",
+  description: "an absolute path without NUL bytes",
+});
 export const TimeoutMs = Type.Integer({ minimum: 1, maximum: MAX_TIMEOUT_MS });
 const Count = Type.Integer({ minimum: 0 });
 

@@ -23,7 +23,10 @@ export function validator<T extends TSchema>(schema: T): Validator<T> {
       if (check.Check(value)) return value;
       const first = check.Errors(value).First();
       const where = first?.path ? first.path : "(root)";
-      throw invalidArgument(`invalid ${what}: ${where}: ${first?.message ?? "does not match the schema"}`);
+      const expected = first?.schema.description ? ` (expected ${first.schema.description})` : "";
+      throw invalidArgument(
+        `invalid ${what}: ${where}: ${first?.message ?? "does not match the schema"}${expected}`,
+      );
     },
   };
 }
