@@ -61,7 +61,9 @@ async function main(): Promise<void> {
   });
 
   if (values["self-test"]) {
-    process.stdout.write(`${JSON.stringify({ agent: AGENT_VERSION, ...(await selfTest()) })}\n`);
+    const report = await selfTest();
+    const closeOnExec = markInheritedCloseOnExec(await loadLibc());
+    process.stdout.write(`${JSON.stringify({ agent: AGENT_VERSION, ...report, closeOnExec })}\n`);
     return;
   }
   if (values.stdio) {
