@@ -1,0 +1,287 @@
+/**
+ * The one place QEMU's command line is produced. A `MachineSpec` describes one VM; `buildQemuArgs` turns it
+ * into an argv array (never a shell string).
+ *
+ * RESTORE INVARIANT: a child restored from a parent's device state must be started with the same machine and
+ * the same devices, under the same ids, in the same order, as the parent. QEMU matches saved device state to
+ * devices by id/path; a mismatch either fails the load ("Unknown savevm section", "Configuration section
+ * missing") or, worse, loads state into the wrong device and corrupts the guest. That is why every device id
+ * below is a constant, why the device set depends only on the spec's machine-shape fields, and why
+ * `restoreCompatibilityKey` exists: callers store it with a snapshot and compare it before a restore.
+ * Only per-instance values may differ between parent and child: file paths (sockets, console, disk overlay),
+ * `memory.shared`, `restore` and `startPaused`.
+ */
+import { createHash } from "node:crypto";
+import path from "node:path";
+import { invalidArgument } from "../common/errors.js";
+
+/** virtio-serial port name the guest agent looks up under /sys/class/virtio-ports/<port>/name. */
+export const AGENT_PORT_NAME = "org.forkd.agent";
+
+/**
+ * The fd number at which a restoring child receives the parent's device-state file (see `-incoming fd:N`).
+ * 0-2 are QEMU's stdio; 3 is the first free slot of spawn's stdio array.
+ */
+export const DEVICE_STATE_FD = 3;
+
+/** Device and object ids. Identical for parent and child: see the RESTORE INVARIANT above. */
+export const DEVICE_IDS = Object.freeze({
+  memoryBackend: "mem",
+  consoleChardev: "ser0",
+  diskNode: "disk0",
+  diskDevice: "blk0",
+  virtioSerial: "vser0",
+  agentChardev: "agent",
+  agentPort: "port0",
+  rng: "rng0",
+  vmgenid: "vmgenid0",
+});
+
+/**
+ * TCG's default translation cache is 1 GiB per QEMU process and dominates per-VM host memory; 16 MiB was
+ * measured to cost no visible guest speed for our workloads.
+ */
+export const DEFAULT_TCG_TB_SIZE_MIB = 16;
+
+/** Linux's x86 COMMAND_LINE_SIZE; a longer -append is truncated silently by the boot protocol. */
+export const MAX_KERNEL_CMDLINE_BYTES = 2047;
+
+/** sizeof(sockaddr_un.sun_path) minus the terminating NUL: a longer unix socket path cannot be bound. */
+export const MAX_UNIX_SOCKET_PATH_BYTES = 107;
+
+/** Bounds that catch unit mistakes (bytes vs MiB) before QEMU fails with a less helpful message. */
+export const MIN_MEMORY_MIB = 64;
+export const MAX_MEMORY_MIB = 256 * 1024;
+/** microvm has no ACPI CPU hotplug tables for large counts; 64 is far above any sandbox's need. */
+export const MAX_VCPUS = 64;
+export const MAX_TCG_TB_SIZE_MIB = 1024;
+/** Any x86 TSC made this century runs between these; outside them the value is a unit mistake. */
+export const MIN_TSC_KHZ = 100_000;
+export const MAX_TSC_KHZ = 10_000_000;
+
+export type Accelerator = "kvm" | "tcg";
+
+export interface MachineSpec {
+  accel: Accelerator;
+  /** TCG translation-block cache size; ignored under KVM. Default `DEFAULT_TCG_TB_SIZE_MIB`. */
+  tcgTbSizeMiB?: number;
+  /**
+   * TCG only: the host's TSC frequency (see host-tsc.ts), passed to the guest kernel as `tsc_early_khz=`.
+   * Without it a TCG guest booting on a busy host can fail its TSC calibration and hang.
+   */
+  tscKhz?: number;
+  /** QEMU -cpu model, e.g. "max" (TCG) or "host" (KVM). */
+  cpuModel: string;
+  memoryMiB: number;
+  vcpus: number;
+  /**
+   * Guest RAM backed by a file. `shared: true` (parent) maps it MAP_SHARED so the guest writes into the file;
+   * `shared: false` (child) maps it MAP_PRIVATE: pages stay shared with the file until the child writes them.
+   * Omit for anonymous RAM (probes and throwaway boots; such a VM cannot be snapshotted).
+   */
+  memoryFile?: { path: string; shared: boolean };
+  kernel: string;
+  initrd: string;
+  kernelCmdline: string;
+  /** qcow2 overlay attached as virtio-blk; `null` for no disk. */
+  disk: { overlayPath: string } | null;
+  /** Agent channel: QEMU connects as a client to a socket the host listens on. Omit for no agent channel. */
+  agent?: { socketPath: string; portName?: string };
+  qmpSocketPath: string;
+  consoleLogPath: string;
+  /** Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). */
+  restore?: { deviceStatePath: string };
+  /** -S: do not run the guest until QMP `cont` (also after a restore completes). */
+  startPaused?: boolean;
+  /** Entropy for the guest (/dev/hwrng). Part of the device set: must match between parent and child. */
+  rng?: boolean;
+  /**
+   * VM generation id device (guid=auto: each QEMU process gets a fresh id). Part of the device set. Whether
+   * the guest kernel sees it on microvm is unverified; see README.
+   */
+  vmgenid?: boolean;
+}
+
+/** Builds QEMU's argv (without the binary) for `spec`. Throws `invalid_argument` naming the bad field. */
+export function buildQemuArgs(spec: MachineSpec): string[] {
+  validateSpec(spec);
+  const ids = DEVICE_IDS;
+  const machine = ["microvm", "acpi=on", "suppress-vmdesc=on"];
+  if (spec.memoryFile) machine.push(`memory-backend=${ids.memoryBackend}`);
+
+  const args: string[] = [
+    "-M",
+    machine.join(","),
+    "-nodefaults",
+    "-no-user-config",
+    "-display",
+    "none",
+    "-accel",
+    spec.accel === "tcg" ? `tcg,tb-size=${spec.tcgTbSizeMiB ?? DEFAULT_TCG_TB_SIZE_MIB}` : "kvm",
+    "-cpu",
+    spec.cpuModel,
+    "-m",
+    `${spec.memoryMiB}M`,
+    "-smp",
+    String(spec.vcpus),
+  ];
+  if (spec.memoryFile) {
+    args.push(
+      "-object",
+      `memory-backend-file,id=${ids.memoryBackend},size=${spec.memoryMiB}M,` +
+        `mem-path=${spec.memoryFile.path},share=${spec.memoryFile.shared ? "on" : "off"}`,
+    );
+  }
+  args.push("-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec));
+  args.push("-chardev", `file,id=${ids.consoleChardev},path=${spec.consoleLogPath}`);
+  args.push("-serial", `chardev:${ids.consoleChardev}`);
+  if (spec.disk) {
+    args.push(
+      "-blockdev",
+      `driver=qcow2,node-name=${ids.diskNode},file.driver=file,file.filename=${spec.disk.overlayPath}`,
+      "-device",
+      `virtio-blk-device,drive=${ids.diskNode},id=${ids.diskDevice}`,
+    );
+  }
+  if (spec.agent) {
+    // server=off: the host listens and QEMU connects while it starts, i.e. before an incoming restore is
+    // loaded. The guest therefore never sees the port's host side disconnected across a restore.
+    args.push(
+      "-device",
+      `virtio-serial-device,id=${ids.virtioSerial}`,
+      "-chardev",
+      `socket,id=${ids.agentChardev},path=${spec.agent.socketPath},server=off`,
+      "-device",
+      `virtserialport,chardev=${ids.agentChardev},name=${spec.agent.portName ?? AGENT_PORT_NAME},id=${ids.agentPort}`,
+    );
+  }
+  if (spec.rng) args.push("-device", `virtio-rng-device,id=${ids.rng}`);
+  if (spec.vmgenid) args.push("-device", `vmgenid,guid=auto,id=${ids.vmgenid}`);
+  args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
+  // The guest's reboot means "this VM is done": exit instead of rebooting into a fresh boot.
+  args.push("-no-reboot");
+  if (spec.startPaused) args.push("-S");
+  if (spec.restore) {
+    // xen-save-devices-state writes no configuration section, so the receiver must not expect one.
+    args.push("-incoming", `fd:${DEVICE_STATE_FD}`, "-global", "migration.send-configuration=off");
+  }
+  return args;
+}
+
+/**
+ * A digest of everything that must be equal between a snapshot's parent and a restoring child (machine,
+ * devices, ids, RAM size, kernel and initrd paths), with per-instance values left out. Store it with a
+ * snapshot; refuse a restore whose spec gives a different key.
+ */
+export function restoreCompatibilityKey(spec: MachineSpec): string {
+  const placeholder = "/forkd-instance-path";
+  const shape: MachineSpec = {
+    ...spec,
+    memoryFile: spec.memoryFile ? { path: placeholder, shared: true } : undefined,
+    disk: spec.disk ? { overlayPath: placeholder } : null,
+    agent: spec.agent ? { socketPath: placeholder, portName: spec.agent.portName } : undefined,
+    qmpSocketPath: placeholder,
+    consoleLogPath: placeholder,
+    restore: undefined,
+    startPaused: false,
+  };
+  return createHash("sha256")
+    .update(JSON.stringify(buildQemuArgs(shape)))
+    .digest("hex");
+}
+
+/** The guest kernel's command line: the spec's, plus what the accelerator needs. */
+export function kernelCmdline(spec: MachineSpec): string {
+  if (spec.accel === "tcg" && spec.tscKhz !== undefined)
+    return `${spec.kernelCmdline} tsc_early_khz=${spec.tscKhz}`;
+  return spec.kernelCmdline;
+}
+
+function validateSpec(spec: MachineSpec): void {
+  if (spec.accel !== "kvm" && spec.accel !== "tcg") {
+    throw invalidArgument(`machine spec: accel must be "kvm" or "tcg", got ${JSON.stringify(spec.accel)}`);
+  }
+  if (spec.tcgTbSizeMiB !== undefined) {
+    assertIntegerIn("tcgTbSizeMiB", spec.tcgTbSizeMiB, 1, MAX_TCG_TB_SIZE_MIB);
+  }
+  if (!/^[A-Za-z0-9][A-Za-z0-9_.+-]*$/.test(spec.cpuModel)) {
+    throw invalidArgument(
+      `machine spec: cpuModel ${JSON.stringify(spec.cpuModel)} is not a plain CPU model name (e.g. "max", "host")`,
+    );
+  }
+  if (spec.tscKhz !== undefined) assertIntegerIn("tscKhz", spec.tscKhz, MIN_TSC_KHZ, MAX_TSC_KHZ);
+  assertIntegerIn("memoryMiB", spec.memoryMiB, MIN_MEMORY_MIB, MAX_MEMORY_MIB);
+  assertIntegerIn("vcpus", spec.vcpus, 1, MAX_VCPUS);
+  if (spec.memoryFile) assertOptionPath("memoryFile.path", spec.memoryFile.path);
+  assertOptionPath("kernel", spec.kernel);
+  assertOptionPath("initrd", spec.initrd);
+  if (
+    typeof spec.kernelCmdline !== "string" ||
+    Buffer.byteLength(spec.kernelCmdline) > MAX_KERNEL_CMDLINE_BYTES
+  ) {
+    throw invalidArgument(
+      `machine spec: kernelCmdline must be a string of at most ${MAX_KERNEL_CMDLINE_BYTES} bytes`,
+    );
+  }
+  if (/[\n\r\0]/.test(spec.kernelCmdline)) {
+    throw invalidArgument("machine spec: kernelCmdline must not contain newlines or NUL");
+  }
+  assertOptionPath("consoleLogPath", spec.consoleLogPath);
+  assertSocketPath("qmpSocketPath", spec.qmpSocketPath);
+  if (spec.disk) assertOptionPath("disk.overlayPath", spec.disk.overlayPath);
+  if (spec.agent) {
+    assertSocketPath("agent.socketPath", spec.agent.socketPath);
+    const port = spec.agent.portName ?? AGENT_PORT_NAME;
+    if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(port)) {
+      throw invalidArgument(
+        `machine spec: agent.portName ${JSON.stringify(port)} must match [A-Za-z0-9][A-Za-z0-9._-]*`,
+      );
+    }
+  }
+  // Passed as an fd, so commas would not matter to QEMU; still require an absolute path for clarity.
+  if (spec.restore) assertOptionPath("restore.deviceStatePath", spec.restore.deviceStatePath);
+  if (spec.restore && !spec.memoryFile) {
+    throw invalidArgument("machine spec: restore needs memoryFile (the parent's RAM file) to restore from");
+  }
+}
+
+/**
+ * Paths end up inside QEMU's comma-separated option syntax (`path=<p>,server=off`), where a comma would split
+ * the value into a new (attacker-chosen) option. Doubling commas is QEMU's escape, but only some parsers
+ * honour it, so commas are refused rather than escaped.
+ */
+function assertOptionPath(field: string, value: unknown): void {
+  if (typeof value !== "string" || value.length === 0) {
+    throw invalidArgument(`machine spec: ${field} must be a non-empty path`);
+  }
+  if (!path.isAbsolute(value)) {
+    throw invalidArgument(`machine spec: ${field} must be an absolute path, got ${JSON.stringify(value)}`);
+  }
+  if (value.includes(",")) {
+    throw invalidArgument(
+      `machine spec: ${field} ${JSON.stringify(value)} contains a comma, which QEMU's option syntax would treat ` +
+        "as the start of another option; use a path without commas",
+    );
+  }
+  if (/[\0\n\r]/.test(value)) {
+    throw invalidArgument(`machine spec: ${field} must not contain NUL or newline characters`);
+  }
+}
+
+function assertSocketPath(field: string, value: unknown): void {
+  assertOptionPath(field, value);
+  if (Buffer.byteLength(value as string) > MAX_UNIX_SOCKET_PATH_BYTES) {
+    throw invalidArgument(
+      `machine spec: ${field} ${JSON.stringify(value)} is longer than ${MAX_UNIX_SOCKET_PATH_BYTES} bytes, ` +
+        "the limit for a unix socket path; use a shorter run directory",
+    );
+  }
+}
+
+function assertIntegerIn(field: string, value: unknown, min: number, max: number): void {
+  if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
+    throw invalidArgument(
+      `machine spec: ${field} must be an integer in [${min}, ${max}], got ${String(value)}`,
+    );
+  }
+}
