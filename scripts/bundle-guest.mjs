@@ -9,6 +9,7 @@
  * Usage: node scripts/bundle-guest.mjs [--out <dir>]   (default dist/guest). The directory is built beside the
  * target and renamed into place, so a failed build never leaves a half-written bundle behind.
  */
+import { realpathSync } from "node:fs";
 import { cp, mkdir, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -54,7 +55,8 @@ export async function bundleGuest(outDir) {
   return target;
 }
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+// realpath: when run through a symlink, argv[1] is the link while import.meta.url is the target.
+if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const { values } = parseArgs({
     options: { out: { type: "string", default: path.join(root, "dist/guest") } },
   });
