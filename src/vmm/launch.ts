@@ -26,6 +26,9 @@ export const AGENT_CONNECT_TIMEOUT_MS = 30_000;
 /** QEMU creates its QMP socket during startup; a QEMU without one this long after spawn is wedged. */
 export const QMP_READY_TIMEOUT_MS = 30_000;
 
+/** After a failed QMP connect, how long to look for QEMU's exit before blaming the socket. */
+export const EXIT_NOTICE_MS = 100;
+
 /** Poll interval while QEMU has not yet created its QMP socket. */
 export const QMP_CONNECT_RETRY_MS = 10;
 
@@ -252,9 +255,12 @@ class Vm implements VmHandle {
       try {
         return await QmpClient.connect(this.spec.qmpSocketPath, {
           signal: deadline,
-          describeClose: () => this.process.describe(),
+          describeClose: () => this.process.describeSoon(),
         });
       } catch (err) {
+        // A QEMU that is exiting resets or closes the connection: report the exit, not the socket error.
+        await Promise.race([this.process.exited, sleep(EXIT_NOTICE_MS).catch(() => {})]);
+        if (this.process.exitStatus) throw this.exitedError("before QMP was ready");
         const code = ((err as ForkdError).cause as NodeJS.ErrnoException | undefined)?.code;
         // The socket appears a few milliseconds after spawn; anything else is a real failure.
         if (code !== "ENOENT" && code !== "ECONNREFUSED") throw err;

@@ -137,6 +137,15 @@ export class QemuProcess {
     return tail ? `${state}; its output ends with: ${tail}` : `${state}; it printed nothing`;
   }
 
+  /**
+   * `describe()` once QEMU has exited, or after `waitMs` if it has not: when a socket to QEMU closes, the
+   * exit status and last output arrive a moment later and are what the caller needs to see.
+   */
+  async describeSoon(waitMs = OUTPUT_DRAIN_MS * 2): Promise<string> {
+    await this.waitExit(waitMs);
+    return this.describe();
+  }
+
   /** Sends `signal` to QEMU's whole process group (QEMU and anything it spawned), while QEMU is alive. */
   signalGroup(signal: NodeJS.Signals): void {
     // Only while the leader lives: after it is reaped its pid (and so the group id) may be reused.

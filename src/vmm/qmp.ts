@@ -26,6 +26,9 @@ export const QMP_HANDSHAKE_TIMEOUT_MS = 10_000;
  */
 export const QMP_COMMAND_TIMEOUT_MS = 30_000;
 
+/** How long a closing connection waits for `describeClose` (QEMU's exit is seen a moment after the socket's). */
+export const CLOSE_CONTEXT_WAIT_MS = 1000;
+
 export interface QmpGreeting {
   version: { qemu: { major: number; minor: number; micro: number }; package: string };
   capabilities: string[];
@@ -66,10 +69,11 @@ export class QmpError extends ForkdError {
 export interface QmpConnectOptions {
   signal?: AbortSignal;
   /**
-   * Called when the connection closes; its answer is appended to every rejection (e.g. "QEMU exited with
-   * code 1; stderr: ..."), so a caller learns why instead of just "closed".
+   * Called when the connection closes (not on `close()`); its answer is appended to every rejection (e.g.
+   * "QEMU exited with code 1; its output ends with ..."), so a caller learns why instead of just "closed".
+   * May be async: it is awaited for at most CLOSE_CONTEXT_WAIT_MS.
    */
-  describeClose?: () => string;
+  describeClose?: () => string | Promise<string>;
 }
 
 export interface QmpExecuteOptions {
@@ -110,11 +114,12 @@ const COMMAND_NAME = /^[A-Za-z][A-Za-z0-9_-]{0,127}$/;
 export class QmpClient extends EventEmitter {
   readonly greeting: QmpGreeting;
   private readonly socket: net.Socket;
-  private readonly describeClose: (() => string) | undefined;
+  private readonly describeClose: (() => string | Promise<string>) | undefined;
   private readonly pending = new Map<string, PendingCommand>();
   private readonly waiters = new Set<EventWaiter>();
   private nextId = 1;
   private closeError: Error | undefined;
+  private shuttingDown = false;
   private partial: Buffer[] = [];
   private partialBytes = 0;
   private onGreeting: (() => void) | undefined;
@@ -135,7 +140,7 @@ export class QmpClient extends EventEmitter {
     }
   }
 
-  private constructor(socket: net.Socket, describeClose: (() => string) | undefined) {
+  private constructor(socket: net.Socket, describeClose: QmpConnectOptions["describeClose"]) {
     super();
     this.socket = socket;
     this.describeClose = describeClose;
@@ -153,7 +158,7 @@ export class QmpClient extends EventEmitter {
   }
 
   get closed(): boolean {
-    return this.closeError !== undefined;
+    return this.shuttingDown;
   }
 
   /**
@@ -284,7 +289,7 @@ export class QmpClient extends EventEmitter {
 
   /** Closes the connection; pending commands are rejected. QEMU keeps running. */
   close(): void {
-    this.shutdown(new ForkdError("unavailable", "QMP connection closed by forkd"));
+    this.shutdown(new ForkdError("unavailable", "QMP connection closed by forkd"), { describe: false });
     this.socket.destroy();
   }
 
@@ -389,30 +394,39 @@ export class QmpClient extends EventEmitter {
     this.socket.destroy();
   }
 
-  private shutdown(reason: ForkdError): void {
-    if (this.closeError) return;
-    let context = "";
+  private shutdown(reason: ForkdError, options: { describe: boolean } = { describe: true }): void {
+    if (this.shuttingDown) return;
+    this.shuttingDown = true;
+    this.partial = [];
+    let context: string | Promise<string> = "";
     try {
-      context = this.describeClose?.() ?? "";
+      if (options.describe) context = this.describeClose?.() ?? "";
     } catch {
       // A failing description must not keep pending calls from being rejected.
     }
-    this.closeError = new ForkdError(
-      reason.code,
-      context ? `${reason.message} (${context})` : reason.message,
+    const finish = (text: string) => {
+      this.closeError = new ForkdError(reason.code, text ? `${reason.message} (${text})` : reason.message);
+      for (const call of this.pending.values()) {
+        call.dispose();
+        call.reject(this.closedError(`QMP ${call.command} got no reply`, call.callSite));
+      }
+      this.pending.clear();
+      for (const waiter of this.waiters) {
+        waiter.dispose();
+        waiter.reject(this.closedError(`QMP event ${waiter.name} never came`, waiter.callSite));
+      }
+      this.waiters.clear();
+      this.emit("close", this.closeError);
+    };
+    if (typeof context === "string") {
+      finish(context);
+      return;
+    }
+    // The socket usually closes a moment before QEMU's exit is noticed; wait (bounded) for the real reason.
+    const timeout = new Promise<string>((resolve) =>
+      setTimeout(() => resolve(""), CLOSE_CONTEXT_WAIT_MS).unref(),
     );
-    this.partial = [];
-    for (const call of this.pending.values()) {
-      call.dispose();
-      call.reject(this.closedError(`QMP ${call.command} got no reply`, call.callSite));
-    }
-    this.pending.clear();
-    for (const waiter of this.waiters) {
-      waiter.dispose();
-      waiter.reject(this.closedError(`QMP event ${waiter.name} never came`, waiter.callSite));
-    }
-    this.waiters.clear();
-    this.emit("close", this.closeError);
+    void Promise.race([context.catch(() => ""), timeout]).then(finish);
   }
 
   private closedError(what: string, callSite: Error): ForkdError {
