@@ -1,0 +1,207 @@
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { ForkdError } from "../../src/common/errors.js";
+import { hostDistro, resolveBootPackages } from "../../src/image/apt.js";
+import { createStaging, sweepStaleStaging } from "../../src/image/cache.js";
+import { parseTemplate } from "../../src/image/index.js";
+import {
+  BUILDER_VERSION,
+  canonicalJson,
+  hashPayloadDir,
+  imageTemplate,
+  type Recipe,
+  recipeHash,
+} from "../../src/image/recipe.js";
+
+let dir: string;
+
+before(async () => {
+  dir = await fs.mkdtemp(path.join(os.tmpdir(), "forkd-recipe-test-"));
+  await fs.writeFile(path.join(dir, "a.txt"), "one\n");
+  await fs.writeFile(path.join(dir, "b.txt"), "two\n");
+});
+
+after(() => fs.rm(dir, { recursive: true, force: true }));
+
+const BASE_TOML = `
+name = "base"
+description = "d"
+packages = ["git", "curl"]
+memory_mib = 512
+vcpus = 1
+disk_mib = 1024
+interpreter = "python"
+warmup = "import os"
+[[files]]
+src = "a.txt"
+dest = "/etc/a"
+mode = "0644"
+`;
+
+async function hashOf(toml: string, overrides: Partial<Recipe> = {}): Promise<string> {
+  const template = await parseTemplate(toml, path.join(dir, "t.toml"));
+  const recipe: Recipe = {
+    builderVersion: BUILDER_VERSION,
+    suite: "bookworm",
+    arch: "amd64",
+    kernelPackage: "linux-image-6.1.0-57-amd64",
+    kernelVersion: "6.1.192-3",
+    busyboxVersion: "1:1.35.0-4+deb12u1+b1",
+    payloadHash: "0".repeat(64),
+    template: await imageTemplate(template),
+    ...overrides,
+  };
+  return recipeHash(recipe);
+}
+
+describe("recipe hash", () => {
+  test("is 64 hex digits and stable across reformatting, comments and package order", async () => {
+    const base = await hashOf(BASE_TOML);
+    assert.match(base, /^[0-9a-f]{64}$/);
+    assert.equal(await hashOf(BASE_TOML), base);
+    const reformatted = `# a comment\n${BASE_TOML.replace('packages = ["git", "curl"]', 'packages = [\n  "curl",\n  "git",\n]')}`;
+    assert.equal(await hashOf(reformatted), base);
+  });
+
+  test("changes with every template value and every extra file's content, mode and destination", async () => {
+    const base = await hashOf(BASE_TOML);
+    const variants: [string, string][] = [
+      ['name = "base"', 'name = "base2"'],
+      ['description = "d"', 'description = "e"'],
+      ['packages = ["git", "curl"]', 'packages = ["git", "curl", "jq"]'],
+      ["memory_mib = 512", "memory_mib = 1024"],
+      ["vcpus = 1", "vcpus = 2"],
+      ["disk_mib = 1024", "disk_mib = 2048"],
+      ['interpreter = "python"\nwarmup = "import os"', 'interpreter = "none"'],
+      ['warmup = "import os"', 'warmup = "import sys"'],
+      ['src = "a.txt"', 'src = "b.txt"'],
+      ['dest = "/etc/a"', 'dest = "/etc/b"'],
+      ['mode = "0644"', 'mode = "0600"'],
+    ];
+    const seen = new Set([base]);
+    for (const [from, to] of variants) {
+      assert.ok(BASE_TOML.includes(from), from);
+      const h = await hashOf(BASE_TOML.replace(from, to));
+      assert.ok(!seen.has(h), `changing ${from} -> ${to} must change the hash`);
+      seen.add(h);
+    }
+    await fs.writeFile(path.join(dir, "a.txt"), "one, edited\n");
+    try {
+      assert.notEqual(await hashOf(BASE_TOML), base, "editing an extra file's content must change the hash");
+    } finally {
+      await fs.writeFile(path.join(dir, "a.txt"), "one\n");
+    }
+    assert.equal(await hashOf(BASE_TOML), base);
+  });
+
+  test("changes with the builder version, host suite, kernel, busybox and payload", async () => {
+    const base = await hashOf(BASE_TOML);
+    const overrides: Partial<Recipe>[] = [
+      { builderVersion: BUILDER_VERSION + 1 },
+      { suite: "trixie" },
+      { arch: "arm64" },
+      { kernelPackage: "linux-image-6.1.0-58-amd64" },
+      { kernelVersion: "6.1.193-1" },
+      { busyboxVersion: "1:1.36.1-1" },
+      { payloadHash: "1".repeat(64) },
+    ];
+    const seen = new Set([base]);
+    for (const o of overrides) {
+      const h = await hashOf(BASE_TOML, o);
+      assert.ok(!seen.has(h), `${JSON.stringify(o)} must change the hash`);
+      seen.add(h);
+    }
+  });
+
+  test("canonical JSON ignores key order", () => {
+    assert.equal(canonicalJson({ b: 1, a: [{ d: 2, c: 3 }] }), canonicalJson({ a: [{ c: 3, d: 2 }], b: 1 }));
+    assert.equal(canonicalJson({ a: 1, b: undefined }), '{"a":1}');
+  });
+});
+
+describe("guest payload hash", () => {
+  test("covers names, contents, modes and links, and fails clearly without a payload", async () => {
+    const payload = path.join(dir, "payload");
+    await fs.mkdir(path.join(payload, "node_modules", "koffi"), { recursive: true });
+    await fs.writeFile(path.join(payload, "agent.mjs"), "console.log(1)\n");
+    await fs.writeFile(path.join(payload, "worker.py"), "pass\n");
+    await fs.writeFile(path.join(payload, "node_modules", "koffi", "index.js"), "module.exports = {}\n");
+    const base = await hashPayloadDir(payload);
+    assert.equal(await hashPayloadDir(payload), base);
+
+    const changes: [() => Promise<void>, () => Promise<void>][] = [
+      [
+        () => fs.writeFile(path.join(payload, "worker.py"), "pass  \n"),
+        () => fs.writeFile(path.join(payload, "worker.py"), "pass\n"),
+      ],
+      [
+        () => fs.chmod(path.join(payload, "worker.py"), 0o755),
+        () => fs.chmod(path.join(payload, "worker.py"), 0o644),
+      ],
+      [
+        () => fs.rename(path.join(payload, "worker.py"), path.join(payload, "worker2.py")),
+        () => fs.rename(path.join(payload, "worker2.py"), path.join(payload, "worker.py")),
+      ],
+      [() => fs.writeFile(path.join(payload, "extra"), ""), () => fs.rm(path.join(payload, "extra"))],
+      [() => fs.symlink("agent.mjs", path.join(payload, "link")), () => fs.rm(path.join(payload, "link"))],
+    ];
+    for (const [change, undo] of changes) {
+      await change();
+      assert.notEqual(await hashPayloadDir(payload), base, change.toString());
+      await undo();
+      assert.equal(await hashPayloadDir(payload), base, undo.toString());
+    }
+
+    await assert.rejects(hashPayloadDir(path.join(dir, "no-such-payload")), (err: unknown) => {
+      return err instanceof ForkdError && err.code === "unavailable" && /npm run build/.test(err.message);
+    });
+    await fs.rm(path.join(payload, "agent.mjs"));
+    await assert.rejects(hashPayloadDir(payload), /has no agent\.mjs/);
+  });
+});
+
+describe("boot package resolution", () => {
+  test("asks apt once, then answers from its cache until apt's state changes", async () => {
+    const cacheDir = path.join(dir, "cache");
+    const { arch } = await hostDistro();
+    const first = await resolveBootPackages(cacheDir, arch);
+    assert.match(first.kernelPackage, new RegExp(`^linux-image-[0-9].*-${arch}$`));
+    assert.match(first.kernelVersion, /^[0-9]/);
+    assert.match(first.busyboxVersion, /[0-9]/);
+    // With no apt-cache on PATH, only the cache can answer.
+    const savedPath = process.env.PATH;
+    process.env.PATH = path.join(dir, "empty-bin");
+    try {
+      assert.deepEqual(await resolveBootPackages(cacheDir, arch), first);
+      const cacheFile = path.join(cacheDir, ".apt-resolution.json");
+      const stale = JSON.parse(await fs.readFile(cacheFile, "utf8")) as { key: string };
+      stale.key = `${stale.key}|changed`;
+      await fs.writeFile(cacheFile, JSON.stringify(stale));
+      await assert.rejects(resolveBootPackages(cacheDir, arch), /apt-cache is not installed/);
+    } finally {
+      process.env.PATH = savedPath;
+    }
+  });
+});
+
+describe("staging directories", () => {
+  test("of dead builds are swept; a live build's staging is kept", async () => {
+    const cacheDir = path.join(dir, "sweep");
+    const live = await createStaging(cacheDir, "a".repeat(64));
+    const dead = await createStaging(cacheDir, "b".repeat(64));
+    const child = spawn(process.execPath, ["-e", ""], { stdio: "ignore" });
+    const deadPid = child.pid!;
+    await new Promise((resolve) => child.on("exit", resolve));
+    await fs.writeFile(path.join(dead.dir, "owner.json"), JSON.stringify({ pid: deadPid, startTime: "1" }));
+    await fs.writeFile(path.join(dead.work, "junk"), "x");
+
+    const removed = await sweepStaleStaging(cacheDir);
+    assert.deepEqual(removed, [dead.dir]);
+    await assert.rejects(fs.stat(dead.dir));
+    assert.ok((await fs.stat(live.dir)).isDirectory());
+  });
+});
