@@ -13,9 +13,16 @@ import { coldBootEval } from "../src/controller/cold-boot.js";
 import { createSnapshot } from "../src/controller/create-snapshot.js";
 import { forkChildren } from "../src/controller/fork.js";
 import { listSnapshots } from "../src/controller/snapshots.js";
-import { buildImage } from "../src/image/build.js";
-import { loadTemplate } from "../src/image/template.js";
-import { hostDescription, markdownTable, memAvailableKiB, printRows, pssKiB, type Row, writeResults } from "./lib/report.js";
+import { buildImage, loadTemplate } from "../src/image/index.js";
+import {
+  hostDescription,
+  markdownTable,
+  memAvailableKiB,
+  printRows,
+  pssKiB,
+  type Row,
+  writeResults,
+} from "./lib/report.js";
 
 const N = Number(process.env.BENCH_N ?? 100);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 4);
@@ -60,7 +67,7 @@ await Promise.all(
   Array.from({ length: COLD_CONCURRENCY }, async () => {
     while (nextCold < COLD_N) {
       nextCold++;
-      const r = await coldBootEval(paths, { template, image, accel: accel.accel, code: EXPRESSION });
+      const r = await coldBootEval(paths, { template, image, accel, code: EXPRESSION });
       cold.push(r.totalMs);
       if (r.result === EXPECTED) coldCorrect++;
     }
@@ -91,7 +98,12 @@ const result = {
 
 const rows: Row[] = [
   { metric: "accelerator", value: result.accelerator },
-  { metric: `wall-clock, N=${N} all answered`, value: `${result.wall_ms} ms`, target: "< 2000 ms", note: `${correct}/${N} correct` },
+  {
+    metric: `wall-clock, N=${N} all answered`,
+    value: `${result.wall_ms} ms`,
+    target: "< 2000 ms",
+    note: `${correct}/${N} correct`,
+  },
   { metric: "child ready latency p50", value: `${result.p50_ms} ms` },
   { metric: "child ready latency p99", value: `${result.p99_ms} ms` },
   { metric: "PSS per child (smaps_rollup)", value: `${result.pss_mib_per_child} MiB`, target: "< 24 MiB" },

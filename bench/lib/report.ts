@@ -4,7 +4,10 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-export const RESULTS_DIR = path.resolve(fileURLToPath(new URL(".", import.meta.url)), "../../../bench/results");
+export const RESULTS_DIR = path.resolve(
+  fileURLToPath(new URL(".", import.meta.url)),
+  "../../../bench/results",
+);
 
 export interface Row {
   metric: string;
@@ -29,7 +32,9 @@ export function printRows(title: string, rows: Row[]): void {
   const v = Math.max(...rows.map((r) => r.value.length));
   console.log(`\n${title}`);
   for (const r of rows) {
-    console.log(`  ${r.metric.padEnd(w)}  ${r.value.padStart(v)}  ${r.target ? `(target ${r.target})` : ""} ${r.note ?? ""}`);
+    console.log(
+      `  ${r.metric.padEnd(w)}  ${r.value.padStart(v)}  ${r.target ? `(target ${r.target})` : ""} ${r.note ?? ""}`,
+    );
   }
 }
 
@@ -39,7 +44,6 @@ export async function writeResults(name: string, json: unknown, markdown: string
   await writeFile(path.join(RESULTS_DIR, `${name}.md`), `${markdown}\n`);
   console.log(`\nwrote ${path.join(RESULTS_DIR, `${name}.json`)} and ${name}.md`);
 }
-
 
 /** Proportional set size of a process in KiB (shared pages divided among the processes mapping them). */
 export async function pssKiB(pid: number): Promise<number> {

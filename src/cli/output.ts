@@ -57,4 +57,3 @@ export function startProgress(text: string): Progress {
     stop: () => {},
   };
 }
-

@@ -6,12 +6,11 @@
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
-import type { BuiltImage } from "../image/build.js";
-import type { Template } from "../image/template.js";
+import type { BuiltImage, Template } from "../image/index.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit } from "../vmm/qemu-process.js";
-import type { Accelerator } from "../vmm/qemu-args.js";
-import { cpuModelFor, machineSpec, type MachineShape } from "./machine.js";
+import type { AcceleratorChoice } from "./accelerator.js";
+import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
 
 /** A cold boot to the agent's hello: ~20 s under TCG on a 2-core host, ~1 s under KVM. */
 export const BOOT_TIMEOUT_MS = { tcg: 240_000, kvm: 60_000 } as const;
@@ -26,15 +25,16 @@ export interface BootedVm {
   warmupMs: number;
 }
 
-export function machineShape(template: Template, image: BuiltImage, accel: Accelerator): MachineShape {
+export function machineShape(template: Template, image: BuiltImage, accel: AcceleratorChoice): MachineShape {
   return {
-    accel,
-    cpuModel: cpuModelFor(accel),
+    accel: accel.accel,
+    tscKhz: accel.tscKhz,
+    cpuModel: cpuModelFor(accel.accel),
     memoryMiB: template.memoryMib,
     vcpus: template.vcpus,
     kernel: image.kernel,
     initrd: image.initrd,
-    kernelCmdline: image.kernelCmdline,
+    kernelCmdline: image.manifest.kernel.cmdline,
   };
 }
 
@@ -46,7 +46,7 @@ export function machineShape(template: Template, image: BuiltImage, accel: Accel
 export async function bootWarmVm(options: {
   template: Template;
   image: BuiltImage;
-  accel: Accelerator;
+  accel: AcceleratorChoice;
   runDir: string;
   memoryFile: string;
   disk: string;
@@ -57,8 +57,8 @@ export async function bootWarmVm(options: {
   const progress = options.onProgress ?? (() => {});
   const shape = machineShape(template, image, accel);
   const started = performance.now();
-  const bootSignal = deadlineSignal(BOOT_TIMEOUT_MS[accel], options.signal);
-  progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel})`);
+  const bootSignal = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
+  progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel.accel})`);
   const vm = await launchVm(
     machineSpec(shape, { runDir, memoryFile: options.memoryFile, shared: true, disk: options.disk }),
     { runDir, signal: bootSignal },
@@ -68,7 +68,7 @@ export async function bootWarmVm(options: {
     agent = new AgentClient(await raceExit(vm, vm.agentConnection, "boot"));
     const hello = await raceExit(vm, agent.waitHello({ signal: bootSignal }), "boot");
     const bootMs = performance.now() - started;
-    progress("boot", `agent ${hello.agent_version} ready after ${(bootMs / 1000).toFixed(1)} s`);
+    progress("boot", `agent ${hello.agentVersion} ready after ${(bootMs / 1000).toFixed(1)} s`);
     let warmupMs = 0;
     if (template.warmup !== undefined) {
       progress("warmup", "running warm-up");

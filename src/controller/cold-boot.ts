@@ -5,10 +5,9 @@
 import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { ForkdPaths } from "../common/paths.js";
-import type { BuiltImage } from "../image/build.js";
-import type { Template } from "../image/template.js";
-import type { Accelerator } from "../vmm/qemu-args.js";
+import type { BuiltImage, Template } from "../image/index.js";
 import { createOverlay } from "../vmm/qemu-tools.js";
+import type { AcceleratorChoice } from "./accelerator.js";
 import { bootWarmVm } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { RUN_FILES } from "./machine.js";
@@ -25,7 +24,13 @@ export interface ColdBootResult {
 
 export async function coldBootEval(
   paths: ForkdPaths,
-  options: { template: Template; image: BuiltImage; accel: Accelerator; code: string; signal?: AbortSignal },
+  options: {
+    template: Template;
+    image: BuiltImage;
+    accel: AcceleratorChoice;
+    code: string;
+    signal?: AbortSignal;
+  },
 ): Promise<ColdBootResult> {
   const id = newSandboxId();
   const runDir = path.join(paths.run, `cold-${id}`);

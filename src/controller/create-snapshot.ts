@@ -6,8 +6,7 @@ import { rm } from "node:fs/promises";
 import path from "node:path";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { type BuiltImage, buildImage } from "../image/build.js";
-import { loadTemplate } from "../image/template.js";
+import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { SnapshotStore } from "../store/snapshot-store.js";
 import { createOverlay, qemuVersion } from "../vmm/qemu-tools.js";
@@ -38,7 +37,10 @@ export interface CreatedSnapshot {
   image: BuiltImage;
 }
 
-export async function createSnapshot(paths: ForkdPaths, options: CreateSnapshotOptions): Promise<CreatedSnapshot> {
+export async function createSnapshot(
+  paths: ForkdPaths,
+  options: CreateSnapshotOptions,
+): Promise<CreatedSnapshot> {
   const tag = assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
   const signal = options.signal;
@@ -60,11 +62,15 @@ export async function createSnapshot(paths: ForkdPaths, options: CreateSnapshotO
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
   try {
-    await createOverlay({ backing: image.rootfs, backingFormat: "raw", overlay: writer.file(SNAPSHOT_FILES.disk) });
+    await createOverlay({
+      backing: image.rootfs,
+      backingFormat: "raw",
+      overlay: writer.file(SNAPSHOT_FILES.disk),
+    });
     booted = await bootWarmVm({
       template,
       image,
-      accel: accel.accel,
+      accel,
       runDir,
       memoryFile: writer.file(SNAPSHOT_FILES.memory),
       disk: writer.file(SNAPSHOT_FILES.disk),
@@ -92,6 +98,7 @@ export async function createSnapshot(paths: ForkdPaths, options: CreateSnapshotO
           memoryMiB: shape.memoryMiB,
           vcpus: shape.vcpus,
           cmdline: shape.kernelCmdline,
+          tscKhz: shape.tscKhz ?? null,
           qemuVersion: version.version,
         },
         timings: {

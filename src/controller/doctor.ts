@@ -8,10 +8,9 @@ import { access, constants, mkdir, readFile, statfs } from "node:fs/promises";
 import { promisify } from "node:util";
 import { errorMessage } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { findCachedImage } from "../image/build.js";
-import { listTemplates } from "../image/template.js";
-import { probeAccelerator } from "../vmm/accel.js";
+import { findCachedImage, listTemplates } from "../image/index.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
+import { probeHost } from "./accelerator.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -116,12 +115,7 @@ async function checkAccelerator(paths: ForkdPaths, signal?: AbortSignal): Promis
     };
   }
   try {
-    const probe = await probeAccelerator({
-      kernel: image.kernel,
-      probeInitrd: image.probeInitrd,
-      cacheDir: paths.hostState,
-      signal,
-    });
+    const probe = await probeHost(paths, image, { signal });
     if (probe.kvm.usable) return { name: "accelerator", status: "ok", detail: `kvm: ${probe.kvm.reason}` };
     if (probe.tcg.usable) {
       return {

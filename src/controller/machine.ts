@@ -33,6 +33,8 @@ export interface MachineShape {
   kernel: string;
   initrd: string;
   kernelCmdline: string;
+  /** TCG only: the host TSC frequency, so the guest skips calibrating it. */
+  tscKhz?: number;
 }
 
 export function machineSpec(
@@ -47,6 +49,7 @@ export function machineSpec(
     kernel: shape.kernel,
     initrd: shape.initrd,
     kernelCmdline: shape.kernelCmdline,
+    tscKhz: shape.tscKhz,
     memoryFile: { path: instance.memoryFile, shared: instance.shared },
     disk: { overlayPath: instance.disk },
     agent: { socketPath: path.join(instance.runDir, RUN_FILES.agentSocket) },

@@ -76,6 +76,7 @@ export class Sandbox {
             kernel: manifest.image.kernel,
             initrd: manifest.image.initrd,
             kernelCmdline: manifest.machine.cmdline,
+            tscKhz: manifest.machine.tscKhz ?? undefined,
           },
           {
             runDir,

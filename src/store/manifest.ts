@@ -28,6 +28,7 @@ export const SnapshotManifestSchema = Type.Object({
     memoryMiB: Type.Integer({ minimum: 16 }),
     vcpus: Type.Integer({ minimum: 1 }),
     cmdline: Type.String(),
+    tscKhz: Type.Union([Type.Integer(), Type.Null()]),
     qemuVersion: Type.String(),
   }),
   /** Content hashes of every data file, computed when the snapshot was written. */

@@ -14,6 +14,7 @@ const draft: ManifestDraft = {
     accel: "tcg",
     cpu: "max",
     memoryMiB: 256,
+    tscKhz: null,
     vcpus: 1,
     cmdline: "console=ttyS0",
     qemuVersion: "7.2",

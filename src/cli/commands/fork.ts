@@ -1,8 +1,8 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { resolvePaths } from "../../common/paths.js";
+import { percentile } from "../../common/stats.js";
 import { type ForkResult, failedChildren, forkChildren, MAX_CHILDREN } from "../../controller/fork.js";
 import { EXIT } from "../exit-codes.js";
-import { percentile } from "../../common/stats.js";
 import { oneLine, printJson, printTable, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
@@ -40,14 +40,15 @@ export function registerFork(program: Command): void {
       parseIntOption("--timeout-ms", 1, 86_400_000),
     )
     .option("--json", "print one JSON object")
+    .argument("[command...]", "the --exec command, when given after `--`")
     .addHelpText(
       "after",
       "\nExamples:\n  forkd fork --tag pyagent -n 100 --eval 'numpy.zeros(5).tolist()'\n" +
         "  forkd fork --tag pyagent -n 3 --exec -- python3 -c 'import uuid; print(uuid.uuid4())'\n",
     )
-    .action((opts, cmd: Command) =>
+    .action((operands: string[], opts) =>
       runCommand(async (signal) => {
-        const exec = resolveExec(opts.exec, cmd.args);
+        const exec = resolveExec(opts.exec, operands);
         const progress = opts.json ? undefined : startProgress(`forking ${opts.count} from ${opts.tag}`);
         let done = 0;
         const result = await forkChildren(resolvePaths(), {

@@ -1,6 +1,5 @@
 import type { Command } from "commander";
-import { buildImage, findCachedImage } from "../../image/build.js";
-import { listTemplates, loadTemplate } from "../../image/template.js";
+import { buildImage, findCachedImage, listTemplates, loadTemplate } from "../../image/index.js";
 import { printJson, printTable, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
