@@ -84,11 +84,9 @@ const cacheDirOf = (options: ImageOptions) => path.resolve(options.cacheDir ?? r
 /** The recipe a build of `template` would use now (asks apt only when its state changed since last time). */
 export async function resolveRecipe(template: Template, options: ImageOptions = {}): Promise<ResolvedRecipe> {
   const distro = await hostDistro();
-  const [boot, payloadHash, normalized] = await Promise.all([
-    resolveBootPackages(cacheDirOf(options), distro.arch, options.signal),
-    hashPayloadDir(options.payloadDir ?? defaultGuestPayloadDir()),
-    imageTemplate(template),
-  ]);
+  const payloadHash = await hashPayloadDir(options.payloadDir ?? defaultGuestPayloadDir());
+  const normalized = await imageTemplate(template);
+  const boot = await resolveBootPackages(cacheDirOf(options), distro.arch, options.signal);
   const recipe: Recipe = {
     builderVersion: BUILDER_VERSION,
     suite: distro.suite,

@@ -142,10 +142,10 @@ async function cpioRead(archive: string, args: string[]): Promise<string> {
     const child = spawn("cpio", args, { stdio: [handle.fd, "pipe", "pipe"] });
     let out = "";
     let err = "";
-    child.stdout.on("data", (d: Buffer) => {
+    child.stdout?.on("data", (d: Buffer) => {
       out += d.toString();
     });
-    child.stderr.on("data", (d: Buffer) => {
+    child.stderr?.on("data", (d: Buffer) => {
       err += d.toString();
     });
     const code = await new Promise<number | null>((resolve) => child.on("close", resolve));

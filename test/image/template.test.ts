@@ -155,8 +155,12 @@ describe("template files", () => {
 });
 
 describe("validation errors name the file, the field and the rule", () => {
-  test("invalid TOML", () => rejects('name = "x"\npackages = [', "invalid TOML"));
-  test("name is required", () => rejects('packages = ["git"]', 'field "name" is required'));
+  test("invalid TOML", async () => {
+    await rejects('name = "x"\npackages = [', "invalid TOML");
+  });
+  test("name is required", async () => {
+    await rejects('packages = ["git"]', 'field "name" is required');
+  });
   test("name follows the tag rule", async () => {
     await rejects('name = "../etc"', 'field "name"', "[A-Za-z0-9][A-Za-z0-9._-]{0,63}");
     await rejects('name = ".hidden"', 'field "name"');
@@ -188,8 +192,9 @@ describe("validation errors name the file, the field and the rule", () => {
     await rejects('name = "x"\nvcpus = 0', 'field "vcpus"', "from 1 to 64");
     await rejects('name = "x"\ndisk_mib = 100', 'field "disk_mib"', "from 256");
   });
-  test("interpreter is python or none", () =>
-    rejects('name = "x"\ninterpreter = "ruby"', 'field "interpreter"', 'must be "python" or "none"'));
+  test("interpreter is python or none", async () => {
+    await rejects('name = "x"\ninterpreter = "ruby"', 'field "interpreter"', 'must be "python" or "none"');
+  });
   test("warmup only with python", async () => {
     await rejects(
       'name = "x"\ninterpreter = "none"\nwarmup = "import os"',
@@ -198,8 +203,9 @@ describe("validation errors name the file, the field and the rule", () => {
     );
     await rejects(`name = "x"\nwarmup = ${JSON.stringify("x".repeat(70_000))}`, 'field "warmup"', "at most");
   });
-  test("description length", () =>
-    rejects(`name = "x"\ndescription = "${"d".repeat(501)}"`, 'field "description"', "at most 500"));
+  test("description length", async () => {
+    await rejects(`name = "x"\ndescription = "${"d".repeat(501)}"`, 'field "description"', "at most 500");
+  });
   test("extra file sources stay inside the template's directory", async () => {
     const entry = (src: string, dest = "/etc/x") =>
       `name = "x"\n[[files]]\nsrc = ${JSON.stringify(src)}\ndest = ${JSON.stringify(dest)}`;

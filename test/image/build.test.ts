@@ -1,0 +1,237 @@
+/**
+ * End to end: real builds of the `minimal` template with mmdebstrap and the host's apt, into a temporary
+ * FORKD_IMAGE_CACHE, with a placeholder guest payload whose agent announces itself on the console and exits.
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import fs from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { promisify } from "node:util";
+import { ForkdError } from "../../src/common/errors.js";
+import {
+  type BuildProgressEvent,
+  type BuiltImage,
+  buildImage,
+  findCachedImage,
+  loadTemplate,
+  readImage,
+  type Template,
+} from "../../src/image/index.js";
+import { bootGuest, debugfsCat, debugfsStat } from "./helpers.js";
+
+const execFileAsync = promisify(execFile);
+const isRoot = process.geteuid?.() === 0;
+
+const AGENT_MARKER = "FORKD-TEST-AGENT-UP";
+const PLACEHOLDER_AGENT = `import fs from "node:fs";
+const info = JSON.parse(fs.readFileSync("/opt/forkd/template.json", "utf8"));
+fs.writeFileSync("/dev/console", "${AGENT_MARKER} " + JSON.stringify(info) + "\\n");
+`;
+
+let dir: string;
+let cacheDir: string;
+let payloadDir: string;
+let template: Template;
+let savedCacheEnv: string | undefined;
+let built: BuiltImage;
+
+before(async () => {
+  dir = await fs.mkdtemp(path.join(os.tmpdir(), "forkd-build-test-"));
+  cacheDir = path.join(dir, "cache");
+  savedCacheEnv = process.env.FORKD_IMAGE_CACHE;
+  process.env.FORKD_IMAGE_CACHE = cacheDir;
+  payloadDir = path.join(dir, "payload");
+  await fs.mkdir(path.join(payloadDir, "node_modules", "koffi"), { recursive: true });
+  await fs.writeFile(path.join(payloadDir, "agent.mjs"), PLACEHOLDER_AGENT);
+  await fs.writeFile(path.join(payloadDir, "node_modules", "koffi", "index.js"), "// placeholder\n");
+  template = await loadTemplate("minimal");
+});
+
+after(async () => {
+  if (savedCacheEnv === undefined) delete process.env.FORKD_IMAGE_CACHE;
+  else process.env.FORKD_IMAGE_CACHE = savedCacheEnv;
+  await fs.rm(dir, { recursive: true, force: true });
+});
+
+/** PIDs of processes whose command line mentions `needle` (e.g. a leaked mmdebstrap in our cache dir). */
+async function processesMentioning(needle: string): Promise<string[]> {
+  const found: string[] = [];
+  for (const pid of await fs.readdir("/proc")) {
+    if (!/^\d+$/.test(pid) || Number(pid) === process.pid) continue;
+    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    if (cmdline.includes(needle)) found.push(`${pid}: ${cmdline.replaceAll("\0", " ").slice(0, 200)}`);
+  }
+  return found;
+}
+
+async function cacheEntries(): Promise<string[]> {
+  return (await fs.readdir(cacheDir).catch(() => [] as string[])).sort();
+}
+
+describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap --mode=root)" }, () => {
+  test("fails clearly when the guest payload is missing", async () => {
+    await assert.rejects(
+      buildImage(template, { payloadDir: path.join(dir, "no-payload") }),
+      (err: unknown) => {
+        assert.ok(err instanceof ForkdError);
+        assert.equal(err.code, "unavailable");
+        assert.match(err.message, /guest agent payload not found at .*no-payload.*npm run build/);
+        return true;
+      },
+    );
+    assert.deepEqual(
+      (await cacheEntries()).filter((e) => e.startsWith(".staging")),
+      [],
+    );
+  });
+
+  test("a cancelled build leaves no image, no staging directory and no process behind", {
+    timeout: 300_000,
+  }, async () => {
+    const controller = new AbortController();
+    const seen: BuildProgressEvent[] = [];
+    const fallback = setTimeout(() => controller.abort(), 60_000);
+    const promise = buildImage(template, {
+      payloadDir,
+      signal: controller.signal,
+      onProgress: (e) => {
+        seen.push(e);
+        // Cancel mid-mmdebstrap, while it has packages half-installed in the tree.
+        if (e.step === "rootfs" && e.phase === "progress" && /extracting|installing/.test(e.message)) {
+          controller.abort();
+        }
+      },
+    });
+    try {
+      await assert.rejects(
+        promise,
+        (err: unknown) => err instanceof ForkdError && /cancelled/.test(err.message),
+      );
+    } finally {
+      clearTimeout(fallback);
+    }
+    assert.ok(
+      seen.some((e) => e.step === "rootfs" && e.phase === "progress"),
+      "the build was cancelled while building the root filesystem",
+    );
+    assert.deepEqual(await cacheEntries(), [".apt-resolution.json"]);
+    let leaked: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      leaked = await processesMentioning(cacheDir);
+      if (leaked.length === 0) break;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    assert.deepEqual(leaked, []);
+    const mountinfo = await fs.readFile("/proc/self/mountinfo", "utf8");
+    assert.ok(!mountinfo.includes(cacheDir), "nothing mounted under the cache");
+  });
+
+  test("two concurrent cold builds of one recipe produce one complete image", {
+    timeout: 900_000,
+  }, async () => {
+    const started = performance.now();
+    const steps = new Set<string>();
+    const [a, b] = await Promise.all([
+      buildImage(template, { payloadDir, onProgress: (e) => e.phase === "done" && steps.add(e.step) }),
+      buildImage(template, { payloadDir }),
+    ]);
+    const seconds = (performance.now() - started) / 1000;
+    console.log(`# two concurrent cold builds of minimal: ${seconds.toFixed(1)} s`);
+    for (const s of ["resolve", "kernel", "initramfs", "rootfs", "filesystem", "finalize"])
+      assert.ok(steps.has(s), s);
+
+    assert.equal(a.hash, b.hash);
+    assert.equal(a.dir, b.dir);
+    assert.deepEqual(
+      [a.cached, b.cached].sort(),
+      [false, true],
+      "one build published, the other discarded its own",
+    );
+    assert.equal(a.manifest.buildId, b.manifest.buildId);
+    assert.equal(a.dir, path.join(cacheDir, a.hash));
+    assert.deepEqual(await cacheEntries(), [".apt-resolution.json", a.hash]);
+    built = a;
+  });
+
+  test("the image has a kernel, both initramfs images and a valid ext4 with the agent", async () => {
+    assert.ok(built, "needs the cold build");
+    assert.deepEqual((await fs.readdir(built.dir)).sort(), [
+      "image.json",
+      "initrd.img",
+      "probe-initrd.img",
+      "rootfs.ext4",
+      "vmlinuz",
+    ]);
+    const header = Buffer.alloc(4);
+    const kernel = await fs.open(built.kernel, "r");
+    await kernel.read(header, 0, 4, 0x202);
+    await kernel.close();
+    assert.equal(header.toString(), "HdrS", "vmlinuz is a bzImage");
+    for (const initrd of [built.initrd, built.probeInitrd]) {
+      assert.equal((await fs.readFile(initrd)).subarray(0, 6).toString(), "070701");
+    }
+    assert.equal((await fs.stat(built.rootfs)).size, template.diskMib * 1024 * 1024);
+    await execFileAsync("e2fsck", ["-f", "-n", built.rootfs]);
+
+    assert.equal(await debugfsCat(built.rootfs, "/opt/forkd/agent.mjs"), PLACEHOLDER_AGENT);
+    assert.deepEqual(JSON.parse(await debugfsCat(built.rootfs, "/opt/forkd/template.json")), {
+      name: "minimal",
+      interpreter: "none",
+    });
+    assert.equal(await debugfsCat(built.rootfs, "/etc/hostname"), "forkd\n");
+    assert.equal((await debugfsStat(built.rootfs, "/")).uid, 0);
+    assert.equal((await debugfsStat(built.rootfs, "/usr/bin/tini")).mode & 0o111, 0o111);
+    assert.ok((await debugfsStat(built.rootfs, "/usr/bin/node")).mode & 0o100);
+    await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/python3"), "minimal has no Python");
+
+    const m = built.manifest;
+    assert.equal(m.hash, built.hash);
+    assert.equal(m.recipe.template.name, "minimal");
+    assert.equal(m.recipe.kernelPackage, `linux-image-${m.kernel.release}`);
+    assert.equal(m.modules.at(-1), "ext4");
+    assert.equal(m.files["rootfs.ext4"]?.size, template.diskMib * 1024 * 1024);
+    assert.match(m.files.vmlinuz?.sha256 ?? "", /^[0-9a-f]{64}$/);
+    assert.deepEqual(built.template, m.recipe.template);
+    const onDisk = JSON.parse(await fs.readFile(path.join(built.dir, "image.json"), "utf8"));
+    assert.deepEqual(onDisk, m);
+  });
+
+  test("a second build of the same recipe is a fast cache hit", async () => {
+    assert.ok(built, "needs the cold build");
+    const started = performance.now();
+    const again = await buildImage(template, { payloadDir });
+    const ms = performance.now() - started;
+    console.log(`# cached build: ${ms.toFixed(0)} ms`);
+    assert.equal(again.cached, true);
+    assert.equal(again.manifest.buildId, built.manifest.buildId);
+    assert.ok(ms < 3000, `cache hit took ${ms} ms`);
+    assert.equal((await findCachedImage(template, { payloadDir }))?.manifest.buildId, built.manifest.buildId);
+    assert.equal((await readImage(built.hash))?.dir, built.dir);
+
+    const otherPayload = path.join(dir, "payload2");
+    await fs.cp(payloadDir, otherPayload, { recursive: true });
+    await fs.appendFile(path.join(otherPayload, "agent.mjs"), "// changed\n");
+    assert.equal(
+      await findCachedImage(template, { payloadDir: otherPayload }),
+      undefined,
+      "payload is in the recipe",
+    );
+  });
+
+  test("the image boots through the initramfs into the agent", { timeout: 240_000 }, async () => {
+    assert.ok(built, "needs the cold build");
+    const result = await bootGuest({
+      workDir: dir,
+      kernel: built.kernel,
+      initrd: built.initrd,
+      disk: built.rootfs,
+      memoryMib: template.memoryMib,
+    });
+    assert.ok(
+      result.console.includes(`${AGENT_MARKER} {"name":"minimal","interpreter":"none"}`),
+      `agent did not start:\n${result.console}`,
+    );
+  });
+});
