@@ -154,5 +154,11 @@ export function unavailableFixups(reason: string): Fixups {
   const fail = () => {
     throw new ForkdError("internal", `restore fix-ups are unavailable: ${reason}`);
   };
-  return { kind: "system", setRealtimeClock: fail, addEntropy: fail, setHostname: fail };
+  return {
+    kind: "system",
+    setRealtimeClock: fail,
+    addEntropy: fail,
+    setHostname: fail,
+    prime: async () => {},
+  };
 }

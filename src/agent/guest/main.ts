@@ -17,6 +17,7 @@ import { type AgentState, createHandlers, helloFor, unavailableFixups } from "./
 import { loadLibc } from "./libc.js";
 import { createLog } from "./log.js";
 import { AGENT_PORT_NAME, findPortDevice, PortTransport } from "./port-transport.js";
+import { primeHotPaths } from "./prime.js";
 import { PythonWorker } from "./python.js";
 import { AgentServer } from "./server.js";
 import { DEFAULT_TEMPLATE_PATH, readTemplate } from "./template.js";
@@ -119,6 +120,8 @@ async function main(): Promise<void> {
   });
   process.on("SIGTERM", () => shutdown("SIGTERM"));
   process.on("SIGINT", () => shutdown("SIGINT"));
+  // Before the hello: the host snapshots a parent only after it, so the primed state is in every child.
+  await primeHotPaths(server, state, log);
   server.start();
   log.info("agent started", {
     version: AGENT_VERSION,

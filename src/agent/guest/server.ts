@@ -48,6 +48,8 @@ interface Call {
   controller: AbortController;
   /** Set once answered or orphaned: later output for this call is dropped. */
   closed: boolean;
+  /** A priming call the agent runs itself: everything is encoded, nothing is sent. */
+  silent: boolean;
   inputHandler?: (chunk: Buffer, eof: boolean) => void;
   pendingInput: { chunk: Buffer; eof: boolean }[];
 }
@@ -139,6 +141,23 @@ export class AgentServer {
     }
   }
 
+  /**
+   * Runs one request through the whole path (decode, validation, handler, encoding) without sending anything.
+   * The agent does this before its parent VM is snapshotted, so that children, which all start from that
+   * memory, do not each pay for first-time compilation of these paths (measured under TCG: the first ping
+   * took 260 ms, later ones 13 ms).
+   */
+  prime(op: string, args: unknown, body: Buffer = Buffer.alloc(0)): Promise<void> {
+    const frames: Frame[] = [];
+    const decoder = new FrameDecoder({ onFrame: (frame) => frames.push(frame), onError: () => {} });
+    decoder.push(encodeFrame({ t: "req", id: MAX_ID, op, args }, body));
+    const frame = frames[0];
+    const message = frame === undefined ? undefined : parseHostMessage(frame);
+    if (frame === undefined || message?.t !== "req")
+      return Promise.reject(new Error(`priming ${op}: bad frame`));
+    return this.runCall(message, frame.body, true);
+  }
+
   private startCall(request: RequestHeader, body: Buffer): void {
     const { id } = request;
     if (this.calls.has(id)) {
@@ -152,10 +171,15 @@ export class AgentServer {
       );
       return;
     }
-    const op = request.op;
+    void this.runCall(request, body, false);
+  }
+
+  /** Validates and runs a call; resolves once it has been answered. */
+  private runCall(request: RequestHeader, body: Buffer, silent: boolean): Promise<void> {
+    const { id, op } = request;
     if (!isOpName(op)) {
-      this.sendError(id, new ForkdError("not_implemented", `unknown op ${JSON.stringify(op)}`));
-      return;
+      this.sendError(id, new ForkdError("not_implemented", `unknown op ${JSON.stringify(op)}`), silent);
+      return Promise.resolve();
     }
     let args: unknown;
     try {
@@ -164,11 +188,12 @@ export class AgentServer {
         throw new ForkdError("invalid_argument", `${op} takes no request body (got ${body.length} bytes)`);
       }
     } catch (err) {
-      this.sendError(id, err);
-      return;
+      this.sendError(id, err, silent);
+      return Promise.resolve();
     }
-    const call: Call = { id, op, controller: new AbortController(), closed: false, pendingInput: [] };
-    this.calls.set(id, call);
+    const call: Call = { id, op, controller: new AbortController(), closed: false, silent, pendingInput: [] };
+    // Priming calls stay out of the table: host ids must never collide with them.
+    if (!silent) this.calls.set(id, call);
     const handler = this.options.handlers[op] as (
       a: unknown,
       b: Buffer,
@@ -180,16 +205,16 @@ export class AgentServer {
     } catch (err) {
       outcome = Promise.reject(err);
     }
-    outcome.then(
+    return outcome.then(
       (result) => this.finish(call, () => this.sendResult(call, result)),
-      (err) => this.finish(call, () => this.sendError(id, err)),
+      (err) => this.finish(call, () => this.sendError(id, err, silent)),
     );
   }
 
   private finish(call: Call, answer: () => void): void {
     if (call.closed) return;
     call.closed = true;
-    this.calls.delete(call.id);
+    if (!call.silent) this.calls.delete(call.id);
     answer();
   }
 
@@ -199,10 +224,11 @@ export class AgentServer {
       id: call.id,
       signal: call.controller.signal,
       emit: (ev, chunk) => {
-        if (!call.closed) this.send({ t: "evt", id: call.id, ev }, chunk);
+        if (!call.closed) this.send({ t: "evt", id: call.id, ev }, chunk, call.silent);
       },
       ackInput: (bytes) => {
-        if (!call.closed) this.send({ t: "evt", id: call.id, ev: "stdin_ack", bytes });
+        if (!call.closed)
+          this.send({ t: "evt", id: call.id, ev: "stdin_ack", bytes }, undefined, call.silent);
       },
       onInput: (handler) => {
         call.inputHandler = handler;
@@ -230,36 +256,38 @@ export class AgentServer {
   private sendResult(call: Call, outcome: OpOutcome<unknown>): void {
     try {
       if (OPS[call.op].responseBody === "bytes") {
-        this.send({ t: "res", id: call.id, ok: true, result: outcome.result }, outcome.body);
+        this.send({ t: "res", id: call.id, ok: true, result: outcome.result }, outcome.body, call.silent);
         return;
       }
       const json = JSON.stringify(outcome.result ?? {});
       if (json.length > RESULT_IN_BODY_THRESHOLD) {
-        this.send({ t: "res", id: call.id, ok: true, result_in_body: true }, Buffer.from(json, "utf8"));
+        const header = { t: "res", id: call.id, ok: true, result_in_body: true };
+        this.send(header, Buffer.from(json, "utf8"), call.silent);
       } else {
-        this.send({ t: "res", id: call.id, ok: true, result: outcome.result ?? {} });
+        this.send({ t: "res", id: call.id, ok: true, result: outcome.result ?? {} }, undefined, call.silent);
       }
     } catch (err) {
-      this.sendError(call.id, err);
+      this.sendError(call.id, err, call.silent);
     }
   }
 
-  private sendError(id: number, err: unknown): void {
-    this.send({ t: "res", id, ok: false, error: toWireError(err) });
+  private sendError(id: number, err: unknown, silent = false): void {
+    this.send({ t: "res", id, ok: false, error: toWireError(err) }, undefined, silent);
   }
 
-  private send(header: object, body?: Buffer): void {
+  /** Encodes always (priming exercises the encoder too); hands the frame to the transport unless silent. */
+  private send(header: object, body?: Buffer, silent = false): void {
     let frame: Buffer;
     try {
       frame = encodeFrame(header, body);
     } catch (err) {
       this.options.log.error("cannot encode a frame", { error: errorMessage(err) });
       const id = (header as { id?: unknown }).id;
-      if (typeof id === "number" && (header as { t?: unknown }).t === "res") {
+      if (!silent && typeof id === "number" && (header as { t?: unknown }).t === "res") {
         this.options.transport.send(encodeFrame({ t: "res", id, ok: false, error: toWireError(err) }));
       }
       return;
     }
-    this.options.transport.send(frame);
+    if (!silent) this.options.transport.send(frame);
   }
 }

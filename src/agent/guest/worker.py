@@ -176,9 +176,21 @@ def run_cell(request):
     return reply
 
 
+def prime():
+    # Runs the cell path (value, print capture, exception and traceback) once before the parent VM is
+    # snapshotted, so a restored child's first cell does not pay for first use. Leaves no trace.
+    for code in ("None", "print(1)\n2", "1/0"):
+        run_cell({"id": 0, "code": code, "max_chars": 64, "max_traceback": 4096})
+    for cell in range(1, State.cells + 1):
+        linecache.cache.pop(f"<cell-{cell}>", None)
+    State.cells = 0
+    namespace.pop("_", None)
+
+
 def main():
     os.set_inheritable(CHANNEL, False)  # processes the cells spawn must not see the agent's channel
     signal.signal(signal.SIGINT, on_sigint)
+    prime()
     send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
     while True:
         size = int.from_bytes(read_exact(4), "big")

@@ -101,6 +101,11 @@ const guestValidators = {
   evt: validator(EventHeader),
 };
 
+/** Compiles the validators of host messages now (see Validator.compile). */
+export function precompileHostMessages(): void {
+  for (const check of Object.values(hostValidators)) check.compile();
+}
+
 /** Validates a header the guest received. Throws `invalid_argument` naming the kind and the bad field. */
 export function parseHostMessage(frame: Frame): HostMessage {
   const check = hostValidators[frame.header.t as keyof typeof hostValidators];

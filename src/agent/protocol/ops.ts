@@ -273,3 +273,8 @@ export const opValidators = Object.fromEntries(
     { args: validator(spec.args), result: validator(spec.result) },
   ]),
 ) as Validators;
+
+/** Compiles every op's argument validator now (see Validator.compile). */
+export function precompileOpArgs(): void {
+  for (const validators of Object.values(opValidators)) validators.args.compile();
+}

@@ -7,6 +7,8 @@ export interface Validator<T extends TSchema> {
   /** Returns `value` typed, or throws `invalid_argument` naming `what` and the first failing field. */
   assert(value: unknown, what: string): Static<T>;
   check(value: unknown): value is Static<T>;
+  /** Compiles now instead of on first use (the guest does this before its parent VM is snapshotted). */
+  compile(): void;
 }
 
 /** Compiles on first use, so importing the protocol costs nothing until a message is actually checked. */
@@ -17,6 +19,9 @@ export function validator<T extends TSchema>(schema: T): Validator<T> {
     return compiled;
   };
   return {
+    compile: () => {
+      get();
+    },
     check: (value): value is Static<T> => get().Check(value),
     assert(value, what) {
       const check = get();
