@@ -237,6 +237,24 @@ describe("eval", () => {
     assert.equal(next.result, "(False, 42)");
   });
 
+  it("reseeds the interpreter's PRNGs on the first cell after a restore", async () => {
+    // Children of one snapshot share the parent's PRNG state; a restore must make their sequences diverge.
+    await agent.client.eval("import random\nrandom.seed(1)");
+    await agent.client.restore({
+      timeNs: BigInt(Date.now()) * 1_000_000n,
+      entropy: randomBytes(32),
+      hostname: "child-2",
+      sandboxId: "sb-00000000000f",
+    });
+    const out = await agent.client.eval("random.random() != random.Random(1).random()");
+    assert.equal(out.result, "True");
+    // Without a restore in between, the seeded sequence is left alone.
+    assert.equal(
+      (await agent.client.eval("random.seed(1)\nrandom.random() == random.Random(1).random()")).result,
+      "True",
+    );
+  });
+
   it("runs the warm-up and reports the warm state", async () => {
     const warm = await agent.client.warmup("import json\nWARM = json.dumps([1])");
     assert.equal(warm.error, null);
