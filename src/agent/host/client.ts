@@ -517,11 +517,13 @@ export class AgentClient {
     stream: { settled: () => boolean; acked: () => number; onAck: (wake: () => void) => void },
   ): Promise<void> {
     const { settled, acked, onAck } = stream;
+    // Over once the call was answered, failed before it was sent, or the connection went away.
+    const over = () => settled() || !this.pending.has(id) || this.closedWith !== undefined;
     let sent = 0;
     const waitForWindow = (size: number) =>
       new Promise<void>((resolve) => {
         const check = () => {
-          if (settled() || this.closedWith || sent - acked() + size <= STDIN_WINDOW_BYTES) resolve();
+          if (over() || sent - acked() + size <= STDIN_WINDOW_BYTES) resolve();
           else onAck(check);
         };
         check();
@@ -529,6 +531,7 @@ export class AgentClient {
     const chunks: Iterable<Buffer | string> | AsyncIterable<Buffer | Uint8Array | string> =
       typeof source === "string" || Buffer.isBuffer(source) ? [source] : source;
     for await (const item of chunks) {
+      if (over()) return;
       const bytes =
         typeof item === "string"
           ? Buffer.from(item, "utf8")
@@ -536,12 +539,12 @@ export class AgentClient {
       for (let at = 0; at < bytes.length; at += STDIN_CHUNK_BYTES) {
         const piece = bytes.subarray(at, at + STDIN_CHUNK_BYTES);
         await waitForWindow(piece.length);
-        if (settled() || this.closedWith) return;
+        if (over()) return;
         this.socket.write(encodeFrame({ t: "in", id }, piece));
         sent += piece.length;
       }
     }
-    if (!settled() && !this.closedWith) this.socket.write(encodeFrame({ t: "in", id, eof: true }));
+    if (!over()) this.socket.write(encodeFrame({ t: "in", id, eof: true }));
   }
 
   private async fileWrite(
