@@ -102,6 +102,8 @@ export async function debootstrap(options: DebootstrapOptions): Promise<void> {
     "--variant=minbase",
     "--format=directory",
     `--include=${options.packages.join(",")}`,
+    // No fsync per unpacked file: a build that dies is thrown away anyway, and mkfs writes the real image.
+    "--dpkgopt=force-unsafe-io",
     ...DPKG_EXCLUDES.map((p) => `--dpkgopt=path-exclude=${p}`),
     options.suite,
     options.target,
