@@ -6,7 +6,15 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
 import { hostDistro, resolveBootPackages } from "../../src/image/apt.js";
-import { createStaging, sweepStaleStaging } from "../../src/image/cache.js";
+import {
+  createStaging,
+  IMAGE_FILES,
+  MANIFEST_FORMAT,
+  publish,
+  readImageDir,
+  type Staging,
+  sweepStaleStaging,
+} from "../../src/image/cache.js";
 import { parseTemplate } from "../../src/image/index.js";
 import {
   BUILDER_VERSION,
@@ -203,5 +211,64 @@ describe("staging directories", () => {
     assert.deepEqual(removed, [dead.dir]);
     await assert.rejects(fs.stat(dead.dir));
     assert.ok((await fs.stat(live.dir)).isDirectory());
+  });
+});
+
+/** A complete, consistent (but tiny) image in `staging.out`, as a build would leave it. */
+async function fakeImage(staging: Staging, recipe: Recipe, buildId: string): Promise<void> {
+  const files: Record<string, { size: number }> = {};
+  for (const name of [IMAGE_FILES.kernel, IMAGE_FILES.initrd, IMAGE_FILES.probeInitrd, IMAGE_FILES.rootfs]) {
+    await fs.writeFile(path.join(staging.out, name), buildId);
+    files[name] = { size: Buffer.byteLength(buildId) };
+  }
+  const manifest = { format: MANIFEST_FORMAT, hash: recipeHash(recipe), buildId, recipe, files };
+  await fs.writeFile(path.join(staging.out, IMAGE_FILES.manifest), JSON.stringify(manifest));
+}
+
+describe("publishing into the cache", () => {
+  test("first complete image wins; later ones are discarded unless forced; a broken one is replaced", async () => {
+    const cacheDir = path.join(dir, "publish");
+    const template = await imageTemplate(await parseTemplate('name = "p"', path.join(dir, "t.toml")));
+    const recipe: Recipe = {
+      builderVersion: BUILDER_VERSION,
+      suite: "bookworm",
+      arch: "amd64",
+      kernelPackage: "linux-image-x",
+      kernelVersion: "1",
+      busyboxVersion: "1",
+      payloadHash: "0".repeat(64),
+      template,
+    };
+    const hash = recipeHash(recipe);
+    const stage = async (buildId: string) => {
+      const s = await createStaging(cacheDir, hash);
+      await fakeImage(s, recipe, buildId);
+      return s;
+    };
+
+    assert.equal(await publish(await stage("first"), cacheDir, hash, false), "published");
+    assert.equal((await readImageDir(cacheDir, hash))?.manifest.buildId, "first");
+    assert.equal(await publish(await stage("second"), cacheDir, hash, false), "lost-race");
+    assert.equal((await readImageDir(cacheDir, hash))?.manifest.buildId, "first");
+    const forced = await stage("forced");
+    assert.equal(await publish(forced, cacheDir, hash, true), "published");
+    assert.equal((await readImageDir(cacheDir, hash))?.manifest.buildId, "forced");
+    assert.ok(
+      (await fs.stat(path.join(forced.dir, "replaced"))).isDirectory(),
+      "old image moved out of sight",
+    );
+
+    await fs.truncate(path.join(cacheDir, hash, IMAGE_FILES.rootfs), 1);
+    assert.equal(
+      await readImageDir(cacheDir, hash),
+      undefined,
+      "a file with the wrong size makes the image invalid",
+    );
+    assert.equal(await publish(await stage("repaired"), cacheDir, hash, false), "published");
+    assert.equal((await readImageDir(cacheDir, hash))?.manifest.buildId, "repaired");
+
+    await fs.writeFile(path.join(cacheDir, hash, IMAGE_FILES.manifest), "{ not json");
+    assert.equal(await readImageDir(cacheDir, hash), undefined);
+    await assert.rejects(readImageDir(cacheDir, "../etc"), /invalid image hash/);
   });
 });
