@@ -30,6 +30,8 @@ export interface RestoreOptions {
   overlayTemplate: string;
   id?: string;
   signal?: AbortSignal;
+  /** Default CHILD_READY_TIMEOUT_MS for the snapshot's accelerator. */
+  readyTimeoutMs?: number;
 }
 
 export class Sandbox {
@@ -59,7 +61,8 @@ export class Sandbox {
     const id = options.id ?? newSandboxId();
     const { manifest, dir } = snapshot;
     const runDir = path.join(paths.run, id);
-    const signal = deadlineSignal(CHILD_READY_TIMEOUT_MS[manifest.machine.accel], options.signal);
+    const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
+    const signal = deadlineSignal(readyTimeoutMs, options.signal);
     let vm: VmHandle | undefined;
     let agent: AgentClient | undefined;
     try {
@@ -89,15 +92,21 @@ export class Sandbox {
         { runDir, signal },
       );
       const launched = vm;
-      agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`));
+      // Every later call on this sandbox gets the same patience as its restore: a loaded TCG host is slow.
+      agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
+        callTimeoutMs: readyTimeoutMs,
+      });
       await raceExit(
         launched,
-        agent.restore({
-          timeNs: BigInt(Date.now()) * 1_000_000n,
-          entropy: randomBytes(CHILD_ENTROPY_BYTES),
-          hostname: id,
-          sandboxId: id,
-        }),
+        agent.restore(
+          {
+            timeNs: BigInt(Date.now()) * 1_000_000n,
+            entropy: randomBytes(CHILD_ENTROPY_BYTES),
+            hostname: id,
+            sandboxId: id,
+          },
+          { signal },
+        ),
         `sandbox ${id}: post-restore fix-up`,
       );
       signal.throwIfAborted();
@@ -111,7 +120,7 @@ export class Sandbox {
       if (signal.aborted && !options.signal?.aborted) {
         throw new ForkdError(
           "timeout",
-          `sandbox ${id} from ${snapshot.tag}: not ready within ${CHILD_READY_TIMEOUT_MS[manifest.machine.accel] / 1000} s` +
+          `sandbox ${id} from ${snapshot.tag}: not ready within ${readyTimeoutMs / 1000} s` +
             (tail ? `\n--- guest console ---\n${tail}` : ""),
           { cause: err },
         );
