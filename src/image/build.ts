@@ -8,15 +8,10 @@ import { randomUUID } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { abortError } from "../common/deadline.js";
-import { errorMessage, ForkdError } from "../common/errors.js";
+import { ForkdError } from "../common/errors.js";
 import { resolvePaths } from "../common/paths.js";
-import {
-  type BootPackages,
-  downloadPackages,
-  type HostDistro,
-  hostDistro,
-  resolveBootPackages,
-} from "./apt.js";
+import { type BootPackages, type HostDistro, hostDistro, resolveBootPackages } from "./apt.js";
+import { buildBootParts } from "./boot.js";
 import {
   type BuiltImage,
   createStaging,
@@ -29,9 +24,9 @@ import {
   type Staging,
   sweepStaleStaging,
 } from "./cache.js";
-import { buildBootInitramfs, buildProbeInitramfs, KERNEL_CMDLINE } from "./initramfs.js";
-import { extractKernel, type KernelModule, moduleLoadOrder } from "./kernel.js";
+import { KERNEL_CMDLINE } from "./initramfs.js";
 import { defaultGuestPayloadDir } from "./package-root.js";
+import { type BuildProgressEvent, type Emit, step } from "./progress.js";
 import {
   BUILDER_VERSION,
   hashPayloadDir,
@@ -41,22 +36,9 @@ import {
   sha256File,
 } from "./recipe.js";
 import { customizeTree, debootstrap, type Ext4Result, makeExt4, rootfsPackages } from "./rootfs.js";
-import { run } from "./run.js";
 import type { Template } from "./template.js";
 
-/**
- * Steps of a build. "kernel"/"initramfs" and "rootfs"/"filesystem" belong to two chains that run at the same
- * time, so two steps can be in progress at once.
- */
-export type BuildStep = "resolve" | "kernel" | "initramfs" | "rootfs" | "filesystem" | "finalize";
-
-export interface BuildProgressEvent {
-  step: BuildStep;
-  phase: "start" | "progress" | "done" | "failed";
-  message: string;
-  /** 0..1 within the step, when known. */
-  fraction?: number;
-}
+export type { BuildProgressEvent, BuildStep } from "./progress.js";
 
 export interface ImageOptions {
   /** Where images are cached (default: resolvePaths().images, i.e. FORKD_IMAGE_CACHE). */
@@ -112,83 +94,6 @@ export async function findCachedImage(
 /** A cached image by its hash (e.g. the one a snapshot was made from), or undefined. */
 export async function readImage(hash: string, options: ImageOptions = {}): Promise<BuiltImage | undefined> {
   return readImageDir(cacheDirOf(options), hash);
-}
-
-type Emit = (event: BuildProgressEvent) => void;
-
-async function step<T>(emit: Emit, name: BuildStep, message: string, fn: () => Promise<T>): Promise<T> {
-  const started = performance.now();
-  emit({ step: name, phase: "start", message });
-  try {
-    const result = await fn();
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    emit({ step: name, phase: "done", message: `${message} (${seconds} s)`, fraction: 1 });
-    return result;
-  } catch (err) {
-    emit({ step: name, phase: "failed", message: `${message}: ${errorMessage(err)}` });
-    throw err;
-  }
-}
-
-interface BootParts {
-  release: string;
-  modules: KernelModule[];
-}
-
-async function buildBootChain(
-  resolved: ResolvedRecipe,
-  staging: Staging,
-  emit: Emit,
-  signal: AbortSignal,
-): Promise<BootParts> {
-  const { boot } = resolved;
-  const { kernel, busybox, modules } = await step(
-    emit,
-    "kernel",
-    `kernel ${boot.kernelPackage}`,
-    async () => {
-      const debDir = path.join(staging.work, "debs");
-      await fs.mkdir(debDir, { mode: 0o755 });
-      const debs = await downloadPackages(
-        [
-          { name: boot.kernelPackage, version: boot.kernelVersion },
-          { name: "busybox-static", version: boot.busyboxVersion },
-        ],
-        debDir,
-        signal,
-      );
-      emit({ step: "kernel", phase: "progress", message: "extracting the kernel package", fraction: 0.3 });
-      const kernel = await extractKernel(
-        debs.get(boot.kernelPackage)!,
-        path.join(staging.work, "kernel"),
-        signal,
-      );
-      if (`linux-image-${kernel.release}` !== boot.kernelPackage) {
-        throw new ForkdError("internal", `${boot.kernelPackage} contains kernel ${kernel.release}`);
-      }
-      const busyboxRoot = path.join(staging.work, "busybox");
-      await run("dpkg-deb", ["-x", debs.get("busybox-static")!, busyboxRoot], { signal, stdout: "ignore" });
-      const busybox = path.join(busyboxRoot, "bin", "busybox");
-      if (!(await fs.stat(busybox).catch(() => undefined))?.isFile()) {
-        throw new ForkdError("internal", "busybox-static has no bin/busybox");
-      }
-      emit({ step: "kernel", phase: "progress", message: "computing module order", fraction: 0.8 });
-      const modules = await moduleLoadOrder(kernel, undefined, signal);
-      return { kernel, busybox, modules };
-    },
-  );
-  await step(emit, "initramfs", `initramfs (${modules.length} modules)`, async () => {
-    await fs.copyFile(kernel.vmlinuz, path.join(staging.out, IMAGE_FILES.kernel));
-    await buildBootInitramfs(
-      path.join(staging.out, IMAGE_FILES.initrd),
-      staging.work,
-      busybox,
-      modules,
-      signal,
-    );
-    await buildProbeInitramfs(path.join(staging.out, IMAGE_FILES.probeInitrd), staging.work, busybox, signal);
-  });
-  return { release: kernel.release, modules };
 }
 
 async function buildRootfsChain(
@@ -286,7 +191,16 @@ export async function buildImage(template: Template, options: BuildOptions = {})
   try {
     const [bootParts, ext4] = await runChains(
       signal,
-      (s) => buildBootChain(resolved, staging, emit, s),
+      (s) =>
+        buildBootParts({
+          boot,
+          arch: resolved.distro.arch,
+          cacheDir,
+          staging,
+          emit,
+          signal: s,
+          force: options.force === true,
+        }),
       (s) => buildRootfsChain(template, resolved, payloadDir, staging, emit, s),
     );
     return await step(emit, "finalize", `publishing image ${hash.slice(0, 12)}`, async () => {
@@ -312,7 +226,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
           version: boot.kernelVersion,
           cmdline: KERNEL_CMDLINE,
         },
-        modules: bootParts.modules.map((m) => m.name),
+        modules: bootParts.modules,
         rootfs: {
           uuid: ext4.uuid,
           usedMib: ext4.usedMib,

@@ -5,6 +5,7 @@
  *
  *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}
  *   <images>/.staging-<hash prefix>-<pid>-<random>/{owner.json, out/, work/}
+ *   <images>/.boot/<kernel+busybox key>/{vmlinuz, initrd.img, probe-initrd.img, boot.json}  (see boot.ts)
  *   <images>/.apt-resolution.json
  */
 import { randomBytes } from "node:crypto";

@@ -10,6 +10,8 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
+import { buildBootParts } from "../../src/image/boot.js";
+import { createStaging, removeStaging } from "../../src/image/cache.js";
 import {
   type BuildProgressEvent,
   type BuiltImage,
@@ -17,6 +19,7 @@ import {
   findCachedImage,
   loadTemplate,
   readImage,
+  resolveRecipe,
   type Template,
 } from "../../src/image/index.js";
 import { bootGuest, debugfsCat, debugfsStat } from "./helpers.js";
@@ -114,7 +117,11 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
       seen.some((e) => e.step === "rootfs" && e.phase === "progress"),
       "the build was cancelled while building the root filesystem",
     );
-    assert.deepEqual(await cacheEntries(), [".apt-resolution.json"]);
+    // Only the caches of finished, self-contained parts may remain (the kernel chain can complete first).
+    assert.deepEqual(
+      (await cacheEntries()).filter((e) => e !== ".boot"),
+      [".apt-resolution.json"],
+    );
     let leaked: string[] = [];
     for (let i = 0; i < 20; i++) {
       leaked = await processesMentioning(cacheDir);
@@ -149,8 +156,41 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
     );
     assert.equal(a.manifest.buildId, b.manifest.buildId);
     assert.equal(a.dir, path.join(cacheDir, a.hash));
-    assert.deepEqual(await cacheEntries(), [".apt-resolution.json", a.hash]);
+    assert.deepEqual(await cacheEntries(), [".apt-resolution.json", ".boot", a.hash]);
     built = a;
+  });
+
+  test("the kernel and initramfs are reused by other recipes with the same kernel", async () => {
+    assert.ok(built, "needs the cold build");
+    const { boot, distro } = await resolveRecipe(template, { payloadDir });
+    const staging = await createStaging(path.join(dir, "other-cache-user"), built.hash);
+    const events: BuildProgressEvent[] = [];
+    const savedPath = process.env.PATH;
+    process.env.PATH = path.join(dir, "empty-bin"); // no apt-get, dpkg-deb or cpio: only the cache can answer
+    try {
+      const parts = await buildBootParts({
+        boot,
+        arch: distro.arch,
+        cacheDir,
+        staging,
+        emit: (e) => events.push(e),
+        signal: new AbortController().signal,
+        force: false,
+      });
+      assert.deepEqual(parts.modules, built.manifest.modules);
+      assert.equal(parts.release, built.manifest.kernel.release);
+    } finally {
+      process.env.PATH = savedPath;
+    }
+    assert.ok(events.some((e) => e.phase === "done" && /\(cached\)/.test(e.message)));
+    for (const name of ["vmlinuz", "initrd.img", "probe-initrd.img"]) {
+      assert.ok(
+        (await fs.readFile(path.join(staging.out, name))).equals(
+          await fs.readFile(path.join(built.dir, name)),
+        ),
+      );
+    }
+    await removeStaging(staging.dir);
   });
 
   test("the image has a kernel, both initramfs images and a valid ext4 with the agent", async () => {

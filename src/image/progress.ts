@@ -1,0 +1,38 @@
+/** Build progress events, so a CLI can show one spinner per step. */
+import { errorMessage } from "../common/errors.js";
+
+/**
+ * Steps of a build. "kernel"/"initramfs" and "rootfs"/"filesystem" belong to two chains that run at the same
+ * time, so two steps can be in progress at once.
+ */
+export type BuildStep = "resolve" | "kernel" | "initramfs" | "rootfs" | "filesystem" | "finalize";
+
+export interface BuildProgressEvent {
+  step: BuildStep;
+  phase: "start" | "progress" | "done" | "failed";
+  message: string;
+  /** 0..1 within the step, when known. */
+  fraction?: number;
+}
+
+export type Emit = (event: BuildProgressEvent) => void;
+
+/** Runs `fn` as step `name`, reporting its start, its end (with the time taken) or its failure. */
+export async function step<T>(
+  emit: Emit,
+  name: BuildStep,
+  message: string,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const started = performance.now();
+  emit({ step: name, phase: "start", message });
+  try {
+    const result = await fn();
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    emit({ step: name, phase: "done", message: `${message} (${seconds} s)`, fraction: 1 });
+    return result;
+  } catch (err) {
+    emit({ step: name, phase: "failed", message: `${message}: ${errorMessage(err)}` });
+    throw err;
+  }
+}
