@@ -41,6 +41,9 @@ export const PROBE_FORMAT_VERSION = 1;
 
 export const PROBE_CACHE_FILE = "accel-probe.json";
 
+/** Temp run dirs of probes: <tmpdir>/forkd-probe-<pid>-<accel>-XXXXXX */
+const PROBE_DIR_PREFIX = "forkd-probe-";
+
 export interface AcceleratorVerdict {
   usable: boolean;
   /** Why, in words: what was tried and what happened. */
@@ -145,7 +148,8 @@ async function bootProbe(
   deadlineMs: number,
   tscKhz: number | undefined,
 ): Promise<AcceleratorVerdict> {
-  const runDir = await fsp.mkdtemp(path.join(os.tmpdir(), `forkd-probe-${accel}-`));
+  await removeStaleProbeDirs();
+  const runDir = await fsp.mkdtemp(path.join(os.tmpdir(), `${PROBE_DIR_PREFIX}${process.pid}-${accel}-`));
   const spec: MachineSpec = {
     accel,
     cpuModel: accel === "kvm" ? "host" : "max",
@@ -195,6 +199,33 @@ async function bootProbe(
   } finally {
     await vm?.kill({ graceMs: 0 }).catch(() => {});
     await fsp.rm(runDir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Probe run dirs carry their creator's pid, so a probe whose program was killed (no `finally` ran) has its
+ * directory removed by the next probe.
+ */
+async function removeStaleProbeDirs(): Promise<void> {
+  let names: string[];
+  try {
+    names = await fsp.readdir(os.tmpdir());
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const pid = Number(new RegExp(`^${PROBE_DIR_PREFIX}(\\d+)-`).exec(name)?.[1]);
+    if (!pid || pid === process.pid || processExists(pid)) continue;
+    await fsp.rm(path.join(os.tmpdir(), name), { recursive: true, force: true }).catch(() => {});
+  }
+}
+
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
   }
 }
 
