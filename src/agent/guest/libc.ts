@@ -11,6 +11,7 @@ export interface Libc {
   ioctl: LibcFunction;
   /** Variadic like ioctl: fcntl(fd, cmd, "int", value). */
   fcntl: LibcFunction;
+  sethostname: LibcFunction;
   errno: () => number;
   koffiVersion: string;
 }
@@ -27,6 +28,7 @@ export function loadLibc(): Promise<Libc> {
       clockGettime: libc.func("int clock_gettime(int clock, _Out_ forkd_timespec *ts)") as LibcFunction,
       ioctl: libc.func("int ioctl(int fd, unsigned long request, ...)") as LibcFunction,
       fcntl: libc.func("int fcntl(int fd, int cmd, ...)") as LibcFunction,
+      sethostname: libc.func("int sethostname(const uint8_t *name, size_t len)") as LibcFunction,
       errno: () => koffi.errno() as number,
       koffiVersion: String((koffi as unknown as { version?: unknown }).version),
     };

@@ -6,7 +6,7 @@
  *   node agent.mjs --self-test     check koffi and the libc bindings in this root filesystem, print JSON, exit
  *
  * Options: --template <template.json> --worker <worker.py> --python <python3> --fixups system|dry-run
- *          --port-name <virtio port name>
+ *          --port-name <virtio port name> --no-prime (skip priming, to measure what it saves)
  */
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -57,6 +57,8 @@ async function main(): Promise<void> {
       python: { type: "string", default: "python3" },
       fixups: { type: "string" },
       "port-name": { type: "string", default: AGENT_PORT_NAME },
+      /** Skips priming, to measure what it saves. */
+      "no-prime": { type: "boolean", default: false },
     },
     strict: true,
   });
@@ -121,7 +123,7 @@ async function main(): Promise<void> {
   process.on("SIGTERM", () => shutdown("SIGTERM"));
   process.on("SIGINT", () => shutdown("SIGINT"));
   // Before the hello: the host snapshots a parent only after it, so the primed state is in every child.
-  await primeHotPaths(server, state, log);
+  if (!values["no-prime"]) await primeHotPaths(server, state, log);
   server.start();
   log.info("agent started", {
     version: AGENT_VERSION,
