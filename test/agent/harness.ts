@@ -27,11 +27,16 @@ export function repoRoot(): string {
 /** Bundles the current sources into a fresh temp dir (as `npm run build` would into dist/guest). */
 export async function bundleAgent(): Promise<string> {
   const out = await mkdtemp(path.join(os.tmpdir(), "forkd-agent-bundle-"));
-  await promisify(execFile)(process.execPath, [
-    path.join(repoRoot(), "scripts/bundle-guest.mjs"),
-    "--out",
-    path.join(out, "guest"),
-  ]);
+  try {
+    await promisify(execFile)(process.execPath, [
+      path.join(repoRoot(), "scripts/bundle-guest.mjs"),
+      "--out",
+      path.join(out, "guest"),
+    ]);
+  } catch (err) {
+    await rm(out, { recursive: true, force: true });
+    throw err;
+  }
   return path.join(out, "guest");
 }
 
