@@ -79,12 +79,14 @@ export async function bootWarmVm(options: {
     const bootMs = performance.now() - started;
     progress("boot", `agent ${hello.agentVersion} ready after ${(bootMs / 1000).toFixed(1)} s`);
     let warmupMs = 0;
-    if (template.warmup !== undefined) {
+    // A Python template is warmed even without warm-up code: the call also waits for the worker to be up,
+    // so the snapshot never catches it half-started.
+    if (template.interpreter === "python") {
       progress("warmup", "running warm-up");
       const warmStarted = performance.now();
       const result = await raceExit(
         vm,
-        agent.warmup(template.warmup, { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
+        agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
         "warm-up",
       );
       if (result.error) {
