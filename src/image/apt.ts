@@ -210,3 +210,15 @@ export async function downloadPackages(
   }
   return out;
 }
+
+/**
+ * Names of `packages` the host's apt knows nothing about (neither a real nor a virtual package). Checked
+ * before a build so a typo fails in a second instead of after mmdebstrap installed the base system.
+ */
+export async function unknownPackages(packages: string[], signal?: AbortSignal): Promise<string[]> {
+  if (packages.length === 0) return [];
+  const text = await runText("apt-cache", ["policy", ...packages], { signal });
+  const known = new Set<string>();
+  for (const m of text.matchAll(/^(\S+):$/gm)) known.add(m[1]!.replace(/:[a-z0-9]+$/, ""));
+  return packages.filter((p) => !known.has(p));
+}

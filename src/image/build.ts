@@ -10,7 +10,13 @@ import path from "node:path";
 import { abortError } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
 import { resolvePaths } from "../common/paths.js";
-import { type BootPackages, type HostDistro, hostDistro, resolveBootPackages } from "./apt.js";
+import {
+  type BootPackages,
+  type HostDistro,
+  hostDistro,
+  resolveBootPackages,
+  unknownPackages,
+} from "./apt.js";
 import { buildBootParts } from "./boot.js";
 import {
   type BuiltImage,
@@ -183,6 +189,14 @@ export async function buildImage(template: Template, options: BuildOptions = {})
     throw new ForkdError(
       "unavailable",
       "building an image needs root (mmdebstrap --mode=root creates device nodes and owns files as root)",
+    );
+  }
+  const unknown = await unknownPackages(rootfsPackages(template), signal);
+  if (unknown.length > 0) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${template.source}: field "packages": not found in the host's apt sources: ${unknown.join(", ")} ` +
+        "(check the names; run apt-get update if they are new)",
     );
   }
   await sweepStaleStaging(cacheDir);

@@ -110,6 +110,7 @@ export async function debootstrap(options: DebootstrapOptions): Promise<void> {
     ...sources,
   ];
   await run("unshare", args, {
+    label: `mmdebstrap ${options.suite} (packages: ${options.packages.join(", ")})`,
     signal: options.signal,
     stdout: "ignore",
     env: { ...process.env, TMPDIR: options.tmpDir },

@@ -39,6 +39,8 @@ export interface RunOptions {
   maxStdoutBytes?: number;
   /** Called with every complete stderr line, e.g. to forward a tool's own progress messages. */
   onStderrLine?: (line: string) => void;
+  /** How errors name the command (default: the command and its first arguments). */
+  label?: string;
 }
 
 export interface RunResult {
@@ -48,7 +50,7 @@ export interface RunResult {
 
 /** Runs `command` with an argv array (never a shell) and resolves when it exits 0. */
 export function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
-  const what = `${command} ${args.slice(0, 3).join(" ")}`.trim();
+  const what = options.label ?? `${command} ${args.slice(0, 3).join(" ")}`.trim();
   if (options.signal?.aborted) return Promise.reject(abortError(options.signal, what));
   const maxStdout = options.maxStdoutBytes ?? 16 * 1024 * 1024;
 

@@ -90,6 +90,27 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
     );
   });
 
+  test("a package the host's apt does not know fails fast, naming the template and the package", async () => {
+    const file = path.join(dir, "typo.toml");
+    await fs.writeFile(
+      file,
+      'name = "typo"\ninterpreter = "none"\npackages = ["git", "no-such-package-forkd"]\n',
+    );
+    const started = performance.now();
+    await assert.rejects(buildImage(await loadTemplate(file), { payloadDir }), (err: unknown) => {
+      assert.ok(err instanceof ForkdError);
+      assert.equal(err.code, "invalid_argument");
+      assert.ok(err.message.startsWith(`${file}: field "packages"`), err.message);
+      assert.match(err.message, /not found in the host's apt sources: no-such-package-forkd \(/);
+      return true;
+    });
+    assert.ok(performance.now() - started < 20_000, "before any package is installed");
+    assert.deepEqual(
+      (await cacheEntries()).filter((e) => e.startsWith(".staging")),
+      [],
+    );
+  });
+
   test("a cancelled build leaves no image, no staging directory and no process behind", {
     timeout: 300_000,
   }, async () => {
