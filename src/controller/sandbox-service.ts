@@ -1,0 +1,85 @@
+/**
+ * The daemon's view of sandboxes and snapshots: what the REST API (src/api) and, through it, the CLI and SDKs
+ * can do. Implemented by SandboxManager (sandbox-manager.ts) and SnapshotService (snapshot-service.ts).
+ * Errors are ForkdErrors whose code maps to an HTTP status (src/common/errors.ts).
+ */
+import type {
+  EvalOutcome,
+  ExecOptions,
+  ExecOutcome,
+  FileContent,
+  FileInfo,
+  FileListing,
+  PingInfo,
+} from "../agent/host/types.js";
+
+export type SandboxStatus = "starting" | "running" | "stopping" | "dead";
+
+export interface SandboxInfo {
+  id: string;
+  snapshot_tag: string;
+  created_at_unix: number;
+  pid: number | null;
+  memory_limit_mib: number | null;
+  status: SandboxStatus;
+  /** When the sandbox will be killed unless its timeout is extended (unix ms); null = no lifetime limit. */
+  expires_at_unix_ms: number | null;
+  /** Restore to ready, in ms. */
+  ready_ms: number | null;
+  accelerator: "kvm" | "tcg";
+}
+
+export interface SpawnRequest {
+  snapshotTag: string;
+  n: number;
+  memoryLimitMiB?: number;
+  /** Lifetime; default DEFAULT_SANDBOX_TIMEOUT_MS; 0 = no limit. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export interface SandboxService {
+  spawn(request: SpawnRequest): Promise<SandboxInfo[]>;
+  list(filter?: { snapshotTag?: string }): SandboxInfo[];
+  get(id: string): SandboxInfo;
+  /** Kills and forgets the sandbox; not_found if unknown. */
+  kill(id: string): Promise<void>;
+  /** Kills every sandbox (of one snapshot, if given); returns the ids killed. */
+  killAll(filter?: { snapshotTag?: string }): Promise<string[]>;
+  /** Sets the remaining lifetime to `timeoutMs` from now (0 = no limit). */
+  setTimeout(id: string, timeoutMs: number): SandboxInfo;
+  ping(id: string, options?: { signal?: AbortSignal }): Promise<PingInfo>;
+  exec(id: string, argv: string[], options?: ExecOptions): Promise<ExecOutcome>;
+  eval(id: string, code: string, options?: { timeoutMs?: number; signal?: AbortSignal }): Promise<EvalOutcome>;
+  files: {
+    write(id: string, path: string, data: Buffer, options?: { mode?: number; signal?: AbortSignal }): Promise<{ bytes: number }>;
+    read(id: string, path: string, options?: { maxBytes?: number; signal?: AbortSignal }): Promise<FileContent>;
+    list(id: string, path: string, options?: { signal?: AbortSignal }): Promise<FileListing>;
+    stat(id: string, path: string, options?: { signal?: AbortSignal }): Promise<FileInfo>;
+    remove(id: string, path: string, options?: { recursive?: boolean; signal?: AbortSignal }): Promise<void>;
+  };
+}
+
+export type SnapshotStatus = "writing" | "ready" | "failed";
+
+export interface SnapshotInfo {
+  tag: string;
+  created_at_unix: number;
+  status: SnapshotStatus;
+  bootable: boolean;
+  template: string | null;
+  accelerator: "kvm" | "tcg" | null;
+  memory_mib: number | null;
+  parent_tag: string | null;
+  bytes: number;
+  error: string | null;
+}
+
+export interface SnapshotService {
+  list(): Promise<SnapshotInfo[]>;
+  get(tag: string): Promise<SnapshotInfo>;
+  /** Builds the template's image if needed, boots, warms and snapshots. conflict if the tag exists. */
+  create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
+  /** not_found if unknown; conflict if a running sandbox still maps it. */
+  delete(tag: string): Promise<void>;
+}
