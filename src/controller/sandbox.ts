@@ -25,6 +25,16 @@ export const CHILD_READY_TIMEOUT_MS = { tcg: 120_000, kvm: 30_000 } as const;
 /** Bytes of fresh host entropy mixed into each child's kernel RNG (it resumes with its parent's RNG state). */
 export const CHILD_ENTROPY_BYTES = 64;
 
+/** What the daemon needs of a running sandbox, whether it started it (Sandbox) or re-attached (AdoptedSandbox). */
+export interface SandboxHandle {
+  readonly id: string;
+  readonly pid: number;
+  readonly runDir: string;
+  readonly agent: AgentClient;
+  /** Kills the VM and removes its run directory. Idempotent. */
+  destroy(): Promise<void>;
+}
+
 export interface RestoreOptions {
   /** An empty qcow2 overlay over the snapshot's disk, copied for each child (see `prepareOverlayTemplate`). */
   overlayTemplate: string;
@@ -32,9 +42,13 @@ export interface RestoreOptions {
   signal?: AbortSignal;
   /** Default CHILD_READY_TIMEOUT_MS for the snapshot's accelerator. */
   readyTimeoutMs?: number;
+  /** Keep the VM running if this program exits (the daemon re-attaches after a restart). */
+  outliveHost?: boolean;
+  /** Called with the QEMU pid as soon as it is spawned, before the guest is ready (to record or limit it). */
+  onSpawned?: (pid: number) => Promise<void>;
 }
 
-export class Sandbox {
+export class Sandbox implements SandboxHandle {
   private destroyed: Promise<void> | undefined;
 
   private constructor(
@@ -89,9 +103,10 @@ export class Sandbox {
             restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
           },
         ),
-        { runDir, signal },
+        { runDir, signal, outliveHost: options.outliveHost },
       );
       const launched = vm;
+      await options.onSpawned?.(launched.pid);
       // Every later call on this sandbox gets the same patience as its restore: a loaded TCG host is slow.
       agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
         callTimeoutMs: readyTimeoutMs,
@@ -143,28 +158,35 @@ export class Sandbox {
   }
 }
 
+/** Why `snapshot` cannot be restored right now (a file it needs is gone), or null if it can. */
+export async function snapshotIsBootable(snapshot: StoredSnapshot): Promise<string | null> {
+  const needed = [
+    path.join(snapshot.dir, SNAPSHOT_FILES.disk),
+    path.join(snapshot.dir, SNAPSHOT_FILES.memory),
+    path.join(snapshot.dir, SNAPSHOT_FILES.deviceState),
+    snapshot.manifest.image.kernel,
+    snapshot.manifest.image.initrd,
+    snapshot.manifest.image.rootfs,
+  ];
+  for (const file of needed) {
+    const missing = await access(file).then(
+      () => false,
+      () => true,
+    );
+    if (missing) return `${file} is missing (image cache cleared? rebuild the snapshot)`;
+  }
+  return null;
+}
+
 /**
  * An empty qcow2 overlay backed by the snapshot's frozen disk. Children copy it (a ~200 KiB file) instead of
  * each running qemu-img, which costs a process start per child.
  */
 export async function prepareOverlayTemplate(paths: ForkdPaths, snapshot: StoredSnapshot): Promise<string> {
-  const backing = path.join(snapshot.dir, SNAPSHOT_FILES.disk);
-  await access(backing).catch(() => {
-    throw new ForkdError("unprocessable", `snapshot ${snapshot.tag}: disk layer ${backing} is missing`);
-  });
-  for (const file of [snapshot.manifest.image.kernel, snapshot.manifest.image.initrd]) {
-    await access(file).catch(() => {
-      throw new ForkdError(
-        "unprocessable",
-        `snapshot ${snapshot.tag}: its image file ${file} is gone (image cache cleared?); rebuild the snapshot`,
-      );
-    });
-  }
+  const problem = await snapshotIsBootable(snapshot);
+  if (problem) throw new ForkdError("conflict", `snapshot ${snapshot.tag} is not bootable: ${problem}`);
   await mkdir(paths.run, { recursive: true, mode: 0o700 });
-  const overlay = path.join(
-    paths.run,
-    `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
-  );
-  await createOverlay({ backing, backingFormat: "qcow2", overlay });
+  const overlay = path.join(paths.run, `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`);
+  await createOverlay({ backing: path.join(snapshot.dir, SNAPSHOT_FILES.disk), backingFormat: "qcow2", overlay });
   return overlay;
 }

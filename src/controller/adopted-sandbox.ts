@@ -1,0 +1,52 @@
+/**
+ * A sandbox whose QEMU outlived the daemon that started it. The new daemon re-attaches: QMP on the sandbox's
+ * socket, and the agent chardev pointed at a fresh host listener with QMP `chardev-change`.
+ */
+import { rm } from "node:fs/promises";
+import path from "node:path";
+import { AgentClient } from "../agent/host/client.js";
+import { deadlineSignal } from "../common/deadline.js";
+import { reattachAgent } from "../vmm/launch.js";
+import { QmpClient } from "../vmm/qmp.js";
+import { killAndWait } from "./host-processes.js";
+import { RUN_FILES } from "./machine.js";
+import type { SandboxHandle } from "./sandbox.js";
+
+/** Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. */
+export const REATTACH_TIMEOUT_MS = 60_000;
+
+export class AdoptedSandbox implements SandboxHandle {
+  private destroyed: Promise<void> | undefined;
+
+  private constructor(
+    readonly id: string,
+    readonly pid: number,
+    readonly runDir: string,
+    readonly agent: AgentClient,
+    private readonly qmp: QmpClient,
+  ) {}
+
+  static async adopt(id: string, pid: number, runDir: string, options: { callTimeoutMs: number }): Promise<AdoptedSandbox> {
+    const signal = deadlineSignal(REATTACH_TIMEOUT_MS);
+    const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
+    try {
+      const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
+      const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
+      await agent.ping({ signal });
+      return new AdoptedSandbox(id, pid, runDir, agent, qmp);
+    } catch (err) {
+      qmp.close();
+      throw err;
+    }
+  }
+
+  destroy(): Promise<void> {
+    this.destroyed ??= (async () => {
+      this.agent.close();
+      this.qmp.close();
+      await killAndWait(this.pid);
+      await rm(this.runDir, { recursive: true, force: true });
+    })();
+    return this.destroyed;
+  }
+}

@@ -1,0 +1,414 @@
+/**
+ * The daemon's sandboxes: spawning them from snapshots, serving calls to their agents, their lifetimes and
+ * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
+ * daemon) and cleans up after dead ones.
+ */
+import { rm } from "node:fs/promises";
+import path from "node:path";
+import type { AgentClient } from "../agent/host/client.js";
+import type { ExecOptions } from "../agent/host/types.js";
+import { ForkdError, conflict, errorMessage, invalidArgument, notFound } from "../common/errors.js";
+import { assertSandboxId, assertTag } from "../common/names.js";
+import type { ForkdPaths } from "../common/paths.js";
+import { detectMemoryCgroupRoot, limitMemory, type MemoryCgroupRoot, removeCgroup } from "../isolation/cgroup.js";
+import { type SandboxRow, StateDb } from "../store/db.js";
+import { AdoptedSandbox } from "./adopted-sandbox.js";
+import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
+import { validateChildCount } from "./fork.js";
+import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
+import { newSandboxId } from "./ids.js";
+import type { SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
+import { CHILD_READY_TIMEOUT_MS, prepareOverlayTemplate, Sandbox, type SandboxHandle } from "./sandbox.js";
+import { DaemonSnapshots } from "./snapshot-service.js";
+
+/** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
+export const DEFAULT_SANDBOX_TIMEOUT_MS = 5 * 60_000;
+export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
+export const MIN_MEMORY_LIMIT_MIB = 64;
+export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
+/** How often lifetimes are enforced and dead VMs noticed. */
+export const SWEEP_INTERVAL_MS = 1000;
+/** Children restored at once within one spawn request. */
+export const SPAWN_CONCURRENCY = 8;
+
+export interface ManagerLog {
+  info(obj: object, msg?: string): void;
+  warn(obj: object, msg?: string): void;
+}
+
+export interface ManagerOptions {
+  limits?: Partial<AdmissionLimits>;
+  log?: ManagerLog;
+  sweepIntervalMs?: number;
+}
+
+interface Live {
+  handle: SandboxHandle;
+  /** Set when a kill started: calls still running then fail as "killed", not as a broken connection. */
+  killing: boolean;
+}
+
+export class SandboxManager implements SandboxService {
+  readonly snapshots: DaemonSnapshots;
+  private readonly live = new Map<string, Live>();
+  private readonly limits: AdmissionLimits;
+  private readonly log: ManagerLog;
+  private spawning = 0;
+  private sweeper: NodeJS.Timeout | undefined;
+  private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
+
+  private constructor(
+    private readonly paths: ForkdPaths,
+    private readonly db: StateDb,
+    options: ManagerOptions,
+  ) {
+    this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
+    this.log = options.log ?? { info: () => {}, warn: () => {} };
+    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
+  }
+
+  /** Opens the manager: reconciles the database with the processes that are actually running. */
+  static async open(paths: ForkdPaths, db: StateDb, options: ManagerOptions = {}): Promise<SandboxManager> {
+    const manager = new SandboxManager(paths, db, options);
+    await manager.snapshots.reconcile();
+    await manager.reconcile();
+    const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
+    manager.sweeper = setInterval(() => {
+      manager.sweep().catch((err) => manager.log.warn({ err: errorMessage(err) }, "sweep failed"));
+    }, interval);
+    manager.sweeper.unref();
+    return manager;
+  }
+
+  // ---- spawn ----
+
+  async spawn(request: SpawnRequest): Promise<SandboxInfo[]> {
+    const tag = assertTag(request.snapshotTag, "snapshot_tag");
+    const n = validateChildCount(request.n);
+    const memoryLimit = request.memoryLimitMiB ?? null;
+    if (memoryLimit !== null && !isIntIn(memoryLimit, MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB)) {
+      throw invalidArgument(`memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`);
+    }
+    const timeoutMs = request.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
+    if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    const snapshot = await this.snapshots.bootable(tag);
+    const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
+    if (memoryLimit !== null && cgroupRoot === null) {
+      throw new ForkdError("not_implemented", "memory_limit_mib needs a cgroup memory controller, and this host has none");
+    }
+    await admitSpawn(this.limits, { alive: this.live.size, spawning: this.spawning, requested: n });
+    this.spawning++;
+    const accelerator = snapshot.manifest.machine.accel;
+    const rows: SandboxRow[] = Array.from({ length: n }, () => {
+      const id = newSandboxId();
+      return {
+        id,
+        snapshot_tag: tag,
+        status: "starting",
+        pid: null,
+        pid_start_time: null,
+        run_dir: path.join(this.paths.run, id),
+        accelerator,
+        created_at_unix: Math.floor(Date.now() / 1000),
+        expires_at_unix_ms: null,
+        memory_limit_mib: memoryLimit,
+        cgroup: null,
+        ready_ms: null,
+        error: null,
+      };
+    });
+    // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
+    for (const row of rows) this.db.insertSandbox(row);
+    const started: Sandbox[] = [];
+    let overlay: string | undefined;
+    try {
+      overlay = await prepareOverlayTemplate(this.paths, snapshot);
+      const template = overlay;
+      let next = 0;
+      const failures: unknown[] = [];
+      const worker = async () => {
+        while (next < rows.length && failures.length === 0) {
+          const row = rows[next++] as SandboxRow;
+          try {
+            const sandbox = await Sandbox.restore(this.paths, snapshot, {
+              id: row.id,
+              overlayTemplate: template,
+              outliveHost: true,
+              signal: request.signal,
+              onSpawned: async (pid) => {
+                const startTime = await processStartTime(pid);
+                this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
+                if (cgroupRoot && memoryLimit !== null) {
+                  const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
+                  this.db.updateSandbox(row.id, { cgroup });
+                  row.cgroup = cgroup;
+                }
+              },
+            });
+            started.push(sandbox);
+            row.pid = sandbox.pid;
+            row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
+          } catch (err) {
+            failures.push(err);
+          }
+        }
+      };
+      await Promise.all(Array.from({ length: Math.min(SPAWN_CONCURRENCY, n) }, worker));
+      if (failures.length > 0) throw failures[0];
+      const now = Date.now();
+      for (const sandbox of started) {
+        const row = rows.find((r) => r.id === sandbox.id) as SandboxRow;
+        row.status = "running";
+        row.expires_at_unix_ms = timeoutMs === 0 ? null : now + timeoutMs;
+        this.db.updateSandbox(row.id, {
+          status: "running",
+          expires_at_unix_ms: row.expires_at_unix_ms,
+          ready_ms: row.ready_ms,
+        });
+        this.live.set(row.id, { handle: sandbox, killing: false });
+        this.watchExit(sandbox);
+      }
+      this.log.info({ tag, n, ids: rows.map((r) => r.id) }, "spawned");
+      return rows.map((r) => this.info(this.db.sandbox(r.id) as SandboxRow));
+    } catch (err) {
+      // All or nothing: a spawn that could not start every child starts none.
+      await Promise.all(started.map((s) => s.destroy()));
+      for (const row of rows) {
+        const current = this.db.sandbox(row.id);
+        if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+        this.db.deleteSandbox(row.id);
+      }
+      throw err;
+    } finally {
+      this.spawning--;
+      if (overlay) await rm(overlay, { force: true });
+    }
+  }
+
+  // ---- queries ----
+
+  list(filter: { snapshotTag?: string } = {}): SandboxInfo[] {
+    return this.db
+      .sandboxes()
+      .filter((r) => filter.snapshotTag === undefined || r.snapshot_tag === filter.snapshotTag)
+      .map((r) => this.info(r));
+  }
+
+  get(id: string): SandboxInfo {
+    return this.info(this.row(id));
+  }
+
+  /** Live sandbox handles (for benchmarks and metrics). */
+  handles(): SandboxHandle[] {
+    return [...this.live.values()].map((l) => l.handle);
+  }
+
+  // ---- lifecycle ----
+
+  async kill(id: string): Promise<void> {
+    const row = this.row(id);
+    if (row.status === "starting") throw conflict(`sandbox ${id} is still starting; kill it once spawned`);
+    await this.destroy(row, "killed");
+    this.db.deleteSandbox(id);
+  }
+
+  async killAll(filter: { snapshotTag?: string } = {}): Promise<string[]> {
+    const rows = this.db
+      .sandboxes()
+      .filter((r) => r.status !== "starting")
+      .filter((r) => filter.snapshotTag === undefined || r.snapshot_tag === filter.snapshotTag);
+    await Promise.all(rows.map((r) => this.kill(r.id).catch(() => {})));
+    return rows.map((r) => r.id);
+  }
+
+  setTimeout(id: string, timeoutMs: number): SandboxInfo {
+    if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    this.liveOrThrow(id);
+    this.db.updateSandbox(id, { expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs });
+    return this.get(id);
+  }
+
+  // ---- calls into the guest ----
+
+  ping(id: string, options: { signal?: AbortSignal } = {}) {
+    return this.call(id, (agent) => agent.ping(options));
+  }
+
+  exec(id: string, argv: string[], options: ExecOptions = {}) {
+    if (!Array.isArray(argv) || argv.length === 0) throw invalidArgument("args must be a non-empty array of strings");
+    return this.call(id, (agent) => agent.exec(argv, options));
+  }
+
+  eval(id: string, code: string, options: { timeoutMs?: number; signal?: AbortSignal } = {}) {
+    return this.call(id, (agent) => agent.eval(code, options));
+  }
+
+  readonly files: SandboxService["files"] = {
+    write: (id, file, data, options = {}) => this.call(id, (agent) => agent.files.write(file, data, options)),
+    read: (id, file, options = {}) => this.call(id, (agent) => agent.files.read(file, options)),
+    list: (id, file, options = {}) => this.call(id, (agent) => agent.files.list(file, options)),
+    stat: (id, file, options = {}) => this.call(id, (agent) => agent.files.stat(file, options)),
+    remove: (id, file, options = {}) => this.call(id, (agent) => agent.files.remove(file, options)),
+  };
+
+  /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
+  async close(): Promise<void> {
+    if (this.sweeper) clearInterval(this.sweeper);
+    for (const { handle } of this.live.values()) handle.agent.close();
+    this.live.clear();
+  }
+
+  /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
+  async closeAndKill(): Promise<void> {
+    if (this.sweeper) clearInterval(this.sweeper);
+    await this.killAll();
+  }
+
+  // ---- internals ----
+
+  private async call<T>(id: string, fn: (agent: AgentClient) => Promise<T>): Promise<T> {
+    const live = this.liveOrThrow(id);
+    try {
+      return await fn(live.handle.agent);
+    } catch (err) {
+      if (live.killing || !this.live.has(id)) {
+        throw new ForkdError("conflict", `sandbox ${id} was killed while the call was running`, { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  private liveOrThrow(id: string): Live {
+    const row = this.row(id);
+    const live = this.live.get(id);
+    if (live && !live.killing) return live;
+    if (row.status === "dead") throw conflict(`sandbox ${id} is dead: ${row.error ?? "its VM exited"}`);
+    if (row.status === "starting") throw conflict(`sandbox ${id} is still starting`);
+    throw conflict(`sandbox ${id} is being stopped`);
+  }
+
+  private row(id: string): SandboxRow {
+    assertSandboxId(id);
+    const row = this.db.sandbox(id);
+    if (!row) throw notFound(`sandbox ${id} not found`);
+    return row;
+  }
+
+  private usersOf(tag: string): string[] {
+    return this.db
+      .sandboxes()
+      .filter((r) => r.snapshot_tag === tag && r.status !== "dead")
+      .map((r) => r.id);
+  }
+
+  private info(row: SandboxRow): SandboxInfo {
+    return {
+      id: row.id,
+      snapshot_tag: row.snapshot_tag,
+      created_at_unix: row.created_at_unix,
+      pid: row.pid,
+      memory_limit_mib: row.memory_limit_mib,
+      status: row.status,
+      expires_at_unix_ms: row.expires_at_unix_ms,
+      ready_ms: row.ready_ms,
+      accelerator: row.accelerator,
+    };
+  }
+
+  /** Kills the VM (ours or adopted, or a stray found by its run directory) and removes its leftovers. */
+  private async destroy(row: SandboxRow, reason: string): Promise<void> {
+    const live = this.live.get(row.id);
+    if (live) {
+      live.killing = true;
+      this.db.updateSandbox(row.id, { status: "stopping" });
+      await live.handle.destroy();
+      this.live.delete(row.id);
+    } else {
+      for (const pid of await processesMentioning(row.run_dir)) await killAndWait(pid);
+      await rm(row.run_dir, { recursive: true, force: true });
+    }
+    if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    this.log.info({ id: row.id, reason }, "sandbox stopped");
+  }
+
+  private async markDead(row: SandboxRow, error: string): Promise<void> {
+    await this.destroy(row, error);
+    this.db.updateSandbox(row.id, { status: "dead", error, pid: null, cgroup: null });
+  }
+
+  private watchExit(sandbox: Sandbox): void {
+    sandbox.vm.exited.then(async () => {
+      const live = this.live.get(sandbox.id);
+      if (!live || live.killing) return;
+      const row = this.db.sandbox(sandbox.id);
+      if (row) await this.markDead(row, "its VM exited");
+    });
+  }
+
+  private async reconcile(): Promise<void> {
+    for (const row of this.db.sandboxes()) {
+      if (row.status === "dead") continue;
+      const alive =
+        row.pid !== null && row.pid_start_time !== null && (await isOurProcess(row.pid, row.pid_start_time, row.run_dir));
+      if (row.status !== "running" || !alive || row.pid === null) {
+        const why =
+          row.status === "starting" ? "the daemon stopped while it was being spawned" : "its VM was gone after a daemon restart";
+        await this.markDead(row, why);
+        continue;
+      }
+      try {
+        const handle = await AdoptedSandbox.adopt(row.id, row.pid, row.run_dir, {
+          callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator],
+        });
+        this.live.set(row.id, { handle, killing: false });
+        this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
+      } catch (err) {
+        await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
+      }
+    }
+  }
+
+  private async sweep(): Promise<void> {
+    const now = Date.now();
+    for (const row of this.db.sandboxes()) {
+      if (row.status !== "running") continue;
+      if (row.expires_at_unix_ms !== null && row.expires_at_unix_ms <= now) {
+        await this.destroy(row, "lifetime expired");
+        this.db.deleteSandbox(row.id);
+        continue;
+      }
+      const live = this.live.get(row.id);
+      if (live?.handle instanceof AdoptedSandbox && row.pid_start_time !== null) {
+        if ((await processStartTime(live.handle.pid)) !== row.pid_start_time) await this.markDead(row, "its VM exited");
+      }
+    }
+  }
+
+  private memoryCgroupRoot(): Promise<MemoryCgroupRoot | null> {
+    this.cgroupRoot ??= detectMemoryCgroupRoot();
+    return this.cgroupRoot;
+  }
+}
+
+function isIntIn(value: unknown, min: number, max: number): value is number {
+  return typeof value === "number" && Number.isInteger(value) && value >= min && value <= max;
+}
+
+/** Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). */
+export async function openServices(paths: ForkdPaths, options: ManagerOptions = {}) {
+  const db = new StateDb(path.join(paths.home, "state.db"));
+  const sandboxes = await SandboxManager.open(paths, db, options);
+  return {
+    sandboxes,
+    snapshots: sandboxes.snapshots,
+    close: async (opts: { killSandboxes?: boolean } = {}) => {
+      if (opts.killSandboxes) await sandboxes.closeAndKill();
+      else await sandboxes.close();
+      db.close();
+    },
+  };
+}

@@ -1,0 +1,148 @@
+/** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
+import { ForkdError, conflict, errorMessage, notFound } from "../common/errors.js";
+import { assertTag } from "../common/names.js";
+import type { ForkdPaths } from "../common/paths.js";
+import type { StateDb } from "../store/db.js";
+import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
+import { createSnapshot } from "./create-snapshot.js";
+import type { SnapshotInfo, SnapshotService } from "./sandbox-service.js";
+import { snapshotIsBootable } from "./sandbox.js";
+
+export class DaemonSnapshots implements SnapshotService {
+  readonly store: SnapshotStore;
+
+  constructor(
+    private readonly paths: ForkdPaths,
+    private readonly db: StateDb,
+    /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
+    private readonly usersOf: (tag: string) => string[],
+  ) {
+    this.store = new SnapshotStore(paths.snapshots);
+  }
+
+  /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
+  async reconcile(): Promise<void> {
+    for (const job of this.db.snapshotJobs()) {
+      if (job.status === "writing" && job.writer_pid !== process.pid) {
+        this.db.upsertSnapshotJob({ ...job, status: "failed", error: "the daemon stopped while it was being written" });
+      }
+    }
+    await this.store.sweepStale();
+  }
+
+  async list(): Promise<SnapshotInfo[]> {
+    const ready = await Promise.all((await this.store.list()).map((s) => this.describe(s)));
+    const readyTags = new Set(ready.map((s) => s.tag));
+    const jobs = this.db.snapshotJobs().filter((j) => !readyTags.has(j.tag));
+    return [
+      ...ready,
+      ...jobs.map((j): SnapshotInfo => ({
+        tag: j.tag,
+        created_at_unix: j.started_at_unix,
+        status: j.status,
+        bootable: false,
+        template: null,
+        accelerator: null,
+        memory_mib: null,
+        parent_tag: null,
+        bytes: 0,
+        error: j.error,
+      })),
+    ].sort((a, b) => a.tag.localeCompare(b.tag));
+  }
+
+  async get(tag: string): Promise<SnapshotInfo> {
+    assertTag(tag);
+    const found = (await this.list()).find((s) => s.tag === tag);
+    if (!found) throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
+    return found;
+  }
+
+  /** The snapshot to restore children from: not_found if unknown, conflict if not (yet) bootable. */
+  async bootable(tag: string): Promise<StoredSnapshot> {
+    assertTag(tag);
+    const job = this.db.snapshotJob(tag);
+    if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is still being written`);
+    let snapshot: StoredSnapshot;
+    try {
+      snapshot = await this.store.get(tag);
+    } catch (err) {
+      if (job?.status === "failed" && err instanceof ForkdError && err.code === "not_found") {
+        throw conflict(`snapshot ${JSON.stringify(tag)} failed and is not bootable: ${job.error ?? "unknown error"}`);
+      }
+      throw err;
+    }
+    const problem = await snapshotIsBootable(snapshot);
+    if (problem) throw conflict(`snapshot ${JSON.stringify(tag)} is not bootable: ${problem}`);
+    return snapshot;
+  }
+
+  async create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo> {
+    const tag = assertTag(request.tag);
+    if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
+    const claimed = this.db.claimSnapshotJob({
+      tag,
+      status: "writing",
+      kind: "template",
+      started_at_unix: Math.floor(Date.now() / 1000),
+      writer_pid: process.pid,
+      error: null,
+    });
+    if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
+    try {
+      await createSnapshot(this.paths, { tag, template: request.template, signal: request.signal });
+      this.db.deleteSnapshotJob(tag);
+    } catch (err) {
+      // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
+      if (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code)) {
+        this.db.deleteSnapshotJob(tag);
+      } else {
+        this.db.upsertSnapshotJob({
+          tag,
+          status: "failed",
+          kind: "template",
+          started_at_unix: Math.floor(Date.now() / 1000),
+          writer_pid: process.pid,
+          error: errorMessage(err).split("\n")[0] ?? "failed",
+        });
+      }
+      throw err;
+    }
+    return this.get(tag);
+  }
+
+  async delete(tag: string): Promise<void> {
+    assertTag(tag);
+    const users = this.usersOf(tag);
+    if (users.length > 0) {
+      throw conflict(`snapshot ${JSON.stringify(tag)} is mapped by running sandboxes: ${users.join(", ")}`, {
+        sandboxes: users,
+      });
+    }
+    const job = this.db.snapshotJob(tag);
+    if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is being written`);
+    if (job) this.db.deleteSnapshotJob(tag);
+    try {
+      await this.store.delete(tag);
+    } catch (err) {
+      if (job && err instanceof ForkdError && err.code === "not_found") return;
+      throw err;
+    }
+  }
+
+  private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {
+    const problem = await snapshotIsBootable(s);
+    return {
+      tag: s.tag,
+      created_at_unix: s.manifest.createdAtUnix,
+      status: "ready",
+      bootable: problem === null,
+      template: s.manifest.template.name,
+      accelerator: s.manifest.machine.accel,
+      memory_mib: s.manifest.machine.memoryMiB,
+      parent_tag: s.manifest.parent?.tag ?? null,
+      bytes: Object.values(s.manifest.files).reduce((sum, f) => sum + f.size, 0),
+      error: problem,
+    };
+  }
+}

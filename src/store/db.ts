@@ -1,0 +1,155 @@
+/**
+ * The daemon's state in SQLite (WAL): sandboxes and the snapshots being written. Snapshot contents stay on
+ * disk (snapshot-store.ts); the database records what the daemon is doing, so a restart can re-attach to
+ * running VMs or clean up after dead ones.
+ */
+import { mkdirSync } from "node:fs";
+import path from "node:path";
+import Database from "better-sqlite3";
+
+/** Bump when the schema changes; `migrate` brings older databases forward. */
+export const SCHEMA_VERSION = 1;
+
+export interface SandboxRow {
+  id: string;
+  snapshot_tag: string;
+  status: "starting" | "running" | "stopping" | "dead";
+  pid: number | null;
+  /** /proc/<pid>/stat field 22: tells a re-used pid apart from our QEMU after a restart. */
+  pid_start_time: number | null;
+  run_dir: string;
+  accelerator: "kvm" | "tcg";
+  created_at_unix: number;
+  expires_at_unix_ms: number | null;
+  memory_limit_mib: number | null;
+  cgroup: string | null;
+  ready_ms: number | null;
+  error: string | null;
+}
+
+export interface SnapshotJobRow {
+  tag: string;
+  status: "writing" | "failed";
+  kind: string;
+  started_at_unix: number;
+  /** The daemon process writing it; a job whose writer is gone is failed at start-up. */
+  writer_pid: number;
+  error: string | null;
+}
+
+export class StateDb {
+  private readonly db: Database.Database;
+
+  constructor(file: string) {
+    mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
+    this.db = new Database(file);
+    this.db.pragma("journal_mode = WAL");
+    this.db.pragma("synchronous = NORMAL");
+    this.db.pragma("busy_timeout = 5000");
+    this.migrate();
+  }
+
+  private migrate(): void {
+    const version = this.db.pragma("user_version", { simple: true }) as number;
+    if (version > SCHEMA_VERSION) {
+      throw new Error(`state database schema ${version} is newer than this forkd (${SCHEMA_VERSION})`);
+    }
+    if (version < 1) {
+      this.db.exec(`
+        CREATE TABLE sandboxes (
+          id TEXT PRIMARY KEY,
+          snapshot_tag TEXT NOT NULL,
+          status TEXT NOT NULL CHECK (status IN ('starting','running','stopping','dead')),
+          pid INTEGER,
+          pid_start_time INTEGER,
+          run_dir TEXT NOT NULL,
+          accelerator TEXT NOT NULL,
+          created_at_unix INTEGER NOT NULL,
+          expires_at_unix_ms INTEGER,
+          memory_limit_mib INTEGER,
+          cgroup TEXT,
+          ready_ms REAL,
+          error TEXT
+        );
+        CREATE INDEX sandboxes_by_tag ON sandboxes (snapshot_tag);
+        CREATE TABLE snapshot_jobs (
+          tag TEXT PRIMARY KEY,
+          status TEXT NOT NULL CHECK (status IN ('writing','failed')),
+          kind TEXT NOT NULL,
+          started_at_unix INTEGER NOT NULL,
+          writer_pid INTEGER NOT NULL,
+          error TEXT
+        );
+      `);
+      this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
+    }
+  }
+
+  insertSandbox(row: SandboxRow): void {
+    this.db
+      .prepare(
+        `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
+           expires_at_unix_ms, memory_limit_mib, cgroup, ready_ms, error)
+         VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
+           @expires_at_unix_ms, @memory_limit_mib, @cgroup, @ready_ms, @error)`,
+      )
+      .run(row);
+  }
+
+  updateSandbox(id: string, fields: Partial<Omit<SandboxRow, "id">>): void {
+    const keys = Object.keys(fields);
+    if (keys.length === 0) return;
+    const assignments = keys.map((k) => `${k} = @${k}`).join(", ");
+    this.db.prepare(`UPDATE sandboxes SET ${assignments} WHERE id = @id`).run({ ...fields, id });
+  }
+
+  deleteSandbox(id: string): void {
+    this.db.prepare("DELETE FROM sandboxes WHERE id = ?").run(id);
+  }
+
+  sandboxes(): SandboxRow[] {
+    return this.db.prepare("SELECT * FROM sandboxes ORDER BY created_at_unix, id").all() as SandboxRow[];
+  }
+
+  sandbox(id: string): SandboxRow | undefined {
+    return this.db.prepare("SELECT * FROM sandboxes WHERE id = ?").get(id) as SandboxRow | undefined;
+  }
+
+  upsertSnapshotJob(row: SnapshotJobRow): void {
+    this.db
+      .prepare(
+        `INSERT INTO snapshot_jobs (tag, status, kind, started_at_unix, writer_pid, error)
+         VALUES (@tag, @status, @kind, @started_at_unix, @writer_pid, @error)
+         ON CONFLICT(tag) DO UPDATE SET status = excluded.status, kind = excluded.kind,
+           started_at_unix = excluded.started_at_unix, writer_pid = excluded.writer_pid, error = excluded.error`,
+      )
+      .run(row);
+  }
+
+  /** Inserts a "writing" job unless one exists for the tag; false when the tag is already being written. */
+  claimSnapshotJob(row: SnapshotJobRow): boolean {
+    const tx = this.db.transaction(() => {
+      const existing = this.snapshotJob(row.tag);
+      if (existing?.status === "writing") return false;
+      this.upsertSnapshotJob(row);
+      return true;
+    });
+    return tx();
+  }
+
+  deleteSnapshotJob(tag: string): void {
+    this.db.prepare("DELETE FROM snapshot_jobs WHERE tag = ?").run(tag);
+  }
+
+  snapshotJob(tag: string): SnapshotJobRow | undefined {
+    return this.db.prepare("SELECT * FROM snapshot_jobs WHERE tag = ?").get(tag) as SnapshotJobRow | undefined;
+  }
+
+  snapshotJobs(): SnapshotJobRow[] {
+    return this.db.prepare("SELECT * FROM snapshot_jobs ORDER BY tag").all() as SnapshotJobRow[];
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}
