@@ -41,9 +41,9 @@ async function readBootCache(dir: string, key: string): Promise<BootManifest | u
     if (manifest.key !== key || !Array.isArray(manifest.modules) || typeof manifest.release !== "string") {
       return undefined;
     }
+    // The files are small (~15 MB together): check their content, not just their size.
     for (const name of BOOT_FILES) {
-      const st = await fs.stat(path.join(dir, name));
-      if (st.size !== manifest.files?.[name]?.size) return undefined;
+      if ((await sha256File(path.join(dir, name))) !== manifest.files?.[name]?.sha256) return undefined;
     }
     return manifest;
   } catch {

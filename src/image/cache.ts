@@ -169,6 +169,23 @@ export async function sweepStaleStaging(cacheDir: string): Promise<string[]> {
   return removed;
 }
 
+async function fsyncPath(file: string): Promise<void> {
+  const handle = await fs.open(file, "r");
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/** Flushes every file of `dir` and `dir` itself, so a rename after this never publishes unwritten data. */
+async function syncDir(dir: string): Promise<void> {
+  for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
+    if (entry.isFile()) await fsyncPath(path.join(dir, entry.name));
+  }
+  await fsyncPath(dir);
+}
+
 export type PublishResult = "published" | "lost-race";
 
 /**
@@ -183,8 +200,10 @@ export async function publish(
   force: boolean,
 ): Promise<PublishResult> {
   const target = path.join(cacheDir, hash);
+  await syncDir(staging.out);
   try {
     await fs.rename(staging.out, target);
+    await fsyncPath(cacheDir);
     return "published";
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
@@ -198,6 +217,7 @@ export async function publish(
   }
   try {
     await fs.rename(staging.out, target);
+    await fsyncPath(cacheDir);
     return "published";
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
