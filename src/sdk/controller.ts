@@ -1,0 +1,421 @@
+/**
+ * Controller: the daemon's REST API as methods, with forkd v0.5's method set and option names (camelCase in,
+ * the wire's JSON documents out). The Sandbox class builds on it. Every method takes per-call options
+ * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
+ */
+import { CallScope } from "./call-scope.js";
+import { InvalidArgumentError } from "./errors.js";
+import { type ExecEvent, execEvents } from "./exec-stream.js";
+import {
+  type ConnectionOptions,
+  checkDurationMs,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  type RequestOptions,
+  type ResolvedSettings,
+  resolveSettings,
+} from "./settings.js";
+import { exchange, type HttpRequest, isDaemonReachable, openStream, pathOf } from "./transport.js";
+import type {
+  EvalResult,
+  ExecResult,
+  FileInfo,
+  FileListing,
+  PingResult,
+  SandboxInfo,
+  SnapshotInfo,
+  VersionInfo,
+} from "./wire.js";
+
+/** Building an image, booting and warming a parent takes minutes under TCG. */
+export const DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS = 30 * 60_000;
+/** Network allowance on top of a command's own timeout, for calls that wait for guest work. */
+const GUEST_WORK_GRACE_MS = 10_000;
+
+export interface SpawnOptions extends RequestOptions {
+  snapshotTag: string;
+  /** How many children (1..1000). @default 1 */
+  n?: number;
+  memoryLimitMib?: number;
+  /** Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's (5 minutes) */
+  timeoutMs?: number;
+  /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
+  perChildNetns?: boolean;
+  prewarm?: boolean;
+  liveFork?: boolean;
+  hugepages?: boolean;
+}
+
+export interface ExecCommandOptions extends RequestOptions {
+  /** Kill the command after this many ms; 0 = no limit. @default 60_000 */
+  timeoutMs?: number;
+  /** forkd v0.5 spelling of the command timeout, in seconds; `timeoutMs` wins if both are given. */
+  timeoutSecs?: number;
+  envs?: Record<string, string>;
+  /** Absolute working directory in the guest. */
+  cwd?: string;
+  stdin?: string | Uint8Array;
+}
+
+export interface EvalCodeOptions extends RequestOptions {
+  /** Kill the evaluation after this many ms; 0 = no limit. @default 60_000 */
+  timeoutMs?: number;
+}
+
+export interface BranchOptions extends RequestOptions {
+  tag?: string;
+  mode?: "full" | "diff" | "live";
+  /** Wait until the snapshot is ready (live mode may return while it is still `writing`). @default true */
+  wait?: boolean;
+  /** forkd v0.5 forms of `mode`. */
+  diff?: boolean;
+  live?: boolean;
+  measureDiff?: boolean;
+}
+
+export interface CreateSnapshotOptions extends RequestOptions {
+  tag: string;
+  /** Template name (templates/<name>.toml on the daemon's host). */
+  template: string;
+  /**
+   * Longest wait for the build, boot and warm-up in ms; 0 = no limit. Replaces `requestTimeoutMs` for this call.
+   * @default 1_800_000 (30 minutes)
+   */
+  timeoutMs?: number;
+}
+
+export interface ReadFileOptions extends RequestOptions {
+  /** Refuse files larger than this many bytes. */
+  maxBytes?: number;
+}
+
+export interface WriteFileOptions extends RequestOptions {
+  /** Permission bits of a new file, e.g. 0o755. */
+  mode?: number;
+}
+
+export class Controller {
+  readonly options: ConnectionOptions;
+
+  constructor(options: ConnectionOptions = {}) {
+    this.options = { ...options };
+    // Resolve once now so a bad FORKD_URL or token fails at construction, not at the first call.
+    resolveSettings(this.options);
+  }
+
+  /** The settings one call would use (per call → client → environment → default). */
+  settings(call: RequestOptions = {}): ResolvedSettings {
+    return resolveSettings(this.options, call);
+  }
+
+  // --- daemon ------------------------------------------------------------------------------------------
+
+  /** true if the daemon answers GET /healthz; never throws. */
+  async isReachable(call: RequestOptions = {}): Promise<boolean> {
+    return isDaemonReachable(this.settings(call));
+  }
+
+  async version(call: RequestOptions = {}): Promise<VersionInfo> {
+    return this.json<VersionInfo>({ method: "GET", path: "/version" }, call);
+  }
+
+  // --- snapshots ---------------------------------------------------------------------------------------
+
+  async listSnapshots(call: RequestOptions = {}): Promise<SnapshotInfo[]> {
+    return this.json<SnapshotInfo[]>({ method: "GET", path: "/v1/snapshots" }, call);
+  }
+
+  async getSnapshot(tag: string, call: RequestOptions = {}): Promise<SnapshotInfo> {
+    return this.json<SnapshotInfo>(
+      { method: "GET", path: pathOf`/v1/snapshots/${required(tag, "tag")}/info` },
+      call,
+    );
+  }
+
+  /** Builds the template's image if needed, boots, warms and snapshots a parent; resolves when it is ready. */
+  async createSnapshot(options: CreateSnapshotOptions): Promise<SnapshotInfo> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    return this.json<SnapshotInfo>(
+      {
+        method: "POST",
+        path: "/v1/snapshots",
+        json: { tag: required(options.tag, "tag"), template: required(options.template, "template") },
+        deadlineMs: timeoutMs,
+        deadlineSetting: "timeoutMs",
+      },
+      options,
+    );
+  }
+
+  async deleteSnapshot(tag: string, call: RequestOptions = {}): Promise<void> {
+    await this.send({ method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}` }, call);
+  }
+
+  // --- sandboxes ---------------------------------------------------------------------------------------
+
+  /** Forks `n` children of a snapshot. */
+  async spawnSandboxes(options: SpawnOptions): Promise<SandboxInfo[]> {
+    const body: Record<string, unknown> = {
+      snapshot_tag: required(options.snapshotTag, "snapshotTag"),
+      n: options.n ?? 1,
+    };
+    if (options.memoryLimitMib !== undefined) body.memory_limit_mib = options.memoryLimitMib;
+    if (options.timeoutMs !== undefined) {
+      checkDurationMs(options.timeoutMs, "timeoutMs");
+      body.timeout_ms = options.timeoutMs;
+    }
+    if (options.perChildNetns !== undefined) body.per_child_netns = options.perChildNetns;
+    if (options.prewarm !== undefined) body.prewarm = options.prewarm;
+    if (options.liveFork !== undefined) body.live_fork = options.liveFork;
+    if (options.hugepages !== undefined) body.hugepages = options.hugepages;
+    return this.json<SandboxInfo[]>({ method: "POST", path: "/v1/sandboxes", json: body }, options);
+  }
+
+  async listSandboxes(options: RequestOptions & { snapshotTag?: string } = {}): Promise<SandboxInfo[]> {
+    const query = options.snapshotTag === undefined ? undefined : { snapshot_tag: options.snapshotTag };
+    return this.json<SandboxInfo[]>({ method: "GET", path: "/v1/sandboxes", query }, options);
+  }
+
+  async getSandbox(id: string, call: RequestOptions = {}): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>({ method: "GET", path: pathOf`/v1/sandboxes/${required(id, "id")}` }, call);
+  }
+
+  /** Kills the sandbox and frees its resources; NotFoundError if the daemon does not know it. */
+  async killSandbox(id: string, call: RequestOptions = {}): Promise<void> {
+    await this.send({ method: "DELETE", path: pathOf`/v1/sandboxes/${required(id, "id")}` }, call);
+  }
+
+  /** Sets the sandbox's remaining lifetime to `timeoutMs` from now (0 = no limit). */
+  async setSandboxTimeout(id: string, timeoutMs: number, call: RequestOptions = {}): Promise<SandboxInfo> {
+    checkDurationMs(timeoutMs, "timeoutMs");
+    return this.json<SandboxInfo>(
+      {
+        method: "POST",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/timeout`,
+        json: { timeout_ms: timeoutMs },
+      },
+      call,
+    );
+  }
+
+  async pingSandbox(id: string, call: RequestOptions = {}): Promise<PingResult> {
+    return this.json<PingResult>(
+      { method: "POST", path: pathOf`/v1/sandboxes/${required(id, "id")}/ping` },
+      call,
+    );
+  }
+
+  /** Runs `args` (no shell) and returns its whole output once it exits. For streamed output use `execStream`. */
+  async execCommand(id: string, args: string[], options: ExecCommandOptions = {}): Promise<ExecResult> {
+    const timeoutMs = commandTimeoutMs(options);
+    return this.json<ExecResult>(
+      {
+        method: "POST",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/exec`,
+        json: execBody(args, options, timeoutMs),
+        ...this.guestWorkDeadline(timeoutMs, options),
+      },
+      options,
+    );
+  }
+
+  /**
+   * Runs `args` (no shell) and yields its output as it happens, then its exit (`type: "exit"`). The request
+   * timeout bounds the wait for the daemon to start the command; `timeoutMs` bounds the command.
+   * Breaking out of the loop or aborting `signal` cancels the command.
+   */
+  async *execStream(id: string, args: string[], options: ExecCommandOptions = {}): AsyncGenerator<ExecEvent> {
+    const timeoutMs = commandTimeoutMs(options);
+    const settings = this.settings(options);
+    const request: HttpRequest = {
+      method: "POST",
+      path: pathOf`/v1/sandboxes/${required(id, "id")}/exec/stream`,
+      json: execBody(args, options, timeoutMs),
+      accept: "application/x-ndjson, text/event-stream",
+    };
+    const scope = new CallScope(options.signal);
+    try {
+      const stopHandshakeDeadline = scope.deadline(
+        settings.requestTimeoutMs,
+        "requestTimeoutMs",
+        `starting ${args[0]}`,
+      );
+      const response = await openStream(settings, request, scope);
+      stopHandshakeDeadline();
+      // The daemon kills the command at timeoutMs and reports it; this backstop catches a daemon that never does.
+      if (timeoutMs !== 0) scope.deadline(timeoutMs + GUEST_WORK_GRACE_MS, "timeoutMs", `command ${args[0]}`);
+      yield* execEvents(response, settings, request, scope);
+    } finally {
+      scope.abort();
+      scope.dispose();
+    }
+  }
+
+  /** Evaluates Python in the sandbox's warm interpreter. */
+  async evalCode(id: string, code: string, options: EvalCodeOptions = {}): Promise<EvalResult> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    if (typeof code !== "string") throw new InvalidArgumentError("code must be a string of Python source");
+    return this.json<EvalResult>(
+      {
+        method: "POST",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/eval`,
+        json: { code, timeout_ms: timeoutMs },
+        ...this.guestWorkDeadline(timeoutMs, options),
+      },
+      options,
+    );
+  }
+
+  /** Snapshots a running sandbox into a new snapshot it keeps running past (issue 4; 501 until implemented). */
+  async branchSandbox(id: string, options: BranchOptions = {}): Promise<SnapshotInfo> {
+    const body: Record<string, unknown> = {};
+    if (options.tag !== undefined) body.tag = options.tag;
+    if (options.mode !== undefined) body.mode = options.mode;
+    if (options.wait !== undefined) body.wait = options.wait;
+    if (options.diff !== undefined) body.diff = options.diff;
+    if (options.live !== undefined) body.live = options.live;
+    if (options.measureDiff !== undefined) body.measure_diff = options.measureDiff;
+    return this.json<SnapshotInfo>(
+      { method: "POST", path: pathOf`/v1/sandboxes/${required(id, "id")}/branch`, json: body },
+      options,
+    );
+  }
+
+  // --- files -------------------------------------------------------------------------------------------
+
+  async writeFile(
+    id: string,
+    path: string,
+    data: Uint8Array | string,
+    options: WriteFileOptions = {},
+  ): Promise<{ bytes: number }> {
+    const query: Record<string, string | number> = { path: required(path, "path") };
+    if (options.mode !== undefined) query.mode = options.mode.toString(8);
+    const answer = await this.json<{ bytes?: number } | null>(
+      { method: "PUT", path: pathOf`/v1/sandboxes/${required(id, "id")}/files`, query, body: data },
+      options,
+    );
+    return { bytes: answer?.bytes ?? (typeof data === "string" ? Buffer.byteLength(data) : data.byteLength) };
+  }
+
+  async readFile(id: string, path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    const query: Record<string, string | number> = { path: required(path, "path") };
+    if (options.maxBytes !== undefined) query.max_bytes = options.maxBytes;
+    const response = await this.send(
+      {
+        method: "GET",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/files`,
+        query,
+        accept: "application/octet-stream",
+      },
+      options,
+    );
+    return response.body;
+  }
+
+  async listFiles(id: string, path: string, call: RequestOptions = {}): Promise<FileListing> {
+    return this.json<FileListing>(
+      {
+        method: "GET",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/files/list`,
+        query: { path: required(path, "path") },
+      },
+      call,
+    );
+  }
+
+  async statFile(id: string, path: string, call: RequestOptions = {}): Promise<FileInfo> {
+    return this.json<FileInfo>(
+      {
+        method: "GET",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/files/stat`,
+        query: { path: required(path, "path") },
+      },
+      call,
+    );
+  }
+
+  async removeFile(
+    id: string,
+    path: string,
+    options: RequestOptions & { recursive?: boolean } = {},
+  ): Promise<void> {
+    const query: Record<string, string | boolean> = { path: required(path, "path") };
+    if (options.recursive) query.recursive = true;
+    await this.send(
+      { method: "DELETE", path: pathOf`/v1/sandboxes/${required(id, "id")}/files`, query },
+      options,
+    );
+  }
+
+  // --- plumbing ----------------------------------------------------------------------------------------
+
+  /** Sends a request and returns the buffered answer. */
+  async send(request: HttpRequest, call: RequestOptions = {}) {
+    const settings = this.settings(call);
+    const scope = new CallScope(call.signal);
+    try {
+      return await exchange(settings, request, scope);
+    } finally {
+      scope.dispose();
+    }
+  }
+
+  /** Sends a request and parses its JSON answer (null for an empty body, e.g. 204). */
+  async json<T>(request: HttpRequest, call: RequestOptions = {}): Promise<T> {
+    const response = await this.send(request, call);
+    if (response.body.length === 0) return null as T;
+    try {
+      return JSON.parse(response.body.toString("utf8")) as T;
+    } catch {
+      throw new InvalidArgumentError(
+        `the daemon answered ${request.method} ${request.path} with a body that is not JSON (is FORKD_URL pointing at forkd?)`,
+      );
+    }
+  }
+
+  /** A call that waits on guest work gets the work's timeout plus the request timeout as its deadline. */
+  private guestWorkDeadline(
+    timeoutMs: number,
+    call: RequestOptions,
+  ): Pick<HttpRequest, "deadlineMs" | "deadlineSetting"> {
+    const requestTimeoutMs = this.settings(call).requestTimeoutMs;
+    if (timeoutMs === 0 || requestTimeoutMs === 0) return { deadlineMs: 0 };
+    return { deadlineMs: timeoutMs + requestTimeoutMs, deadlineSetting: "timeoutMs" };
+  }
+}
+
+function commandTimeoutMs(options: ExecCommandOptions): number {
+  const timeoutMs =
+    options.timeoutMs ??
+    (options.timeoutSecs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : options.timeoutSecs * 1000);
+  checkDurationMs(
+    timeoutMs,
+    options.timeoutMs === undefined && options.timeoutSecs !== undefined ? "timeoutSecs*1000" : "timeoutMs",
+  );
+  return timeoutMs;
+}
+
+function execBody(args: string[], options: ExecCommandOptions, timeoutMs: number): Record<string, unknown> {
+  if (!Array.isArray(args) || args.length === 0 || args.some((a) => typeof a !== "string")) {
+    throw new InvalidArgumentError(
+      "args must be a non-empty array of strings (the program and its arguments)",
+    );
+  }
+  const body: Record<string, unknown> = { args, timeout_ms: timeoutMs };
+  if (options.envs !== undefined) body.env = options.envs;
+  if (options.cwd !== undefined) body.cwd = options.cwd;
+  if (options.stdin !== undefined) {
+    body.stdin_base64 = Buffer.from(
+      typeof options.stdin === "string" ? Buffer.from(options.stdin) : options.stdin,
+    ).toString("base64");
+  }
+  return body;
+}
+
+function required(value: string, name: string): string {
+  if (typeof value !== "string" || value === "")
+    throw new InvalidArgumentError(`${name} must be a non-empty string`);
+  return value;
+}
