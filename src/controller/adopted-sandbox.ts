@@ -26,7 +26,12 @@ export class AdoptedSandbox implements SandboxHandle {
     private readonly qmp: QmpClient,
   ) {}
 
-  static async adopt(id: string, pid: number, runDir: string, options: { callTimeoutMs: number }): Promise<AdoptedSandbox> {
+  static async adopt(
+    id: string,
+    pid: number,
+    runDir: string,
+    options: { callTimeoutMs: number },
+  ): Promise<AdoptedSandbox> {
     const signal = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {

@@ -34,7 +34,8 @@ export async function processesMentioning(needle: string): Promise<number[]> {
     const pid = Number(entry);
     if (pid === process.pid) continue;
     const cmdline = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
-    if (cmdline.replaceAll("\0", " ").includes(needle) && (await processStartTime(pid)) !== null) found.push(pid);
+    if (cmdline.replaceAll("\0", " ").includes(needle) && (await processStartTime(pid)) !== null)
+      found.push(pid);
   }
   return found;
 }

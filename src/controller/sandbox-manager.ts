@@ -3,22 +3,27 @@
  * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
  * daemon) and cleans up after dead ones.
  */
-import { rm } from "node:fs/promises";
+import { readdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
-import { ForkdError, conflict, errorMessage, invalidArgument, notFound } from "../common/errors.js";
+import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertSandboxId, assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { detectMemoryCgroupRoot, limitMemory, type MemoryCgroupRoot, removeCgroup } from "../isolation/cgroup.js";
+import {
+  detectMemoryCgroupRoot,
+  limitMemory,
+  type MemoryCgroupRoot,
+  removeCgroup,
+} from "../isolation/cgroup.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
-import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
+import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
-import type { SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
 import { CHILD_READY_TIMEOUT_MS, prepareOverlayTemplate, Sandbox, type SandboxHandle } from "./sandbox.js";
+import type { SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 
 /** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
@@ -87,7 +92,9 @@ export class SandboxManager implements SandboxService {
     const n = validateChildCount(request.n);
     const memoryLimit = request.memoryLimitMiB ?? null;
     if (memoryLimit !== null && !isIntIn(memoryLimit, MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB)) {
-      throw invalidArgument(`memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`);
+      throw invalidArgument(
+        `memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`,
+      );
     }
     const timeoutMs = request.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
@@ -96,7 +103,10 @@ export class SandboxManager implements SandboxService {
     const snapshot = await this.snapshots.bootable(tag);
     const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
     if (memoryLimit !== null && cgroupRoot === null) {
-      throw new ForkdError("not_implemented", "memory_limit_mib needs a cgroup memory controller, and this host has none");
+      throw new ForkdError(
+        "not_implemented",
+        "memory_limit_mib needs a cgroup memory controller, and this host has none",
+      );
     }
     await admitSpawn(this.limits, { alive: this.live.size, spawning: this.spawning, requested: n });
     this.spawning++;
@@ -239,7 +249,8 @@ export class SandboxManager implements SandboxService {
   }
 
   exec(id: string, argv: string[], options: ExecOptions = {}) {
-    if (!Array.isArray(argv) || argv.length === 0) throw invalidArgument("args must be a non-empty array of strings");
+    if (!Array.isArray(argv) || argv.length === 0)
+      throw invalidArgument("args must be a non-empty array of strings");
     return this.call(id, (agent) => agent.exec(argv, options));
   }
 
@@ -276,7 +287,9 @@ export class SandboxManager implements SandboxService {
       return await fn(live.handle.agent);
     } catch (err) {
       if (live.killing || !this.live.has(id)) {
-        throw new ForkdError("conflict", `sandbox ${id} was killed while the call was running`, { cause: err });
+        throw new ForkdError("conflict", `sandbox ${id} was killed while the call was running`, {
+          cause: err,
+        });
       }
       throw err;
     }
@@ -350,13 +363,18 @@ export class SandboxManager implements SandboxService {
   }
 
   private async reconcile(): Promise<void> {
+    await this.sweepRunDir();
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
       const alive =
-        row.pid !== null && row.pid_start_time !== null && (await isOurProcess(row.pid, row.pid_start_time, row.run_dir));
+        row.pid !== null &&
+        row.pid_start_time !== null &&
+        (await isOurProcess(row.pid, row.pid_start_time, row.run_dir));
       if (row.status !== "running" || !alive || row.pid === null) {
         const why =
-          row.status === "starting" ? "the daemon stopped while it was being spawned" : "its VM was gone after a daemon restart";
+          row.status === "starting"
+            ? "the daemon stopped while it was being spawned"
+            : "its VM was gone after a daemon restart";
         await this.markDead(row, why);
         continue;
       }
@@ -372,6 +390,27 @@ export class SandboxManager implements SandboxService {
     }
   }
 
+  /**
+   * Removes what dead processes left in the run directory: overlay templates of spawns that never finished,
+   * and directories of VMs no record knows about (their processes are killed first).
+   */
+  private async sweepRunDir(): Promise<void> {
+    const known = new Set(this.db.sandboxes().map((r) => path.basename(r.run_dir)));
+    for (const name of await readdir(this.paths.run).catch(() => [] as string[])) {
+      const overlayPid = /^\.overlay-.*-(\d+)-[0-9a-f]+\.qcow2$/.exec(name)?.[1];
+      if (overlayPid !== undefined) {
+        if ((await processStartTime(Number(overlayPid))) === null)
+          await rm(path.join(this.paths.run, name), { force: true });
+        continue;
+      }
+      if (known.has(name) || name.startsWith(".")) continue;
+      const dir = path.join(this.paths.run, name);
+      // A parent being snapshotted by a CLI process also lives here; leave directories whose VM still runs.
+      if ((await processesMentioning(dir)).length > 0) continue;
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
   private async sweep(): Promise<void> {
     const now = Date.now();
     for (const row of this.db.sandboxes()) {
@@ -383,7 +422,8 @@ export class SandboxManager implements SandboxService {
       }
       const live = this.live.get(row.id);
       if (live?.handle instanceof AdoptedSandbox && row.pid_start_time !== null) {
-        if ((await processStartTime(live.handle.pid)) !== row.pid_start_time) await this.markDead(row, "its VM exited");
+        if ((await processStartTime(live.handle.pid)) !== row.pid_start_time)
+          await this.markDead(row, "its VM exited");
       }
     }
   }

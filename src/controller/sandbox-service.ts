@@ -50,10 +50,23 @@ export interface SandboxService {
   setTimeout(id: string, timeoutMs: number): SandboxInfo;
   ping(id: string, options?: { signal?: AbortSignal }): Promise<PingInfo>;
   exec(id: string, argv: string[], options?: ExecOptions): Promise<ExecOutcome>;
-  eval(id: string, code: string, options?: { timeoutMs?: number; signal?: AbortSignal }): Promise<EvalOutcome>;
+  eval(
+    id: string,
+    code: string,
+    options?: { timeoutMs?: number; signal?: AbortSignal },
+  ): Promise<EvalOutcome>;
   files: {
-    write(id: string, path: string, data: Buffer, options?: { mode?: number; signal?: AbortSignal }): Promise<{ bytes: number }>;
-    read(id: string, path: string, options?: { maxBytes?: number; signal?: AbortSignal }): Promise<FileContent>;
+    write(
+      id: string,
+      path: string,
+      data: Buffer,
+      options?: { mode?: number; signal?: AbortSignal },
+    ): Promise<{ bytes: number }>;
+    read(
+      id: string,
+      path: string,
+      options?: { maxBytes?: number; signal?: AbortSignal },
+    ): Promise<FileContent>;
     list(id: string, path: string, options?: { signal?: AbortSignal }): Promise<FileListing>;
     stat(id: string, path: string, options?: { signal?: AbortSignal }): Promise<FileInfo>;
     remove(id: string, path: string, options?: { recursive?: boolean; signal?: AbortSignal }): Promise<void>;

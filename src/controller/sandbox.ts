@@ -186,7 +186,14 @@ export async function prepareOverlayTemplate(paths: ForkdPaths, snapshot: Stored
   const problem = await snapshotIsBootable(snapshot);
   if (problem) throw new ForkdError("conflict", `snapshot ${snapshot.tag} is not bootable: ${problem}`);
   await mkdir(paths.run, { recursive: true, mode: 0o700 });
-  const overlay = path.join(paths.run, `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`);
-  await createOverlay({ backing: path.join(snapshot.dir, SNAPSHOT_FILES.disk), backingFormat: "qcow2", overlay });
+  const overlay = path.join(
+    paths.run,
+    `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+  );
+  await createOverlay({
+    backing: path.join(snapshot.dir, SNAPSHOT_FILES.disk),
+    backingFormat: "qcow2",
+    overlay,
+  });
   return overlay;
 }

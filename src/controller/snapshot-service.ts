@@ -1,12 +1,12 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
-import { ForkdError, conflict, errorMessage, notFound } from "../common/errors.js";
+import { conflict, errorMessage, ForkdError, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import type { StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { createSnapshot } from "./create-snapshot.js";
-import type { SnapshotInfo, SnapshotService } from "./sandbox-service.js";
 import { snapshotIsBootable } from "./sandbox.js";
+import type { SnapshotInfo, SnapshotService } from "./sandbox-service.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
@@ -24,7 +24,11 @@ export class DaemonSnapshots implements SnapshotService {
   async reconcile(): Promise<void> {
     for (const job of this.db.snapshotJobs()) {
       if (job.status === "writing" && job.writer_pid !== process.pid) {
-        this.db.upsertSnapshotJob({ ...job, status: "failed", error: "the daemon stopped while it was being written" });
+        this.db.upsertSnapshotJob({
+          ...job,
+          status: "failed",
+          error: "the daemon stopped while it was being written",
+        });
       }
     }
     await this.store.sweepStale();
@@ -36,18 +40,20 @@ export class DaemonSnapshots implements SnapshotService {
     const jobs = this.db.snapshotJobs().filter((j) => !readyTags.has(j.tag));
     return [
       ...ready,
-      ...jobs.map((j): SnapshotInfo => ({
-        tag: j.tag,
-        created_at_unix: j.started_at_unix,
-        status: j.status,
-        bootable: false,
-        template: null,
-        accelerator: null,
-        memory_mib: null,
-        parent_tag: null,
-        bytes: 0,
-        error: j.error,
-      })),
+      ...jobs.map(
+        (j): SnapshotInfo => ({
+          tag: j.tag,
+          created_at_unix: j.started_at_unix,
+          status: j.status,
+          bootable: false,
+          template: null,
+          accelerator: null,
+          memory_mib: null,
+          parent_tag: null,
+          bytes: 0,
+          error: j.error,
+        }),
+      ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
   }
 
@@ -68,7 +74,9 @@ export class DaemonSnapshots implements SnapshotService {
       snapshot = await this.store.get(tag);
     } catch (err) {
       if (job?.status === "failed" && err instanceof ForkdError && err.code === "not_found") {
-        throw conflict(`snapshot ${JSON.stringify(tag)} failed and is not bootable: ${job.error ?? "unknown error"}`);
+        throw conflict(
+          `snapshot ${JSON.stringify(tag)} failed and is not bootable: ${job.error ?? "unknown error"}`,
+        );
       }
       throw err;
     }

@@ -16,7 +16,11 @@ import { SnapshotStore } from "../../src/store/snapshot-store.js";
 const SHARED_ROOT = process.env.FORKD_TEST_SNAPSHOTS ?? "/var/tmp/forkd-test-snapshots";
 
 /** Puts a ready snapshot of `template` at `<home>/snapshots/<tag>` and returns the tag. */
-export async function linkSharedSnapshot(homeDir: string, template: string, tag = `shared-${template}`): Promise<string> {
+export async function linkSharedSnapshot(
+  homeDir: string,
+  template: string,
+  tag = `shared-${template}`,
+): Promise<string> {
   const image = await buildImage(await loadTemplate(template), {});
   const key = createHash("sha256")
     .update(JSON.stringify([image.hash, GUEST_RUNTIME_CMDLINE, MANIFEST_FORMAT, tag]))
