@@ -6,7 +6,9 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 const benchDir = fileURLToPath(new URL("../dist/bench/", import.meta.url));
 const name = process.argv[2];
 const available = existsSync(benchDir)
-  ? readdirSync(benchDir).filter((f) => f.endsWith(".js") && !f.startsWith("lib")).map((f) => f.slice(0, -3))
+  ? readdirSync(benchDir)
+      .filter((f) => f.endsWith(".js") && !f.startsWith("lib"))
+      .map((f) => f.slice(0, -3))
   : [];
 if (!name || !available.includes(name)) {
   console.error(`usage: npm run bench -- <${available.join("|") || "name"}> (run npm run build first)`);
