@@ -1,0 +1,205 @@
+/**
+ * Builds the REST API as a Fastify instance over the daemon's services. One instance per listener (Unix socket,
+ * TCP): they share services, metrics and the audit log and differ only in how a caller is identified and whether
+ * a bearer token is required. The HTTP layer never touches VM state itself; every route calls a service.
+ */
+import { randomUUID } from "node:crypto";
+import type { IncomingMessage } from "node:http";
+import type { Socket } from "node:net";
+import swagger from "@fastify/swagger";
+import type { TSchema } from "@sinclair/typebox";
+import Fastify, { type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from "fastify";
+import type { Logger } from "pino";
+import { FORKD_VERSION } from "../common/version.js";
+import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import type { AuditLog } from "./audit.js";
+import { authenticate, type Token } from "./auth.js";
+import { errorHandler, notFoundHandler, toHttpError } from "./errors.js";
+import { createMetrics, type DaemonMetrics } from "./metrics.js";
+import { peerCredentials } from "./peer-cred.js";
+import { registerExecStreamRoute } from "./routes/exec-stream.js";
+import { registerFileRoutes } from "./routes/files.js";
+import { registerSandboxRoutes } from "./routes/sandboxes.js";
+import { registerSnapshotRoutes } from "./routes/snapshots.js";
+import { registerStatusRoutes } from "./routes/status.js";
+import { typeboxValidatorCompiler } from "./validation.js";
+
+/**
+ * JSON bodies: eval code (up to 1 MiB of characters) is the largest legitimate one. Larger stdin goes through
+ * exec/stream, larger files through the files route (its own limit).
+ */
+export const MAX_JSON_BODY_BYTES = 2 * 1024 * 1024;
+
+export interface DaemonServices {
+  sandboxes: SandboxService;
+  snapshots: SnapshotService;
+}
+
+export interface ApiOptions {
+  services: DaemonServices;
+  /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
+  snapshotsDir: string;
+  /** "unix": caller = peer uid, no token; "tcp": tokens required when configured; "inject": tests, docs. */
+  transport: "unix" | "tcp" | "inject";
+  /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
+  tokens?: readonly Token[];
+  metrics?: DaemonMetrics;
+  audit?: AuditLog;
+  logger?: Logger;
+  https?: { key: Buffer; cert: Buffer };
+}
+
+export interface ApiContext {
+  services: DaemonServices;
+  snapshotsDir: string;
+  metrics: DaemonMetrics;
+}
+
+declare module "fastify" {
+  interface FastifyRequest {
+    /** Who made the request, for the audit log. */
+    caller: string;
+    /** Sandbox ids / snapshot tags the request touched beyond its path parameters (e.g. spawned ids). */
+    auditIds: string[];
+  }
+}
+
+const REQUEST_ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
+const MUTATING_METHODS = new Set(["POST", "PUT", "DELETE", "PATCH"]);
+
+export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
+  const fastifyOptions: FastifyServerOptions & { https?: { key: Buffer; cert: Buffer } } = {
+    bodyLimit: MAX_JSON_BODY_BYTES,
+    genReqId: (req: IncomingMessage) => {
+      const header = req.headers["x-request-id"];
+      return typeof header === "string" && REQUEST_ID_PATTERN.test(header) ? header : randomUUID();
+    },
+    return503OnClosing: true,
+    forceCloseConnections: "idle",
+    // Idle keep-alive sockets would otherwise pin a client's connection slot for 72 s.
+    keepAliveTimeout: 5_000,
+    routerOptions: { ignoreTrailingSlash: true },
+    ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
+  };
+  if (options.https) fastifyOptions.https = options.https;
+  const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
+
+  const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
+  const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
+
+  app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
+  app.setErrorHandler(errorHandler);
+  app.setNotFoundHandler(notFoundHandler);
+  installJsonParser(app);
+
+  app.decorateRequest("caller", "");
+  app.decorateRequest("auditIds", {
+    getter(this: FastifyRequest & { _auditIds?: string[] }) {
+      this._auditIds ??= [];
+      return this._auditIds;
+    },
+  });
+
+  app.addHook("onRequest", async (request, reply) => {
+    reply.header("x-request-id", request.id);
+    request.caller = await identifyCaller(request, options);
+  });
+  app.addHook("onResponse", async (request, reply) => {
+    const route = request.routeOptions.url ?? "unmatched";
+    const status = reply.statusCode;
+    metrics.httpRequests.inc({ method: request.method, route, status: String(status) });
+    if (status >= 400) {
+      metrics.httpErrors.inc({ method: request.method, route, code: errorCodeOf(reply) });
+    }
+    if (options.audit && MUTATING_METHODS.has(request.method)) {
+      const params = (request.params ?? {}) as { id?: string; tag?: string };
+      const ids = [params.id, params.tag, ...request.auditIds].filter(
+        (v, i, all): v is string => typeof v === "string" && all.indexOf(v) === i,
+      );
+      options.audit.write({
+        time: new Date().toISOString(),
+        request_id: request.id,
+        caller: request.caller || "unknown",
+        method: request.method,
+        url: request.url,
+        status,
+        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
+        ids,
+      });
+    }
+  });
+
+  await app.register(swagger, {
+    openapi: {
+      openapi: "3.0.3",
+      info: {
+        title: "forkd daemon API",
+        version: FORKD_VERSION,
+        description:
+          "REST API of the forkd daemon (compatible with forkd v0.5's /v1 routes). Errors are " +
+          '{"error": "...", "code": "..."}. See docs/api.md.',
+      },
+      components: {
+        securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
+      },
+      security: [{ bearer: [] }],
+      tags: [
+        { name: "status", description: "Health, version, metrics" },
+        { name: "snapshots", description: "Warm parent VMs children fork from" },
+        { name: "sandboxes", description: "Child VMs" },
+        { name: "files", description: "Files inside a sandbox" },
+      ],
+    },
+  });
+
+  registerStatusRoutes(app, context);
+  registerSnapshotRoutes(app, context);
+  registerSandboxRoutes(app, context);
+  await app.register(async (scope) => registerExecStreamRoute(scope, context));
+  await app.register(async (scope) => registerFileRoutes(scope, context));
+  return app;
+}
+
+/**
+ * JSON parsing: Fastify's parser (prototype-poisoning safe) except that an empty body counts as no body. forkd
+ * v0.5's CLI POSTs `ping` with `Content-Type: application/json` and an empty body.
+ */
+function installJsonParser(app: FastifyInstance): void {
+  const parseJson = app.getDefaultJsonParser("error", "error");
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) => {
+    const text = body.toString();
+    if (text.trim() === "") {
+      done(null, undefined);
+      return;
+    }
+    parseJson(request, text, done);
+  });
+}
+
+const callerBySocket = new WeakMap<Socket, Promise<string>>();
+
+async function identifyCaller(request: FastifyRequest, options: ApiOptions): Promise<string> {
+  if (options.transport === "unix") {
+    const socket = request.raw.socket;
+    let caller = callerBySocket.get(socket);
+    if (!caller) {
+      caller = peerCredentials(socket).then((c) => (c ? `uid:${c.uid}` : "unix"));
+      callerBySocket.set(socket, caller);
+    }
+    return caller;
+  }
+  const address = `${options.transport}:${request.ip}`;
+  if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+    if (request.url === "/healthz" || request.url === "/healthz/") return address;
+    // Named before the check so a rejected request is audited with where it came from.
+    request.caller = address;
+    return authenticate(request.headers.authorization, options.tokens).id;
+  }
+  return address;
+}
+
+/** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */
+function errorCodeOf(reply: { statusCode: number }): string {
+  return toHttpError({ statusCode: reply.statusCode, message: "" }).code;
+}

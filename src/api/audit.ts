@@ -1,0 +1,69 @@
+/**
+ * The audit log: one JSON line per mutating request (who, what, the outcome and which sandboxes/snapshots it
+ * touched), appended to a file the daemon never truncates. Rotation is external (logrotate renames the file, then
+ * sends SIGHUP): `reopen()` starts a new file at the configured path.
+ */
+import { mkdir } from "node:fs/promises";
+import path from "node:path";
+import pino from "pino";
+import { ForkdError } from "../common/errors.js";
+
+export const DEFAULT_AUDIT_LOG = "/var/log/forkd/audit.log";
+
+export interface AuditRecord {
+  time: string;
+  request_id: string;
+  /** `uid:<n>` (Unix socket peer), `token:<8 hex>` (bearer token), or `tcp:<address>` (unauthenticated loopback). */
+  caller: string;
+  method: string;
+  url: string;
+  status: number;
+  latency_ms: number;
+  /** Sandbox ids and snapshot tags the request created, read or removed. */
+  ids: string[];
+  error?: string;
+}
+
+type Destination = ReturnType<typeof pino.destination>;
+
+export class AuditLog {
+  private constructor(
+    readonly file: string,
+    private readonly destination: Destination,
+    onError: (err: Error) => void,
+  ) {
+    destination.on("error", onError);
+  }
+
+  /** Opens (creating the directory 0750 and the file 0640) and waits until the file is really open. */
+  static async open(file: string, onError: (err: Error) => void): Promise<AuditLog> {
+    const absolute = path.resolve(file);
+    await mkdir(path.dirname(absolute), { recursive: true, mode: 0o750 });
+    const destination = pino.destination({ dest: absolute, append: true, sync: false, mode: 0o640 });
+    await new Promise<void>((resolve, reject) => {
+      destination.once("ready", () => resolve());
+      destination.once("error", (err: Error) =>
+        reject(new ForkdError("unavailable", `cannot open audit log ${absolute}: ${err.message}`)),
+      );
+    });
+    return new AuditLog(absolute, destination, onError);
+  }
+
+  write(record: AuditRecord): void {
+    this.destination.write(`${JSON.stringify(record)}\n`);
+  }
+
+  /** After logrotate moved the file away: continue in a new file at the same path. */
+  reopen(): void {
+    this.destination.reopen();
+  }
+
+  /** Flushes what is buffered and closes the file. */
+  async close(): Promise<void> {
+    await new Promise<void>((resolve) => {
+      this.destination.once("close", () => resolve());
+      this.destination.once("error", () => resolve());
+      this.destination.end();
+    });
+  }
+}

@@ -1,0 +1,78 @@
+/**
+ * Bearer tokens for the TCP listener. Tokens come from a file (one per line, so a new token can be added before
+ * the old one is removed); each is at least MIN_TOKEN_BYTES and is compared in constant time. A token is never
+ * logged: the audit log names it by a short hash (`token:<8 hex>`).
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { readFile, stat } from "node:fs/promises";
+import { ForkdError } from "../common/errors.js";
+
+/** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
+export const MIN_TOKEN_BYTES = 16;
+/** More would only be a mistake (a binary or a key file given as the token file). */
+const MAX_TOKEN_FILE_BYTES = 64 * 1024;
+
+export interface Token {
+  /** sha256 of the token; compared in constant time against the presented token's digest. */
+  digest: Buffer;
+  /** What the audit log calls this token. */
+  id: string;
+}
+
+export function tokenFromString(token: string, what = "token"): Token {
+  if (Buffer.byteLength(token) < MIN_TOKEN_BYTES) {
+    throw new ForkdError("invalid_argument", `${what} is shorter than ${MIN_TOKEN_BYTES} bytes`);
+  }
+  if (/\s/.test(token)) throw new ForkdError("invalid_argument", `${what} contains whitespace`);
+  const digest = createHash("sha256").update(token).digest();
+  return { digest, id: `token:${digest.toString("hex").slice(0, 8)}` };
+}
+
+/** Reads a token file: one token per line; blank lines and `#` comments skipped. Refuses world-readable files. */
+export async function loadTokenFile(file: string): Promise<Token[]> {
+  const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
+    throw new ForkdError("invalid_argument", `cannot read token file ${file}: ${err.code ?? err.message}`);
+  });
+  if (!info.isFile()) throw new ForkdError("invalid_argument", `token file ${file} is not a regular file`);
+  if (info.size > MAX_TOKEN_FILE_BYTES) {
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is larger than ${MAX_TOKEN_FILE_BYTES} bytes`,
+    );
+  }
+  if (info.mode & 0o004) {
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is world-readable (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
+    );
+  }
+  const text = await readFile(file, "utf8");
+  const tokens = text
+    .split(/\r?\n/)
+    .map((line) => line.trim())
+    .filter((line) => line !== "" && !line.startsWith("#"))
+    .map((line, i) => tokenFromString(line, `token on line ${i + 1} of ${file}`));
+  if (tokens.length === 0) throw new ForkdError("invalid_argument", `token file ${file} holds no token`);
+  return tokens;
+}
+
+/**
+ * The token a request presents, checked against every configured token without an early exit, so the time taken
+ * says nothing about which token (or which prefix) matched.
+ */
+export function authenticate(header: string | undefined, tokens: readonly Token[]): Token {
+  if (!header)
+    throw new ForkdError("unauthorized", "missing bearer token (send Authorization: Bearer <token>)");
+  const match = /^Bearer[ ]+(\S+)[ ]*$/i.exec(header);
+  if (!match)
+    throw new ForkdError("unauthorized", "malformed Authorization header: expected 'Bearer <token>'");
+  const presented = createHash("sha256")
+    .update(match[1] as string)
+    .digest();
+  let found: Token | undefined;
+  for (const token of tokens) {
+    if (timingSafeEqual(presented, token.digest) && !found) found = token;
+  }
+  if (!found) throw new ForkdError("unauthorized", "invalid bearer token");
+  return found;
+}

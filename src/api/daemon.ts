@@ -1,0 +1,215 @@
+/**
+ * The daemon's lifecycle around the API: check the listening configuration (before any VM state is touched), open
+ * the services, listen on the Unix socket and optionally TCP, and on SIGTERM stop accepting, drain in-flight
+ * requests for a bounded time, then close the services. SIGHUP reopens the audit log (log rotation).
+ */
+import { readFile } from "node:fs/promises";
+import type { FastifyInstance } from "fastify";
+import pino, { type Logger } from "pino";
+import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
+import { FORKD_VERSION } from "../common/version.js";
+import { buildApi, type DaemonServices } from "./app.js";
+import { AuditLog } from "./audit.js";
+import { loadTokenFile, type Token } from "./auth.js";
+import { checkBindPolicy, listenTcp, listenUnix, parseBind, type TcpAddress } from "./listen.js";
+import { createMetrics } from "./metrics.js";
+
+/** How long SIGTERM waits for in-flight requests (a spawn of many children, a long exec) before cutting them. */
+export const DEFAULT_DRAIN_TIMEOUT_MS = 30_000;
+/** After cutting connections, how long the cancelled requests get to unwind before the services close anyway. */
+const CANCEL_GRACE_MS = 5_000;
+
+export interface ClosableServices extends DaemonServices {
+  close(): Promise<void>;
+}
+
+export interface DaemonConfig {
+  /** Unix socket path; null = no Unix socket (then `bind` is required). */
+  socketPath: string | null;
+  /** Group that may use the socket (name or gid); default: root's group only. */
+  socketGroup?: string;
+  /** "host:port" for TCP; absent = no TCP listener. */
+  bind?: string;
+  tokenFile?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+  /** Audit log path; null = no audit log (tests). */
+  auditLog: string | null;
+  drainTimeoutMs?: number;
+  snapshotsDir: string;
+  logger?: Logger;
+}
+
+export interface RunningDaemon {
+  /** Where it listens: "unix:/run/forkd/forkd.sock", "http://127.0.0.1:8889", ... */
+  urls: string[];
+  /** Drains and closes everything; idempotent. */
+  stop(reason: string): Promise<void>;
+  reopenAuditLog(): void;
+  readonly logger: Logger;
+}
+
+interface CheckedConfig {
+  tcp: TcpAddress | undefined;
+  tokens: Token[];
+  https: { key: Buffer; cert: Buffer } | undefined;
+}
+
+/** Everything that can be wrong with the listening configuration, found before the services are opened. */
+export async function checkConfig(config: DaemonConfig): Promise<CheckedConfig> {
+  if (config.socketPath === null && config.bind === undefined) {
+    throw invalidArgument("nothing to listen on: give a socket path or --bind");
+  }
+  if ((config.tlsCert === undefined) !== (config.tlsKey === undefined)) {
+    throw invalidArgument("--tls-cert and --tls-key go together");
+  }
+  if (config.tlsCert !== undefined && config.bind === undefined) {
+    throw invalidArgument("--tls-cert/--tls-key need --bind (TLS is for the TCP listener)");
+  }
+  if (config.tokenFile !== undefined && config.bind === undefined) {
+    throw invalidArgument("--token-file needs --bind: the Unix socket is guarded by its file permissions");
+  }
+  const tokens = config.tokenFile === undefined ? [] : await loadTokenFile(config.tokenFile);
+  const tcp = config.bind === undefined ? undefined : parseBind(config.bind);
+  if (tcp) checkBindPolicy(tcp, tokens.length > 0);
+  let https: CheckedConfig["https"];
+  if (config.tlsCert !== undefined && config.tlsKey !== undefined) {
+    const read = (file: string, what: string) =>
+      readFile(file).catch((err: NodeJS.ErrnoException) => {
+        throw invalidArgument(`cannot read ${what} ${file}: ${err.code ?? err.message}`);
+      });
+    https = { cert: await read(config.tlsCert, "--tls-cert"), key: await read(config.tlsKey, "--tls-key") };
+  }
+  return { tcp, tokens, https };
+}
+
+/**
+ * Starts listening over already-open services. On failure everything started so far is closed again, the
+ * services included: the caller hands ownership of them over.
+ */
+export async function startDaemon(config: DaemonConfig, services: ClosableServices): Promise<RunningDaemon> {
+  const logger = config.logger ?? pino({ name: "forkd", level: "info" });
+  const apps: FastifyInstance[] = [];
+  let audit: AuditLog | undefined;
+  const closeAll = async () => {
+    await Promise.allSettled(apps.map((app) => app.close()));
+    await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
+    await audit?.close();
+  };
+  try {
+    const checked = await checkConfig(config);
+    if (config.auditLog !== null) {
+      audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
+    }
+    const metrics = createMetrics(services, { version: FORKD_VERSION });
+    const common = { services, snapshotsDir: config.snapshotsDir, metrics, audit, logger };
+    const urls: string[] = [];
+    if (config.socketPath !== null) {
+      const app = await buildApi({ ...common, transport: "unix" });
+      apps.push(app);
+      await listenUnix(app, config.socketPath, config.socketGroup);
+      urls.push(`unix:${config.socketPath}`);
+    }
+    if (checked.tcp) {
+      const app = await buildApi({
+        ...common,
+        transport: "tcp",
+        tokens: checked.tokens,
+        https: checked.https,
+      });
+      apps.push(app);
+      await listenTcp(app, checked.tcp);
+      const bound = app.server.address();
+      const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
+      const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
+      urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
+      if (!checked.https && checked.tokens.length > 0) {
+        logger.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
+      }
+    }
+    let stopping: Promise<void> | undefined;
+    const stop = (reason: string) => {
+      stopping ??= drainAndClose(
+        apps,
+        config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
+        logger,
+        reason,
+      ).then(async () => {
+        await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
+        await audit?.close();
+        logger.info("forkd daemon stopped");
+      });
+      return stopping;
+    };
+    logger.info({ urls, version: FORKD_VERSION, audit: audit?.file ?? null }, "forkd daemon listening");
+    return {
+      urls,
+      stop,
+      reopenAuditLog: () => {
+        audit?.reopen();
+        logger.info({ audit: audit?.file ?? null }, "audit log reopened");
+      },
+      logger,
+    };
+  } catch (err) {
+    await closeAll();
+    throw err;
+  }
+}
+
+async function drainAndClose(apps: FastifyInstance[], drainMs: number, logger: Logger, reason: string) {
+  logger.info(
+    { reason, drain_timeout_ms: drainMs },
+    "stopping: no new connections, draining in-flight requests",
+  );
+  const closed = Promise.allSettled(apps.map((app) => app.close()));
+  const drained = await Promise.race([closed.then(() => true), delay(drainMs).then(() => false)]);
+  if (drained) return;
+  logger.warn("drain timeout: closing the remaining connections (their requests are cancelled)");
+  for (const app of apps) app.server.closeAllConnections();
+  await Promise.race([closed, delay(CANCEL_GRACE_MS)]);
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+/**
+ * Runs until SIGTERM/SIGINT: checks the config, opens the services, listens, then drains and closes. A second
+ * SIGTERM/SIGINT while draining exits at once (the reconcile on the next start cleans up).
+ */
+export async function runDaemon(
+  config: DaemonConfig,
+  openServices: () => Promise<ClosableServices>,
+): Promise<void> {
+  const logger = config.logger ?? pino({ name: "forkd", level: "info" });
+  await checkConfig(config);
+  const services = await openServices();
+  const daemon = await startDaemon({ ...config, logger }, services);
+  await new Promise<void>((resolve) => {
+    let signals = 0;
+    const onStop = (sig: NodeJS.Signals) => {
+      signals++;
+      if (signals > 1) {
+        logger.error(`${sig} again while draining: exiting now`);
+        process.exit(1);
+      }
+      daemon.stop(sig).then(resolve, (err: unknown) => {
+        logger.error({ err }, "stopping failed");
+        resolve();
+      });
+    };
+    const onHangup = () => daemon.reopenAuditLog();
+    process.on("SIGTERM", onStop);
+    process.on("SIGINT", onStop);
+    process.on("SIGHUP", onHangup);
+  });
+}
+
+export function describeStartupError(err: unknown): string {
+  if (err instanceof ForkdError) return err.message;
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === "EADDRINUSE") return `address already in use: ${errorMessage(err)}`;
+  if (code === "EACCES") return `permission denied: ${errorMessage(err)} (the daemon runs as root)`;
+  return errorMessage(err);
+}

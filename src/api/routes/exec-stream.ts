@@ -1,0 +1,199 @@
+/**
+ * Streaming exec: `POST /v1/sandboxes/:id/exec/stream` answers `application/x-ndjson`, one event per line, written
+ * as the process produces output: `started`, then `stdout`/`stderr` chunks, then `exit` (or `error`). Stdin is
+ * either inline (a JSON request body) or streamed: with `Content-Type: application/x-ndjson` the first request line
+ * is the exec request and each following line a stdin frame; the end of the request body closes stdin. If the client
+ * disconnects, the process is killed. See docs/api.md, "Streaming exec".
+ */
+import { PassThrough } from "node:stream";
+import { StringDecoder } from "node:string_decoder";
+import type { Static } from "@sinclair/typebox";
+import { Type } from "@sinclair/typebox";
+import type { FastifyInstance } from "fastify";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
+import type { ApiContext } from "../app.js";
+import { toHttpError } from "../errors.js";
+import { ndjsonLine, readNdjson } from "../ndjson.js";
+import { clientSignal } from "../request-signal.js";
+import {
+  BinaryBody,
+  ExecBody,
+  ExecStreamEvent,
+  errorResponses,
+  MAX_EXEC_ARG_CHARS,
+  SandboxParams,
+} from "../schemas.js";
+import { compileBodyValidator } from "../validation.js";
+import { exitCodeOf, type OutputEncoding } from "../wire.js";
+import { execOptions } from "./sandboxes.js";
+
+/** One NDJSON request line: the exec request (argv may be large) or a stdin frame (256 KiB of data, base64). */
+const MAX_REQUEST_LINE_BYTES = 4 * MAX_EXEC_ARG_CHARS + 1024 * 1024;
+/**
+ * Output buffered for a client that reads slower than the process writes. Past this the exec is cancelled rather
+ * than holding unbounded memory in a root daemon.
+ */
+export const MAX_UNREAD_OUTPUT_BYTES = 8 * 1024 * 1024;
+
+const StdinFrame = Type.Union([
+  Type.Object({ stdin: Type.String() }, { additionalProperties: false }),
+  Type.Object({ stdin_b64: Type.String() }, { additionalProperties: false }),
+  Type.Object({ eof: Type.Literal(true) }, { additionalProperties: false }),
+]);
+const validateExecLine = compileBodyValidator(ExecBody, "NDJSON request line 1");
+const validateStdinFrame = compileBodyValidator(StdinFrame, "NDJSON stdin frame");
+
+type StreamBody = Static<typeof ExecBody> | NodeJS.ReadableStream;
+
+export function registerExecStreamRoute(scope: FastifyInstance, context: ApiContext): void {
+  const { sandboxes } = context.services;
+  scope.addContentTypeParser("application/x-ndjson", (_request, payload, done) => done(null, payload));
+
+  scope.post<{ Params: Static<typeof SandboxParams>; Body: StreamBody }>(
+    "/v1/sandboxes/:id/exec/stream",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Run a command, streaming its output (NDJSON) as it happens; optional streamed stdin",
+        description:
+          "Request: an exec body as JSON, or application/x-ndjson whose first line is the exec body and whose " +
+          'next lines are stdin frames {"stdin": text} | {"stdin_b64": base64} | {"eof": true}. Response: ' +
+          "application/x-ndjson events (see ExecStreamEvent). Errors before the stream starts are ordinary " +
+          'JSON errors; after it started they are an {"type": "error"} line. Disconnecting kills the process.',
+        params: SandboxParams,
+        body: {
+          content: {
+            "application/json": { schema: ExecBody },
+            "application/x-ndjson": { schema: BinaryBody },
+          },
+        },
+        response: {
+          200: {
+            description: "NDJSON event stream",
+            content: { "application/x-ndjson": { schema: ExecStreamEvent } },
+          },
+          ...errorResponses,
+        },
+      },
+    },
+    async (request, reply) => {
+      const id = request.params.id;
+      const { exec, stdin } = await readRequest(request.body);
+      const options = execOptions(exec);
+      const encoding: OutputEncoding = exec.encoding ?? "utf8";
+      sandboxes.get(id); // unknown id: a plain 404 before the stream starts
+
+      const out = new PassThrough();
+      const cancel = new AbortController();
+      const signal = AbortSignal.any([clientSignal(request, reply), cancel.signal]);
+      const emit = (event: unknown) => {
+        if (out.destroyed || out.writableEnded) return;
+        out.write(ndjsonLine(event));
+        if (out.writableLength > MAX_UNREAD_OUTPUT_BYTES && !cancel.signal.aborted) {
+          cancel.abort(
+            new ForkdError(
+              "unavailable",
+              `client read too slowly (over ${MAX_UNREAD_OUTPUT_BYTES} bytes unread)`,
+            ),
+          );
+        }
+      };
+      const chunkEncoder = (type: "stdout" | "stderr") => {
+        const decoder = encoding === "utf8" ? new StringDecoder("utf8") : undefined;
+        return {
+          write: (chunk: Buffer) => {
+            const data = decoder ? decoder.write(chunk) : chunk.toString("base64");
+            if (data !== "") emit({ type, data });
+          },
+          end: () => {
+            const rest = decoder?.end() ?? "";
+            if (rest !== "") emit({ type, data: rest });
+          },
+        };
+      };
+      const stdout = chunkEncoder("stdout");
+      const stderr = chunkEncoder("stderr");
+
+      reply
+        .type("application/x-ndjson")
+        .header("cache-control", "no-store")
+        .header("x-accel-buffering", "no");
+      emit({ type: "started", id });
+      const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
+      void sandboxes
+        .exec(id, exec.args, {
+          ...options,
+          stdin,
+          signal,
+          onStdout: stdout.write,
+          onStderr: stderr.write,
+        })
+        .then(
+          (outcome) => {
+            stop({ outcome: "ok" });
+            stdout.end();
+            stderr.end();
+            emit({
+              type: "exit",
+              exit_code: exitCodeOf(outcome),
+              signal: outcome.signal,
+              timed_out: outcome.timedOut,
+              stdout_bytes: outcome.stdoutBytes,
+              stderr_bytes: outcome.stderrBytes,
+              duration_ms: outcome.durationMs,
+            });
+          },
+          (err: unknown) => {
+            stop({ outcome: "error" });
+            stdout.end();
+            stderr.end();
+            const reason = signal.aborted && signal.reason instanceof ForkdError ? signal.reason : err;
+            const httpError = toHttpError(reason);
+            request.log.info({ err: httpError.message }, "exec stream ended with an error");
+            emit({ type: "error", error: httpError.message, code: httpError.code });
+          },
+        )
+        .finally(() => out.end());
+      return reply.send(out);
+    },
+  );
+}
+
+/** The exec request and its stdin, from a JSON body or from an NDJSON body (request line, then stdin frames). */
+async function readRequest(
+  body: StreamBody | undefined,
+): Promise<{ exec: Static<typeof ExecBody>; stdin: Buffer | AsyncIterable<Buffer> | undefined }> {
+  if (body === undefined) throw invalidArgument("invalid body: expected a JSON object");
+  if (!isStream(body)) {
+    if (body.stdin !== undefined && body.stdin_b64 !== undefined) {
+      throw invalidArgument("give stdin or stdin_b64, not both");
+    }
+    const stdin =
+      body.stdin !== undefined
+        ? Buffer.from(body.stdin)
+        : body.stdin_b64 !== undefined
+          ? Buffer.from(body.stdin_b64, "base64")
+          : undefined;
+    return { exec: body, stdin };
+  }
+  const lines = readNdjson(body as AsyncIterable<Buffer>, MAX_REQUEST_LINE_BYTES);
+  const first = await lines.next();
+  if (first.done) throw invalidArgument("NDJSON body is empty: the first line must be the exec request");
+  const exec = validateExecLine(first.value);
+  if (exec.stdin !== undefined || exec.stdin_b64 !== undefined) {
+    throw invalidArgument("with an NDJSON body, send stdin as frames after the request line, not inline");
+  }
+  return { exec, stdin: stdinFrames(lines) };
+}
+
+async function* stdinFrames(lines: AsyncGenerator<unknown>): AsyncGenerator<Buffer> {
+  for await (const line of lines) {
+    const frame = validateStdinFrame(line);
+    if ("eof" in frame) return;
+    yield "stdin" in frame ? Buffer.from(frame.stdin) : Buffer.from(frame.stdin_b64, "base64");
+  }
+}
+
+function isStream(body: StreamBody): body is NodeJS.ReadableStream {
+  return typeof (body as NodeJS.ReadableStream).pipe === "function";
+}

@@ -1,0 +1,296 @@
+/** /v1/sandboxes: spawn, list, inspect, kill, lifetime, and the buffered ping/exec/eval calls. */
+import type { Static } from "@sinclair/typebox";
+import { Type } from "@sinclair/typebox";
+import type { FastifyInstance } from "fastify";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
+import type { ApiContext } from "../app.js";
+import { notImplemented } from "../errors.js";
+import { clientSignal } from "../request-signal.js";
+import {
+  BranchBody,
+  DEFAULT_EXEC_TIMEOUT_SECS,
+  EvalBody,
+  EvalResponse,
+  ExecBody,
+  ExecResponse,
+  errorResponses,
+  KillManyQuery,
+  KillManyResponse,
+  ListSandboxesQuery,
+  PingResponse,
+  SandboxInfoWire,
+  SandboxParams,
+  SetTimeoutBody,
+  SpawnBody,
+} from "../schemas.js";
+import { evalToWire, execToWire, pingToWire, sandboxToWire } from "../wire.js";
+
+type IdRequest = { Params: Static<typeof SandboxParams> };
+
+const NOT_BUILT_SPAWN_FLAGS = {
+  per_child_netns: "per-child network namespaces",
+  prewarm: "prewarm (faulting in guest pages after restore)",
+  live_fork: "live_fork (memfd-backed guest RAM for live branch)",
+  hugepages: "hugepages-backed guest RAM",
+} as const;
+
+export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext): void {
+  const { sandboxes } = context.services;
+  const { metrics } = context;
+
+  app.post<{ Body: Static<typeof SpawnBody> }>(
+    "/v1/sandboxes",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Fork n sandboxes from a snapshot",
+        description:
+          "All or nothing: 201 with n SandboxInfo once every child is ready. 404 unknown tag, 409 snapshot not " +
+          "bootable, 429/503 when admission limits or host memory would be exceeded.",
+        body: SpawnBody,
+        response: { 201: Type.Array(SandboxInfoWire), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const body = request.body;
+      for (const [field, feature] of Object.entries(NOT_BUILT_SPAWN_FLAGS)) {
+        if (body[field as keyof typeof NOT_BUILT_SPAWN_FLAGS] === true) {
+          throw notImplemented(`${field}=true: ${feature} is not implemented in this forkd yet; send false`);
+        }
+      }
+      const stop = metrics.spawnDuration.startTimer();
+      try {
+        const spawned = await sandboxes.spawn({
+          snapshotTag: body.snapshot_tag,
+          n: body.n ?? 1,
+          memoryLimitMiB: body.memory_limit_mib ?? undefined,
+          timeoutMs: body.timeout_ms,
+          signal: clientSignal(request, reply),
+        });
+        stop({ outcome: "ok" });
+        for (const sb of spawned) {
+          request.auditIds.push(sb.id);
+          if (sb.ready_ms !== null) metrics.sandboxReady.observe(sb.ready_ms / 1000);
+        }
+        return reply.status(201).send(spawned.map(sandboxToWire));
+      } catch (err) {
+        stop({ outcome: "error" });
+        throw err;
+      }
+    },
+  );
+
+  app.get<{ Querystring: Static<typeof ListSandboxesQuery> }>(
+    "/v1/sandboxes",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "List sandboxes",
+        querystring: ListSandboxesQuery,
+        response: { 200: Type.Array(SandboxInfoWire), ...errorResponses },
+      },
+    },
+    async (request) => {
+      const tag = request.query.snapshot_tag;
+      return sandboxes.list(tag === undefined ? undefined : { snapshotTag: tag }).map(sandboxToWire);
+    },
+  );
+
+  app.delete<{ Querystring: Static<typeof KillManyQuery> }>(
+    "/v1/sandboxes",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Kill every sandbox (all=true) or every sandbox of one snapshot (snapshot_tag=T)",
+        querystring: KillManyQuery,
+        response: { 200: KillManyResponse, ...errorResponses },
+      },
+    },
+    async (request) => {
+      const { all, snapshot_tag: tag } = request.query;
+      if (all === true && tag !== undefined) throw invalidArgument("give all=true or snapshot_tag, not both");
+      if (all !== true && tag === undefined) {
+        throw invalidArgument("refusing to kill without a filter: give all=true or snapshot_tag=<tag>");
+      }
+      const killed = await sandboxes.killAll(tag === undefined ? undefined : { snapshotTag: tag });
+      request.auditIds.push(...killed);
+      return { killed };
+    },
+  );
+
+  app.get<IdRequest>(
+    "/v1/sandboxes/:id",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "One sandbox",
+        params: SandboxParams,
+        response: { 200: SandboxInfoWire, ...errorResponses },
+      },
+    },
+    async (request) => sandboxToWire(sandboxes.get(request.params.id)),
+  );
+
+  app.delete<IdRequest>(
+    "/v1/sandboxes/:id",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Kill a sandbox",
+        params: SandboxParams,
+        response: { 204: Type.Null(), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      await sandboxes.kill(request.params.id);
+      return reply.status(204).send();
+    },
+  );
+
+  app.post<IdRequest & { Body: Static<typeof SetTimeoutBody> }>(
+    "/v1/sandboxes/:id/timeout",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Set the remaining lifetime (0 = no limit)",
+        params: SandboxParams,
+        body: SetTimeoutBody,
+        response: { 200: SandboxInfoWire, ...errorResponses },
+      },
+    },
+    async (request) => sandboxToWire(sandboxes.setTimeout(request.params.id, request.body.timeout_ms)),
+  );
+
+  app.post<IdRequest>(
+    "/v1/sandboxes/:id/ping",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Round trip to the guest agent",
+        params: SandboxParams,
+        response: { 200: PingResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) =>
+      pingToWire(await sandboxes.ping(request.params.id, { signal: clientSignal(request, reply) })),
+  );
+
+  app.post<IdRequest & { Body: Static<typeof ExecBody> }>(
+    "/v1/sandboxes/:id/exec",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Run a command (argv, no shell) and return its output when it exits",
+        description:
+          "Output is captured up to 1 MiB per stream (see *_truncated); use /exec/stream for more or for live " +
+          "output. A timeout kills the process group: timed_out=true, exit_code 128+9.",
+        params: SandboxParams,
+        body: ExecBody,
+        response: { 200: ExecResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const body = request.body;
+      const options = execOptions(body);
+      const stop = metrics.execDuration.startTimer({ op: "exec" });
+      try {
+        const outcome = await sandboxes.exec(request.params.id, body.args, {
+          ...options,
+          stdin: stdinOf(body),
+          signal: clientSignal(request, reply),
+        });
+        stop({ outcome: "ok" });
+        return execToWire(outcome, body.encoding ?? "utf8");
+      } catch (err) {
+        stop({ outcome: "error" });
+        throw err;
+      }
+    },
+  );
+
+  app.post<IdRequest & { Body: Static<typeof EvalBody> }>(
+    "/v1/sandboxes/:id/eval",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Evaluate Python in the sandbox's warm interpreter",
+        description:
+          "The result is repr() of the cell's trailing expression. A Python exception is not an HTTP error.",
+        params: SandboxParams,
+        body: EvalBody,
+        response: { 200: EvalResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const body = request.body;
+      const stop = metrics.execDuration.startTimer({ op: "eval" });
+      try {
+        const outcome = await sandboxes.eval(request.params.id, body.code, {
+          timeoutMs: timeoutMsOf(body, undefined),
+          signal: clientSignal(request, reply),
+        });
+        stop({ outcome: "ok" });
+        return evalToWire(outcome);
+      } catch (err) {
+        stop({ outcome: "error" });
+        throw err;
+      }
+    },
+  );
+
+  app.post<IdRequest & { Body: Static<typeof BranchBody> }>(
+    "/v1/sandboxes/:id/branch",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Snapshot a running sandbox into a new tag (not implemented yet: 501)",
+        params: SandboxParams,
+        body: BranchBody,
+        response: errorResponses,
+      },
+    },
+    async () => {
+      throw notImplemented("branch is not implemented yet");
+    },
+  );
+}
+
+/** Guest-side timeout of an exec/eval: timeout_ms or v0.5's timeout_secs (not both); `fallbackSecs` otherwise. */
+export function timeoutMsOf(
+  body: { timeout_ms?: number; timeout_secs?: number },
+  fallbackSecs: number | undefined,
+): number | undefined {
+  if (body.timeout_ms !== undefined && body.timeout_secs !== undefined) {
+    throw invalidArgument("give timeout_ms or timeout_secs, not both");
+  }
+  if (body.timeout_ms !== undefined) return body.timeout_ms;
+  if (body.timeout_secs !== undefined) return body.timeout_secs * 1000;
+  return fallbackSecs === undefined ? undefined : fallbackSecs * 1000;
+}
+
+export function execOptions(body: Static<typeof ExecBody>) {
+  if (body.cwd !== undefined && !body.cwd.startsWith("/")) {
+    throw invalidArgument(
+      `invalid body field "cwd": must be an absolute path, got ${JSON.stringify(body.cwd)}`,
+    );
+  }
+  return {
+    timeoutMs: timeoutMsOf(body, DEFAULT_EXEC_TIMEOUT_SECS),
+    env: body.env,
+    cwd: body.cwd,
+  };
+}
+
+function stdinOf(body: Static<typeof ExecBody>): Buffer | undefined {
+  if (body.stdin !== undefined && body.stdin_b64 !== undefined) {
+    throw invalidArgument("give stdin or stdin_b64, not both");
+  }
+  if (body.stdin !== undefined) return Buffer.from(body.stdin, "utf8");
+  if (body.stdin_b64 !== undefined) {
+    if (!/^[A-Za-z0-9+/]*={0,2}$/.test(body.stdin_b64)) {
+      throw new ForkdError("invalid_argument", 'invalid body field "stdin_b64": not base64');
+    }
+    return Buffer.from(body.stdin_b64, "base64");
+  }
+  return undefined;
+}

@@ -1,0 +1,386 @@
+/**
+ * The REST API's wire contract, declared once: these TypeBox schemas validate every request (src/api/validation.ts)
+ * and generate the OpenAPI document (docs/openapi.json). Field names are snake_case and follow forkd v0.5 where
+ * the route existed there (see docs/api.md, "Compatibility").
+ */
+import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { MAX_FILE_BYTES, MAX_PATH_CHARS, MAX_TIMEOUT_MS } from "../agent/protocol/limits.js";
+
+/** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
+export const MAX_SPAWN_N = 1000;
+/** Argument vectors: Linux caps one argument at 128 KiB (MAX_ARG_STRLEN); the JSON body limit caps the total. */
+export const MAX_EXEC_ARGS = 4096;
+export const MAX_EXEC_ARG_CHARS = 128 * 1024;
+/** Python source of one eval, in characters. */
+export const MAX_EVAL_CODE_CHARS = 1024 * 1024;
+/** v0.5's exec default, in seconds. */
+export const DEFAULT_EXEC_TIMEOUT_SECS = 30;
+/** Largest file a PUT accepts or a GET returns: one agent frame's payload. */
+export const MAX_FILE_TRANSFER_BYTES = MAX_FILE_BYTES;
+
+const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+const SANDBOX_ID_PATTERN = "^sb-[0-9a-f]{12}$";
+
+const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Shared pieces
+
+export const ErrorBody = Type.Object(
+  {
+    error: Type.String({ description: "Human-readable message naming what was wrong." }),
+    code: Type.Optional(
+      Type.String({ description: "Catalogue code (src/common/errors.ts), e.g. not_found, conflict." }),
+    ),
+  },
+  { description: "Every 4xx/5xx response carries this body (v0.5's ErrorBody plus `code`)." },
+);
+
+export const errorResponses = {
+  "4xx": ErrorBody,
+  "5xx": ErrorBody,
+};
+
+export const Tag = Type.String({
+  pattern: TAG_PATTERN,
+  description: "Snapshot tag: one safe path component.",
+});
+export const SandboxId = Type.String({ pattern: SANDBOX_ID_PATTERN, description: "sb-<12 hex>" });
+
+export const TagParams = Type.Object({ tag: Tag }, { additionalProperties: false });
+export const SandboxParams = Type.Object({ id: SandboxId }, { additionalProperties: false });
+
+const TimeoutMs = Type.Integer({ minimum: 1, maximum: MAX_TIMEOUT_MS, description: "Milliseconds." });
+const TimeoutSecs = Type.Integer({
+  minimum: 1,
+  maximum: MAX_TIMEOUT_MS / 1000,
+  description: "Seconds (v0.5 form; use timeout_ms for finer control). Not both.",
+});
+
+/**
+ * v0.5 fields whose feature forkd does not have yet: accepted when false/absent, answered 501 when true so an
+ * existing client learns why instead of silently getting something else.
+ */
+const NotBuiltFlag = (what: string) =>
+  Type.Optional(
+    Type.Boolean({ description: `forkd v0.5 field; ${what}. Only false is accepted (true: 501).` }),
+  );
+
+// ---------------------------------------------------------------------------------------------------------------
+// Status
+
+export const HealthResponse = Type.Object({ ok: Type.Literal(true) });
+export const VersionResponse = Type.Object({
+  version: Type.String(),
+  api: Type.Literal("v1"),
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+// Snapshots
+
+export const SnapshotInfoWire = Type.Object(
+  {
+    tag: Type.String(),
+    dir: Type.String({ description: "Where the snapshot lives on the daemon's host." }),
+    created_at_unix: Type.Integer(),
+    status: Type.Union([Type.Literal("writing"), Type.Literal("ready"), Type.Literal("failed")]),
+    bootable: Type.Boolean(),
+    template: Nullable(Type.String()),
+    accelerator: Nullable(Type.Union([Type.Literal("kvm"), Type.Literal("tcg")])),
+    memory_mib: Nullable(Type.Integer()),
+    parent_tag: Nullable(Type.String()),
+    bytes: Type.Integer({ description: "Bytes the snapshot's files take (logical sizes)." }),
+    error: Nullable(Type.String()),
+  },
+  { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
+);
+export type SnapshotInfoWire = Static<typeof SnapshotInfoWire>;
+
+export const SnapshotDetailWire = Type.Composite(
+  [
+    SnapshotInfoWire,
+    Type.Object({
+      chain_depth: Type.Integer({ description: "0 for a base snapshot, 1 for one parent, ..." }),
+      ancestors: Type.Array(Type.String(), { description: "Tags from the chain root to the parent." }),
+      dependents: Type.Array(Type.String(), { description: "Snapshots whose parent_tag is this one." }),
+    }),
+  ],
+  { description: "GET /v1/snapshots/:tag/info (v0.5's SnapshotInfoDetail, chain part)." },
+);
+
+export const CreateSnapshotBody = Type.Object(
+  {
+    tag: Tag,
+    template: Type.Optional(
+      Type.String({ pattern: TAG_PATTERN, description: "Template name (default: the tag)." }),
+    ),
+    kernel: Type.Optional(
+      Type.String({ description: "forkd v0.5 field (raw kernel path); 501 when given." }),
+    ),
+    rootfs: Type.Optional(
+      Type.String({ description: "forkd v0.5 field (raw rootfs path); 501 when given." }),
+    ),
+    rw: Type.Optional(Type.Boolean({ description: "forkd v0.5 field; ignored with a template." })),
+    tap: Type.Optional(Nullable(Type.String({ description: "forkd v0.5 field; 501 when given." }))),
+    boot_wait_secs: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: 60,
+        description: "forkd v0.5 field; ignored (readiness is signalled).",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+export type CreateSnapshotBody = Static<typeof CreateSnapshotBody>;
+
+export const DeleteSnapshotQuery = Type.Object(
+  {
+    cascade: Type.Optional(
+      Type.Boolean({ description: "forkd v0.5: delete dependents too (501 when true)." }),
+    ),
+    force: Type.Optional(Type.Boolean({ description: "forkd v0.5: orphan dependents (501 when true)." })),
+  },
+  { additionalProperties: false },
+);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sandboxes
+
+export const SandboxInfoWire = Type.Object(
+  {
+    id: Type.String(),
+    snapshot_tag: Type.String(),
+    created_at_unix: Type.Integer(),
+    pid: Nullable(Type.Integer()),
+    memory_limit_mib: Nullable(Type.Integer()),
+    status: Type.Union([
+      Type.Literal("starting"),
+      Type.Literal("running"),
+      Type.Literal("stopping"),
+      Type.Literal("dead"),
+    ]),
+    expires_at_unix_ms: Nullable(Type.Integer({ description: "When the lifetime ends; null = no limit." })),
+    ready_ms: Nullable(Type.Number({ description: "Restore to ready, in ms." })),
+    accelerator: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
+    netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
+    guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
+  },
+  {
+    description:
+      "SandboxInfo (v0.5 fields id, snapshot_tag, netns, guest_addr, created_at_unix, pid, memory_limit_mib).",
+  },
+);
+export type SandboxInfoWire = Static<typeof SandboxInfoWire>;
+
+export const SpawnBody = Type.Object(
+  {
+    snapshot_tag: Tag,
+    n: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_SPAWN_N, default: 1 })),
+    memory_limit_mib: Type.Optional(
+      Nullable(
+        Type.Integer({ minimum: 16, maximum: 1024 * 1024, description: "cgroup memory.max per child." }),
+      ),
+    ),
+    timeout_ms: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_TIMEOUT_MS,
+        description: "Lifetime in ms (default 300000 = 5 min; 0 = no limit). Expired sandboxes are killed.",
+      }),
+    ),
+    per_child_netns: NotBuiltFlag("a network namespace per child"),
+    prewarm: NotBuiltFlag("fault in guest pages after restore"),
+    live_fork: NotBuiltFlag("memfd-backed RAM for live branch"),
+    hugepages: NotBuiltFlag("2 MiB pages for memfd RAM"),
+  },
+  { additionalProperties: false },
+);
+export type SpawnBody = Static<typeof SpawnBody>;
+
+export const ListSandboxesQuery = Type.Object(
+  { snapshot_tag: Type.Optional(Tag) },
+  { additionalProperties: false },
+);
+
+export const KillManyQuery = Type.Object(
+  {
+    all: Type.Optional(Type.Boolean({ description: "Kill every sandbox (required without snapshot_tag)." })),
+    snapshot_tag: Type.Optional(Tag),
+  },
+  { additionalProperties: false },
+);
+export const KillManyResponse = Type.Object({ killed: Type.Array(Type.String()) });
+
+export const SetTimeoutBody = Type.Object(
+  {
+    timeout_ms: Type.Integer({
+      minimum: 0,
+      maximum: MAX_TIMEOUT_MS,
+      description: "Remaining lifetime from now, in ms; 0 = no limit.",
+    }),
+  },
+  { additionalProperties: false },
+);
+
+export const PingResponse = Type.Object({
+  pong: Type.Literal(true),
+  protocol: Type.Integer(),
+  agent_version: Type.String(),
+  template: Type.String(),
+  interpreter: Type.String(),
+  warm: Type.Unknown(),
+  sandbox_id: Nullable(Type.String()),
+  hostname: Type.String(),
+  uptime_ms: Type.Number(),
+});
+
+const ExecCommon = {
+  args: Type.Array(Type.String({ maxLength: MAX_EXEC_ARG_CHARS }), {
+    minItems: 1,
+    maxItems: MAX_EXEC_ARGS,
+    description: "argv; args[0] is looked up in PATH. No shell is involved.",
+  }),
+  timeout_secs: Type.Optional(TimeoutSecs),
+  timeout_ms: Type.Optional(TimeoutMs),
+  env: Type.Optional(Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String())),
+  cwd: Type.Optional(Type.String({ minLength: 1, maxLength: MAX_PATH_CHARS, description: "Absolute." })),
+  encoding: Type.Optional(
+    Type.Union([Type.Literal("utf8"), Type.Literal("base64")], {
+      description: "How stdout/stderr bytes are put in JSON strings (default utf8, invalid bytes replaced).",
+    }),
+  ),
+};
+
+export const ExecBody = Type.Object(
+  {
+    ...ExecCommon,
+    stdin: Type.Optional(Type.String({ description: "Text written to the process's stdin, then EOF." })),
+    stdin_b64: Type.Optional(Type.String({ description: "Like stdin, base64. Not both." })),
+  },
+  { additionalProperties: false },
+);
+export type ExecBody = Static<typeof ExecBody>;
+
+export const ExecResponse = Type.Object({
+  stdout: Type.String(),
+  stderr: Type.String(),
+  exit_code: Type.Integer({
+    description: "The exit status; 128+N when killed by signal N (v0.5: always set).",
+  }),
+  signal: Nullable(Type.String()),
+  timed_out: Type.Boolean(),
+  stdout_truncated: Type.Boolean(),
+  stderr_truncated: Type.Boolean(),
+  duration_ms: Type.Number(),
+  encoding: Type.Union([Type.Literal("utf8"), Type.Literal("base64")]),
+});
+
+export const EvalBody = Type.Object(
+  {
+    code: Type.String({ maxLength: MAX_EVAL_CODE_CHARS }),
+    timeout_ms: Type.Optional(TimeoutMs),
+    timeout_secs: Type.Optional(TimeoutSecs),
+  },
+  { additionalProperties: false },
+);
+export type EvalBody = Static<typeof EvalBody>;
+
+export const EvalResponse = Type.Object({
+  result: Nullable(Type.String({ description: "repr() of the trailing expression, or null." })),
+  error: Nullable(Type.String({ description: "'Type: message' of an uncaught exception, or null." })),
+  exit_code: Type.Integer({ description: "0 without an error, 1 with one (v0.5 shape)." }),
+  error_type: Nullable(Type.String()),
+  traceback: Nullable(Type.String()),
+  stdout: Type.String(),
+  stderr: Type.String(),
+  timed_out: Type.Boolean(),
+  result_truncated: Type.Boolean(),
+  stdout_truncated: Type.Boolean(),
+  stderr_truncated: Type.Boolean(),
+  duration_ms: Type.Number(),
+});
+
+export const BranchBody = Type.Object(
+  {
+    tag: Type.Optional(Tag),
+    mode: Type.Optional(Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")])),
+    diff: Type.Optional(Type.Boolean({ description: "Legacy form of mode=diff." })),
+    live: Type.Optional(Type.Boolean({ description: "Legacy form of mode=live." })),
+    measure_diff: Type.Optional(Type.Boolean()),
+    parent_tag: Type.Optional(Tag),
+    wait: Type.Optional(Type.Boolean()),
+  },
+  { additionalProperties: false },
+);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Files
+
+export const GuestPath = Type.String({
+  minLength: 1,
+  maxLength: MAX_PATH_CHARS,
+  description: "Absolute path inside the sandbox; no '..' segments, no NUL.",
+});
+
+export const FileQuery = Type.Object({ path: GuestPath }, { additionalProperties: false });
+export const PutFileQuery = Type.Object(
+  {
+    path: GuestPath,
+    mode: Type.Optional(Type.String({ pattern: "^0?[0-7]{3,4}$", description: "Octal permission bits." })),
+  },
+  { additionalProperties: false },
+);
+export const RemoveFileQuery = Type.Object(
+  { path: GuestPath, recursive: Type.Optional(Type.Boolean()) },
+  { additionalProperties: false },
+);
+
+export const FileInfoWire = Type.Object({
+  name: Type.String(),
+  type: Type.Union([
+    Type.Literal("file"),
+    Type.Literal("dir"),
+    Type.Literal("symlink"),
+    Type.Literal("other"),
+  ]),
+  size: Type.Integer(),
+  mode: Type.Integer({ description: "Permission bits." }),
+  mtime_ms: Type.Number(),
+  link_target: Nullable(Type.String()),
+});
+export type FileInfoWire = Static<typeof FileInfoWire>;
+
+export const FileListingWire = Type.Object({
+  path: Type.String(),
+  entries: Type.Array(FileInfoWire),
+  truncated: Type.Boolean(),
+});
+export const PutFileResponse = Type.Object({ path: Type.String(), bytes: Type.Integer() });
+
+/** Marker for octet-stream bodies: documented in OpenAPI, not validated (src/api/validation.ts skips it). */
+export const BinaryBody = Type.Unsafe<Buffer>({ type: "string", format: "binary" });
+
+// ---------------------------------------------------------------------------------------------------------------
+// Streaming exec (NDJSON)
+
+export const ExecStreamEvent = Type.Union(
+  [
+    Type.Object({ type: Type.Literal("started"), id: Type.String() }),
+    Type.Object({
+      type: Type.Union([Type.Literal("stdout"), Type.Literal("stderr")]),
+      data: Type.String({ description: "A chunk, in the request's encoding." }),
+    }),
+    Type.Object({
+      type: Type.Literal("exit"),
+      exit_code: Type.Integer(),
+      signal: Nullable(Type.String()),
+      timed_out: Type.Boolean(),
+      stdout_bytes: Type.Integer(),
+      stderr_bytes: Type.Integer(),
+      duration_ms: Type.Number(),
+    }),
+    Type.Object({ type: Type.Literal("error"), error: Type.String(), code: Type.String() }),
+  ],
+  { description: "One line of the application/x-ndjson response of exec/stream." },
+);

@@ -1,0 +1,103 @@
+/**
+ * Service results (camelCase, Buffers) to wire shapes (snake_case JSON, v0.5-compatible where v0.5 had the field).
+ * Kept apart from the routes so the streaming and the buffered exec encode output the same way.
+ */
+import { constants } from "node:os";
+import path from "node:path";
+import type { EvalOutcome, ExecOutcome, FileInfo, PingInfo } from "../agent/host/types.js";
+import type { SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
+import type { FileInfoWire, SandboxInfoWire, SnapshotInfoWire } from "./schemas.js";
+
+export type OutputEncoding = "utf8" | "base64";
+
+export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
+  return {
+    id: info.id,
+    snapshot_tag: info.snapshot_tag,
+    created_at_unix: info.created_at_unix,
+    pid: info.pid,
+    memory_limit_mib: info.memory_limit_mib,
+    status: info.status,
+    expires_at_unix_ms: info.expires_at_unix_ms,
+    ready_ms: info.ready_ms,
+    accelerator: info.accelerator,
+    netns: null,
+    guest_addr: null,
+  };
+}
+
+export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): SnapshotInfoWire {
+  return { ...info, dir: path.join(snapshotsDir, info.tag) };
+}
+
+/** A process killed by signal N reports 128+N, as shells do: v0.5 clients expect an integer exit code. */
+export function exitCodeOf(outcome: Pick<ExecOutcome, "exitCode" | "signal">): number {
+  if (outcome.exitCode !== null) return outcome.exitCode;
+  const number = outcome.signal ? constants.signals[outcome.signal as NodeJS.Signals] : undefined;
+  return number === undefined ? 255 : 128 + number;
+}
+
+export function encodeOutput(bytes: Buffer, encoding: OutputEncoding): string {
+  return encoding === "base64" ? bytes.toString("base64") : bytes.toString("utf8");
+}
+
+export function execToWire(outcome: ExecOutcome, encoding: OutputEncoding) {
+  return {
+    stdout: encodeOutput(outcome.stdout, encoding),
+    stderr: encodeOutput(outcome.stderr, encoding),
+    exit_code: exitCodeOf(outcome),
+    signal: outcome.signal,
+    timed_out: outcome.timedOut,
+    stdout_truncated: outcome.stdoutTruncated,
+    stderr_truncated: outcome.stderrTruncated,
+    duration_ms: outcome.durationMs,
+    encoding,
+  };
+}
+
+export function evalToWire(outcome: EvalOutcome) {
+  const error = outcome.error;
+  return {
+    result: outcome.result,
+    error: error
+      ? `${error.type}: ${error.message}`
+      : outcome.timedOut
+        ? "TimeoutError: eval timed out"
+        : null,
+    exit_code: error || outcome.timedOut ? 1 : 0,
+    error_type: error?.type ?? (outcome.timedOut ? "TimeoutError" : null),
+    traceback: error?.traceback ?? null,
+    stdout: outcome.stdout,
+    stderr: outcome.stderr,
+    timed_out: outcome.timedOut,
+    result_truncated: outcome.resultTruncated,
+    stdout_truncated: outcome.stdoutTruncated,
+    stderr_truncated: outcome.stderrTruncated,
+    duration_ms: outcome.durationMs,
+  };
+}
+
+export function pingToWire(info: PingInfo) {
+  return {
+    pong: true as const,
+    protocol: info.protocol,
+    agent_version: info.agentVersion,
+    template: info.template,
+    interpreter: info.interpreter,
+    warm: info.warm,
+    sandbox_id: info.sandboxId,
+    hostname: info.hostname,
+    uptime_ms: info.uptimeMs,
+  };
+}
+
+export function fileInfoToWire(info: FileInfo): FileInfoWire {
+  return {
+    name: info.name,
+    type: info.type,
+    size: info.size,
+    mode: info.mode,
+    mtime_ms: info.mtimeMs,
+    link_target: info.linkTarget ?? null,
+  };
+}

@@ -1,0 +1,282 @@
+/**
+ * TEST DOUBLE of the daemon's services (SandboxService/SnapshotService), for HTTP-level tests only: validation,
+ * status codes, auth, error shapes and streaming framing. It runs no VM and proves nothing about sandboxes; the
+ * end-to-end tests (test/api/e2e.test.ts) use the real manager with real QEMU guests.
+ *
+ * Its "commands" are scripted by argv[0]:
+ *   echo ARGS...        stdout = ARGS joined by spaces + "\n"
+ *   cat                 stdout = stdin (streamed chunk by chunk)
+ *   exit N              exit code N, stderr "bye\n"
+ *   split-utf8          writes "é" (2 bytes) split across two chunks, then a 0xff byte
+ *   flood BYTES         writes BYTES of "x" in 64 KiB chunks, as fast as possible
+ *   hang                never exits until cancelled (records the cancellation in `cancelled`)
+ */
+import type {
+  EvalOutcome,
+  ExecOptions,
+  ExecOutcome,
+  FileContent,
+  FileInfo,
+  FileListing,
+  PingInfo,
+} from "../../src/agent/host/types.js";
+import { abortError } from "../../src/common/deadline.js";
+import { ForkdError } from "../../src/common/errors.js";
+import type {
+  SandboxInfo,
+  SandboxService,
+  SnapshotInfo,
+  SnapshotService,
+  SpawnRequest,
+} from "../../src/controller/sandbox-service.js";
+
+export class ServicesDouble {
+  readonly snapshotsByTag = new Map<string, SnapshotInfo>();
+  readonly sandboxesById = new Map<string, SandboxInfo>();
+  readonly filesByPath = new Map<string, Buffer>();
+  /** Ids of sandboxes whose exec was cancelled (client went away). */
+  readonly cancelled: string[] = [];
+  /** Last spawn request the double received. */
+  lastSpawn: SpawnRequest | undefined;
+  private counter = 0;
+
+  constructor() {
+    this.addSnapshot("py");
+  }
+
+  addSnapshot(tag: string, overrides: Partial<SnapshotInfo> = {}): SnapshotInfo {
+    const info: SnapshotInfo = {
+      tag,
+      created_at_unix: 1_700_000_000,
+      status: "ready",
+      bootable: true,
+      template: "python",
+      accelerator: "tcg",
+      memory_mib: 512,
+      parent_tag: null,
+      bytes: 1234,
+      error: null,
+      ...overrides,
+    };
+    this.snapshotsByTag.set(tag, info);
+    return info;
+  }
+
+  readonly snapshots: SnapshotService = {
+    list: async () => [...this.snapshotsByTag.values()],
+    get: async (tag) => this.snapshot(tag),
+    create: async ({ tag, template }) => {
+      if (this.snapshotsByTag.has(tag)) throw new ForkdError("conflict", `snapshot ${tag} already exists`);
+      return this.addSnapshot(tag, { template });
+    },
+    delete: async (tag) => {
+      this.snapshot(tag);
+      this.snapshotsByTag.delete(tag);
+    },
+  };
+
+  readonly sandboxes: SandboxService = {
+    spawn: async (request) => {
+      this.lastSpawn = request;
+      const snap = this.snapshot(request.snapshotTag);
+      if (!snap.bootable) throw new ForkdError("conflict", `snapshot ${snap.tag} is not bootable`);
+      const out: SandboxInfo[] = [];
+      for (let i = 0; i < request.n; i++) {
+        const id = `sb-${(++this.counter).toString(16).padStart(12, "0")}`;
+        const info: SandboxInfo = {
+          id,
+          snapshot_tag: snap.tag,
+          created_at_unix: 1_700_000_100,
+          pid: 4242,
+          memory_limit_mib: request.memoryLimitMiB ?? null,
+          status: "running",
+          expires_at_unix_ms: request.timeoutMs === 0 ? null : 1_700_000_400_000,
+          ready_ms: 12.5,
+          accelerator: "tcg",
+        };
+        this.sandboxesById.set(id, info);
+        out.push(info);
+      }
+      return out;
+    },
+    list: (filter) =>
+      [...this.sandboxesById.values()].filter(
+        (s) => !filter?.snapshotTag || s.snapshot_tag === filter.snapshotTag,
+      ),
+    get: (id) => this.sandbox(id),
+    kill: async (id) => {
+      this.sandbox(id);
+      this.sandboxesById.delete(id);
+    },
+    killAll: async (filter) => {
+      const ids = this.sandboxes.list(filter).map((s) => s.id);
+      for (const id of ids) this.sandboxesById.delete(id);
+      return ids;
+    },
+    setTimeout: (id, timeoutMs) => {
+      const sb = this.sandbox(id);
+      sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
+      return sb;
+    },
+    ping: async (id): Promise<PingInfo> => {
+      this.sandbox(id);
+      return {
+        protocol: 1,
+        agentVersion: "double",
+        template: "python",
+        interpreter: "python",
+        warm: "warm",
+        sandboxId: id,
+        hostname: id,
+        uptimeMs: 5,
+      };
+    },
+    exec: (id, argv, options) => this.exec(id, argv, options ?? {}),
+    eval: async (id, code): Promise<EvalOutcome> => {
+      this.sandbox(id);
+      const failing = code.includes("1/0");
+      return {
+        result: failing ? null : `'${code}'`,
+        resultTruncated: false,
+        stdout: "",
+        stderr: "",
+        stdoutTruncated: false,
+        stderrTruncated: false,
+        error: failing
+          ? { type: "ZeroDivisionError", message: "division by zero", traceback: "Traceback ...\n" }
+          : null,
+        timedOut: false,
+        durationMs: 1,
+      };
+    },
+    files: {
+      write: async (id, path, data) => {
+        this.sandbox(id);
+        this.filesByPath.set(`${id}:${path}`, Buffer.from(data));
+        return { bytes: data.length };
+      },
+      read: async (id, path, options): Promise<FileContent> => {
+        const data = this.file(id, path);
+        const max = options?.maxBytes ?? data.length;
+        return { data: data.subarray(0, max), size: data.length, truncated: data.length > max };
+      },
+      list: async (id, path): Promise<FileListing> => {
+        this.sandbox(id);
+        const prefix = `${id}:${path.replace(/\/$/, "")}/`;
+        const entries: FileInfo[] = [...this.filesByPath.entries()]
+          .filter(([key]) => key.startsWith(prefix))
+          .map(([key, data]) => ({
+            name: key.slice(prefix.length),
+            type: "file",
+            size: data.length,
+            mode: 0o644,
+            mtimeMs: 1,
+          }));
+        return { entries, truncated: false };
+      },
+      stat: async (id, path): Promise<FileInfo> => {
+        const data = this.file(id, path);
+        return {
+          name: path.split("/").pop() ?? "",
+          type: "file",
+          size: data.length,
+          mode: 0o644,
+          mtimeMs: 1,
+        };
+      },
+      remove: async (id, path) => {
+        this.file(id, path);
+        this.filesByPath.delete(`${id}:${path}`);
+      },
+    },
+  };
+
+  private snapshot(tag: string): SnapshotInfo {
+    const snap = this.snapshotsByTag.get(tag);
+    if (!snap) throw new ForkdError("not_found", `snapshot ${tag} not found`);
+    return snap;
+  }
+
+  private sandbox(id: string): SandboxInfo {
+    const sb = this.sandboxesById.get(id);
+    if (!sb) throw new ForkdError("not_found", `sandbox ${id} not found`);
+    return sb;
+  }
+
+  private file(id: string, path: string): Buffer {
+    this.sandbox(id);
+    const data = this.filesByPath.get(`${id}:${path}`);
+    if (!data) throw new ForkdError("not_found", `${path}: no such file`);
+    return data;
+  }
+
+  private async exec(id: string, argv: string[], options: ExecOptions): Promise<ExecOutcome> {
+    this.sandbox(id);
+    const stdout: Buffer[] = [];
+    const stderr: Buffer[] = [];
+    const out = (b: Buffer) => {
+      stdout.push(b);
+      options.onStdout?.(b);
+    };
+    const err = (b: Buffer) => {
+      stderr.push(b);
+      options.onStderr?.(b);
+    };
+    let exitCode = 0;
+    const started = performance.now();
+    switch (argv[0]) {
+      case "echo":
+        out(Buffer.from(`${argv.slice(1).join(" ")}\n`));
+        break;
+      case "cat": {
+        const input = options.stdin;
+        if (typeof input === "string" || Buffer.isBuffer(input)) out(Buffer.from(input));
+        else if (input) for await (const chunk of input) out(Buffer.from(chunk));
+        break;
+      }
+      case "exit":
+        err(Buffer.from("bye\n"));
+        exitCode = Number(argv[1] ?? 1);
+        break;
+      case "split-utf8":
+        out(Buffer.from([0xc3]));
+        await new Promise((r) => setTimeout(r, 5));
+        out(Buffer.from([0xa9, 0x0a, 0xff]));
+        break;
+      case "flood": {
+        const total = Number(argv[1]);
+        for (let sent = 0; sent < total; sent += 65536) {
+          if (options.signal?.aborted) throw abortError(options.signal, "exec");
+          out(Buffer.alloc(Math.min(65536, total - sent), "x"));
+          await new Promise((r) => setImmediate(r));
+        }
+        break;
+      }
+      case "hang":
+        await new Promise<void>((_resolve, reject) => {
+          const signal = options.signal;
+          if (!signal) return;
+          signal.addEventListener("abort", () => {
+            this.cancelled.push(id);
+            reject(abortError(signal, "exec"));
+          });
+        });
+        break;
+      default:
+        throw new ForkdError("not_found", `exec: ${argv[0]}: command not found (test double)`);
+    }
+    const all = (parts: Buffer[]) => Buffer.concat(parts);
+    return {
+      exitCode,
+      signal: null,
+      timedOut: false,
+      stdout: all(stdout),
+      stderr: all(stderr),
+      stdoutTruncated: false,
+      stderrTruncated: false,
+      stdoutBytes: all(stdout).length,
+      stderrBytes: all(stderr).length,
+      durationMs: performance.now() - started,
+    };
+  }
+}
