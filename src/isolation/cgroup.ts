@@ -58,9 +58,13 @@ export async function limitMemory(
     await writeFile(path.join(dir, "cgroup.procs"), String(pid));
   } catch (err) {
     await rmdir(dir).catch(() => {});
-    throw new ForkdError("unavailable", `cannot apply a ${limitMiB} MiB memory limit: ${(err as Error).message}`, {
-      cause: err,
-    });
+    throw new ForkdError(
+      "unavailable",
+      `cannot apply a ${limitMiB} MiB memory limit: ${(err as Error).message}`,
+      {
+        cause: err,
+      },
+    );
   }
   return dir;
 }

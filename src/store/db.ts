@@ -142,7 +142,9 @@ export class StateDb {
   }
 
   snapshotJob(tag: string): SnapshotJobRow | undefined {
-    return this.db.prepare("SELECT * FROM snapshot_jobs WHERE tag = ?").get(tag) as SnapshotJobRow | undefined;
+    return this.db.prepare("SELECT * FROM snapshot_jobs WHERE tag = ?").get(tag) as
+      | SnapshotJobRow
+      | undefined;
   }
 
   snapshotJobs(): SnapshotJobRow[] {
