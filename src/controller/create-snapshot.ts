@@ -91,7 +91,13 @@ export async function createSnapshot(
     const manifest = await writer.commit(
       {
         template: { name: template.name, interpreter: template.interpreter },
-        image: { hash: image.hash, rootfs: image.rootfs, kernel: image.kernel, initrd: image.initrd },
+        image: {
+          hash: image.hash,
+          buildId: image.manifest.buildId,
+          rootfs: image.rootfs,
+          kernel: image.kernel,
+          initrd: image.initrd,
+        },
         machine: {
           accel: shape.accel,
           cpu: shape.cpuModel,

@@ -3,7 +3,7 @@
  * disk overlay), a QEMU process whose RAM maps the snapshot's memory file MAP_PRIVATE, and the agent channel.
  */
 import { randomBytes } from "node:crypto";
-import { access, copyFile, mkdir, rm } from "node:fs/promises";
+import { access, copyFile, mkdir, readFile, rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
@@ -174,6 +174,14 @@ export async function snapshotIsBootable(snapshot: StoredSnapshot): Promise<stri
       () => true,
     );
     if (missing) return `${file} is missing (image cache cleared? rebuild the snapshot)`;
+  }
+  const imageJson = path.join(path.dirname(snapshot.manifest.image.rootfs), "image.json");
+  const buildId = await readFile(imageJson, "utf8").then(
+    (text) => (JSON.parse(text) as { buildId?: unknown }).buildId,
+    () => undefined,
+  );
+  if (buildId !== snapshot.manifest.image.buildId) {
+    return `its image ${snapshot.manifest.image.hash.slice(0, 12)} was rebuilt since the snapshot was taken; rebuild the snapshot`;
   }
   return null;
 }

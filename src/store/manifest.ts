@@ -18,6 +18,8 @@ export const SnapshotManifestSchema = Type.Object({
   template: Type.Object({ name: Type.String(), interpreter: Type.String() }),
   image: Type.Object({
     hash: Type.String(),
+    /** Changes when an image is rebuilt in place (`image build --force`): the disk layers would no longer fit. */
+    buildId: Type.String(),
     rootfs: Type.String(),
     kernel: Type.String(),
     initrd: Type.String(),

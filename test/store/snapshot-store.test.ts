@@ -9,7 +9,7 @@ import { SnapshotStore } from "../../src/store/snapshot-store.js";
 
 const draft: ManifestDraft = {
   template: { name: "minimal", interpreter: "none" },
-  image: { hash: "h", rootfs: "/r", kernel: "/k", initrd: "/i" },
+  image: { hash: "h", buildId: "b", rootfs: "/r", kernel: "/k", initrd: "/i" },
   machine: {
     accel: "tcg",
     cpu: "max",
