@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what forkd needs on a Debian 12 host (as root): QEMU, the image builder's tools, and the npm
+# dependencies. Uses the machine's own apt and npm configuration. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates >/dev/null
+npm ci --no-audit --no-fund
+npm run build
