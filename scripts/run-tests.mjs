@@ -1,0 +1,24 @@
+#!/usr/bin/env node
+// Runs the compiled test files (dist/test/**/*.test.js) one file at a time. Node 20's `--test <dir>` would
+// also run every other .js file under a test/ directory (fixtures, helper programs) as if it were a test.
+// Extra arguments filter by substring: `node scripts/run-tests.mjs agent vmm`.
+import { spawnSync } from "node:child_process";
+import { readdirSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = fileURLToPath(new URL("../dist/test/", import.meta.url));
+const files = readdirSync(root, { recursive: true })
+  .map(String)
+  .filter((f) => f.endsWith(".test.js"))
+  .filter((f) => process.argv.length <= 2 || process.argv.slice(2).some((needle) => f.includes(needle)))
+  .sort()
+  .map((f) => path.join(root, f));
+if (files.length === 0) {
+  console.error("no test files found under dist/test (run npm run build first)");
+  process.exit(1);
+}
+const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...files], {
+  stdio: "inherit",
+});
+process.exit(result.status ?? 1);
