@@ -5,6 +5,12 @@
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { MAX_FILE_BYTES, MAX_PATH_CHARS, MAX_TIMEOUT_MS } from "../agent/protocol/limits.js";
+import {
+  DEFAULT_SANDBOX_TIMEOUT_MS,
+  MAX_MEMORY_LIMIT_MIB,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MIN_MEMORY_LIMIT_MIB,
+} from "../controller/sandbox-manager.js";
 
 /** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
 export const MAX_SPAWN_N = 1000;
@@ -179,14 +185,18 @@ export const SpawnBody = Type.Object(
     n: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_SPAWN_N, default: 1 })),
     memory_limit_mib: Type.Optional(
       Nullable(
-        Type.Integer({ minimum: 16, maximum: 1024 * 1024, description: "cgroup memory.max per child." }),
+        Type.Integer({
+          minimum: MIN_MEMORY_LIMIT_MIB,
+          maximum: MAX_MEMORY_LIMIT_MIB,
+          description: "Memory limit (cgroup) per child; null = none.",
+        }),
       ),
     ),
     timeout_ms: Type.Optional(
       Type.Integer({
         minimum: 0,
-        maximum: MAX_TIMEOUT_MS,
-        description: "Lifetime in ms (default 300000 = 5 min; 0 = no limit). Expired sandboxes are killed.",
+        maximum: MAX_SANDBOX_TIMEOUT_MS,
+        description: `Lifetime in ms (default ${DEFAULT_SANDBOX_TIMEOUT_MS}; 0 = no limit). Expired sandboxes are killed.`,
       }),
     ),
     per_child_netns: NotBuiltFlag("a network namespace per child"),
@@ -216,7 +226,7 @@ export const SetTimeoutBody = Type.Object(
   {
     timeout_ms: Type.Integer({
       minimum: 0,
-      maximum: MAX_TIMEOUT_MS,
+      maximum: MAX_SANDBOX_TIMEOUT_MS,
       description: "Remaining lifetime from now, in ms; 0 = no limit.",
     }),
   },

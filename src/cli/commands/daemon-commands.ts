@@ -1,0 +1,27 @@
+/** Every command that runs or talks to the daemon, registered in one place (src/cli/main.ts calls this). */
+import type { Command } from "commander";
+import { addDaemonOptions } from "../daemon-client.js";
+import { registerDaemon } from "./daemon.js";
+import { registerEval } from "./eval.js";
+import { registerExec } from "./exec.js";
+import { registerFiles } from "./files.js";
+import { registerImages } from "./images.js";
+import { registerKill } from "./kill.js";
+import { registerLs } from "./ls.js";
+import { registerPing } from "./ping.js";
+import { registerSetTimeout } from "./set-timeout.js";
+import { registerSpawn } from "./spawn.js";
+
+export function registerDaemonCommands(program: Command): void {
+  addDaemonOptions(program);
+  registerDaemon(program);
+  registerSpawn(program);
+  registerLs(program);
+  registerKill(program);
+  registerExec(program);
+  registerEval(program);
+  registerPing(program);
+  registerSetTimeout(program);
+  registerFiles(program);
+  registerImages(program);
+}

@@ -1,0 +1,52 @@
+/** `forkd ls`: the daemon's sandboxes. */
+import type { Command } from "commander";
+import type { SandboxInfoWire } from "../../api/schemas.js";
+import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import { printJson, printTable } from "../output.js";
+import { runCommand } from "../run-command.js";
+
+export function registerLs(program: Command): void {
+  addDaemonOptions(
+    program
+      .command("ls")
+      .alias("ps")
+      .description("list sandboxes (daemon)")
+      .option("-t, --tag <tag>", "only sandboxes of this snapshot")
+      .option("--json", "print JSON"),
+  ).action((opts, command: Command) =>
+    runCommand(async (signal) => {
+      const sandboxes = await DaemonClient.from(command).json<SandboxInfoWire[]>("GET", "/v1/sandboxes", {
+        query: { snapshot_tag: opts.tag },
+        signal,
+      });
+      if (opts.json) printJson(sandboxes);
+      else printSandboxes(sandboxes);
+      return undefined;
+    }),
+  );
+}
+
+export function printSandboxes(sandboxes: SandboxInfoWire[], now = Date.now()): void {
+  printTable(
+    ["ID", "SNAPSHOT", "STATUS", "PID", "ACCEL", "READY_MS", "MEMORY_LIMIT", "EXPIRES_IN", "CREATED"],
+    sandboxes.map((s) => [
+      s.id,
+      s.snapshot_tag,
+      s.status,
+      s.pid === null ? "-" : String(s.pid),
+      s.accelerator,
+      s.ready_ms === null ? "-" : s.ready_ms.toFixed(0),
+      s.memory_limit_mib === null ? "-" : `${s.memory_limit_mib} MiB`,
+      s.expires_at_unix_ms === null ? "never" : formatDuration(s.expires_at_unix_ms - now),
+      new Date(s.created_at_unix * 1000).toISOString(),
+    ]),
+  );
+}
+
+export function formatDuration(ms: number): string {
+  if (ms <= 0) return "expired";
+  const s = Math.round(ms / 1000);
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return `${Math.round(s / 3600)}h`;
+}
