@@ -1,6 +1,7 @@
 /** Entry point of the `forkd` command line. */
 import { Command } from "commander";
 import { FORKD_VERSION } from "../common/version.js";
+import { registerDaemonCommands } from "./commands/daemon-commands.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerFork } from "./commands/fork.js";
 import { registerImage } from "./commands/image.js";
@@ -22,6 +23,7 @@ export function buildProgram(): Command {
   registerFork(program);
   registerSnapshots(program);
   registerDoctor(program);
+  registerDaemonCommands(program);
   return program;
 }
 
