@@ -3,15 +3,24 @@ import { resolvePaths } from "../../common/paths.js";
 import { deleteSnapshot, listSnapshots } from "../../controller/snapshots.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
+import {
+  addSnapshotDaemonOptions,
+  deleteSnapshotViaDaemon,
+  listSnapshotsViaDaemon,
+  snapshotDaemon,
+} from "./snapshots-remote.js";
 
 export function registerSnapshots(program: Command): void {
-  program
-    .command("snapshots")
-    .description("list snapshots")
+  addSnapshotDaemonOptions(
+    program.command("snapshots").description("list snapshots (the daemon's, if one is running)"),
+  )
     .option("--json", "print JSON")
-    .action((opts) =>
-      runCommand(async () => {
-        const snaps = await listSnapshots(resolvePaths());
+    .action((opts, command: Command) =>
+      runCommand(async (signal) => {
+        const daemon = await snapshotDaemon(command);
+        const snaps = daemon
+          ? await listSnapshotsViaDaemon(daemon, signal)
+          : await listSnapshots(resolvePaths());
         if (opts.json) printJson(snaps);
         else
           printTable(
@@ -27,13 +36,15 @@ export function registerSnapshots(program: Command): void {
         return undefined;
       }),
     );
-  program
-    .command("rmi")
-    .description("delete a snapshot")
+  addSnapshotDaemonOptions(
+    program.command("rmi").description("delete a snapshot (through the daemon, if one is running)"),
+  )
     .argument("<tag>", "snapshot tag")
-    .action((tag: string) =>
-      runCommand(async () => {
-        await deleteSnapshot(resolvePaths(), tag);
+    .action((tag: string, _opts, command: Command) =>
+      runCommand(async (signal) => {
+        const daemon = await snapshotDaemon(command);
+        if (daemon) await deleteSnapshotViaDaemon(daemon, tag, signal);
+        else await deleteSnapshot(resolvePaths(), tag);
         process.stdout.write(`deleted ${tag}\n`);
         return undefined;
       }),
