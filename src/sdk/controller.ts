@@ -22,6 +22,7 @@ import type {
   FileListing,
   PingResult,
   SandboxInfo,
+  SnapshotDetail,
   SnapshotInfo,
   VersionInfo,
 } from "./wire.js";
@@ -30,6 +31,10 @@ import type {
 export const DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS = 30 * 60_000;
 /** Network allowance on top of a command's own timeout, for calls that wait for guest work. */
 const GUEST_WORK_GRACE_MS = 10_000;
+/** Stdin bytes per NDJSON frame of a streamed-stdin exec (the daemon bounds one request line). */
+const STDIN_FRAME_BYTES = 256 * 1024;
+/** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
+export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
 
 export interface SpawnOptions extends RequestOptions {
   snapshotTag: string;
@@ -46,14 +51,22 @@ export interface SpawnOptions extends RequestOptions {
 }
 
 export interface ExecCommandOptions extends RequestOptions {
-  /** Kill the command after this many ms; 0 = no limit. @default 60_000 */
+  /** Kill the command after this many ms; 0 = no limit (the daemon's maximum, 24 h). @default 60_000 */
   timeoutMs?: number;
   /** forkd v0.5 spelling of the command timeout, in seconds; `timeoutMs` wins if both are given. */
   timeoutSecs?: number;
   envs?: Record<string, string>;
-  /** Absolute working directory in the guest. */
+  /** Absolute working directory in the guest. @default / */
   cwd?: string;
+  /** Written to the command's stdin, which is then closed. */
   stdin?: string | Uint8Array;
+  /** How `execCommand` puts output bytes in its JSON strings. @default "utf8" (invalid bytes replaced) */
+  encoding?: "utf8" | "base64";
+}
+
+export interface ExecStreamOptions extends Omit<ExecCommandOptions, "stdin" | "encoding"> {
+  /** Stdin as a whole, or streamed while the command runs (closed when the iterable ends). */
+  stdin?: string | Uint8Array | AsyncIterable<string | Uint8Array>;
 }
 
 export interface EvalCodeOptions extends RequestOptions {
@@ -74,8 +87,8 @@ export interface BranchOptions extends RequestOptions {
 
 export interface CreateSnapshotOptions extends RequestOptions {
   tag: string;
-  /** Template name (templates/<name>.toml on the daemon's host). */
-  template: string;
+  /** Template name (templates/<name>.toml on the daemon's host). @default the tag */
+  template?: string;
   /**
    * Longest wait for the build, boot and warm-up in ms; 0 = no limit. Replaces `requestTimeoutMs` for this call.
    * @default 1_800_000 (30 minutes)
@@ -124,8 +137,9 @@ export class Controller {
     return this.json<SnapshotInfo[]>({ method: "GET", path: "/v1/snapshots" }, call);
   }
 
-  async getSnapshot(tag: string, call: RequestOptions = {}): Promise<SnapshotInfo> {
-    return this.json<SnapshotInfo>(
+  /** One snapshot, with its chain (`chain_depth`, `ancestors`, `dependents`). */
+  async getSnapshot(tag: string, call: RequestOptions = {}): Promise<SnapshotDetail> {
+    return this.json<SnapshotDetail>(
       { method: "GET", path: pathOf`/v1/snapshots/${required(tag, "tag")}/info` },
       call,
     );
@@ -139,7 +153,10 @@ export class Controller {
       {
         method: "POST",
         path: "/v1/snapshots",
-        json: { tag: required(options.tag, "tag"), template: required(options.template, "template") },
+        json: {
+          tag: required(options.tag, "tag"),
+          ...(options.template === undefined ? {} : { template: required(options.template, "template") }),
+        },
         deadlineMs: timeoutMs,
         deadlineSetting: "timeoutMs",
       },
@@ -180,6 +197,18 @@ export class Controller {
     return this.json<SandboxInfo>({ method: "GET", path: pathOf`/v1/sandboxes/${required(id, "id")}` }, call);
   }
 
+  /** Kills every sandbox (`all: true`) or every sandbox of one snapshot; returns the ids killed. */
+  async killSandboxes(
+    options: RequestOptions & ({ all: true } | { snapshotTag: string }),
+  ): Promise<string[]> {
+    const query = "snapshotTag" in options ? { snapshot_tag: options.snapshotTag } : { all: true };
+    const answer = await this.json<{ killed: string[] }>(
+      { method: "DELETE", path: "/v1/sandboxes", query },
+      options,
+    );
+    return answer.killed;
+  }
+
   /** Kills the sandbox and frees its resources; NotFoundError if the daemon does not know it. */
   async killSandbox(id: string, call: RequestOptions = {}): Promise<void> {
     await this.send({ method: "DELETE", path: pathOf`/v1/sandboxes/${required(id, "id")}` }, call);
@@ -212,7 +241,10 @@ export class Controller {
       {
         method: "POST",
         path: pathOf`/v1/sandboxes/${required(id, "id")}/exec`,
-        json: execBody(args, options, timeoutMs),
+        json: {
+          ...execBody(args, options, timeoutMs),
+          ...(options.encoding ? { encoding: options.encoding } : {}),
+        },
         ...this.guestWorkDeadline(timeoutMs, options),
       },
       options,
@@ -222,28 +254,36 @@ export class Controller {
   /**
    * Runs `args` (no shell) and yields its output as it happens, then its exit (`type: "exit"`). The request
    * timeout bounds the wait for the daemon to start the command; `timeoutMs` bounds the command.
-   * Breaking out of the loop or aborting `signal` cancels the command.
+   * Breaking out of the loop or aborting `signal` disconnects, which kills the command.
    */
-  async *execStream(id: string, args: string[], options: ExecCommandOptions = {}): AsyncGenerator<ExecEvent> {
+  async *execStream(id: string, args: string[], options: ExecStreamOptions = {}): AsyncGenerator<ExecEvent> {
     const timeoutMs = commandTimeoutMs(options);
     const settings = this.settings(options);
-    const request: HttpRequest = {
-      method: "POST",
-      path: pathOf`/v1/sandboxes/${required(id, "id")}/exec/stream`,
-      json: execBody(args, options, timeoutMs),
-      accept: "application/x-ndjson, text/event-stream",
-    };
+    const { stdin, ...rest } = options;
+    const exec = { ...execBody(args, rest, timeoutMs), encoding: "base64" };
+    const path = pathOf`/v1/sandboxes/${required(id, "id")}/exec/stream`;
+    const streamedStdin = stdin !== undefined && typeof stdin !== "string" && !(stdin instanceof Uint8Array);
+    const request: HttpRequest = streamedStdin
+      ? {
+          method: "POST",
+          path,
+          bodyStream: stdinFrames(exec, stdin),
+          contentType: "application/x-ndjson",
+          accept: "application/x-ndjson",
+        }
+      : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: "application/x-ndjson" };
     const scope = new CallScope(options.signal);
     try {
+      const program = args[0] ?? "";
       const stopHandshakeDeadline = scope.deadline(
         settings.requestTimeoutMs,
         "requestTimeoutMs",
-        `starting ${args[0]}`,
+        `starting ${program}`,
       );
       const response = await openStream(settings, request, scope);
       stopHandshakeDeadline();
       // The daemon kills the command at timeoutMs and reports it; this backstop catches a daemon that never does.
-      if (timeoutMs !== 0) scope.deadline(timeoutMs + GUEST_WORK_GRACE_MS, "timeoutMs", `command ${args[0]}`);
+      if (timeoutMs !== 0) scope.deadline(timeoutMs + GUEST_WORK_GRACE_MS, "timeoutMs", `command ${program}`);
       yield* execEvents(response, settings, request, scope);
     } finally {
       scope.abort();
@@ -260,7 +300,7 @@ export class Controller {
       {
         method: "POST",
         path: pathOf`/v1/sandboxes/${required(id, "id")}/eval`,
-        json: { code, timeout_ms: timeoutMs },
+        json: { code, timeout_ms: wireTimeoutMs(timeoutMs) },
         ...this.guestWorkDeadline(timeoutMs, options),
       },
       options,
@@ -284,6 +324,7 @@ export class Controller {
 
   // --- files -------------------------------------------------------------------------------------------
 
+  /** Replaces (or creates) a file, creating parent directories. Binary-safe; at most ~16 MiB per call (413). */
   async writeFile(
     id: string,
     path: string,
@@ -292,22 +333,21 @@ export class Controller {
   ): Promise<{ bytes: number }> {
     const query: Record<string, string | number> = { path: required(path, "path") };
     if (options.mode !== undefined) query.mode = options.mode.toString(8);
-    const answer = await this.json<{ bytes?: number } | null>(
+    return this.json<{ path: string; bytes: number }>(
       { method: "PUT", path: pathOf`/v1/sandboxes/${required(id, "id")}/files`, query, body: data },
       options,
     );
-    return { bytes: answer?.bytes ?? (typeof data === "string" ? Buffer.byteLength(data) : data.byteLength) };
   }
 
+  /** A file's bytes (PayloadTooLargeError past the daemon's per-call limit, ~16 MiB, or past `maxBytes`). */
   async readFile(id: string, path: string, options: ReadFileOptions = {}): Promise<Buffer> {
-    const query: Record<string, string | number> = { path: required(path, "path") };
-    if (options.maxBytes !== undefined) query.max_bytes = options.maxBytes;
     const response = await this.send(
       {
         method: "GET",
         path: pathOf`/v1/sandboxes/${required(id, "id")}/files`,
-        query,
+        query: { path: required(path, "path") },
         accept: "application/octet-stream",
+        maxResponseBytes: options.maxBytes,
       },
       options,
     );
@@ -386,7 +426,7 @@ export class Controller {
   }
 }
 
-function commandTimeoutMs(options: ExecCommandOptions): number {
+function commandTimeoutMs(options: Pick<ExecCommandOptions, "timeoutMs" | "timeoutSecs">): number {
   const timeoutMs =
     options.timeoutMs ??
     (options.timeoutSecs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : options.timeoutSecs * 1000);
@@ -397,21 +437,49 @@ function commandTimeoutMs(options: ExecCommandOptions): number {
   return timeoutMs;
 }
 
-function execBody(args: string[], options: ExecCommandOptions, timeoutMs: number): Record<string, unknown> {
+/** "No limit" (0) becomes the daemon's longest timeout: the wire requires a bound. */
+function wireTimeoutMs(timeoutMs: number): number {
+  return timeoutMs === 0 ? MAX_GUEST_TIMEOUT_MS : timeoutMs;
+}
+
+function execBody(
+  args: string[],
+  options: Pick<ExecCommandOptions, "envs" | "cwd" | "stdin">,
+  timeoutMs: number,
+): Record<string, unknown> {
   if (!Array.isArray(args) || args.length === 0 || args.some((a) => typeof a !== "string")) {
     throw new InvalidArgumentError(
       "args must be a non-empty array of strings (the program and its arguments)",
     );
   }
-  const body: Record<string, unknown> = { args, timeout_ms: timeoutMs };
+  const body: Record<string, unknown> = { args, timeout_ms: wireTimeoutMs(timeoutMs) };
   if (options.envs !== undefined) body.env = options.envs;
   if (options.cwd !== undefined) body.cwd = options.cwd;
-  if (options.stdin !== undefined) {
-    body.stdin_base64 = Buffer.from(
-      typeof options.stdin === "string" ? Buffer.from(options.stdin) : options.stdin,
-    ).toString("base64");
+  return { ...body, ...inlineStdin(options.stdin) };
+}
+
+function inlineStdin(
+  stdin: string | Uint8Array | AsyncIterable<unknown> | undefined,
+): Record<string, string> {
+  if (typeof stdin === "string") return { stdin };
+  if (stdin instanceof Uint8Array) return { stdin_b64: Buffer.from(stdin).toString("base64") };
+  return {};
+}
+
+/** The NDJSON request of a streamed-stdin exec: the exec request, then one line per stdin chunk, then EOF. */
+async function* stdinFrames(
+  exec: Record<string, unknown>,
+  stdin: AsyncIterable<string | Uint8Array>,
+): AsyncGenerator<Buffer> {
+  yield Buffer.from(`${JSON.stringify(exec)}\n`);
+  for await (const chunk of stdin) {
+    const bytes = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : Buffer.from(chunk);
+    for (let offset = 0; offset < bytes.length; offset += STDIN_FRAME_BYTES) {
+      const part = bytes.subarray(offset, offset + STDIN_FRAME_BYTES).toString("base64");
+      yield Buffer.from(`${JSON.stringify({ stdin_b64: part })}\n`);
+    }
   }
-  return body;
+  yield Buffer.from(`${JSON.stringify({ eof: true })}\n`);
 }
 
 function required(value: string, name: string): string {

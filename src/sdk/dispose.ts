@@ -3,13 +3,18 @@
  * 20.4 on (as Symbol.for("nodejs.asyncDispose")). Importing the SDK defines it, with that same registered
  * symbol, only where it is missing, so objects from Node's own streams and from other polyfills keep working.
  */
-if (typeof Symbol.asyncDispose !== "symbol") {
-  Object.defineProperty(Symbol, "asyncDispose", {
-    value: Symbol.for("nodejs.asyncDispose"),
-    writable: false,
-    enumerable: false,
-    configurable: false,
-  });
+
+/** Defines `asyncDispose` on `symbolConstructor` if absent, like the built-in (read-only, hidden). */
+export function installAsyncDisposeSymbol(symbolConstructor: SymbolConstructor = Symbol): symbol {
+  if (typeof symbolConstructor.asyncDispose !== "symbol") {
+    Object.defineProperty(symbolConstructor, "asyncDispose", {
+      value: symbolConstructor.for("nodejs.asyncDispose"),
+      writable: false,
+      enumerable: false,
+      configurable: false,
+    });
+  }
+  return symbolConstructor.asyncDispose;
 }
 
-export const asyncDispose: typeof Symbol.asyncDispose = Symbol.asyncDispose;
+installAsyncDisposeSymbol();

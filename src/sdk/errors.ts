@@ -108,8 +108,8 @@ export class TimeoutError extends ForkdSdkError {
 }
 
 export interface CommandResult {
-  /** 0 on success; null when the process was killed by a signal. */
-  exitCode: number | null;
+  /** 0 on success; 128+N when the process was killed by signal N. */
+  exitCode: number;
   stdout: string;
   stderr: string;
   /** Signal that killed the process (e.g. "SIGKILL"), if any. */
@@ -120,7 +120,7 @@ export interface CommandResult {
 
 /** Thrown by `sandbox.commands.run` when the command exits non-zero (or is killed); carries its output. */
 export class CommandExitError extends ForkdSdkError implements CommandResult {
-  readonly exitCode: number | null;
+  readonly exitCode: number;
   readonly stdout: string;
   readonly stderr: string;
   readonly signal: string | null;
@@ -129,8 +129,8 @@ export class CommandExitError extends ForkdSdkError implements CommandResult {
   constructor(result: CommandResult, command: string) {
     const how = result.timedOut
       ? "was killed after running past its timeoutMs (pass a larger `timeoutMs`, 0 disables)"
-      : result.exitCode === null
-        ? `was killed by ${result.signal ?? "a signal"}`
+      : result.signal
+        ? `was killed by ${result.signal} (exit code ${result.exitCode})`
         : `exited with code ${result.exitCode}`;
     const tail = lastLine(result.stderr);
     super(`command ${command} ${how}${tail ? `: ${tail}` : ""}`);
@@ -156,6 +156,7 @@ export function errorFromResponse(
   const retryHint = retryAfterMs === undefined ? "" : `; retry after ${retryAfterMs} ms`;
   switch (status) {
     case 400:
+    case 415:
     case 422:
       return new InvalidArgumentError(`${shown} ${where}`, ctx);
     case 401:

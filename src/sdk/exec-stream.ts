@@ -1,6 +1,7 @@
 /**
- * The streamed exec answer as typed events: output chunks as they happen, then one exit event. Decodes the
- * daemon's records (NDJSON or SSE, see docs/api.md) and fails loudly on a stream that ends without an exit.
+ * The streamed exec answer (POST /v1/sandboxes/:id/exec/stream, NDJSON) as typed events: output chunks as they
+ * happen, then one exit event. A `{"type":"error"}` line becomes the error class of its code; a stream that ends
+ * without an exit is a dropped connection.
  */
 import type { IncomingMessage } from "node:http";
 import type { CallScope } from "./call-scope.js";
@@ -14,12 +15,29 @@ export type ExecEvent =
   | { type: "stderr"; data: Buffer }
   | {
       type: "exit";
-      /** null when the process was killed by a signal. */
-      exitCode: number | null;
+      /** The exit status; 128+N when killed by signal N. */
+      exitCode: number;
+      /** The signal that killed the process, e.g. "SIGKILL", or null. */
       signal: string | null;
+      /** Killed because it ran past its timeout. */
       timedOut: boolean;
       durationMs: number | null;
     };
+
+/** The daemon's error codes (src/common/errors.ts catalogue) and their statuses, for errors inside a stream. */
+const STATUS_OF_CODE: Record<string, number> = {
+  invalid_argument: 400,
+  unauthorized: 401,
+  not_found: 404,
+  conflict: 409,
+  payload_too_large: 413,
+  unprocessable: 422,
+  too_many_requests: 429,
+  internal: 500,
+  not_implemented: 501,
+  unavailable: 503,
+  timeout: 504,
+};
 
 export async function* execEvents(
   response: IncomingMessage,
@@ -63,15 +81,16 @@ function decodeRecord(kind: string | undefined, data: unknown, request: HttpRequ
     case "exit":
       return {
         type: "exit",
-        exitCode: typeof record.exit_code === "number" ? record.exit_code : null,
+        exitCode: typeof record.exit_code === "number" ? record.exit_code : 255,
         signal: typeof record.signal === "string" ? record.signal : null,
         timedOut: record.timed_out === true,
         durationMs: typeof record.duration_ms === "number" ? record.duration_ms : null,
       };
     case "error": {
-      const status = typeof record.status === "number" ? record.status : 500;
+      const code = typeof record.code === "string" ? record.code : "internal";
+      const status = STATUS_OF_CODE[code] ?? 500;
       const message = typeof record.error === "string" ? record.error : JSON.stringify(record);
-      throw errorFromResponse(status, JSON.stringify({ error: message, code: record.code }), {
+      throw errorFromResponse(status, JSON.stringify({ error: message, code }), {
         request: describeRequest(request),
       });
     }
@@ -80,13 +99,9 @@ function decodeRecord(kind: string | undefined, data: unknown, request: HttpRequ
   }
 }
 
+/** The SDK asks for base64 chunks so output bytes arrive exactly as the process wrote them. */
 function decodeBytes(record: Record<string, unknown>): Buffer {
-  if (typeof record.data_base64 === "string") return Buffer.from(record.data_base64, "base64");
-  if (typeof record.data === "string") {
-    return record.encoding === "base64"
-      ? Buffer.from(record.data, "base64")
-      : Buffer.from(record.data, "utf8");
-  }
+  if (typeof record.data === "string") return Buffer.from(record.data, "base64");
   throw new ForkdSdkError(
     `an output record of the exec stream carries no data: ${JSON.stringify(record).slice(0, 200)}`,
   );

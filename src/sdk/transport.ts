@@ -21,6 +21,8 @@ export interface HttpRequest {
   json?: unknown;
   /** Sent as is (with `contentType`, default application/octet-stream). */
   body?: Buffer | Uint8Array | string;
+  /** Sent chunked as it is produced (with `contentType`); such a request is never re-sent. */
+  bodyStream?: AsyncIterable<Buffer>;
   contentType?: string;
   accept?: string;
   /** Largest response body accepted into memory. */
@@ -164,6 +166,8 @@ function openOnce(
   if (payload !== undefined) {
     headers["content-type"] = payload.contentType;
     headers["content-length"] = String(payload.bytes.length);
+  } else if (request.bodyStream !== undefined) {
+    headers["content-type"] = request.contentType ?? "application/octet-stream";
   }
   const address = settings.address;
   const path = withQuery(request.path, request.query);
@@ -196,14 +200,42 @@ function openOnce(
     req.on("error", (err: NodeJS.ErrnoException) => {
       detach();
       if (scope.signal.aborted) return reject(scope.reason);
-      if (!isRetry && req.reusedSocket && STALE_SOCKET_CODES.has(err.code ?? "")) {
+      const replayable = request.bodyStream === undefined;
+      if (!isRetry && replayable && req.reusedSocket && STALE_SOCKET_CODES.has(err.code ?? "")) {
         return reject(new StaleSocketError(err.message));
       }
       connectionFailure(settings, request, err).then(reject, reject);
     });
     if (payload !== undefined) req.end(payload.bytes);
+    else if (request.bodyStream !== undefined) void pump(request.bodyStream, req, scope);
     else req.end();
   });
+}
+
+/**
+ * Writes a streamed body with back-pressure. The answer may start before the body ends (a command's output
+ * while its stdin still flows). If the producer throws, the call aborts with the producer's error.
+ */
+async function pump(body: AsyncIterable<Buffer>, req: http.ClientRequest, scope: CallScope): Promise<void> {
+  try {
+    for await (const chunk of body) {
+      if (req.destroyed || scope.signal.aborted) return;
+      if (!req.write(chunk)) {
+        await new Promise<void>((resolve) => {
+          const done = () => {
+            req.off("drain", done);
+            req.off("close", done);
+            resolve();
+          };
+          req.on("drain", done);
+          req.on("close", done);
+        });
+      }
+    }
+    if (!req.destroyed) req.end();
+  } catch (err) {
+    scope.abort(err);
+  }
 }
 
 function encodeBody(request: HttpRequest): { bytes: Buffer; contentType: string } | undefined {

@@ -17,6 +17,9 @@ export interface SandboxInfo {
   /** Restore to ready, in ms. */
   ready_ms?: number | null;
   accelerator?: "kvm" | "tcg" | (string & {});
+  /** forkd v0.5 fields; always null here. */
+  netns?: null;
+  guest_addr?: null;
   [field: string]: unknown;
 }
 
@@ -33,40 +36,69 @@ export interface SnapshotInfo {
   parent_tag?: string | null;
   bytes?: number;
   error?: string | null;
+  /** Where the snapshot lives on the daemon's host. */
+  dir?: string;
   [field: string]: unknown;
+}
+
+/** GET /v1/snapshots/:tag/info: a snapshot and its chain. */
+export interface SnapshotDetail extends SnapshotInfo {
+  chain_depth?: number;
+  /** Tags from the chain's root to the parent. */
+  ancestors?: string[];
+  /** Snapshots whose parent is this one. */
+  dependents?: string[];
 }
 
 /** POST /v1/sandboxes/:id/exec (forkd v0.5 compatible). */
 export interface ExecResult {
   stdout: string;
   stderr: string;
-  /** null when the process was killed by a signal. */
-  exit_code: number | null;
+  /** The exit status; 128+N when killed by signal N (as shells report it). */
+  exit_code: number;
+  /** The signal that killed the process, e.g. "SIGKILL", or null. */
   signal?: string | null;
+  /** The process group was killed because it ran past its timeout. */
   timed_out?: boolean;
+  /** Output is captured up to 1 MiB per stream; use the streamed exec for more. */
+  stdout_truncated?: boolean;
+  stderr_truncated?: boolean;
+  duration_ms?: number;
+  encoding?: "utf8" | "base64";
   [field: string]: unknown;
-}
-
-/** A Python exception raised by evaluated code. */
-export interface PythonErrorInfo {
-  type: string;
-  message: string;
-  traceback: string;
 }
 
 /** POST /v1/sandboxes/:id/eval (forkd v0.5 compatible: `result`, `error`, `exit_code`). */
 export interface EvalResult {
   /** repr() of the code's trailing expression, or null. */
   result: string | null;
-  /** null on success; a message (v0.5) or the exception's details. */
-  error: string | PythonErrorInfo | null;
+  /** "Type: message" of an uncaught exception, or null. */
+  error: string | null;
+  /** 0 without an error, 1 with one. */
   exit_code: number;
+  /** The exception's class, e.g. "ZeroDivisionError". */
+  error_type?: string | null;
+  traceback?: string | null;
   stdout?: string;
   stderr?: string;
+  timed_out?: boolean;
+  result_truncated?: boolean;
+  stdout_truncated?: boolean;
+  stderr_truncated?: boolean;
+  duration_ms?: number;
   [field: string]: unknown;
 }
 
 export interface PingResult {
+  pong: true;
+  protocol?: number;
+  agent_version?: string;
+  template?: string;
+  interpreter?: string;
+  warm?: unknown;
+  sandbox_id?: string | null;
+  hostname?: string;
+  uptime_ms?: number;
   [field: string]: unknown;
 }
 
@@ -78,12 +110,14 @@ export interface FileInfo {
   size: number;
   mode: number;
   mtime_ms?: number;
-  link_target?: string;
+  link_target?: string | null;
   [field: string]: unknown;
 }
 
 export interface FileListing {
+  path?: string;
   entries: FileInfo[];
+  /** The directory had more entries than one listing returns. */
   truncated?: boolean;
 }
 

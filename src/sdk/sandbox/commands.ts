@@ -15,8 +15,8 @@ export interface CommandOptions extends RequestOptions {
   envs?: Record<string, string>;
   /** Absolute working directory. @default / */
   cwd?: string;
-  /** Bytes written to the command's standard input, which is then closed. */
-  stdin?: string | Uint8Array;
+  /** The command's standard input: all at once, or streamed while it runs; closed at the end. */
+  stdin?: string | Uint8Array | AsyncIterable<string | Uint8Array>;
 }
 
 /** Runs a shell command line through bash, like the E2B SDK; pass an array to run a program without a shell. */
@@ -47,10 +47,7 @@ export class Commands {
     const stderr = new OutputCollector(options.onStderr);
     let result: CommandResult | undefined;
     try {
-      const events = this.controller.execStream(this.sandboxId, argv, {
-        ...options,
-        timeoutMs: options.timeoutMs,
-      });
+      const events = this.controller.execStream(this.sandboxId, argv, options);
       for await (const event of events) {
         if (event.type === "stdout") await stdout.push(event.data);
         else if (event.type === "stderr") await stderr.push(event.data);

@@ -20,7 +20,7 @@ import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   type RequestOptions,
 } from "../settings.js";
-import type { SandboxInfo, SnapshotInfo } from "../wire.js";
+import type { EvalResult, SandboxInfo, SnapshotInfo } from "../wire.js";
 import { Commands } from "./commands.js";
 import { Files } from "./files.js";
 
@@ -200,7 +200,7 @@ export class Sandbox {
         result: answer.result ?? null,
         stdout: typeof answer.stdout === "string" ? answer.stdout : "",
         stderr: typeof answer.stderr === "string" ? answer.stderr : "",
-        error: executionError(answer.error),
+        error: executionError(answer),
       };
     } catch (err) {
       throw await this.diagnose(err, "running code");
@@ -333,18 +333,12 @@ async function ensureTemplateSnapshot(
   }
 }
 
-function executionError(error: unknown): ExecutionError | null {
-  if (error === null || error === undefined) return null;
-  if (typeof error === "string") {
-    const match = /^(\w+(?:\.\w+)*): ?(.*)$/s.exec(error.trim().split("\n").pop() ?? "");
-    return { name: match?.[1] ?? "Error", value: match?.[2] ?? error, traceback: error };
-  }
-  const record = error as Record<string, unknown>;
-  return {
-    name: String(record.type ?? record.name ?? "Error"),
-    value: String(record.message ?? record.value ?? ""),
-    traceback: String(record.traceback ?? ""),
-  };
+/** The wire's "Type: message" + error_type + traceback as E2B's { name, value, traceback }. */
+function executionError(answer: EvalResult): ExecutionError | null {
+  if (answer.error === null || answer.error === undefined) return null;
+  const name = answer.error_type ?? /^([\w.]+):/.exec(answer.error)?.[1] ?? "Error";
+  const value = answer.error.startsWith(`${name}: `) ? answer.error.slice(name.length + 2) : answer.error;
+  return { name, value, traceback: answer.traceback ?? "" };
 }
 
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
