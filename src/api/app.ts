@@ -10,6 +10,7 @@ import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
 import Fastify, { type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from "fastify";
 import type { Logger } from "pino";
+import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 import type { AuditLog } from "./audit.js";
@@ -165,7 +166,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
  * v0.5's CLI POSTs `ping` with `Content-Type: application/json` and an empty body.
  */
 function installJsonParser(app: FastifyInstance): void {
-  const parseJson = app.getDefaultJsonParser("error", "error");
+  const parseSafely = app.getDefaultJsonParser("error", "error");
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) => {
     const text = body.toString();
@@ -173,7 +174,24 @@ function installJsonParser(app: FastifyInstance): void {
       done(null, undefined);
       return;
     }
-    parseJson(request, text, done);
+    // Parsed once plainly for a message that says where the syntax error is (Fastify's parser does not say).
+    try {
+      JSON.parse(text);
+    } catch (err) {
+      done(new ForkdError("invalid_argument", `malformed JSON body: ${(err as Error).message}`), undefined);
+      return;
+    }
+    parseSafely(request, text, (err, value) => {
+      if (err) {
+        done(
+          new ForkdError(
+            "invalid_argument",
+            "JSON body contains a forbidden __proto__ or constructor.prototype key",
+          ),
+          undefined,
+        );
+      } else done(null, value);
+    });
   });
 }
 

@@ -18,7 +18,7 @@ export function parseBind(bind: string): TcpAddress {
   const match = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(bind.trim());
   const host = match?.[1] ?? match?.[2];
   const port = Number(match?.[3]);
-  if (!match || !host || !Number.isInteger(port) || port < 1 || port > 65535) {
+  if (!match || !host || !Number.isInteger(port) || port < 0 || port > 65535) {
     throw invalidArgument(`invalid --bind ${JSON.stringify(bind)}: expected host:port, e.g. 127.0.0.1:8889`);
   }
   if (match[1] !== undefined && isIP(host) !== 6)

@@ -63,21 +63,23 @@ export function createMetrics(
     },
   });
 
-  const snapshotBytes = new Gauge({
+  new Gauge({
     name: "forkd_snapshot_bytes",
     help: "Bytes of each snapshot's files.",
     labelNames: ["tag"],
     registers: [registry],
+    async collect() {
+      this.reset();
+      for (const snap of await services.snapshots.list().catch(() => []))
+        this.set({ tag: snap.tag }, snap.bytes);
+    },
   });
   new Gauge({
     name: "forkd_snapshots_total",
     help: "Snapshots known to the daemon (a gauge; the name is forkd v0.5's).",
     registers: [registry],
     async collect() {
-      snapshotBytes.reset();
-      const snapshots = await services.snapshots.list().catch(() => []);
-      for (const snap of snapshots) snapshotBytes.set({ tag: snap.tag }, snap.bytes);
-      this.set(snapshots.length);
+      this.set((await services.snapshots.list().catch(() => [])).length);
     },
   });
 

@@ -253,7 +253,12 @@ const ExecCommon = {
   }),
   timeout_secs: Type.Optional(TimeoutSecs),
   timeout_ms: Type.Optional(TimeoutMs),
-  env: Type.Optional(Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String())),
+  env: Type.Optional(
+    Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String(), {
+      additionalProperties: false,
+      description: "Environment variables added to the guest's; names are [A-Za-z_][A-Za-z0-9_]*.",
+    }),
+  ),
   cwd: Type.Optional(Type.String({ minLength: 1, maxLength: MAX_PATH_CHARS, description: "Absolute." })),
   encoding: Type.Optional(
     Type.Union([Type.Literal("utf8"), Type.Literal("base64")], {
