@@ -348,7 +348,10 @@ describe("REST API over the services test double", () => {
     const empty = await call("PUT", `/v1/sandboxes/${id}/files?path=/tmp/dir/empty`);
     assert.equal(empty.json?.bytes, 0);
     const listing = (await call("GET", `/v1/sandboxes/${id}/files/list?path=/tmp/dir`)).json;
-    assert.deepEqual(((listing?.entries ?? []) as { name: string }[]).map((e) => e.name).sort(), ["a.bin", "empty"]);
+    assert.deepEqual(((listing?.entries ?? []) as { name: string }[]).map((e) => e.name).sort(), [
+      "a.bin",
+      "empty",
+    ]);
     const stat = (await call("GET", `/v1/sandboxes/${id}/files/stat?path=/tmp/dir/a.bin`)).json;
     assert.deepEqual([stat?.type, stat?.size, stat?.mode], ["file", bytes.length, 0o644]);
     assert.equal((await call("DELETE", `/v1/sandboxes/${id}/files?path=/tmp/dir/a.bin`)).status, 204);

@@ -9,6 +9,7 @@
  *   exit N              exit code N, stderr "bye\n"
  *   split-utf8          writes "é" (2 bytes) split across two chunks, then a 0xff byte
  *   flood BYTES         writes BYTES of "x" in 64 KiB chunks, as fast as possible
+ *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
  */
 import type {
@@ -36,6 +37,8 @@ export class ServicesDouble {
   readonly filesByPath = new Map<string, Buffer>();
   /** Ids of sandboxes whose exec was cancelled (client went away). */
   readonly cancelled: string[] = [];
+  /** Set by close(). */
+  closed = false;
   /** Last spawn request the double received. */
   lastSpawn: SpawnRequest | undefined;
   private counter = 0;
@@ -191,6 +194,10 @@ export class ServicesDouble {
     },
   };
 
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+
   private snapshot(tag: string): SnapshotInfo {
     const snap = this.snapshotsByTag.get(tag);
     if (!snap) throw new ForkdError("not_found", `snapshot ${tag} not found`);
@@ -252,6 +259,17 @@ export class ServicesDouble {
         }
         break;
       }
+      case "sleep":
+        await new Promise<void>((resolve, reject) => {
+          const timer = setTimeout(resolve, Number(argv[1]));
+          options.signal?.addEventListener("abort", () => {
+            clearTimeout(timer);
+            this.cancelled.push(id);
+            reject(abortError(options.signal as AbortSignal, "exec"));
+          });
+        });
+        out(Buffer.from("slept\n"));
+        break;
       case "hang":
         await new Promise<void>((_resolve, reject) => {
           const signal = options.signal;
