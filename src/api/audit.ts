@@ -3,7 +3,7 @@
  * touched), appended to a file the daemon never truncates. Rotation is external (logrotate renames the file, then
  * sends SIGHUP): `reopen()` starts a new file at the configured path.
  */
-import { mkdir } from "node:fs/promises";
+import { access, chmod, mkdir } from "node:fs/promises";
 import path from "node:path";
 import pino from "pino";
 import { ForkdError } from "../common/errors.js";
@@ -39,6 +39,10 @@ export class AuditLog {
   static async open(file: string, onError: (err: Error) => void): Promise<AuditLog> {
     const absolute = path.resolve(file);
     await mkdir(path.dirname(absolute), { recursive: true, mode: 0o750 });
+    const existed = await access(absolute).then(
+      () => true,
+      () => false,
+    );
     const destination = pino.destination({ dest: absolute, append: true, sync: false, mode: 0o640 });
     await new Promise<void>((resolve, reject) => {
       destination.once("ready", () => resolve());
@@ -46,6 +50,8 @@ export class AuditLog {
         reject(new ForkdError("unavailable", `cannot open audit log ${absolute}: ${err.message}`)),
       );
     });
+    // A new log is 0640 whatever the umask; an existing one keeps the mode its owner gave it.
+    if (!existed) await chmod(absolute, 0o640);
     return new AuditLog(absolute, destination, onError);
   }
 

@@ -48,7 +48,10 @@ export function checkBindPolicy(address: TcpAddress, hasToken: boolean): void {
  * Throws if another daemon is still answering there, or if the path is something other than a socket.
  */
 export async function prepareSocketPath(socketPath: string): Promise<void> {
-  await mkdir(path.dirname(socketPath), { recursive: true, mode: 0o755 });
+  // 0755 whatever the umask, so a group given access to the socket can reach it; an existing directory is left alone.
+  if ((await mkdir(path.dirname(socketPath), { recursive: true })) !== undefined) {
+    await chmod(path.dirname(socketPath), 0o755);
+  }
   const existing = await lstat(socketPath).catch((err: NodeJS.ErrnoException) => {
     if (err.code === "ENOENT") return null;
     throw err;
