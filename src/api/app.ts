@@ -8,7 +8,12 @@ import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
-import Fastify, { type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from "fastify";
+import Fastify, {
+  type FastifyInstance,
+  type FastifyRequest,
+  type FastifyServerOptions,
+  LogController,
+} from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
@@ -81,7 +86,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     keepAliveTimeout: 5_000,
     routerOptions: { ignoreTrailingSlash: true },
     // One debug line per request (below) instead of Fastify's two info lines; mutations are in the audit log.
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
   };
   if (options.https) fastifyOptions.https = options.https;

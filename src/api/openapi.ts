@@ -2,6 +2,8 @@
  * The OpenAPI document, generated from the route schemas by @fastify/swagger. docs/openapi.json is this output,
  * checked in (`npm run openapi` rewrites it; test/api/openapi.test.ts fails when it is stale).
  */
+import { existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { ForkdError } from "../common/errors.js";
 import { buildApi, type DaemonServices } from "./app.js";
 
@@ -34,4 +36,14 @@ export async function generateOpenApi(): Promise<Record<string, unknown>> {
 /** The document as it is written to docs/openapi.json. */
 export async function renderOpenApi(): Promise<string> {
   return `${JSON.stringify(await generateOpenApi(), null, 2)}\n`;
+}
+
+/** docs/openapi.json of the source tree, from src/api (tsx) or dist/src/api (compiled). */
+export function checkedInOpenApiPath(): string {
+  for (const up of ["../../", "../../../"]) {
+    if (existsSync(new URL(`${up}package.json`, import.meta.url))) {
+      return fileURLToPath(new URL(`${up}docs/openapi.json`, import.meta.url));
+    }
+  }
+  throw new ForkdError("not_found", "cannot find the source tree's docs/ next to package.json");
 }

@@ -3,10 +3,9 @@
  * With --check, only compares and exits 1 when the checked-in document is stale.
  */
 import { readFile, rename, writeFile } from "node:fs/promises";
-import { fileURLToPath } from "node:url";
-import { renderOpenApi } from "./openapi.js";
+import { checkedInOpenApiPath, renderOpenApi } from "./openapi.js";
 
-const target = fileURLToPath(new URL("../../docs/openapi.json", import.meta.url));
+const target = checkedInOpenApiPath();
 const rendered = await renderOpenApi();
 if (process.argv.includes("--check")) {
   const current = await readFile(target, "utf8").catch(() => "");

@@ -2,12 +2,11 @@
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import { describe, it } from "node:test";
-import { fileURLToPath } from "node:url";
 import { buildApi } from "../../src/api/app.js";
-import { renderOpenApi } from "../../src/api/openapi.js";
+import { checkedInOpenApiPath, renderOpenApi } from "../../src/api/openapi.js";
 import { ServicesDouble } from "./services-double.js";
 
-const checkedIn = fileURLToPath(new URL("../../docs/openapi.json", import.meta.url));
+const checkedIn = checkedInOpenApiPath();
 
 describe("OpenAPI document", () => {
   it("docs/openapi.json matches the generated document (run `npm run openapi` if not)", async () => {
