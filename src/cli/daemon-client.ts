@@ -47,7 +47,10 @@ const CODES = new Set(Object.keys(ERROR_CODES));
 export function addDaemonOptions(command: Command): Command {
   return command
     .option("--daemon-url <url>", "daemon address: unix:/path or http(s)://host:port (env FORKD_URL)")
-    .option("--daemon-token <token>", "bearer token for a TCP daemon (env FORKD_TOKEN)");
+    .option(
+      "--daemon-token <token>",
+      "bearer token for a TCP daemon (prefer env FORKD_TOKEN: arguments are visible to other users)",
+    );
 }
 
 /** Resolves the target: command line, then FORKD_URL / FORKD_TOKEN, then the default Unix socket. */

@@ -4,7 +4,7 @@ import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
-import { ForkdError } from "../../common/errors.js";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
@@ -64,9 +64,17 @@ export function registerDaemon(program: Command): void {
         "SIGHUP reopens the audit log.\n",
     )
     .action(async (opts: DaemonOptions) => {
-      const logger = pino({ name: "forkd", level: opts.logLevel }, pino.destination({ dest: 2, sync: true }));
-      const paths = resolvePaths();
       try {
+        if (!Object.hasOwn(pino.levels.values, opts.logLevel)) {
+          throw invalidArgument(
+            `unknown --log-level ${JSON.stringify(opts.logLevel)}: use trace, debug, info, warn or error`,
+          );
+        }
+        const logger = pino(
+          { name: "forkd", level: opts.logLevel },
+          pino.destination({ dest: 2, sync: true }),
+        );
+        const paths = resolvePaths();
         await runDaemon(
           {
             socketPath: opts.socket === false ? null : opts.socket,

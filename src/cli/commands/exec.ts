@@ -57,7 +57,8 @@ export function registerExec(program: Command): void {
             signal,
           })
         : await client.stream("POST", route, { json: request, signal });
-      for await (const line of readNdjson(response, 16 * 1024 * 1024)) {
+      const events = readNdjson(response, 16 * 1024 * 1024);
+      for await (const line of brokenConnectionNamed(events, id)) {
         const event = line as ExecEvent;
         if (event.type === "stdout" || event.type === "stderr") {
           const out = event.type === "stdout" ? process.stdout : process.stderr;
@@ -95,4 +96,17 @@ function collectEnv(value: string, previous: Record<string, string>): Record<str
   const fromHere = eq === -1 ? process.env[name] : value.slice(eq + 1);
   if (fromHere === undefined) throw new InvalidArgumentError(`${name} is not set here; give NAME=value`);
   return { ...previous, [name]: fromHere };
+}
+
+/** A connection that breaks mid-stream (daemon stopped, network) is named as such, not as a bare "aborted". */
+async function* brokenConnectionNamed(events: AsyncGenerator<unknown>, id: string): AsyncGenerator<unknown> {
+  try {
+    yield* events;
+  } catch (err) {
+    if (err instanceof ForkdError) throw err;
+    throw new ForkdError(
+      "unavailable",
+      `exec in ${id}: the connection to the daemon broke (${(err as Error).message})`,
+    );
+  }
 }
