@@ -10,7 +10,7 @@ import fs from "node:fs";
 import fsp from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { abortError, deadlineSignal, sleep } from "../common/deadline.js";
+import { abortError, sleep } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import { resolvePaths } from "../common/paths.js";
 import { detectHostTsc } from "./host-tsc.js";
@@ -168,7 +168,8 @@ async function bootProbe(
   const started = performance.now();
   try {
     vm = await launchVm(spec, { signal: options.signal, qemuBinary: options.qemuBinary });
-    const deadline = deadlineSignal(deadlineMs);
+    // A plain clock comparison: polling `.aborted` of an AbortSignal.any() deadline is unreliable on Node 20.
+    const deadlineAt = performance.now() + deadlineMs;
     for (;;) {
       if (options.signal?.aborted) throw abortError(options.signal, `${accel} probe`);
       const output = await vm.consoleTail();
@@ -185,7 +186,7 @@ async function bootProbe(
             lastConsoleLine(output),
         };
       }
-      if (deadline.aborted) {
+      if (performance.now() >= deadlineAt) {
         return {
           usable: false,
           reason: `not usable: guest kernel did not reach userspace within ${seconds}s${lastConsoleLine(output)}`,

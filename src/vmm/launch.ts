@@ -11,11 +11,12 @@
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import net from "node:net";
-import { abortError, deadlineSignal, sleep } from "../common/deadline.js";
+import { abortError, sleep } from "../common/deadline.js";
 import { ForkdError, invalidArgument } from "../common/errors.js";
 import { buildQemuArgs, DEVICE_IDS, MAX_UNIX_SOCKET_PATH_BYTES, type MachineSpec } from "./qemu-args.js";
 import { type QemuExit, type QemuProcess, spawnQemu } from "./qemu-process.js";
 import { QmpClient } from "./qmp.js";
+import { timeoutSignal } from "./timeout-signal.js";
 
 /**
  * QEMU connects the agent chardev within milliseconds of starting (measured ~30 ms under TCG); this bound
@@ -102,7 +103,8 @@ export async function reattachAgent(
   options: { signal?: AbortSignal } = {},
 ): Promise<net.Socket> {
   const listener = await listenForAgent(socketPath);
-  const signal = deadlineSignal(AGENT_CONNECT_TIMEOUT_MS, options.signal);
+  const deadline = timeoutSignal(AGENT_CONNECT_TIMEOUT_MS, options.signal);
+  const { signal } = deadline;
   try {
     // QEMU connects the new client chardev synchronously inside chardev-change.
     await qmp.execute(
@@ -118,6 +120,7 @@ export async function reattachAgent(
     );
     return await raceAbort(listener.connection, signal, `waiting for QEMU to connect to ${socketPath}`);
   } finally {
+    deadline.dispose();
     listener.close();
   }
 }
@@ -157,20 +160,23 @@ class Vm implements VmHandle {
         new ForkdError("invalid_argument", "this VM has no agent channel (spec.agent)"),
       );
     } else {
-      const launchSignal = deadlineSignal(AGENT_CONNECT_TIMEOUT_MS, signal);
+      const deadline = timeoutSignal(AGENT_CONNECT_TIMEOUT_MS, signal);
+      const settle = () => {
+        deadline.dispose();
+        signal?.removeEventListener("abort", onAbort);
+        listener.close();
+      };
       this.agent = this.untilExit(
-        raceAbort(listener.connection, launchSignal, "waiting for QEMU to connect the agent channel"),
+        raceAbort(listener.connection, deadline.signal, "waiting for QEMU to connect the agent channel"),
         "before connecting the agent channel",
       ).then(
         (socket) => {
-          signal?.removeEventListener("abort", onAbort);
-          listener.close();
+          settle();
           this.agentSocket = socket;
           return socket;
         },
         (err: unknown) => {
-          signal?.removeEventListener("abort", onAbort);
-          listener.close();
+          settle();
           throw err;
         },
       );
@@ -249,7 +255,15 @@ class Vm implements VmHandle {
   }
 
   private async connectQmp(signal: AbortSignal | undefined): Promise<QmpClient> {
-    const deadline = deadlineSignal(QMP_READY_TIMEOUT_MS, signal);
+    const timeout = timeoutSignal(QMP_READY_TIMEOUT_MS, signal);
+    try {
+      return await this.connectQmpUntil(timeout.signal);
+    } finally {
+      timeout.dispose();
+    }
+  }
+
+  private async connectQmpUntil(deadline: AbortSignal): Promise<QmpClient> {
     for (;;) {
       if (this.process.exitStatus) throw this.exitedError("before QMP was ready");
       try {

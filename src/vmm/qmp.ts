@@ -5,8 +5,9 @@
  */
 import { EventEmitter } from "node:events";
 import net from "node:net";
-import { abortError, deadlineSignal } from "../common/deadline.js";
+import { abortError } from "../common/deadline.js";
 import { type ErrorCode, errorMessage, ForkdError } from "../common/errors.js";
+import { timeoutSignal } from "./timeout-signal.js";
 
 /**
  * Longest QMP message accepted. The largest reply we ever ask for (`query-qmp-schema`) is about 200 KB on
@@ -127,16 +128,21 @@ export class QmpClient extends EventEmitter {
 
   /** Connects, reads the greeting and negotiates capabilities. Bounded by QMP_HANDSHAKE_TIMEOUT_MS. */
   static async connect(socketPath: string, options: QmpConnectOptions = {}): Promise<QmpClient> {
-    const signal = deadlineSignal(QMP_HANDSHAKE_TIMEOUT_MS, options.signal);
-    const socket = await connectUnix(socketPath, signal);
-    const client = new QmpClient(socket, options.describeClose);
+    const deadline = timeoutSignal(QMP_HANDSHAKE_TIMEOUT_MS, options.signal);
+    const { signal } = deadline;
     try {
-      await abortable(client.greeted, signal, `QMP greeting on ${socketPath}`);
-      await client.execute("qmp_capabilities", undefined, { signal });
-      return client;
-    } catch (err) {
-      client.close();
-      throw err;
+      const socket = await connectUnix(socketPath, signal);
+      const client = new QmpClient(socket, options.describeClose);
+      try {
+        await abortable(client.greeted, signal, `QMP greeting on ${socketPath}`);
+        await client.execute("qmp_capabilities", undefined, { signal });
+        return client;
+      } catch (err) {
+        client.close();
+        throw err;
+      }
+    } finally {
+      deadline.dispose();
     }
   }
 
@@ -178,13 +184,15 @@ export class QmpClient extends EventEmitter {
     }
     if (this.closeError) return Promise.reject(this.closedError(`QMP ${command} not sent`, callSite));
     const timeoutMs = options.timeoutMs ?? QMP_COMMAND_TIMEOUT_MS;
-    const signal = timeoutMs > 0 ? deadlineSignal(timeoutMs, options.signal) : options.signal;
-    if (signal?.aborted) return Promise.reject(abortError(signal, `QMP ${command}`));
+    if (options.signal?.aborted) return Promise.reject(abortError(options.signal, `QMP ${command}`));
+    const deadline = timeoutMs > 0 ? timeoutSignal(timeoutMs, options.signal) : undefined;
+    const signal = deadline?.signal ?? options.signal;
 
     const id = `forkd-${this.nextId++}`;
     return new Promise<T>((resolve, reject) => {
       const onAbort = () => {
         this.pending.delete(id);
+        deadline?.dispose();
         reject(withCallSite(abortError(signal as AbortSignal, `QMP ${command}`), callSite));
       };
       signal?.addEventListener("abort", onAbort, { once: true });
@@ -193,7 +201,10 @@ export class QmpClient extends EventEmitter {
         resolve: resolve as (value: unknown) => void,
         reject,
         callSite,
-        dispose: () => signal?.removeEventListener("abort", onAbort),
+        dispose: () => {
+          signal?.removeEventListener("abort", onAbort);
+          deadline?.dispose();
+        },
       });
       const message =
         args === undefined ? { execute: command, id } : { execute: command, arguments: args, id };
