@@ -4,9 +4,9 @@
  */
 import { randomBytes } from "node:crypto";
 import { constants as fsConstants } from "node:fs";
-import { chmod, mkdir, open, readdir, readFile, rename, rm } from "node:fs/promises";
+import { chmod, mkdir, open, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
-import { conflict, ForkdError, notFound } from "../common/errors.js";
+import { conflict, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import { digestFile } from "./hash.js";
 import { MANIFEST_FILE, MANIFEST_FORMAT, parseManifest, type SnapshotManifest } from "./manifest.js";
@@ -62,12 +62,13 @@ export class SnapshotStore {
     return { tag, dir, manifest: parseManifest(text, `snapshot ${tag}`) };
   }
 
+  /** True when a directory for `tag` exists, whether or not its manifest is valid. */
   async exists(tag: string): Promise<boolean> {
     try {
-      await this.get(tag);
+      await stat(this.dirOf(tag));
       return true;
     } catch (err) {
-      if (err instanceof ForkdError && err.code === "not_found") return false;
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return false;
       throw err;
     }
   }
