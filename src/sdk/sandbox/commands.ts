@@ -7,8 +7,8 @@ export type { CommandResult };
 
 export interface CommandOptions extends RequestOptions {
   /** Called with each piece of stdout as it arrives (UTF-8 decoded; a character is never split). */
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
   /** Kill the command after this many ms; 0 = no limit. @default 60_000 */
   timeoutMs?: number;
   /** Environment variables added to the command's environment. */
@@ -77,7 +77,7 @@ class OutputCollector {
   private readonly decoder = new TextDecoder("utf-8");
   private readonly parts: string[] = [];
 
-  constructor(private readonly onData?: (data: string) => void | Promise<void>) {}
+  constructor(private readonly onData?: (data: string) => unknown) {}
 
   get text(): string {
     return this.parts.join("");

@@ -80,7 +80,10 @@ export class Sandbox {
   /** The REST client this sandbox talks through. */
   readonly controller: Controller;
 
-  /** Use `Sandbox.create` or `Sandbox.connect`. @internal */
+  /**
+   * Wraps a sandbox the daemon already made, e.g. one of `controller.spawnSandboxes(...)`; calls go through
+   * `controller`. Usually `Sandbox.create`, `Sandbox.createMany` or `Sandbox.connect` is what you want.
+   */
   constructor(controller: Controller, info: SandboxInfo) {
     this.controller = controller;
     this.info = info;
@@ -144,6 +147,36 @@ export class Sandbox {
       signal,
     );
     return spawn();
+  }
+
+  /**
+   * Forks `n` sandboxes from one snapshot in a single request: all of them or none (forkd's fan-out).
+   * Options as for `create`, except that `template` must already have its snapshot.
+   */
+  static async createMany(n: number, options: SandboxCreateOptions): Promise<Sandbox[]> {
+    const {
+      template,
+      snapshotTag,
+      timeoutMs,
+      memoryLimitMib,
+      snapshotTimeoutMs: _unused,
+      signal,
+      ...connection
+    } = options;
+    const tag = snapshotTag ?? template;
+    if (tag === undefined)
+      throw new InvalidArgumentError("Sandbox.createMany needs `snapshotTag` (or `template`)");
+    const lifetimeMs = timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
+    checkDurationMs(lifetimeMs, "timeoutMs");
+    const controller = new Controller(connection);
+    const infos = await controller.spawnSandboxes({
+      snapshotTag: tag,
+      n,
+      memoryLimitMib,
+      timeoutMs: lifetimeMs,
+      signal,
+    });
+    return infos.map((info) => new Sandbox(controller, info));
   }
 
   /** A Sandbox object for an existing sandbox (e.g. one created elsewhere); SandboxNotFoundError if it is gone. */
