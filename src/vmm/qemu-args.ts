@@ -34,7 +34,6 @@ export const DEVICE_IDS = Object.freeze({
   agentChardev: "agent",
   agentPort: "port0",
   rng: "rng0",
-  vmgenid: "vmgenid0",
 });
 
 /**
@@ -95,11 +94,6 @@ export interface MachineSpec {
   startPaused?: boolean;
   /** Entropy for the guest (/dev/hwrng). Part of the device set: must match between parent and child. */
   rng?: boolean;
-  /**
-   * VM generation id device (guid=auto: each QEMU process gets a fresh id). Part of the device set. Whether
-   * the guest kernel sees it on microvm is unverified; see README.
-   */
-  vmgenid?: boolean;
 }
 
 /** Builds QEMU's argv (without the binary) for `spec`. Throws `invalid_argument` naming the bad field. */
@@ -156,7 +150,6 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
     );
   }
   if (spec.rng) args.push("-device", `virtio-rng-device,id=${ids.rng}`);
-  if (spec.vmgenid) args.push("-device", `vmgenid,guid=auto,id=${ids.vmgenid}`);
   args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
   // The guest's reboot means "this VM is done": exit instead of rebooting into a fresh boot.
   args.push("-no-reboot");

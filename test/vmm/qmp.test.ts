@@ -65,7 +65,7 @@ describe("QmpClient with a real QEMU", () => {
       assert.equal(err.code, "not_implemented");
       assert.match(err.desc, /no-such-command/);
       // The stack points at the caller, not at the socket callback.
-      assert.match(err.stack ?? "", /qmp\.test\.ts/);
+      assert.match(err.stack ?? "", /qmp\.test\.[jt]s/);
       return true;
     });
     await assert.rejects(qmp.execute("device_del", { id: "no-such-device" }), (err: unknown) => {
