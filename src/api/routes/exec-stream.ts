@@ -84,8 +84,12 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       sandboxes.get(id); // unknown id: a plain 404 before the stream starts
 
       const out = new PassThrough();
+      // One controller for both causes (client gone, client too slow): no AbortSignal.any, whose sources Node 20
+      // holds only weakly.
       const cancel = new AbortController();
-      const signal = AbortSignal.any([clientSignal(request, reply), cancel.signal]);
+      const signal = cancel.signal;
+      const gone = clientSignal(request, reply);
+      gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
       const emit = (event: unknown) => {
         if (out.destroyed || out.writableEnded) return;
         out.write(ndjsonLine(event));
