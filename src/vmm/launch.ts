@@ -11,12 +11,11 @@
 import fs from "node:fs";
 import fsp from "node:fs/promises";
 import net from "node:net";
-import { abortError, sleep } from "../common/deadline.js";
+import { abortError, sleep, timeoutSignal } from "../common/deadline.js";
 import { ForkdError, invalidArgument } from "../common/errors.js";
 import { buildQemuArgs, DEVICE_IDS, MAX_UNIX_SOCKET_PATH_BYTES, type MachineSpec } from "./qemu-args.js";
 import { type QemuExit, type QemuProcess, spawnQemu } from "./qemu-process.js";
 import { QmpClient } from "./qmp.js";
-import { timeoutSignal } from "./timeout-signal.js";
 
 /**
  * QEMU connects the agent chardev within milliseconds of starting (measured ~30 ms under TCG); this bound

@@ -5,9 +5,8 @@
  */
 import { EventEmitter } from "node:events";
 import net from "node:net";
-import { abortError } from "../common/deadline.js";
+import { abortError, timeoutSignal } from "../common/deadline.js";
 import { type ErrorCode, errorMessage, ForkdError } from "../common/errors.js";
-import { timeoutSignal } from "./timeout-signal.js";
 
 /**
  * Longest QMP message accepted. The largest reply we ever ask for (`query-qmp-schema`) is about 200 KB on

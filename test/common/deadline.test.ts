@@ -3,9 +3,8 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
-import { abortError } from "../../src/common/deadline.js";
+import { abortError, deadlineSignal, timeoutSignal } from "../../src/common/deadline.js";
 import { ForkdError } from "../../src/common/errors.js";
-import { timeoutSignal } from "../../src/vmm/timeout-signal.js";
 
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
@@ -42,5 +41,25 @@ describe("timeoutSignal", () => {
     timeout.dispose();
     await new Promise((resolve) => setTimeout(resolve, 150));
     assert.equal(timeout.signal.aborted, false);
+  });
+});
+
+describe("deadlineSignal", () => {
+  test("fires after garbage collection even when combined with parents", async () => {
+    const parentA = new AbortController();
+    const parentB = new AbortController();
+    const signal = deadlineSignal(100, parentA.signal, parentB.signal);
+    await collectGarbageFor(300);
+    assert.equal(signal.aborted, true);
+    const err = abortError(signal, "waiting");
+    assert.ok(err instanceof ForkdError && err.code === "timeout");
+  });
+
+  test("aborts with any parent", () => {
+    const parentA = new AbortController();
+    const signal = deadlineSignal(60_000, undefined, parentA.signal);
+    parentA.abort(new Error("stop"));
+    assert.equal(signal.aborted, true);
+    assert.equal((signal.reason as Error).message, "stop");
   });
 });
