@@ -273,6 +273,7 @@ export class Controller {
         }
       : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: "application/x-ndjson" };
     const scope = new CallScope(options.signal);
+    let completed = false;
     try {
       const program = args[0] ?? "";
       const stopHandshakeDeadline = scope.deadline(
@@ -285,8 +286,10 @@ export class Controller {
       // The daemon kills the command at timeoutMs and reports it; this backstop catches a daemon that never does.
       if (timeoutMs !== 0) scope.deadline(timeoutMs + GUEST_WORK_GRACE_MS, "timeoutMs", `command ${program}`);
       yield* execEvents(response, settings, request, scope);
+      completed = true;
     } finally {
-      scope.abort();
+      // Leaving early (break, a throwing callback) closes the connection, which kills the command.
+      if (!completed) scope.abort();
       scope.dispose();
     }
   }

@@ -48,13 +48,12 @@ export async function* execEvents(
   let exited = false;
   try {
     for await (const record of parseEventStream(response.headers["content-type"], response)) {
+      // The daemon ends the stream right after the exit line; reading to its end lets the connection be reused.
+      if (exited) continue;
       const event = decodeRecord(record.event, record.data, request);
       if (event === undefined) continue;
+      if (event.type === "exit") exited = true;
       yield event;
-      if (event.type === "exit") {
-        exited = true;
-        return;
-      }
     }
   } catch (err) {
     if (err instanceof StreamFormatError) throw err;

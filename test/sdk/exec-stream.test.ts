@@ -140,6 +140,23 @@ describe("commands.run over the exec stream", () => {
     }
   });
 
+  it("a finished command leaves its connection open for the next call (keep-alive)", async () => {
+    const server = await daemonWith((_req, res) => {
+      const send = ndjson(res);
+      send({ type: "stdout", data: b64("x") });
+      send({ type: "exit", exit_code: 0, signal: null, timed_out: false });
+      res.end();
+    });
+    try {
+      const sandbox = await sandboxOn(server);
+      for (let i = 0; i < 3; i++) assert.equal((await sandbox.commands.run("echo x")).stdout, "x");
+      await sandbox.kill();
+      assert.equal(server.connections(), 1, "one connection served create, three commands and kill");
+    } finally {
+      await server.close();
+    }
+  });
+
   it("an array runs without a shell; timeoutMs 0 is sent as the daemon's maximum", async () => {
     const server = await daemonWith((_req, res) => {
       const send = ndjson(res);

@@ -22,6 +22,8 @@ export interface TestServer {
   received: Received[];
   /** Sockets currently open to the server. */
   sockets: Set<Socket>;
+  /** Connections accepted so far. */
+  connections(): number;
   close(): Promise<void>;
 }
 
@@ -48,7 +50,9 @@ export async function startServer(
       res.end(String(err));
     }
   });
+  let connections = 0;
   server.on("connection", (socket) => {
+    connections++;
     sockets.add(socket);
     socket.on("close", () => sockets.delete(socket));
   });
@@ -67,6 +71,7 @@ export async function startServer(
     url,
     received,
     sockets,
+    connections: () => connections,
     close: async () => {
       for (const socket of sockets) socket.destroy();
       await new Promise<void>((resolve) => server.close(() => resolve()));

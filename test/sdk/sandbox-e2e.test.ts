@@ -4,8 +4,12 @@
  * printed with the daemon's log on failure; the daemon's stop asserts no QEMU is left.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import path from "node:path";
 import { after, before, describe, it, type TestContext } from "node:test";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import {
   AuthenticationError,
   CommandExitError,
@@ -306,5 +310,57 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
       for (const s of spawned) await controller.killSandbox(s.id).catch(() => {});
     }
     await assert.rejects(controller.killSandbox(spawned[0]?.id ?? ""), NotFoundError);
+  });
+
+  it("the examples in examples/sdk run against the daemon", async () => {
+    const root = path.resolve(
+      path.dirname(fileURLToPath(import.meta.url)),
+      "../..",
+      import.meta.url.endsWith(".ts") ? "" : "..",
+    );
+    const env = { ...process.env, FORKD_URL: daemon.socketUrl, FORKD_SNAPSHOT: daemon.tag };
+    const run = (file: string, ...args: string[]) =>
+      promisify(execFile)(
+        process.execPath,
+        ["--import", "tsx", path.join(root, "examples/sdk", file), ...args],
+        {
+          env,
+          cwd: root,
+          timeout: 5 * 60_000,
+        },
+      );
+    const quick = await run("quickstart.ts");
+    assert.match(quick.stdout, /sandbox sb-[0-9a-f]{12} is running/);
+    assert.match(quick.stdout, /\| tick 3/);
+    assert.match(quick.stdout, /failed as expected: exit 3/);
+    assert.match(quick.stdout, /runCode: result=45 stdout="computing\\n" error=null/);
+    assert.match(quick.stdout, /file round trip: 256 bytes, equal=true/);
+    const fan = await run("fan-out.ts", "3");
+    assert.equal((fan.stdout.match(/sb-[0-9a-f]{12}/g) ?? []).length, 3, fan.stdout);
+    assert.deepEqual(await daemon.controller.listSandboxes(), [], "the examples killed their sandboxes");
+  });
+
+  it("Sandbox.create({ template }) builds the template's snapshot once, even when two ask at once", async (t) => {
+    const settings = { url: daemon.socketUrl, env: {} };
+    const started = Date.now();
+    const created = await Promise.allSettled([
+      Sandbox.create("pyagent", settings),
+      Sandbox.create({ template: "pyagent", ...settings }),
+    ]);
+    const sandboxes = created.flatMap((c) => (c.status === "fulfilled" ? [c.value] : []));
+    try {
+      for (const c of created) if (c.status === "rejected") throw c.reason;
+      t.diagnostic(`two creates from a template without a snapshot took ${Date.now() - started} ms`);
+      for (const sandbox of sandboxes) {
+        assert.equal(sandbox.info.snapshot_tag, "pyagent");
+        assert.equal((await sandbox.runCode("FORKD_WARM_MARKER")).result, "'warm'");
+      }
+      const snapshot = await daemon.controller.getSnapshot("pyagent");
+      assert.equal(snapshot.template, "pyagent");
+      assert.equal(snapshot.status, "ready");
+    } finally {
+      for (const sandbox of sandboxes) await sandbox.kill();
+    }
+    await daemon.controller.deleteSnapshot("pyagent");
   });
 });
