@@ -4,7 +4,12 @@
  * the route existed there (see docs/api.md, "Compatibility").
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
-import { MAX_FILE_BYTES, MAX_PATH_CHARS, MAX_TIMEOUT_MS } from "../agent/protocol/limits.js";
+import {
+  MAX_FILE_BYTES,
+  MAX_HEADER_BYTES,
+  MAX_PATH_CHARS,
+  MAX_TIMEOUT_MS,
+} from "../agent/protocol/limits.js";
 import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   MAX_MEMORY_LIMIT_MIB,
@@ -14,9 +19,14 @@ import {
 
 /** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
 export const MAX_SPAWN_N = 1000;
-/** Argument vectors: Linux caps one argument at 128 KiB (MAX_ARG_STRLEN); the JSON body limit caps the total. */
+/** Argument vectors: Linux caps one argument at 128 KiB (MAX_ARG_STRLEN). */
 export const MAX_EXEC_ARGS = 4096;
 export const MAX_EXEC_ARG_CHARS = 128 * 1024;
+/**
+ * argv, env and cwd travel in the guest agent's request header (MAX_HEADER_BYTES); this leaves room for the rest
+ * of the header. Larger inputs belong in stdin or a file.
+ */
+export const MAX_EXEC_REQUEST_BYTES = MAX_HEADER_BYTES - 4096;
 /** Python source of one eval, in characters. */
 export const MAX_EVAL_CODE_CHARS = 1024 * 1024;
 /** v0.5's exec default, in seconds. */

@@ -209,7 +209,7 @@ describe("REST API end to end on real VMs", { timeout: 40 * 60_000 }, () => {
     }
   });
 
-  it("a huge argv gets a clear answer and leaves the sandbox working", async () => {
+  it("a huge argv gets a clear answer and leaves the sandbox working", async (t) => {
     assert.ok(daemon);
     const socket = daemon.socket;
     const sb = await spawnOne(daemon);
@@ -221,11 +221,15 @@ describe("REST API end to end on real VMs", { timeout: 40 * 60_000 }, () => {
         ...Array.from({ length: 4000 }, () => "a".repeat(200)),
       ];
       const answer = await send(socket, "POST", `/v1/sandboxes/${sb.id}/exec`, { json: { args } });
-      if (answer.status === 200) assert.equal(answer.json().stdout, `${args.length - 2}\n`);
-      else {
-        assert.ok([400, 413].includes(answer.status), answer.text);
-        assert.match(answer.json<{ error: string }>().error, /argv|header|large|long/i);
-      }
+      t.diagnostic(`argv of ${args.length} arguments: HTTP ${answer.status} ${answer.text.slice(0, 200)}`);
+      assert.equal(answer.status, 413, answer.text);
+      assert.match(answer.json<{ error: string }>().error, /at most \d+ fit in one exec/);
+      const fits = [
+        ...["python3", "-c", "import sys; print(len(sys.argv))"],
+        ...Array.from({ length: 250 }, () => "a".repeat(200)),
+      ];
+      const ran = await send(socket, "POST", `/v1/sandboxes/${sb.id}/exec`, { json: { args: fits } });
+      assert.equal(ran.json().stdout, `${fits.length - 2}\n`, ran.text);
       const tooMany = await send(socket, "POST", `/v1/sandboxes/${sb.id}/exec`, {
         json: { args: Array.from({ length: 5000 }, () => "x") },
       });
@@ -254,7 +258,9 @@ describe("REST API end to end on real VMs", { timeout: 40 * 60_000 }, () => {
       send(socket, "DELETE", `/v1/sandboxes/${sb.id}`),
       send(socket, "DELETE", `/v1/sandboxes/${sb.id}`),
     ]);
-    assert.deepEqual([killed.status, again.status].sort(), [204, 404], "exactly one kill wins");
+    // The second kill either joins the first (204) or finds the sandbox gone (404); never anything else.
+    for (const answer of [killed, again]) assert.ok([204, 404].includes(answer.status), answer.text);
+    assert.ok(killed.status === 204 || again.status === 204, "a kill succeeded");
     const rest = [];
     for await (const event of lines) rest.push(event);
     assert.equal(rest.at(-1)?.type, "error", JSON.stringify(rest));

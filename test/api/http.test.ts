@@ -249,6 +249,18 @@ describe("REST API over the services test double", () => {
     await expectError("POST", `/v1/sandboxes/${id}/exec`, huge, 400, /"args".*4096/);
     const hugeBytes = { args: ["echo", ...Array.from({ length: 40 }, () => "y".repeat(100_000))] };
     await expectError("POST", `/v1/sandboxes/${id}/exec`, hugeBytes, 413, /too large/);
+    const overHeader = { args: ["echo", ...Array.from({ length: 400 }, () => "z".repeat(200))] };
+    await expectError(
+      "POST",
+      `/v1/sandboxes/${id}/exec`,
+      overHeader,
+      413,
+      /take \d+ bytes; at most \d+ fit in one exec/,
+    );
+    const atLimit = await call("POST", `/v1/sandboxes/${id}/exec`, {
+      args: ["echo", ...Array.from({ length: 250 }, () => "z".repeat(200))],
+    });
+    assert.equal(atLimit.status, 200, "a large argv under the limit runs");
   });
 
   it("eval: v0.5 shape with the exception as a string", async () => {

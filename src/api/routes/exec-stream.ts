@@ -15,20 +15,13 @@ import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
 import { clientSignal } from "../request-signal.js";
-import {
-  BinaryBody,
-  ExecBody,
-  ExecStreamEvent,
-  errorResponses,
-  MAX_EXEC_ARG_CHARS,
-  SandboxParams,
-} from "../schemas.js";
+import { BinaryBody, ExecBody, ExecStreamEvent, errorResponses, SandboxParams } from "../schemas.js";
 import { compileBodyValidator } from "../validation.js";
 import { exitCodeOf, type OutputEncoding } from "../wire.js";
 import { execOptions } from "./sandboxes.js";
 
-/** One NDJSON request line: the exec request (argv may be large) or a stdin frame (256 KiB of data, base64). */
-const MAX_REQUEST_LINE_BYTES = 4 * MAX_EXEC_ARG_CHARS + 1024 * 1024;
+/** One NDJSON request line: the exec request, or a stdin frame (up to 1 MiB of data as base64, with room to spare). */
+const MAX_REQUEST_LINE_BYTES = 2 * 1024 * 1024;
 /**
  * Output buffered for a client that reads slower than the process writes. Past this the exec is cancelled rather
  * than holding unbounded memory in a root daemon.

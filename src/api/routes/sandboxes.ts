@@ -17,6 +17,7 @@ import {
   KillManyQuery,
   KillManyResponse,
   ListSandboxesQuery,
+  MAX_EXEC_REQUEST_BYTES,
   PingResponse,
   SandboxInfoWire,
   SandboxParams,
@@ -272,6 +273,14 @@ export function execOptions(body: Static<typeof ExecBody>) {
   if (body.cwd !== undefined && !body.cwd.startsWith("/")) {
     throw invalidArgument(
       `invalid body field "cwd": must be an absolute path, got ${JSON.stringify(body.cwd)}`,
+    );
+  }
+  const bytes = Buffer.byteLength(JSON.stringify([body.args, body.env ?? {}, body.cwd ?? ""]));
+  if (bytes > MAX_EXEC_REQUEST_BYTES) {
+    throw new ForkdError(
+      "payload_too_large",
+      `args, env and cwd take ${bytes} bytes; at most ${MAX_EXEC_REQUEST_BYTES} fit in one exec ` +
+        "(pass large inputs through stdin or a file)",
     );
   }
   return {
