@@ -4,7 +4,14 @@
  * health check's verdict), request timeouts, caller aborts and stale keep-alive sockets.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import https from "node:https";
+import type { AddressInfo } from "node:net";
+import os from "node:os";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
 import {
   AuthenticationError,
   ConflictError,
@@ -336,13 +343,13 @@ describe("deadlines and cancellation", () => {
 
   it("requestTimeoutMs 0 disables the deadline (the caller's signal still applies)", async () => {
     const controller = new Controller({ url: server.url, requestTimeoutMs: 0, env: {} });
-    const outcome = await Promise.race([
-      controller.listSnapshots({ signal: AbortSignal.timeout(400) }).then(
-        () => "answered",
-        (err: Error) => err.name,
-      ),
-    ]);
-    assert.equal(outcome, "TimeoutError");
+    const started = Date.now();
+    const outcome = await controller.listSnapshots({ signal: AbortSignal.timeout(400) }).then(
+      () => "answered",
+      (err: Error) => err.name,
+    );
+    assert.equal(outcome, "TimeoutError", "the caller's AbortSignal.timeout reason");
+    assert.ok(Date.now() - started >= 390);
   });
 });
 
@@ -375,3 +382,62 @@ async function waitUntil(check: () => boolean, what: string, timeoutMs = 3000): 
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+describe("TLS", () => {
+  it("an https daemon with a private CA: refused with a hint to pass `ca`, accepted with it", async (t) => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-sdk-tls-"));
+    try {
+      try {
+        await promisify(execFile)("openssl", [
+          "req",
+          "-x509",
+          "-newkey",
+          "rsa:2048",
+          "-nodes",
+          "-days",
+          "1",
+          "-subj",
+          "/CN=forkd-test",
+          "-addext",
+          "subjectAltName=IP:127.0.0.1",
+          "-keyout",
+          path.join(dir, "key.pem"),
+          "-out",
+          path.join(dir, "cert.pem"),
+        ]);
+      } catch (err) {
+        t.skip(`openssl cannot make a test certificate: ${(err as Error).message}`);
+        return;
+      }
+      const cert = await readFile(path.join(dir, "cert.pem"));
+      const server = https.createServer(
+        { cert, key: await readFile(path.join(dir, "key.pem")) },
+        (req, res) => sendJson(res, 200, [{ tag: "py", auth: req.headers.authorization }]),
+      );
+      await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+      const url = `https://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      try {
+        await assert.rejects(new Controller({ url, env: {} }).listSnapshots(), (err: unknown) => {
+          assert.ok(err instanceof ConnectionError);
+          assert.match(
+            err.message,
+            /TLS with the daemon at https:\/\/127\.0\.0\.1:\d+ failed .*pass the CA certificate with the `ca` option/,
+          );
+          return true;
+        });
+        const answer = await new Controller({
+          url,
+          ca: cert,
+          token: "tls-token-0123456789",
+          env: {},
+        }).listSnapshots();
+        assert.deepEqual(answer, [{ tag: "py", auth: "Bearer tls-token-0123456789" }]);
+      } finally {
+        server.closeAllConnections();
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
