@@ -2,7 +2,7 @@
  * Template -> warm snapshot. The parent boots with its RAM in a file inside the snapshot's staging directory,
  * so saving it costs only the device state (milliseconds): the guest already wrote its memory into the file.
  */
-import { rm } from "node:fs/promises";
+import { rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -62,8 +62,9 @@ export async function createSnapshot(
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
   try {
+    await symlink(image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
     await createOverlay({
-      backing: image.rootfs,
+      backing: SNAPSHOT_FILES.baseDisk,
       backingFormat: "raw",
       overlay: writer.file(SNAPSHOT_FILES.disk),
     });
@@ -113,6 +114,8 @@ export async function createSnapshot(
           saveMs: Math.round(saved.ms * 10) / 10,
         },
         parent: null,
+        memory: { format: "flat", ramBytes: shape.memoryMiB * 1024 * 1024, pages: shape.memoryMiB * 256 },
+        origin: { kind: "template", mode: null, sourceSandbox: null, pauseMs: null },
       },
       [SNAPSHOT_FILES.memory, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
       signal,

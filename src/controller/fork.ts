@@ -2,12 +2,11 @@
  * Fork N children from a snapshot, optionally run a command or evaluate code in each, report per-child results
  * and timings, and tear every child down. Used by `forkd fork` and the spawn benchmark.
  */
-import { rm } from "node:fs/promises";
 import { errorMessage, invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { SnapshotStore } from "../store/snapshot-store.js";
-import { prepareOverlayTemplate, Sandbox } from "./sandbox.js";
+import { prepareRestore } from "./restore-plan.js";
+import { Sandbox } from "./sandbox.js";
 
 export const MAX_CHILDREN = 1000;
 
@@ -70,8 +69,8 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
   if (options.exec !== undefined && options.exec.length === 0)
     throw invalidArgument("--exec needs a command");
   const concurrency = Math.max(1, Math.min(options.concurrency ?? DEFAULT_FORK_CONCURRENCY, n));
-  const snapshot = await new SnapshotStore(paths.snapshots).get(tag);
-  const overlayTemplate = await prepareOverlayTemplate(paths, snapshot);
+  const plan = await prepareRestore(paths, tag);
+  const { snapshot } = plan;
   const abort = new AbortController();
   const signal = options.signal ? AbortSignal.any([options.signal, abort.signal]) : abort.signal;
 
@@ -101,7 +100,7 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     };
     let sandbox: Sandbox | undefined;
     try {
-      sandbox = await Sandbox.restore(paths, snapshot, { overlayTemplate, signal });
+      sandbox = await Sandbox.restore(paths, plan, { signal });
       live.add(sandbox);
       result.id = sandbox.id;
       result.ready_ms = round1(sandbox.readyMs);
@@ -130,7 +129,7 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
   } finally {
     abort.abort();
     await Promise.all([...live].map((s) => s.destroy()));
-    await rm(overlayTemplate, { force: true });
+    await plan.dispose();
   }
 }
 

@@ -7,9 +7,19 @@ import type { Accelerator, MachineSpec } from "../vmm/qemu-args.js";
 
 /** Names of the files inside a snapshot directory. */
 export const SNAPSHOT_FILES = {
+  /** Flat RAM image (template snapshots, full branches). */
   memory: "memory.bin",
+  /** Changed pages only (diff and live branches). */
+  memoryLayer: "memory.layer",
   deviceState: "vmstate",
+  /** This snapshot's disk layer (qcow2), backed by the parent's disk layer or by `base.ext4`. */
   disk: "disk.qcow2",
+  /**
+   * Symlink to the image's root filesystem, the bottom of the disk chain. The disk layers name their backing
+   * files relatively (`base.ext4`, `../<parent>/disk.qcow2`) so a snapshot tree can move between hosts and homes;
+   * only this link is host-specific, and it is derived from the manifest's image hash.
+   */
+  baseDisk: "base.ext4",
 } as const;
 
 /** Names of the files inside a VM's run directory. */

@@ -3,7 +3,7 @@
  * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
  * daemon) and cleans up after dead ones.
  */
-import { readdir, rm } from "node:fs/promises";
+import { readdir, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
@@ -22,7 +22,8 @@ import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
-import { CHILD_READY_TIMEOUT_MS, prepareOverlayTemplate, Sandbox, type SandboxHandle } from "./sandbox.js";
+import { prepareRestore, type RestorePlan } from "./restore-plan.js";
+import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import type { SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 
@@ -124,6 +125,7 @@ export class SandboxManager implements SandboxService {
         created_at_unix: Math.floor(Date.now() / 1000),
         expires_at_unix_ms: null,
         memory_limit_mib: memoryLimit,
+        live_fork: request.liveFork === true ? 1 : 0,
         cgroup: null,
         ready_ms: null,
         error: null,
@@ -132,19 +134,18 @@ export class SandboxManager implements SandboxService {
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
     for (const row of rows) this.db.insertSandbox(row);
     const started: Sandbox[] = [];
-    let overlay: string | undefined;
+    let plan: RestorePlan | undefined;
     try {
-      overlay = await prepareOverlayTemplate(this.paths, snapshot);
-      const template = overlay;
+      plan = await prepareRestore(this.paths, snapshot, { inMemory: request.liveFork === true });
+      const restorePlan = plan;
       let next = 0;
       const failures: unknown[] = [];
       const worker = async () => {
         while (next < rows.length && failures.length === 0) {
           const row = rows[next++] as SandboxRow;
           try {
-            const sandbox = await Sandbox.restore(this.paths, snapshot, {
+            const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
-              overlayTemplate: template,
               outliveHost: true,
               signal: request.signal,
               onSpawned: async (pid) => {
@@ -193,7 +194,7 @@ export class SandboxManager implements SandboxService {
       throw err;
     } finally {
       this.spawning--;
-      if (overlay) await rm(overlay, { force: true });
+      await plan?.dispose();
     }
   }
 
@@ -329,6 +330,7 @@ export class SandboxManager implements SandboxService {
       expires_at_unix_ms: row.expires_at_unix_ms,
       ready_ms: row.ready_ms,
       accelerator: row.accelerator,
+      live_fork: row.live_fork === 1,
     };
   }
 
@@ -396,13 +398,15 @@ export class SandboxManager implements SandboxService {
    */
   private async sweepRunDir(): Promise<void> {
     const known = new Set(this.db.sandboxes().map((r) => path.basename(r.run_dir)));
-    for (const name of await readdir(this.paths.run).catch(() => [] as string[])) {
-      const overlayPid = /^\.overlay-.*-(\d+)-[0-9a-f]+\.qcow2$/.exec(name)?.[1];
-      if (overlayPid !== undefined) {
-        if ((await processStartTime(Number(overlayPid))) === null)
-          await rm(path.join(this.paths.run, name), { force: true });
-        continue;
+    const templates = path.join(this.paths.run, ".templates");
+    for (const name of await readdir(templates).catch(() => [] as string[])) {
+      const writer = /-(\d+)-[0-9a-f]+\.qcow2$/.exec(name)?.[1];
+      if (writer !== undefined && (await processStartTime(Number(writer))) === null) {
+        await rm(path.join(templates, name), { force: true });
       }
+    }
+    await rmdir(templates).catch(() => {});
+    for (const name of await readdir(this.paths.run).catch(() => [] as string[])) {
       if (known.has(name) || name.startsWith(".")) continue;
       const dir = path.join(this.paths.run, name);
       // A parent being snapshotted by a CLI process also lives here; leave directories whose VM still runs.

@@ -27,6 +27,8 @@ export interface SandboxInfo {
   /** Restore to ready, in ms. */
   ready_ms: number | null;
   accelerator: "kvm" | "tcg";
+  /** Spawned with live_fork (RAM on tmpfs): can be BRANCHed in live mode. */
+  live_fork: boolean;
 }
 
 export interface SpawnRequest {
@@ -35,6 +37,8 @@ export interface SpawnRequest {
   memoryLimitMiB?: number;
   /** Lifetime; default DEFAULT_SANDBOX_TIMEOUT_MS; 0 = no limit. */
   timeoutMs?: number;
+  /** Map RAM from a tmpfs copy of the snapshot's image, so the sandbox can be live-BRANCHed. */
+  liveFork?: boolean;
   signal?: AbortSignal;
 }
 

@@ -3,18 +3,17 @@
  * disk overlay), a QEMU process whose RAM maps the snapshot's memory file MAP_PRIVATE, and the agent channel.
  */
 import { randomBytes } from "node:crypto";
-import { access, copyFile, mkdir, readFile, rm } from "node:fs/promises";
+import { copyFile, mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
-import type { StoredSnapshot } from "../store/snapshot-store.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
-import { createOverlay } from "../vmm/qemu-tools.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { machineSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
+import type { RestorePlan } from "./restore-plan.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -36,8 +35,6 @@ export interface SandboxHandle {
 }
 
 export interface RestoreOptions {
-  /** An empty qcow2 overlay over the snapshot's disk, copied for each child (see `prepareOverlayTemplate`). */
-  overlayTemplate: string;
   id?: string;
   signal?: AbortSignal;
   /** Default CHILD_READY_TIMEOUT_MS for the snapshot's accelerator. */
@@ -66,13 +63,10 @@ export class Sandbox implements SandboxHandle {
     return this.vm.pid;
   }
 
-  static async restore(
-    paths: ForkdPaths,
-    snapshot: StoredSnapshot,
-    options: RestoreOptions,
-  ): Promise<Sandbox> {
+  static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
     const started = performance.now();
     const id = options.id ?? newSandboxId();
+    const { snapshot } = plan;
     const { manifest, dir } = snapshot;
     const runDir = path.join(paths.run, id);
     const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
@@ -82,7 +76,7 @@ export class Sandbox implements SandboxHandle {
     try {
       await mkdir(runDir, { recursive: true, mode: 0o700 });
       const disk = path.join(runDir, RUN_FILES.disk);
-      await copyFile(options.overlayTemplate, disk);
+      await copyFile(plan.overlayTemplate, disk);
       vm = await launchVm(
         machineSpec(
           {
@@ -97,7 +91,7 @@ export class Sandbox implements SandboxHandle {
           },
           {
             runDir,
-            memoryFile: path.join(dir, SNAPSHOT_FILES.memory),
+            memoryFile: plan.memoryImage,
             shared: false,
             disk,
             restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
@@ -156,52 +150,4 @@ export class Sandbox implements SandboxHandle {
     })();
     return this.destroyed;
   }
-}
-
-/** Why `snapshot` cannot be restored right now (a file it needs is gone), or null if it can. */
-export async function snapshotIsBootable(snapshot: StoredSnapshot): Promise<string | null> {
-  const needed = [
-    path.join(snapshot.dir, SNAPSHOT_FILES.disk),
-    path.join(snapshot.dir, SNAPSHOT_FILES.memory),
-    path.join(snapshot.dir, SNAPSHOT_FILES.deviceState),
-    snapshot.manifest.image.kernel,
-    snapshot.manifest.image.initrd,
-    snapshot.manifest.image.rootfs,
-  ];
-  for (const file of needed) {
-    const missing = await access(file).then(
-      () => false,
-      () => true,
-    );
-    if (missing) return `${file} is missing (image cache cleared? rebuild the snapshot)`;
-  }
-  const imageJson = path.join(path.dirname(snapshot.manifest.image.rootfs), "image.json");
-  const buildId = await readFile(imageJson, "utf8").then(
-    (text) => (JSON.parse(text) as { buildId?: unknown }).buildId,
-    () => undefined,
-  );
-  if (buildId !== snapshot.manifest.image.buildId) {
-    return `its image ${snapshot.manifest.image.hash.slice(0, 12)} was rebuilt since the snapshot was taken; rebuild the snapshot`;
-  }
-  return null;
-}
-
-/**
- * An empty qcow2 overlay backed by the snapshot's frozen disk. Children copy it (a ~200 KiB file) instead of
- * each running qemu-img, which costs a process start per child.
- */
-export async function prepareOverlayTemplate(paths: ForkdPaths, snapshot: StoredSnapshot): Promise<string> {
-  const problem = await snapshotIsBootable(snapshot);
-  if (problem) throw new ForkdError("conflict", `snapshot ${snapshot.tag} is not bootable: ${problem}`);
-  await mkdir(paths.run, { recursive: true, mode: 0o700 });
-  const overlay = path.join(
-    paths.run,
-    `.overlay-${snapshot.tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
-  );
-  await createOverlay({
-    backing: path.join(snapshot.dir, SNAPSHOT_FILES.disk),
-    backingFormat: "qcow2",
-    overlay,
-  });
-  return overlay;
 }

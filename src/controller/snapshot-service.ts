@@ -5,7 +5,7 @@ import type { ForkdPaths } from "../common/paths.js";
 import type { StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { createSnapshot } from "./create-snapshot.js";
-import { snapshotIsBootable } from "./sandbox.js";
+import { snapshotIsBootable } from "./restore-plan.js";
 import type { SnapshotInfo, SnapshotService } from "./sandbox-service.js";
 
 export class DaemonSnapshots implements SnapshotService {

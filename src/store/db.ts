@@ -22,6 +22,8 @@ export interface SandboxRow {
   created_at_unix: number;
   expires_at_unix_ms: number | null;
   memory_limit_mib: number | null;
+  /** 1 when the sandbox maps its RAM from tmpfs (live_fork), 0 otherwise. */
+  live_fork: number;
   cgroup: string | null;
   ready_ms: number | null;
   error: string | null;
@@ -67,6 +69,7 @@ export class StateDb {
           created_at_unix INTEGER NOT NULL,
           expires_at_unix_ms INTEGER,
           memory_limit_mib INTEGER,
+          live_fork INTEGER NOT NULL DEFAULT 0,
           cgroup TEXT,
           ready_ms REAL,
           error TEXT
@@ -89,9 +92,9 @@ export class StateDb {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
-           expires_at_unix_ms, memory_limit_mib, cgroup, ready_ms, error)
+           expires_at_unix_ms, memory_limit_mib, live_fork, cgroup, ready_ms, error)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
-           @expires_at_unix_ms, @memory_limit_mib, @cgroup, @ready_ms, @error)`,
+           @expires_at_unix_ms, @memory_limit_mib, @live_fork, @cgroup, @ready_ms, @error)`,
       )
       .run(row);
   }

@@ -3,7 +3,7 @@ import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { ForkdError } from "../common/errors.js";
 
-export const MANIFEST_FORMAT = 1;
+export const MANIFEST_FORMAT = 2;
 export const MANIFEST_FILE = "manifest.json";
 
 const FileEntry = Type.Object({
@@ -32,6 +32,23 @@ export const SnapshotManifestSchema = Type.Object({
     cmdline: Type.String(),
     tscKhz: Type.Union([Type.Integer(), Type.Null()]),
     qemuVersion: Type.String(),
+  }),
+  /**
+   * How guest RAM is stored: `flat` = memory.bin, a whole RAM image children map directly; `layer` =
+   * memory.layer, only the pages changed relative to the parent (see memory-layer.ts).
+   */
+  memory: Type.Object({
+    format: Type.Union([Type.Literal("flat"), Type.Literal("layer")]),
+    ramBytes: Type.Integer({ minimum: 0 }),
+    /** Pages stored in this snapshot's own memory file. */
+    pages: Type.Integer({ minimum: 0 }),
+  }),
+  /** How the snapshot came to be: booted from a template, or BRANCHed from a running sandbox. */
+  origin: Type.Object({
+    kind: Type.Union([Type.Literal("template"), Type.Literal("branch")]),
+    mode: Type.Union([Type.Null(), Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
+    sourceSandbox: Type.Union([Type.Null(), Type.String()]),
+    pauseMs: Type.Union([Type.Null(), Type.Number()]),
   }),
   /** Content hashes of every data file, computed when the snapshot was written. */
   files: Type.Record(Type.String(), FileEntry),

@@ -46,7 +46,11 @@ export function qemuVersion(binary?: string): Promise<QemuVersion> {
 }
 
 export interface CreateOverlayOptions {
-  /** Existing image the overlay reads through to. Stored in the overlay as given: use an absolute path. */
+  /**
+   * Existing image the overlay reads through to, stored in the overlay as given. A relative path is resolved
+   * against the overlay's directory (by qemu-img now and by QEMU whenever the overlay is opened), which keeps
+   * a tree of layers relocatable.
+   */
   backing: string;
   backingFormat: "qcow2" | "raw";
   overlay: string;
@@ -58,12 +62,8 @@ export interface CreateOverlayOptions {
  * directory and renamed when complete, so a crash never leaves a half-made overlay at `overlay`.
  */
 export async function createOverlay(options: CreateOverlayOptions): Promise<void> {
-  for (const [field, value] of [
-    ["backing", options.backing],
-    ["overlay", options.overlay],
-  ] as const) {
-    if (!path.isAbsolute(value))
-      throw new ForkdError("invalid_argument", `${field} must be an absolute path: ${value}`);
+  if (!path.isAbsolute(options.overlay)) {
+    throw new ForkdError("invalid_argument", `overlay must be an absolute path: ${options.overlay}`);
   }
   if (options.backingFormat !== "qcow2" && options.backingFormat !== "raw") {
     throw new ForkdError(

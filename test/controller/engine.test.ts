@@ -4,14 +4,14 @@
  * whatever accelerator the host probe picks (TCG on our CI machines).
  */
 import assert from "node:assert/strict";
-import { rm } from "node:fs/promises";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
 import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { forkChildren } from "../../src/controller/fork.js";
 import { SNAPSHOT_FILES } from "../../src/controller/machine.js";
-import { prepareOverlayTemplate, Sandbox } from "../../src/controller/sandbox.js";
+import { prepareRestore } from "../../src/controller/restore-plan.js";
+import { Sandbox } from "../../src/controller/sandbox.js";
 import { digestFile } from "../../src/store/hash.js";
 import { SnapshotStore, type StoredSnapshot } from "../../src/store/snapshot-store.js";
 import { entries, qemusMentioning, tempHome } from "../support/host.js";
@@ -87,9 +87,9 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
   });
 
   it("children are isolated in memory and on disk, and never write through to the snapshot", async () => {
-    const overlay = await prepareOverlayTemplate(home, snapshot);
-    const a = await Sandbox.restore(home, snapshot, { overlayTemplate: overlay });
-    const b = await Sandbox.restore(home, snapshot, { overlayTemplate: overlay });
+    const plan = await prepareRestore(home, snapshot);
+    const a = await Sandbox.restore(home, plan);
+    const b = await Sandbox.restore(home, plan);
     try {
       assert.equal(
         (await a.agent.eval("SECRET = 'only-in-a'\nSECRET", { timeoutMs: 60_000 })).result,
@@ -107,14 +107,14 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
       await a.destroy();
       await b.destroy();
     }
-    const later = await Sandbox.restore(home, snapshot, { overlayTemplate: overlay });
+    const later = await Sandbox.restore(home, plan);
     try {
       await assert.rejects(later.agent.files.stat("/root/from-a.txt"), /ENOENT|not found|no such file/i);
       assert.equal((await later.agent.eval("'SECRET' in dir()", { timeoutMs: 60_000 })).result, "False");
     } finally {
       await later.destroy();
     }
-    await rm(overlay);
+    await plan.dispose();
     for (const name of Object.values(SNAPSHOT_FILES)) {
       const now = await digestFile(path.join(snapshot.dir, name));
       assert.equal(now.sha256, snapshot.manifest.files[name]?.sha256, `${name} unchanged by children`);
@@ -138,23 +138,23 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
   });
 
   it("a child whose QEMU dies mid-spawn fails clearly and leaves nothing behind", async () => {
-    const overlay = await prepareOverlayTemplate(home, snapshot);
-    const pending = Sandbox.restore(home, snapshot, { overlayTemplate: overlay });
+    const plan = await prepareRestore(home, snapshot);
+    const pending = Sandbox.restore(home, plan);
     const pid = await waitForQemu(home.run);
     process.kill(pid, "SIGKILL");
     await assert.rejects(pending, /QEMU was killed by SIGKILL/);
-    await rm(overlay);
+    await plan.dispose();
     assert.deepEqual(await qemusMentioning(home.run), []);
     assert.deepEqual(await entries(home.run), []);
   });
 
   it("a guest that never becomes ready hits the deadline and is killed", async () => {
-    const overlay = await prepareOverlayTemplate(home, snapshot);
-    const pending = Sandbox.restore(home, snapshot, { overlayTemplate: overlay, readyTimeoutMs: 3000 });
+    const plan = await prepareRestore(home, snapshot);
+    const pending = Sandbox.restore(home, plan, { readyTimeoutMs: 3000 });
     const pid = await waitForQemu(home.run);
     process.kill(pid, "SIGSTOP");
     await assert.rejects(pending, (err: unknown) => err instanceof ForkdError && err.code === "timeout");
-    await rm(overlay);
+    await plan.dispose();
     assert.deepEqual(await qemusMentioning(home.run), []);
     assert.deepEqual(await entries(home.run), []);
   });

@@ -21,6 +21,8 @@ const draft: ManifestDraft = {
   },
   timings: { bootMs: 1, warmupMs: 2, saveMs: 3 },
   parent: null,
+  memory: { format: "flat", ramBytes: 256 * 1024 * 1024, pages: 65536 },
+  origin: { kind: "template", mode: null, sourceSandbox: null, pauseMs: null },
 };
 
 describe("SnapshotStore", () => {

@@ -1,0 +1,129 @@
+/**
+ * Everything children of one snapshot share, prepared once per spawn: the checked chain, its verified files,
+ * the flat RAM image they map, and an empty disk overlay each child copies.
+ */
+import { createHash, randomBytes } from "node:crypto";
+import { access, mkdir, readFile, rm, rmdir } from "node:fs/promises";
+import path from "node:path";
+import { ForkdError } from "../common/errors.js";
+import type { ForkdPaths } from "../common/paths.js";
+import { resolveChain } from "../store/chain.js";
+import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
+import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
+import { FileVerifier } from "../store/verify.js";
+import { createOverlay } from "../vmm/qemu-tools.js";
+import { SNAPSHOT_FILES } from "./machine.js";
+
+export interface RestorePlan {
+  /** The snapshot children restore (the head of its chain). */
+  snapshot: StoredSnapshot;
+  /** Root first. */
+  chain: StoredSnapshot[];
+  /** The flat RAM image children map MAP_PRIVATE. */
+  memoryImage: string;
+  /** True when the image is on tmpfs: children can then be live-branched. */
+  inMemory: boolean;
+  /** An empty qcow2 overlay over the head's disk layer, copied for each child. */
+  overlayTemplate: string;
+  /** Removes the overlay template. */
+  dispose(): Promise<void>;
+}
+
+export function cacheDirs(paths: ForkdPaths) {
+  return {
+    cacheDir: path.join(paths.home, "cache", "memory"),
+    tmpfsDir: path.join(process.env.FORKD_TMPFS ?? "/dev/shm", `forkd-${homeKey(paths.home)}`),
+    verifiedDir: path.join(paths.home, "cache"),
+  };
+}
+
+/** Where overlay templates are made: two levels under FORKD_HOME, like run/<id>/ and snapshots/<tag>/. */
+function templatesDir(paths: ForkdPaths): string {
+  return path.join(paths.home, "run", ".templates");
+}
+
+export async function prepareRestore(
+  paths: ForkdPaths,
+  tagOrSnapshot: string | StoredSnapshot,
+  options: { inMemory?: boolean } = {},
+): Promise<RestorePlan> {
+  const store = new SnapshotStore(paths.snapshots);
+  const tag = typeof tagOrSnapshot === "string" ? tagOrSnapshot : tagOrSnapshot.tag;
+  const chain = await resolveChain(store, tag);
+  const snapshot = chain[chain.length - 1] as StoredSnapshot;
+  const problem = await snapshotIsBootable(snapshot);
+  if (problem) throw new ForkdError("conflict", `snapshot ${tag} is not bootable: ${problem}`);
+  await verifyChainFiles(paths, chain);
+  const dirs = cacheDirs(paths);
+  const memoryImage = await flatImageFor(chain, { ...dirs, inMemory: options.inMemory });
+  await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
+  const overlayTemplate = path.join(
+    templatesDir(paths),
+    `${tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+  );
+  // Relative backing: the overlay is copied to run/<id>/disk.qcow2, two levels under FORKD_HOME like this
+  // directory, and a branch later hard-links it into snapshots/<tag>/, also two levels down.
+  await createOverlay({
+    backing: path.join("..", "..", "snapshots", snapshot.tag, SNAPSHOT_FILES.disk),
+    backingFormat: "qcow2",
+    overlay: overlayTemplate,
+  });
+  return {
+    snapshot,
+    chain,
+    memoryImage,
+    inMemory: options.inMemory ?? false,
+    overlayTemplate,
+    dispose: async () => {
+      await rm(overlayTemplate, { force: true });
+      // The directory goes too once no other spawn is using it (rmdir fails while it has entries).
+      await rmdir(templatesDir(paths)).catch(() => {});
+    },
+  };
+}
+
+/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads. */
+async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  const head = chain[chain.length - 1] as StoredSnapshot;
+  const needed: { snapshot: StoredSnapshot; name: string }[] = [
+    ...memoryFilesOf(chain).map(({ snapshot, name }) => ({ snapshot, name })),
+    { snapshot: head, name: SNAPSHOT_FILES.deviceState },
+    ...chain.map((snapshot) => ({ snapshot, name: SNAPSHOT_FILES.disk })),
+  ];
+  for (const { snapshot, name } of needed) {
+    const expected = snapshot.manifest.files[name];
+    if (!expected)
+      throw new ForkdError("unprocessable", `snapshot ${snapshot.tag}: manifest lists no ${name}`);
+    await verifier.verify(path.join(snapshot.dir, name), expected.sha256, `snapshot ${snapshot.tag}`);
+  }
+}
+
+/** Why `snapshot` cannot be restored right now (its image is gone or was rebuilt), or null if it can. */
+export async function snapshotIsBootable(snapshot: StoredSnapshot): Promise<string | null> {
+  for (const file of [
+    snapshot.manifest.image.kernel,
+    snapshot.manifest.image.initrd,
+    snapshot.manifest.image.rootfs,
+  ]) {
+    const missing = await access(file).then(
+      () => false,
+      () => true,
+    );
+    if (missing) return `${file} is missing (image cache cleared? rebuild the image and the snapshot)`;
+  }
+  const imageJson = path.join(path.dirname(snapshot.manifest.image.rootfs), "image.json");
+  const buildId = await readFile(imageJson, "utf8").then(
+    (text) => (JSON.parse(text) as { buildId?: unknown }).buildId,
+    () => undefined,
+  );
+  if (buildId !== snapshot.manifest.image.buildId) {
+    return `its image ${snapshot.manifest.image.hash.slice(0, 12)} was rebuilt since the snapshot was taken; rebuild the snapshot`;
+  }
+  return null;
+}
+
+/** Distinguishes the tmpfs caches of different FORKD_HOMEs on one host. */
+function homeKey(home: string): string {
+  return createHash("sha256").update(home).digest("hex").slice(0, 12);
+}

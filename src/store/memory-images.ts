@@ -1,0 +1,99 @@
+/**
+ * The flat RAM image children of a snapshot map MAP_PRIVATE. A flat snapshot is its own image. A chain ending in
+ * diff layers is assembled once — the nearest flat ancestor copied, then every layer above it applied in order —
+ * and cached by the head's manifest digest, so every later child maps the same file and shares its pages.
+ * Images on tmpfs (`inMemory`) are what live BRANCH needs: userfaultfd write-protection works on MAP_PRIVATE shmem.
+ */
+
+import { execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { chmod, mkdir, rename, rm, stat } from "node:fs/promises";
+import path from "node:path";
+import { promisify } from "node:util";
+import { ForkdError } from "../common/errors.js";
+import { manifestDigest } from "./chain.js";
+import { applyMemoryLayer } from "./memory-layer.js";
+import type { StoredSnapshot } from "./snapshot-store.js";
+
+export const FLAT_MEMORY_FILE = "memory.bin";
+export const LAYER_MEMORY_FILE = "memory.layer";
+
+export interface MemoryImageOptions {
+  /** Directory for assembled images on disk. */
+  cacheDir: string;
+  /** Directory for images on tmpfs (used when `inMemory`). */
+  tmpfsDir: string;
+  /** Put the image on tmpfs even for a flat snapshot (a copy), so children can be live-branched. */
+  inMemory?: boolean;
+}
+
+/** Memory files of `chain` a child's RAM depends on: from the nearest flat snapshot up to the head. */
+export function memoryFilesOf(
+  chain: StoredSnapshot[],
+): { snapshot: StoredSnapshot; file: string; name: string }[] {
+  const root = lastFlatIndex(chain);
+  return chain.slice(root).map((snapshot) => {
+    const name = snapshot.manifest.memory.format === "flat" ? FLAT_MEMORY_FILE : LAYER_MEMORY_FILE;
+    return { snapshot, file: path.join(snapshot.dir, name), name };
+  });
+}
+
+const execFileAsync = promisify(execFile);
+
+const building = new Map<string, Promise<string>>();
+
+/** Path of the flat image for the head of `chain` (root first), assembling and caching it if needed. */
+export async function flatImageFor(chain: StoredSnapshot[], options: MemoryImageOptions): Promise<string> {
+  const head = chain[chain.length - 1];
+  if (!head) throw new ForkdError("internal", "empty snapshot chain");
+  if (head.manifest.memory.format === "flat" && !options.inMemory)
+    return path.join(head.dir, FLAT_MEMORY_FILE);
+  const dir = options.inMemory ? options.tmpfsDir : options.cacheDir;
+  const target = path.join(dir, `${head.tag}-${(await manifestDigest(head)).slice(0, 32)}.bin`);
+  const ready = await stat(target).then(
+    (st) => st.size === head.manifest.memory.ramBytes,
+    () => false,
+  );
+  if (ready) return target;
+  let pending = building.get(target);
+  if (!pending) {
+    pending = assemble(chain, target).finally(() => building.delete(target));
+    building.set(target, pending);
+  }
+  return pending;
+}
+
+async function assemble(chain: StoredSnapshot[], target: string): Promise<string> {
+  const files = memoryFilesOf(chain);
+  const base = files[0];
+  if (base?.snapshot.manifest.memory.format !== "flat") {
+    throw new ForkdError("unprocessable", `snapshot chain has no flat memory image at its root`);
+  }
+  await mkdir(path.dirname(target), { recursive: true, mode: 0o700 });
+  const staging = `${target}.${process.pid}-${randomBytes(4).toString("hex")}.partial`;
+  try {
+    // cp keeps the image sparse (guest RAM never touched stays a hole) and reflinks where the filesystem can.
+    await execFileAsync("cp", ["--sparse=always", "--reflink=auto", "--", base.file, staging]);
+    for (const layer of files.slice(1)) {
+      if (layer.snapshot.manifest.memory.format === "flat") {
+        throw new ForkdError("internal", "a flat snapshot above the chosen base");
+      }
+      await applyMemoryLayer(layer.file, staging);
+    }
+    await chmod(staging, 0o444);
+    await rename(staging, target);
+    return target;
+  } finally {
+    await rm(staging, { force: true });
+  }
+}
+
+function lastFlatIndex(chain: StoredSnapshot[]): number {
+  for (let i = chain.length - 1; i >= 0; i--) {
+    if (chain[i]?.manifest.memory.format === "flat") return i;
+  }
+  throw new ForkdError(
+    "unprocessable",
+    `snapshot ${chain[chain.length - 1]?.tag}: no flat memory image in its chain`,
+  );
+}
