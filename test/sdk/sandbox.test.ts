@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import {
   ConflictError,
+  Controller,
   InvalidArgumentError,
   Sandbox,
   SandboxNotFoundError,
@@ -198,10 +199,7 @@ describe("Sandbox lifecycle", () => {
       });
       await assert.rejects(Sandbox.connect("sb-deaddeaddead", settings), SandboxNotFoundError);
       assert.equal(await Sandbox.kill("sb-000000000000", settings), false);
-      await new Sandbox(
-        new (await import("../../src/sdk/index.js")).Controller(settings),
-        info("sb-1", "py"),
-      ).kill();
+      await new Sandbox(new Controller(settings), info("sb-1", "py")).kill();
     } finally {
       await server.close();
     }
