@@ -57,6 +57,8 @@ interface Live {
 export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
   private readonly live = new Map<string, Live>();
+  /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
+  private readonly killing = new Map<string, Promise<void>>();
   private readonly limits: AdmissionLimits;
   private readonly log: ManagerLog;
   private spawning = 0;
@@ -218,11 +220,25 @@ export class SandboxManager implements SandboxService {
 
   // ---- lifecycle ----
 
+  /** Kills `id`. Of concurrent kills of one sandbox, one succeeds; the others wait for it, then get not_found. */
   async kill(id: string): Promise<void> {
     const row = this.row(id);
+    const ongoing = this.killing.get(id);
+    if (ongoing) {
+      await ongoing.catch(() => {});
+      throw notFound(`sandbox ${id} not found (it was just killed)`);
+    }
     if (row.status === "starting") throw conflict(`sandbox ${id} is still starting; kill it once spawned`);
-    await this.destroy(row, "killed");
-    this.db.deleteSandbox(id);
+    const killing = (async () => {
+      await this.destroy(row, "killed");
+      this.db.deleteSandbox(id);
+    })();
+    this.killing.set(id, killing);
+    try {
+      await killing;
+    } finally {
+      this.killing.delete(id);
+    }
   }
 
   async killAll(filter: { snapshotTag?: string } = {}): Promise<string[]> {
