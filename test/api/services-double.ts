@@ -86,7 +86,8 @@ export class ServicesDouble {
       const out: SandboxInfo[] = [];
       for (let i = 0; i < request.n; i++) {
         const id = `sb-${(++this.counter).toString(16).padStart(12, "0")}`;
-        const info: SandboxInfo = {
+        // Asserted rather than annotated: the double stays valid while SandboxInfo grows fields (live_fork).
+        const info = {
           id,
           snapshot_tag: snap.tag,
           created_at_unix: 1_700_000_100,
@@ -96,7 +97,8 @@ export class ServicesDouble {
           expires_at_unix_ms: request.timeoutMs === 0 ? null : 1_700_000_400_000,
           ready_ms: 12.5,
           accelerator: "tcg",
-        };
+          live_fork: false,
+        } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
       }
