@@ -179,6 +179,7 @@ export const SandboxInfoWire = Type.Object(
     expires_at_unix_ms: Nullable(Type.Integer({ description: "When the lifetime ends; null = no limit." })),
     ready_ms: Nullable(Type.Number({ description: "Restore to ready, in ms." })),
     accelerator: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
+    live_fork: Type.Boolean({ description: "RAM on tmpfs: the sandbox can be BRANCHed in live mode." }),
     netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
     guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
   },
@@ -211,7 +212,13 @@ export const SpawnBody = Type.Object(
     ),
     per_child_netns: NotBuiltFlag("a network namespace per child"),
     prewarm: NotBuiltFlag("fault in guest pages after restore"),
-    live_fork: NotBuiltFlag("memfd-backed RAM for live branch"),
+    live_fork: Type.Optional(
+      Type.Boolean({
+        description:
+          "Map guest RAM from a tmpfs copy of the snapshot's image (built once per snapshot), so the sandbox can be " +
+          "BRANCHed in live mode (userfaultfd write-protection needs shmem).",
+      }),
+    ),
     hugepages: NotBuiltFlag("2 MiB pages for memfd RAM"),
   },
   { additionalProperties: false },

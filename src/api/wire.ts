@@ -21,6 +21,7 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     expires_at_unix_ms: info.expires_at_unix_ms,
     ready_ms: info.ready_ms,
     accelerator: info.accelerator,
+    live_fork: info.live_fork,
     netns: null,
     guest_addr: null,
   };

@@ -105,8 +105,14 @@ describe("REST API over the services test double", () => {
     );
   });
 
+  it("passes live_fork through to the spawn", async () => {
+    const { status } = await call("POST", "/v1/sandboxes", { snapshot_tag: "py", live_fork: true });
+    assert.equal(status, 201);
+    assert.equal(double.lastSpawn?.liveFork, true);
+  });
+
   it("answers 501 naming the feature for v0.5 flags set to true", async () => {
-    for (const flag of ["per_child_netns", "prewarm", "live_fork", "hugepages"]) {
+    for (const flag of ["per_child_netns", "prewarm", "hugepages"]) {
       await expectError(
         "POST",
         "/v1/sandboxes",

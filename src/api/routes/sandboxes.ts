@@ -31,7 +31,6 @@ type IdRequest = { Params: Static<typeof SandboxParams> };
 const NOT_BUILT_SPAWN_FLAGS = {
   per_child_netns: "per-child network namespaces",
   prewarm: "prewarm (faulting in guest pages after restore)",
-  live_fork: "live_fork (memfd-backed guest RAM for live branch)",
   hugepages: "hugepages-backed guest RAM",
 } as const;
 
@@ -66,6 +65,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           n: body.n ?? 1,
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
           timeoutMs: body.timeout_ms,
+          liveFork: body.live_fork === true,
           signal: clientSignal(request, reply),
         });
         stop({ outcome: "ok" });
