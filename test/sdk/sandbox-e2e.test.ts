@@ -300,7 +300,6 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
       assert.equal(exec.exit_code, 0);
       const evaluated = await controller.evalCode(b, "import numpy; numpy.zeros(5).sum()");
       assert.deepEqual([evaluated.result, evaluated.error, evaluated.exit_code], ["0.0", null, 0]);
-      await assert.rejects(controller.branchSandbox(a, { mode: "diff" }), NotImplementedError);
       await assert.rejects(controller.spawnSandboxes({ snapshotTag: "no-such-tag" }), NotFoundError);
       await assert.rejects(
         Sandbox.connect("sb-000000000000", { url: daemon.socketUrl, env: {} }),
@@ -362,5 +361,25 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
       for (const sandbox of sandboxes) await sandbox.kill();
     }
     await daemon.controller.deleteSnapshot("pyagent");
+  });
+
+  it("sandbox.branch: a child of the branch continues the source's Python state (or 501 until issue 4)", async (t) => {
+    await withSandbox(t, async (source) => {
+      await source.runCode("answer = 41");
+      let branched: Awaited<ReturnType<Sandbox["branch"]>>;
+      try {
+        branched = await source.branch({ mode: "diff" });
+      } catch (err) {
+        assert.ok(err instanceof NotImplementedError, String(err));
+        assert.match(err.message, /HTTP 501 from POST \/v1\/sandboxes\/sb-[0-9a-f]{12}\/branch/);
+        t.diagnostic("branch is not implemented by this daemon yet: checked the typed 501");
+        return;
+      }
+      await using child = await Sandbox.create({ snapshotTag: branched.tag, url: daemon.socketUrl, env: {} });
+      assert.equal((await child.runCode("answer + 1")).result, "42");
+      assert.equal((await source.runCode("answer")).result, "41", "the source keeps running");
+      await child.kill();
+      await daemon.controller.deleteSnapshot(branched.tag);
+    });
   });
 });
