@@ -31,6 +31,8 @@ import type {
 export const DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS = 30 * 60_000;
 /** Network allowance on top of a command's own timeout, for calls that wait for guest work. */
 const GUEST_WORK_GRACE_MS = 10_000;
+/** Deadline allowance per child of a spawn request, on top of `requestTimeoutMs`. */
+export const SPAWN_MS_PER_CHILD = 1_000;
 /** Stdin bytes per NDJSON frame of a streamed-stdin exec (the daemon bounds one request line). */
 const STDIN_FRAME_BYTES = 256 * 1024;
 /** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
@@ -38,7 +40,7 @@ export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
 
 export interface SpawnOptions extends RequestOptions {
   snapshotTag: string;
-  /** How many children (1..1000). @default 1 */
+  /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
   n?: number;
   memoryLimitMib?: number;
   /** Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's (5 minutes) */
@@ -185,7 +187,20 @@ export class Controller {
     if (options.prewarm !== undefined) body.prewarm = options.prewarm;
     if (options.liveFork !== undefined) body.live_fork = options.liveFork;
     if (options.hugepages !== undefined) body.hugepages = options.hugepages;
-    return this.json<SandboxInfo[]>({ method: "POST", path: "/v1/sandboxes", json: body }, options);
+    const n = body.n as number;
+    const requestTimeoutMs = this.settings(options).requestTimeoutMs;
+    return this.json<SandboxInfo[]>(
+      {
+        method: "POST",
+        path: "/v1/sandboxes",
+        json: body,
+        // Children are restored in parallel but the host's CPUs bound how many at once: a fan-out of 100 takes
+        // about a minute under TCG, so the deadline grows with n.
+        deadlineMs: requestTimeoutMs === 0 ? 0 : requestTimeoutMs + n * SPAWN_MS_PER_CHILD,
+        deadlineWhat: `spawning ${n} sandbox${n === 1 ? "" : "es"} (requestTimeoutMs + ${SPAWN_MS_PER_CHILD} ms per child)`,
+      },
+      options,
+    );
   }
 
   async listSandboxes(options: RequestOptions & { snapshotTag?: string } = {}): Promise<SandboxInfo[]> {

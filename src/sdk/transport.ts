@@ -33,6 +33,8 @@ export interface HttpRequest {
    */
   deadlineMs?: number;
   deadlineSetting?: string;
+  /** How the request is named when its deadline fires (default "METHOD /path"). */
+  deadlineWhat?: string;
 }
 
 export interface HttpResponse {
@@ -84,7 +86,7 @@ export async function exchange(
   const clearDeadline = scope.deadline(
     request.deadlineMs ?? settings.requestTimeoutMs,
     request.deadlineSetting ?? "requestTimeoutMs",
-    describeRequest(request),
+    request.deadlineWhat ?? describeRequest(request),
   );
   try {
     const response = await open(settings, request, scope);

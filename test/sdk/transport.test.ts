@@ -319,6 +319,20 @@ describe("deadlines and cancellation", () => {
     await waitUntil(() => server.sockets.size === 0, "the server to see the connection closed");
   });
 
+  it("a spawn's deadline grows by a second per child, and its message says so", async () => {
+    const controller = new Controller({ url: server.url, requestTimeoutMs: 100, env: {} });
+    const started = Date.now();
+    await assert.rejects(controller.spawnSandboxes({ snapshotTag: "py", n: 2 }), (err: unknown) => {
+      assert.ok(err instanceof TimeoutError);
+      assert.match(
+        err.message,
+        /^spawning 2 sandboxes \(requestTimeoutMs \+ 1000 ms per child\) did not finish within requestTimeoutMs=2100 ms/,
+      );
+      return true;
+    });
+    assert.ok(Date.now() - started >= 2000);
+  });
+
   it("a per-call requestTimeoutMs overrides the client's", async () => {
     const controller = new Controller({ url: server.url, requestTimeoutMs: 60_000, env: {} });
     await assert.rejects(controller.listSnapshots({ requestTimeoutMs: 50 }), /requestTimeoutMs=50 ms/);
