@@ -12,6 +12,7 @@ import vm from "node:vm";
 import { installAsyncDisposeSymbol } from "../../src/sdk/dispose.js";
 import {
   CommandExitError,
+  ConflictError,
   ConnectionError,
   ForkdSdkError,
   NotFoundError,
@@ -37,9 +38,10 @@ type StreamScript = (req: IncomingMessage, res: ServerResponse, body: Buffer) =>
 /** A server with the sandbox routes the Sandbox class needs; `script` answers exec/stream. */
 async function daemonWith(
   script: StreamScript,
-  options: { sandboxExists?: () => boolean } = {},
+  options: { sandboxExists?: () => boolean; sandboxStatus?: () => string } = {},
 ): Promise<TestServer> {
   const exists = options.sandboxExists ?? (() => true);
+  const status = options.sandboxStatus ?? (() => "running");
   return startServer(
     "unix",
     (req, res, body) => {
@@ -48,7 +50,7 @@ async function daemonWith(
       if (url.pathname === "/healthz") return sendJson(res, 200, { ok: true });
       if (req.method === "GET" && url.pathname === `/v1/sandboxes/${ID}`) {
         return exists()
-          ? sendJson(res, 200, INFO)
+          ? sendJson(res, 200, { ...INFO, status: status() })
           : sendJson(res, 404, { error: `no sandbox ${ID}`, code: "not_found" });
       }
       if (req.method === "DELETE" && url.pathname === `/v1/sandboxes/${ID}`) {
@@ -242,6 +244,30 @@ describe("commands.run over the exec stream", () => {
         assert.ok(err instanceof NotFoundError);
         assert.match(err.message, new RegExp(`sandbox ${ID} no longer exists .*sandbox\\.setTimeout`));
         assert.ok(err.cause instanceof UnavailableError);
+        return true;
+      });
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("a 409 from a sandbox that is being stopped (lifetime over) is SandboxNotFoundError; other 409s stay", async () => {
+    let status = "running";
+    const server = await daemonWith(
+      (_req, res) => sendJson(res, 409, { error: `sandbox ${ID} is being stopped`, code: "conflict" }),
+      { sandboxStatus: () => status },
+    );
+    try {
+      const sandbox = await sandboxOn(server);
+      await assert.rejects(sandbox.commands.run("true"), (err: unknown) => err instanceof ConflictError);
+      status = "stopping";
+      await assert.rejects(sandbox.commands.run("true"), (err: unknown) => {
+        assert.ok(err instanceof SandboxNotFoundError);
+        assert.match(
+          err.message,
+          /is being stopped \(killed, or its lifetime ran out\) while command "true"/,
+        );
+        assert.ok(err.cause instanceof ConflictError);
         return true;
       });
     } finally {

@@ -308,17 +308,20 @@ export class Sandbox {
   private async diagnose(err: unknown, what: string): Promise<unknown> {
     const worthChecking =
       err instanceof NotFoundError ||
+      err instanceof ConflictError ||
       (err instanceof ConnectionError && err.daemonReachable === true) ||
       (err instanceof UnavailableError && !(err instanceof ConnectionError));
     if (!worthChecking || err instanceof SandboxNotFoundError) return err;
+    let state = "no longer exists";
     try {
       const info = await this.controller.getSandbox(this.id, { requestTimeoutMs: DIAGNOSIS_TIMEOUT_MS });
-      if (info.status !== "dead") return err;
+      if (info.status === "stopping") state = "is being stopped";
+      else if (info.status !== "dead") return err;
     } catch (probe) {
       if (!(probe instanceof NotFoundError)) return err;
     }
     return new SandboxNotFoundError(
-      `sandbox ${this.id} no longer exists (killed, or its lifetime ran out) while ${what}; to keep a sandbox ` +
+      `sandbox ${this.id} ${state} (killed, or its lifetime ran out) while ${what}; to keep a sandbox ` +
         "longer pass a larger `timeoutMs` to Sandbox.create or call sandbox.setTimeout(ms) (0 = no limit)",
       { cause: err },
     );
