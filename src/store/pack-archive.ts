@@ -1,0 +1,325 @@
+/**
+ * Reading and writing pack archives: tar by node-tar, compression by the `zstd` program (Node 20's zlib has no
+ * zstd), always through argv arrays. The reader hands out entries one at a time as they stream past and never
+ * lets node-tar write anything itself: what reaches the disk is decided by the caller, entry by entry.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash, type Hash } from "node:crypto";
+import { constants as fsConstants } from "node:fs";
+import { type FileHandle, mkdir, mkdtemp, open, rename, rm, symlink, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { Pack, Parser, type ReadEntry } from "tar";
+import { errorMessage, ForkdError } from "../common/errors.js";
+
+export const ZSTD_BINARY = "zstd";
+export const DEFAULT_ZSTD_LEVEL = 3;
+
+export interface ArchiveSource {
+  /** Path inside the archive. */
+  path: string;
+  /** A file to read, or the entry's bytes. */
+  source: string | Buffer;
+}
+
+/**
+ * Writes `entries`, in order, as a zstd-compressed tar at `out` (via a temp name renamed when complete). Files
+ * are packed as regular files whatever links lead to them; owners, modes and times are not recorded.
+ */
+export async function writeArchive(
+  out: string,
+  entries: ArchiveSource[],
+  options: { level?: number; signal?: AbortSignal } = {},
+): Promise<{ bytes: number }> {
+  const level = options.level ?? DEFAULT_ZSTD_LEVEL;
+  if (!Number.isInteger(level) || level < 1 || level > 19) {
+    throw new ForkdError("invalid_argument", `zstd level must be an integer in 1..19, got ${level}`);
+  }
+  // node-tar names entries by their path under one directory: lay the archive's tree out as links to the sources.
+  const farm = await mkdtemp(path.join(os.tmpdir(), "forkd-pack-"));
+  const partial = `${out}.partial-${process.pid}`;
+  let output: FileHandle | undefined;
+  try {
+    for (const entry of entries) {
+      const at = path.join(farm, entry.path);
+      await mkdir(path.dirname(at), { recursive: true, mode: 0o700 });
+      if (typeof entry.source === "string") await symlink(path.resolve(entry.source), at);
+      else await writeFile(at, entry.source, { mode: 0o600 });
+    }
+    output = await open(partial, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o600);
+    const zstd = spawnZstd(["-q", "-T0", `-${level}`, "-c"], ["pipe", output.fd, "pipe"], options.signal);
+    const pack = new Pack({ cwd: farm, follow: true, portable: true, noMtime: true, strict: true });
+    const packed = new Promise<void>((resolve, reject) => {
+      pack.on("error", reject);
+      pack.on("end", resolve);
+    });
+    pack.pipe(zstd.process.stdin as NodeJS.WritableStream);
+    for (const entry of entries) pack.add(entry.path);
+    pack.end();
+    await Promise.all([packed, zstd.done]);
+    await output.sync();
+    const { size } = await output.stat();
+    await output.close();
+    output = undefined;
+    await rename(partial, out);
+    return { bytes: size };
+  } finally {
+    await output?.close().catch(() => {});
+    await rm(partial, { force: true });
+    await rm(farm, { recursive: true, force: true });
+  }
+}
+
+export interface ArchiveEntry {
+  path: string;
+  type: "file" | "directory";
+  size: number;
+  body: AsyncIterable<Buffer>;
+}
+
+export interface ReadArchiveOptions {
+  signal?: AbortSignal;
+  /** Most decompressed bytes to accept so far (re-read on every chunk: it grows once the manifest is known). */
+  maxBytes: () => number;
+}
+
+/**
+ * Streams the entries of a zstd-compressed tar to `onEntry`, one at a time, in archive order. Entries other
+ * than regular files and directories (links, devices, FIFOs, ...) and malformed headers end the read with an
+ * `unprocessable` error naming the entry. `onEntry` returns "stop" once it has everything it needs.
+ */
+export async function readArchive(
+  file: string,
+  onEntry: (entry: ArchiveEntry) => Promise<"continue" | "stop">,
+  options: ReadArchiveOptions,
+): Promise<void> {
+  const zstd = spawnZstd(["-d", "-q", "-c", "--", file], ["ignore", "pipe", "pipe"], options.signal);
+  const parser = new Parser({ strict: true, maxMetaEntrySize: 64 * 1024 });
+  const sink = parser as unknown as NodeJS.WritableStream;
+  const stdout = zstd.process.stdout as NodeJS.ReadableStream;
+  let decompressed = 0;
+  let failure: unknown;
+  let stopped = false;
+  let zstdClosed = false;
+  let chain = Promise.resolve();
+
+  // The parser's "end" comes after its last entry was handed out. After a failure or an early stop the parser
+  // is cut off from its input and never ends: then zstd's exit is the end.
+  let settle = () => {};
+  const parsed = new Promise<void>((resolve) => {
+    settle = () => {
+      if (zstdClosed && (failure !== undefined || stopped)) resolve();
+    };
+    parser.on("end", resolve);
+  });
+  zstd.process.on("close", () => {
+    zstdClosed = true;
+    settle();
+  });
+  let drained = false;
+  stdout.on("end", () => {
+    drained = true;
+  });
+  const cutOff = () => {
+    stdout.unpipe(sink);
+    // Once its output has ended zstd exits by itself, with its own verdict on the input.
+    if (!drained) zstd.process.kill("SIGKILL");
+    settle();
+  };
+  let current: ReadEntry | undefined;
+  const fail = (err: unknown) => {
+    failure ??= err;
+    cutOff();
+    // A handler waiting for more of this entry's body would wait forever: end it.
+    current?.destroy();
+  };
+
+  stdout.on("data", (chunk: Buffer) => {
+    decompressed += chunk.length;
+    if (decompressed > options.maxBytes()) {
+      fail(new ForkdError("unprocessable", "pack decompresses to more than its manifest accounts for"));
+    }
+  });
+  let parserFailed = false;
+  parser.on("error", (err: Error) => {
+    parserFailed ||= failure === undefined;
+    fail(new ForkdError("unprocessable", `pack is not a valid tar archive: ${errorMessage(err)}`));
+  });
+  parser.on("entry", (entry: ReadEntry) => {
+    const type = entryType(entry);
+    chain = chain.then(async () => {
+      try {
+        if (failure !== undefined || stopped) return;
+        if (typeof type !== "string") throw type;
+        current = entry;
+        const verdict = await onEntry({ path: entry.path, type, size: entry.size, body: entry });
+        if (verdict === "stop") {
+          stopped = true;
+          cutOff();
+        }
+      } catch (err) {
+        fail(err);
+      } finally {
+        current = undefined;
+        // Whatever the handler did not read is drained, so the parser moves on (or winds down).
+        entry.resume();
+      }
+    });
+  });
+  stdout.pipe(sink);
+  const exited = zstd.done
+    .catch((err: unknown) => {
+      // zstd's own complaint (not zstd data, corrupt frame) explains a parser failure on what it let through.
+      const ownFailure = typeof zstd.process.exitCode === "number" && zstd.process.exitCode !== 0;
+      if (!stopped && ownFailure && (failure === undefined || parserFailed)) failure = err;
+      else if (!stopped) failure ??= err;
+    })
+    .finally(() => {
+      // Also reached when zstd could not be started at all (then there is no "close").
+      zstdClosed = true;
+      if (failure !== undefined) {
+        stdout.unpipe(sink);
+        current?.destroy();
+      }
+      settle();
+    });
+  await Promise.all([parsed, exited]);
+  await chain;
+  if (failure !== undefined) throw failure;
+  options.signal?.throwIfAborted();
+}
+
+function entryType(entry: ReadEntry): "file" | "directory" | ForkdError {
+  if (entry.type === "File" || entry.type === "OldFile") return "file";
+  if (entry.type === "Directory") return "directory";
+  const kind =
+    entry.type === "SymbolicLink" ? "a symbolic link" : entry.type === "Link" ? "a hard link" : entry.type;
+  return new ForkdError(
+    "unprocessable",
+    `pack entry ${JSON.stringify(entry.path)} refused: it is ${kind} (only regular files and directories)`,
+  );
+}
+
+interface Zstd {
+  process: ChildProcess;
+  /** Resolves when zstd exits 0; rejects with its message otherwise. */
+  done: Promise<void>;
+}
+
+function spawnZstd(
+  args: string[],
+  stdio: ["pipe" | "ignore", "pipe" | number, "pipe"],
+  signal?: AbortSignal,
+): Zstd {
+  const child = spawn(ZSTD_BINARY, args, { stdio, signal });
+  let stderr = "";
+  child.stderr?.on("data", (chunk: Buffer) => {
+    if (stderr.length < 4096) stderr += chunk.toString("utf8");
+  });
+  // A reader that stops early closes the pipe under zstd: that is not zstd's failure.
+  child.stdin?.on("error", () => {});
+  const done = new Promise<void>((resolve, reject) => {
+    child.on("error", (err: NodeJS.ErrnoException) => {
+      reject(
+        err.code === "ENOENT"
+          ? new ForkdError("unavailable", `${ZSTD_BINARY} is not installed (Debian package zstd)`)
+          : signal?.aborted
+            ? signal.reason
+            : new ForkdError("internal", `${ZSTD_BINARY}: ${errorMessage(err)}`),
+      );
+    });
+    child.on("close", (code, sig) => {
+      if (code === 0) resolve();
+      else
+        reject(
+          new ForkdError(
+            "unprocessable",
+            `${ZSTD_BINARY} ${args.includes("-d") ? "could not decompress the pack" : "failed"}: ${
+              stderr.trim().split("\n").pop() || (sig ? `killed by ${sig}` : `exit code ${code}`)
+            }`,
+          ),
+        );
+    });
+  });
+  return { process: child, done };
+}
+
+const SPARSE_BLOCK = 4096;
+const SPARSE_BUFFER = 1024 * 1024;
+const ZERO_BLOCK = Buffer.alloc(SPARSE_BLOCK);
+
+/**
+ * Hashes a stream and, when given a file, writes it there with all-zero 4 KiB blocks left as holes: a packed
+ * RAM image or root filesystem is mostly zeros, and unpacking it must not make it dense.
+ */
+export class SparseHashWriter {
+  private readonly hash: Hash = createHash("sha256");
+  private readonly buffer = Buffer.allocUnsafe(SPARSE_BUFFER);
+  private filled = 0;
+  private written = 0;
+
+  private constructor(private readonly handle: FileHandle | null) {}
+
+  /** Writes to a new file `file` (created exclusively, mode 0600), or only hashes when `file` is null. */
+  static async create(file: string | null): Promise<SparseHashWriter> {
+    if (file === null) return new SparseHashWriter(null);
+    const handle = await open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o600);
+    return new SparseHashWriter(handle);
+  }
+
+  get bytes(): number {
+    return this.written + this.filled;
+  }
+
+  async write(chunk: Buffer): Promise<void> {
+    this.hash.update(chunk);
+    if (!this.handle) {
+      this.written += chunk.length;
+      return;
+    }
+    let at = 0;
+    while (at < chunk.length) {
+      const n = Math.min(chunk.length - at, SPARSE_BUFFER - this.filled);
+      chunk.copy(this.buffer, this.filled, at, at + n);
+      this.filled += n;
+      at += n;
+      if (this.filled === SPARSE_BUFFER) await this.flush();
+    }
+  }
+
+  /** Flushes, sizes the file (trailing holes included), syncs and closes it; returns size and sha256. */
+  async finish(): Promise<{ size: number; sha256: string }> {
+    if (this.handle) {
+      try {
+        await this.flush();
+        await this.handle.truncate(this.written);
+        await this.handle.sync();
+      } finally {
+        await this.handle.close();
+      }
+    }
+    return { size: this.written, sha256: this.hash.digest("hex") };
+  }
+
+  /** Closes the file without finishing it (the caller removes it). */
+  async abandon(): Promise<void> {
+    await this.handle?.close().catch(() => {});
+  }
+
+  private async flush(): Promise<void> {
+    const handle = this.handle as FileHandle;
+    let run = -1;
+    for (let block = 0; block < this.filled; block += SPARSE_BLOCK) {
+      const end = Math.min(block + SPARSE_BLOCK, this.filled);
+      const zero = this.buffer.subarray(block, end).equals(ZERO_BLOCK.subarray(0, end - block));
+      if (!zero && run < 0) run = block;
+      if (zero && run >= 0) {
+        await handle.write(this.buffer, run, block - run, this.written + run);
+        run = -1;
+      }
+    }
+    if (run >= 0) await handle.write(this.buffer, run, this.filled - run, this.written + run);
+    this.written += this.filled;
+    this.filled = 0;
+  }
+}
