@@ -100,7 +100,7 @@ export function parseQcow2Header(area: Buffer, what: string): Qcow2Header {
     // Others (feature names, bitmaps, unknown ones QEMU ignores) carry nothing forkd relies on.
     at = body + Math.ceil(length / 8) * 8;
   }
-  if (backingFile !== null && backingFile.includes("\0")) throw bad("NUL in backing file name");
+  if (backingFile?.includes("\0")) throw bad("NUL in backing file name");
   return {
     version,
     virtualSize: Number(virtualSize),
