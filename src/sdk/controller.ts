@@ -4,7 +4,7 @@
  * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
  */
 import { CallScope } from "./call-scope.js";
-import { InvalidArgumentError } from "./errors.js";
+import { ForkdSdkError, InvalidArgumentError } from "./errors.js";
 import { type ExecEvent, execEvents } from "./exec-stream.js";
 import {
   type ConnectionOptions,
@@ -427,7 +427,7 @@ export class Controller {
     try {
       return JSON.parse(response.body.toString("utf8")) as T;
     } catch {
-      throw new InvalidArgumentError(
+      throw new ForkdSdkError(
         `the daemon answered ${request.method} ${request.path} with a body that is not JSON (is FORKD_URL pointing at forkd?)`,
       );
     }

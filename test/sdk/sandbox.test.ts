@@ -61,6 +61,7 @@ async function templateDaemon(
       );
     }
     if (req.method === "POST" && url.pathname === "/v1/snapshots") {
+      if (createAnswer === 0) return; // never answers: a build that takes forever
       if (createAnswer === 201) {
         reads = states.indexOf("ready");
         return sendJson(res, 201, snapshot(tag, "ready", true));
@@ -132,6 +133,26 @@ describe("Sandbox.create from a template", () => {
       await assert.rejects(
         Sandbox.create("pyagent", { url: server.url, env: {}, snapshotTimeoutMs: 700 }),
         (err: unknown) => err instanceof TimeoutError && err.setting === "snapshotTimeoutMs",
+      );
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("a build that outlasts snapshotTimeoutMs is a TimeoutError naming it", async () => {
+    const server = await templateDaemon("pyagent", ["missing"], 0);
+    try {
+      await assert.rejects(
+        Sandbox.create("pyagent", { url: server.url, env: {}, snapshotTimeoutMs: 300 }),
+        (err: unknown) => {
+          assert.ok(err instanceof TimeoutError);
+          assert.equal(err.setting, "snapshotTimeoutMs");
+          assert.match(
+            err.message,
+            /building snapshot pyagent .* snapshotTimeoutMs=300 ms; pass a larger `snapshotTimeoutMs`/,
+          );
+          return true;
+        },
       );
     } finally {
       await server.close();

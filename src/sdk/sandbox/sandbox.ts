@@ -346,6 +346,13 @@ async function ensureTemplateSnapshot(
     try {
       return await controller.createSnapshot({ tag: template, template, timeoutMs, signal });
     } catch (err) {
+      if (err instanceof TimeoutError && err.setting === "timeoutMs") {
+        throw new TimeoutError(
+          `building snapshot ${template} from its template did not finish within snapshotTimeoutMs=${timeoutMs} ms; ` +
+            "pass a larger `snapshotTimeoutMs` (0 disables it)",
+          { setting: "snapshotTimeoutMs", cause: err },
+        );
+      }
       // Someone else is creating it: wait for theirs below.
       if (!(err instanceof ConflictError)) throw err;
     }
