@@ -43,12 +43,16 @@ export const SnapshotManifestSchema = Type.Object({
     /** Pages stored in this snapshot's own memory file. */
     pages: Type.Integer({ minimum: 0 }),
   }),
-  /** How the snapshot came to be: booted from a template, or BRANCHed from a running sandbox. */
+  /**
+   * How the snapshot came to be: booted from a template, BRANCHed from a running sandbox, or compacted from a
+   * chain (then `compactedFrom` names the chain's head as it was).
+   */
   origin: Type.Object({
-    kind: Type.Union([Type.Literal("template"), Type.Literal("branch")]),
+    kind: Type.Union([Type.Literal("template"), Type.Literal("branch"), Type.Literal("compact")]),
     mode: Type.Union([Type.Null(), Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
     sourceSandbox: Type.Union([Type.Null(), Type.String()]),
     pauseMs: Type.Union([Type.Null(), Type.Number()]),
+    compactedFrom: Type.Optional(Type.Object({ tag: Type.String(), manifestSha256: Type.String() })),
   }),
   /** Content hashes of every data file, computed when the snapshot was written. */
   files: Type.Record(Type.String(), FileEntry),
