@@ -169,7 +169,10 @@ export function scanPrivatePages(mapping: GuestRamMapping): PrivatePageScan {
   return { pages: found.slice(0, count), ms: performance.now() - started };
 }
 
-/** Maximal runs of consecutive page indices: [firstPage, pageCount] pairs, flattened. */
+/**
+ * Runs of consecutive page indices in the given order ([firstPage, pageCount] pairs, flattened): pages[k+1] ===
+ * pages[k] + 1 extends a run. Any order is allowed (a live capture delivers pages in stream order).
+ */
 export function pageRuns(pages: Uint32Array): Uint32Array {
   const runs: number[] = [];
   let i = 0;
@@ -177,9 +180,6 @@ export function pageRuns(pages: Uint32Array): Uint32Array {
     const first = pages[i] as number;
     let n = 1;
     while (i + n < pages.length && pages[i + n] === first + n) n++;
-    if (i + n < pages.length && (pages[i + n] as number) < first + n) {
-      throw new ForkdError("invalid_argument", "page indices must be strictly ascending");
-    }
     runs.push(first, n);
     i += n;
   }
@@ -202,8 +202,8 @@ export interface PageCopyResult {
 }
 
 /**
- * Copies `pages` (ascending indices) of the guest RAM into `dest`, packed in index order: page pages[k] lands
- * at dest[k*4096]. `dest` must hold pages.length pages; reuse one across calls (a fresh buffer pays a page
+ * Copies `pages` (indices, in any order) of the guest RAM into `dest`, packed in that order: page pages[k]
+ * lands at dest[k*4096]. `dest` must hold pages.length pages; reuse one across calls (a fresh buffer pays a page
  * fault per destination page on first touch, which dominates on a loaded host).
  */
 export function readPages(
@@ -216,9 +216,10 @@ export function readPages(
 }
 
 /**
- * Writes `data` (pages packed in index order, as `readPages` produces) into the guest RAM at `pages`. Meant for
- * a child started with -S whose device state is loaded and which has not run yet: on a MAP_PRIVATE mapping
- * each written page becomes the child's own copy; the memory file is never touched.
+ * Writes `data` (pages packed in the order of `pages`, as `readPages` produces) into the guest RAM at `pages`;
+ * where an index repeats, the later page wins. Meant for a child that has not loaded its device state yet (see
+ * page-restore.ts: QEMU checks virtio rings in RAM while loading): on a MAP_PRIVATE mapping each written page
+ * becomes the child's own copy; the memory file is never touched.
  */
 export function writePages(
   mapping: GuestRamMapping,
@@ -233,6 +234,81 @@ export function writePages(
     );
   }
   return copyPages("write", mapping, pages, data, options);
+}
+
+/**
+ * Reads one byte of every page of the mapping through process_vm_readv, which faults each page into the target
+ * process's page tables (a remote GUP installs the PTE). Used before a background snapshot: QEMU's setup then
+ * finds its page tables populated instead of faulting 4 KiB at a time while the VM is stopped. On a sparse
+ * tmpfs file this allocates the holes (as QEMU's own populate would).
+ */
+export function touchPages(mapping: GuestRamMapping): { ms: number; calls: number } {
+  const pv = loadProcessVm();
+  if (!pv) throw new ForkdError("unavailable", "process_vm_readv is unavailable (koffi did not load)");
+  const started = performance.now();
+  const pages = mapping.length / PAGE_SIZE;
+  const sink = Buffer.alloc(MAX_IOVECS);
+  const localIov = Buffer.alloc(16);
+  const localWords = new Uint32Array(localIov.buffer, localIov.byteOffset, 4);
+  setU64(localWords, 0, pv.address(sink));
+  const remoteIov = Buffer.alloc(16 * MAX_IOVECS);
+  const remoteWords = new Uint32Array(remoteIov.buffer, remoteIov.byteOffset, 4 * MAX_IOVECS);
+  let calls = 0;
+  for (let first = 0; first < pages; first += MAX_IOVECS) {
+    const batch = Math.min(MAX_IOVECS, pages - first);
+    for (let k = 0; k < batch; k++) {
+      setU64(remoteWords, 4 * k, mapping.start + (first + k) * PAGE_SIZE);
+      setU64(remoteWords, 4 * k + 2, 1);
+    }
+    setU64(localWords, 2, batch);
+    const done = pv.readv(mapping.pid, localIov, 1, remoteIov, batch, 0);
+    calls++;
+    if (done !== batch) {
+      throw new ForkdError(
+        "internal",
+        `process_vm_readv on process ${mapping.pid}: touched ${done} of ${batch} pages`,
+      );
+    }
+  }
+  return { ms: performance.now() - started, calls };
+}
+
+/** Default batch of `writePagesFromFile`: 16 MiB of pages read, then written, per step. */
+export const FILE_BATCH_PAGES = 4096;
+
+/**
+ * `writePages` for page data stored in a file (a diff layer): `pages.length` pages packed from `fileOffset` of
+ * `fd`, in the order of `pages`. Reads and writes in batches through one reused buffer, so memory stays bounded
+ * whatever the layer's size.
+ */
+export function writePagesFromFile(
+  mapping: GuestRamMapping,
+  pages: Uint32Array,
+  fd: number,
+  fileOffset: number,
+  options: PageCopyOptions & { batchPages?: number } = {},
+): PageCopyResult {
+  const batchPages = options.batchPages ?? FILE_BATCH_PAGES;
+  const buffer = Buffer.allocUnsafe(Math.min(batchPages, pages.length) * PAGE_SIZE);
+  const started = performance.now();
+  let calls = 0;
+  let method: PageCopyMethod = options.method ?? "process_vm";
+  for (let first = 0; first < pages.length; first += batchPages) {
+    const batch = pages.subarray(first, Math.min(pages.length, first + batchPages));
+    const bytes = batch.length * PAGE_SIZE;
+    let done = 0;
+    while (done < bytes) {
+      const n = fs.readSync(fd, buffer, done, bytes - done, fileOffset + first * PAGE_SIZE + done);
+      if (n === 0)
+        throw new ForkdError("unprocessable", `page file ends before page ${first + done / PAGE_SIZE}`);
+      done += n;
+      calls++;
+    }
+    const result = writePages(mapping, batch, buffer, options);
+    method = result.method;
+    calls += result.calls;
+  }
+  return { bytes: pages.length * PAGE_SIZE, ms: performance.now() - started, method, calls };
 }
 
 function copyPages(
@@ -250,11 +326,10 @@ function copyPages(
     );
   }
   const limit = mapping.length / PAGE_SIZE;
-  if (pages.length > 0 && (pages[pages.length - 1] as number) >= limit) {
-    throw new ForkdError(
-      "invalid_argument",
-      `page ${pages[pages.length - 1]} is beyond guest RAM (${limit} pages)`,
-    );
+  for (let k = 0; k < pages.length; k++) {
+    if ((pages[k] as number) >= limit) {
+      throw new ForkdError("invalid_argument", `page ${pages[k]} is beyond guest RAM (${limit} pages)`);
+    }
   }
   const runs = pageRuns(pages);
   const started = performance.now();

@@ -450,13 +450,17 @@ export class MigrationStreamParser {
 
   private parseFooter(buf: Buffer, at: number): number {
     need(buf, at, 1);
-    this.state = "section";
-    if (buf[at] !== SECTION.footer) return at; // footers are optional (send-section-footer=off)
+    if (buf[at] !== SECTION.footer) {
+      // Footers are optional (send-section-footer=off).
+      this.state = "section";
+      return at;
+    }
     need(buf, at, 5);
     const sectionId = buf.readUInt32BE(at + 1);
     if (sectionId !== this.currentSectionId) {
       this.fail(`section footer for ${sectionId} closes section ${this.currentSectionId}`, this.position);
     }
+    this.state = "section";
     return at + 5;
   }
 
