@@ -173,7 +173,7 @@ export function errorFromResponse(
       return new ConflictError(`${shown} ${where}`, ctx);
     case 413:
       return new PayloadTooLargeError(
-        `${shown} ${where}; the body is larger than the daemon accepts: send less per call (e.g. split the file)`,
+        `${shown} ${where}; the request or its answer is larger than the daemon moves in one call: send less per call`,
         ctx,
       );
     case 429:
