@@ -12,6 +12,7 @@ import type {
   FileListing,
   PingInfo,
 } from "../agent/host/types.js";
+import type { ChainDetail } from "./chains.js";
 
 export type SandboxStatus = "starting" | "running" | "stopping" | "dead";
 
@@ -92,11 +93,28 @@ export interface SnapshotInfo {
   error: string | null;
 }
 
+/** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */
+export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
+
+export interface SnapshotDeleteOptions {
+  /** Delete every snapshot that depends on it too (leaves first). */
+  cascade?: boolean;
+  /** Delete it and leave its dependents orphaned (unbootable, and they say so). */
+  force?: boolean;
+}
+
 export interface SnapshotService {
   list(): Promise<SnapshotInfo[]>;
   get(tag: string): Promise<SnapshotInfo>;
+  /** `get` plus the chain; not_found if unknown. */
+  detail(tag: string): Promise<SnapshotDetail>;
   /** Builds the template's image if needed, boots, warms and snapshots. conflict if the tag exists. */
   create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
-  /** not_found if unknown; conflict if a running sandbox still maps it. */
-  delete(tag: string): Promise<void>;
+  /**
+   * not_found if unknown; conflict if a running sandbox maps it (directly or through a dependent), or if others
+   * depend on it and neither cascade nor force is set. Returns the tags deleted, in order.
+   */
+  delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
+  /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
+  compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
 }

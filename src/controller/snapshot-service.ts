@@ -4,9 +4,15 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import type { StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
+import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot } from "./create-snapshot.js";
 import { snapshotIsBootable } from "./restore-plan.js";
-import type { SnapshotInfo, SnapshotService } from "./sandbox-service.js";
+import type {
+  SnapshotDeleteOptions,
+  SnapshotDetail,
+  SnapshotInfo,
+  SnapshotService,
+} from "./sandbox-service.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
@@ -119,23 +125,49 @@ export class DaemonSnapshots implements SnapshotService {
     return this.get(tag);
   }
 
-  async delete(tag: string): Promise<void> {
-    assertTag(tag);
-    const users = this.usersOf(tag);
-    if (users.length > 0) {
-      throw conflict(`snapshot ${JSON.stringify(tag)} is mapped by running sandboxes: ${users.join(", ")}`, {
-        sandboxes: users,
-      });
+  async detail(tag: string): Promise<SnapshotDetail> {
+    const info = await this.get(tag);
+    if (info.status !== "ready") {
+      return { ...info, ...emptyChainDetail(), chain_error: info.error };
     }
+    const { tag: _tag, parent_tag: _parent, ...chain } = await chainDetail(this.paths, tag);
+    return { ...info, ...chain };
+  }
+
+  /** See SnapshotService.delete; the chain rules live in chains.ts (removeSnapshot). */
+  async delete(tag: string, options: SnapshotDeleteOptions = {}): Promise<string[]> {
+    assertTag(tag);
     const job = this.db.snapshotJob(tag);
     if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is being written`);
-    if (job) this.db.deleteSnapshotJob(tag);
-    try {
-      await this.store.delete(tag);
-    } catch (err) {
-      if (job && err instanceof ForkdError && err.code === "not_found") return;
-      throw err;
+    if (job && !(await this.store.exists(tag))) {
+      this.db.deleteSnapshotJob(tag);
+      return [tag];
     }
+    const deleted = await removeSnapshot(this.paths, tag, { ...options, sandboxesOf: this.usersOf });
+    if (job) this.db.deleteSnapshotJob(tag);
+    return deleted;
+  }
+
+  async compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo> {
+    const to = assertTag(request.to, "to");
+    assertTag(request.from);
+    if (await this.store.exists(to)) throw conflict(`snapshot ${JSON.stringify(to)} already exists`);
+    const claimed = this.db.claimSnapshotJob({
+      tag: to,
+      status: "writing",
+      kind: "compact",
+      started_at_unix: Math.floor(Date.now() / 1000),
+      writer_pid: process.pid,
+      error: null,
+    });
+    if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
+    try {
+      await compactSnapshot(this.paths, { from: request.from, to, signal: request.signal });
+    } finally {
+      // A failed compaction leaves nothing behind (it was staged): the tag is simply free again.
+      this.db.deleteSnapshotJob(to);
+    }
+    return this.get(to);
   }
 
   private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {

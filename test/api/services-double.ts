@@ -72,11 +72,63 @@ export class ServicesDouble {
       if (this.snapshotsByTag.has(tag)) throw new ForkdError("conflict", `snapshot ${tag} already exists`);
       return this.addSnapshot(tag, { template });
     },
-    delete: async (tag) => {
+    detail: async (tag) => {
+      const info = this.snapshot(tag);
+      const ancestors: string[] = [];
+      for (let p = info.parent_tag; p !== null && !ancestors.includes(p); ) {
+        ancestors.unshift(p);
+        p = this.snapshotsByTag.get(p)?.parent_tag ?? null;
+      }
+      const dependents = this.dependentsOf(tag);
+      return {
+        ...info,
+        chain_depth: ancestors.length,
+        parent_content_hash: info.parent_tag === null ? null : "0".repeat(64),
+        ancestors,
+        dependents,
+        all_dependents: this.subtreeOf(tag),
+        layers: [],
+        chain_bytes: { memory_physical: 0, disk_physical: 0, vmstate: 0 },
+        memory_logical_bytes: 0,
+        memory_physical_bytes: 0,
+        vmstate_bytes: 0,
+        chain_error: null,
+      };
+    },
+    delete: async (tag, options = {}) => {
       this.snapshot(tag);
-      this.snapshotsByTag.delete(tag);
+      const subtree = this.subtreeOf(tag);
+      if (subtree.length > 0 && !options.cascade && !options.force) {
+        throw new ForkdError("conflict", `snapshot ${tag} has dependents: ${subtree.join(", ")}`);
+      }
+      const doomed = options.cascade ? [...subtree.reverse(), tag] : [tag];
+      for (const t of doomed) this.snapshotsByTag.delete(t);
+      return doomed;
+    },
+    compact: async ({ from, to }) => {
+      const source = this.snapshot(from);
+      if (this.snapshotsByTag.has(to)) throw new ForkdError("conflict", `snapshot ${to} already exists`);
+      return this.addSnapshot(to, { template: source.template, parent_tag: null });
     },
   };
+
+  private dependentsOf(tag: string): string[] {
+    return [...this.snapshotsByTag.values()].filter((s) => s.parent_tag === tag).map((s) => s.tag);
+  }
+
+  /** Every snapshot depending on `tag`, parents before children. */
+  private subtreeOf(tag: string): string[] {
+    const out: string[] = [];
+    const queue = [tag];
+    while (queue.length > 0) {
+      for (const child of this.dependentsOf(queue.shift() as string)) {
+        if (out.includes(child)) continue;
+        out.push(child);
+        queue.push(child);
+      }
+    }
+    return out;
+  }
 
   readonly sandboxes: SandboxService = {
     spawn: async (request) => {
