@@ -152,6 +152,23 @@ export async function chainDetail(paths: ForkdPaths, tag: string): Promise<Chain
   };
 }
 
+/** The chain fields of a snapshot that is not (yet) on disk: being written, or failed. */
+export function emptyChainDetail(): Omit<ChainDetail, "tag" | "parent_tag"> {
+  return {
+    chain_depth: 0,
+    parent_content_hash: null,
+    ancestors: [],
+    dependents: [],
+    all_dependents: [],
+    layers: [],
+    chain_bytes: { memory_physical: 0, disk_physical: 0, vmstate: 0 },
+    memory_logical_bytes: 0,
+    memory_physical_bytes: 0,
+    vmstate_bytes: 0,
+    chain_error: null,
+  };
+}
+
 function depthOf(head: StoredSnapshot, graph: SnapshotGraph): number {
   let depth = 0;
   const seen = new Set<string>();
