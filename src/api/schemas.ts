@@ -112,16 +112,56 @@ export const SnapshotInfoWire = Type.Object(
 );
 export type SnapshotInfoWire = Static<typeof SnapshotInfoWire>;
 
+const ByteCounts = {
+  logical_bytes: Type.Integer({ description: "RAM size (memory) or qcow2 virtual size (disk)." }),
+  physical_bytes: Type.Integer({ description: "Bytes the file occupies on disk (st_blocks * 512)." }),
+};
+
+export const LayerUsageWire = Type.Object(
+  {
+    tag: Type.String(),
+    origin: Type.String({ description: "template, branch or compact" }),
+    memory: Type.Object({
+      format: Type.Union([Type.Literal("flat"), Type.Literal("layer")]),
+      pages: Type.Integer({ description: "Pages stored in this layer's memory file." }),
+      ...ByteCounts,
+    }),
+    disk: Type.Object({
+      ...ByteCounts,
+      backing: Nullable(Type.String({ description: "The layer's backing file, as recorded (relative)." })),
+    }),
+    vmstate_bytes: Type.Integer(),
+  },
+  { description: "One layer of a snapshot chain and what it takes on disk." },
+);
+
 export const SnapshotDetailWire = Type.Composite(
   [
     SnapshotInfoWire,
     Type.Object({
       chain_depth: Type.Integer({ description: "0 for a base snapshot, 1 for one parent, ..." }),
+      parent_content_hash: Nullable(
+        Type.String({ description: "sha256 of the parent's manifest, as this snapshot recorded it." }),
+      ),
       ancestors: Type.Array(Type.String(), { description: "Tags from the chain root to the parent." }),
       dependents: Type.Array(Type.String(), { description: "Snapshots whose parent_tag is this one." }),
+      all_dependents: Type.Array(Type.String(), {
+        description: "Every snapshot depending on this one, directly or not (parents before children).",
+      }),
+      layers: Type.Array(LayerUsageWire, { description: "Root first, this snapshot last." }),
+      chain_bytes: Type.Object(
+        { memory_physical: Type.Integer(), disk_physical: Type.Integer(), vmstate: Type.Integer() },
+        { description: "Bytes on disk a child of this snapshot reads from, over the whole chain." },
+      ),
+      memory_logical_bytes: Type.Integer({ description: "v0.5 name: this snapshot's RAM size." }),
+      memory_physical_bytes: Type.Integer({ description: "v0.5 name: its memory file's bytes on disk." }),
+      vmstate_bytes: Type.Integer(),
+      chain_error: Nullable(
+        Type.String({ description: "Why the chain cannot be restored (missing/changed parent), or null." }),
+      ),
     }),
   ],
-  { description: "GET /v1/snapshots/:tag/info (v0.5's SnapshotInfoDetail, chain part)." },
+  { description: "GET /v1/snapshots/:tag/info (v0.5's SnapshotInfoDetail plus per-layer bytes)." },
 );
 
 export const CreateSnapshotBody = Type.Object(
@@ -153,12 +193,22 @@ export type CreateSnapshotBody = Static<typeof CreateSnapshotBody>;
 export const DeleteSnapshotQuery = Type.Object(
   {
     cascade: Type.Optional(
-      Type.Boolean({ description: "forkd v0.5: delete dependents too (501 when true)." }),
+      Type.Boolean({ description: "Delete every snapshot depending on this one too (leaves first)." }),
     ),
-    force: Type.Optional(Type.Boolean({ description: "forkd v0.5: orphan dependents (501 when true)." })),
+    force: Type.Optional(
+      Type.Boolean({ description: "Delete it and leave its dependents orphaned (unbootable, they say so)." }),
+    ),
   },
   { additionalProperties: false },
 );
+
+export const CompactSnapshotBody = Type.Object(
+  {
+    to: Type.String({ pattern: TAG_PATTERN, description: "Tag of the new flat snapshot (must not exist)." }),
+  },
+  { additionalProperties: false },
+);
+export type CompactSnapshotBody = Static<typeof CompactSnapshotBody>;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Sandboxes

@@ -1,4 +1,4 @@
-/** /v1/snapshots: list, create from a template, inspect, delete. */
+/** /v1/snapshots: list, create from a template, inspect (with its chain), delete (cascade/force), compact. */
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
@@ -7,6 +7,7 @@ import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
 import { clientSignal } from "../request-signal.js";
 import {
+  CompactSnapshotBody,
   CreateSnapshotBody,
   DeleteSnapshotQuery,
   errorResponses,
@@ -82,28 +83,14 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
     {
       schema: {
         tags: ["snapshots"],
-        summary: "A snapshot with its chain: ancestors and dependents",
+        summary: "A snapshot with its chain: ancestors, dependents, bytes per layer",
         params: TagParams,
         response: { 200: SnapshotDetailWire, ...errorResponses },
       },
     },
     async (request) => {
-      const info = await snapshots.get(request.params.tag);
-      const all = await snapshots.list();
-      const byTag = new Map(all.map((s) => [s.tag, s]));
-      const ancestors: string[] = [];
-      const seen = new Set([info.tag]);
-      for (let parent = info.parent_tag; parent !== null && !seen.has(parent); ) {
-        ancestors.unshift(parent);
-        seen.add(parent);
-        parent = byTag.get(parent)?.parent_tag ?? null;
-      }
-      return {
-        ...toWire(info),
-        chain_depth: ancestors.length,
-        ancestors,
-        dependents: all.filter((s) => s.parent_tag === info.tag).map((s) => s.tag),
-      };
+      const detail = await snapshots.detail(request.params.tag);
+      return { ...detail, ...toWire(detail) };
     },
   );
 
@@ -112,34 +99,48 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
     {
       schema: {
         tags: ["snapshots"],
-        summary: "Delete a snapshot",
-        description: "404 if unknown; 409 if a running sandbox or a dependent snapshot still needs it.",
+        summary: "Delete a snapshot (cascade: with its dependents; force: orphaning them)",
+        description:
+          "404 if unknown; 409 if a running sandbox maps it or anything depending on it, or if other snapshots " +
+          "depend on it and neither cascade nor force is set (the message and `dependents` name them).",
         params: TagParams,
         querystring: DeleteSnapshotQuery,
         response: { 204: Type.Null(), ...errorResponses },
       },
     },
     async (request, reply) => {
-      if (request.query.cascade || request.query.force) {
-        throw notImplemented("cascade/force deletes (forkd v0.5 snapshot chains) are not supported yet");
-      }
-      await snapshots.delete(request.params.tag);
+      const deleted = await snapshots.delete(request.params.tag, {
+        cascade: request.query.cascade,
+        force: request.query.force,
+      });
+      request.auditIds.push(...deleted.filter((t) => t !== request.params.tag));
       return reply.status(204).send();
     },
   );
 
-  app.post<TagRequest>(
+  app.post<TagRequest & { Body: CompactSnapshotBody }>(
     "/v1/snapshots/:tag/compact",
     {
       schema: {
         tags: ["snapshots"],
-        summary: "forkd v0.5 chain compaction: not implemented (501)",
+        summary: "Fold a snapshot chain into one new flat snapshot",
+        description:
+          "Writes `to`: no parent, memory = the chain's assembled RAM image, disk = one layer over the image's " +
+          "root filesystem. Blocks until it is ready. 409 if `to` exists or is being written; 409/422 naming " +
+          "the layer if the chain is broken or corrupted.",
         params: TagParams,
-        response: errorResponses,
+        body: CompactSnapshotBody,
+        response: { 201: SnapshotInfoWire, ...errorResponses },
       },
     },
-    async () => {
-      throw notImplemented("snapshot compaction (forkd v0.5 diff chains) is not implemented");
+    async (request, reply) => {
+      const compacted = await snapshots.compact({
+        from: request.params.tag,
+        to: request.body.to,
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(compacted.tag);
+      return reply.status(201).send(toWire(compacted));
     },
   );
 }
