@@ -383,6 +383,23 @@ export const EvalResponse = Type.Object({
   duration_ms: Type.Number(),
 });
 
+export const BranchResultWire = Type.Composite(
+  [
+    SnapshotInfoWire,
+    Type.Object({
+      branched_from: Type.String({ description: "The source sandbox (v0.5 field)." }),
+      mode: Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
+      pause_ms: Type.Number({ description: "How long the source was paused." }),
+      bytes_captured: Type.Integer({ description: "Guest RAM captured: the pages the source had changed." }),
+      bytes_written: Type.Integer({
+        description: "Bytes written for the new snapshot (memory, device state, disk layer).",
+      }),
+    }),
+  ],
+  { description: "The new snapshot (SnapshotInfo) plus what the BRANCH cost." },
+);
+export type BranchResultWire = Static<typeof BranchResultWire>;
+
 export const BranchBody = Type.Object(
   {
     tag: Type.Optional(Tag),

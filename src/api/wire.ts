@@ -5,8 +5,8 @@
 import { constants } from "node:os";
 import path from "node:path";
 import type { EvalOutcome, ExecOutcome, FileInfo, PingInfo } from "../agent/host/types.js";
-import type { SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
-import type { FileInfoWire, SandboxInfoWire, SnapshotInfoWire } from "./schemas.js";
+import type { BranchOutcome, SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
+import type { BranchResultWire, FileInfoWire, SandboxInfoWire, SnapshotInfoWire } from "./schemas.js";
 
 export type OutputEncoding = "utf8" | "base64";
 
@@ -29,6 +29,22 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
 
 export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): SnapshotInfoWire {
   return { ...info, dir: path.join(snapshotsDir, info.tag) };
+}
+
+export function branchToWire(
+  outcome: BranchOutcome,
+  sourceId: string,
+  snapshotsDir: string,
+): BranchResultWire {
+  return {
+    ...snapshotToWire(outcome.snapshot, snapshotsDir),
+    status: outcome.status,
+    branched_from: sourceId,
+    mode: outcome.mode,
+    pause_ms: outcome.pause_ms,
+    bytes_captured: outcome.bytes_captured,
+    bytes_written: outcome.bytes_written,
+  };
 }
 
 /** A process killed by signal N reports 128+N, as shells do: v0.5 clients expect an integer exit code. */

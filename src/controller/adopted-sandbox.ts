@@ -22,33 +22,38 @@ export class AdoptedSandbox implements SandboxHandle {
     readonly id: string,
     readonly pid: number,
     readonly runDir: string,
+    readonly snapshotTag: string,
+    readonly memoryImage: string,
     readonly agent: AgentClient,
-    private readonly qmp: QmpClient,
+    private readonly qmpClient: QmpClient,
   ) {}
 
   static async adopt(
-    id: string,
-    pid: number,
-    runDir: string,
+    row: { id: string; pid: number; run_dir: string; snapshot_tag: string; memory_image: string },
     options: { callTimeoutMs: number },
   ): Promise<AdoptedSandbox> {
+    const { id, pid, run_dir: runDir } = row;
     const signal = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });
-      return new AdoptedSandbox(id, pid, runDir, agent, qmp);
+      return new AdoptedSandbox(id, pid, runDir, row.snapshot_tag, row.memory_image, agent, qmp);
     } catch (err) {
       qmp.close();
       throw err;
     }
   }
 
+  async qmp(): Promise<QmpClient> {
+    return this.qmpClient;
+  }
+
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
       this.agent.close();
-      this.qmp.close();
+      this.qmpClient.close();
       await killAndWait(this.pid);
       await rm(this.runDir, { recursive: true, force: true });
     })();

@@ -17,14 +17,17 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
+import { DEVICE_IDS } from "../vmm/qemu-args.js";
 import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
+import { Brancher, type BranchRequest } from "./branch.js";
 import { validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
+import { RUN_FILES } from "./machine.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import type { SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
+import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 
 /** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
@@ -56,6 +59,7 @@ interface Live {
 
 export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
+  private readonly brancher: Brancher;
   private readonly live = new Map<string, Live>();
   /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
   private readonly killing = new Map<string, Promise<void>>();
@@ -73,6 +77,17 @@ export class SandboxManager implements SandboxService {
     this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
+    this.brancher = new Brancher(paths, this.snapshots.store, db, {
+      diskSwitched: (sandboxId, disk) =>
+        this.db.updateSandbox(sandboxId, { disk_node: disk.node, disk_file: disk.file }),
+      blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
+      branched: (sandboxId, tag) => {
+        const current = this.db.sandbox(sandboxId);
+        if (!current) return;
+        const layers = [...(JSON.parse(current.layer_tags) as string[]), tag];
+        this.db.updateSandbox(sandboxId, { last_branch_tag: tag, layer_tags: JSON.stringify(layers) });
+      },
+    });
   }
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
@@ -127,6 +142,12 @@ export class SandboxManager implements SandboxService {
         created_at_unix: Math.floor(Date.now() / 1000),
         expires_at_unix_ms: null,
         memory_limit_mib: memoryLimit,
+        memory_image: null,
+        layer_tags: "[]",
+        last_branch_tag: null,
+        disk_node: DEVICE_IDS.diskNode,
+        disk_file: path.join(this.paths.run, id, RUN_FILES.disk),
+        branch_blocked: null,
         live_fork: request.liveFork === true ? 1 : 0,
         cgroup: null,
         ready_ms: null,
@@ -140,6 +161,11 @@ export class SandboxManager implements SandboxService {
     try {
       plan = await prepareRestore(this.paths, snapshot, { inMemory: request.liveFork === true });
       const restorePlan = plan;
+      const layerTags = JSON.stringify(plan.chain.map((s) => s.tag));
+      for (const row of rows) {
+        row.layer_tags = layerTags;
+        this.db.updateSandbox(row.id, { layer_tags: layerTags });
+      }
       let next = 0;
       const failures: unknown[] = [];
       const worker = async () => {
@@ -162,6 +188,7 @@ export class SandboxManager implements SandboxService {
             });
             started.push(sandbox);
             row.pid = sandbox.pid;
+            row.memory_image = sandbox.memoryImage;
             row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
           } catch (err) {
             failures.push(err);
@@ -179,6 +206,7 @@ export class SandboxManager implements SandboxService {
           status: "running",
           expires_at_unix_ms: row.expires_at_unix_ms,
           ready_ms: row.ready_ms,
+          memory_image: row.memory_image,
         });
         this.live.set(row.id, { handle: sandbox, killing: false });
         this.watchExit(sandbox);
@@ -328,11 +356,34 @@ export class SandboxManager implements SandboxService {
     return row;
   }
 
+  /** Sandboxes (not dead) that depend on snapshot `tag`: restored from it or from a descendant, or branched into it. */
   private usersOf(tag: string): string[] {
     return this.db
       .sandboxes()
-      .filter((r) => r.snapshot_tag === tag && r.status !== "dead")
+      .filter(
+        (r) =>
+          r.status !== "dead" &&
+          (r.snapshot_tag === tag || (JSON.parse(r.layer_tags) as string[]).includes(tag)),
+      )
       .map((r) => r.id);
+  }
+
+  // ---- BRANCH ----
+
+  /** Snapshots running sandbox `id` mid-work; it keeps running. See branch.ts. */
+  async branch(id: string, request: BranchRequest = {}): Promise<BranchOutcome> {
+    const live = this.liveOrThrow(id);
+    const row = this.row(id);
+    if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
+    const result = await this.brancher.branch(
+      {
+        handle: live.handle,
+        lastBranchTag: row.last_branch_tag,
+        disk: { node: row.disk_node, file: row.disk_file ?? path.join(row.run_dir, RUN_FILES.disk) },
+      },
+      request,
+    );
+    return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
 
   private info(row: SandboxRow): SandboxInfo {
@@ -397,9 +448,11 @@ export class SandboxManager implements SandboxService {
         continue;
       }
       try {
-        const handle = await AdoptedSandbox.adopt(row.id, row.pid, row.run_dir, {
-          callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator],
-        });
+        if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
+        const handle = await AdoptedSandbox.adopt(
+          { ...row, pid: row.pid, memory_image: row.memory_image },
+          { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
+        );
         this.live.set(row.id, { handle, killing: false });
         this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
       } catch (err) {

@@ -14,6 +14,17 @@ import type {
 } from "../agent/host/types.js";
 import type { ChainDetail } from "./chains.js";
 
+export interface BranchOutcome {
+  tag: string;
+  mode: "full" | "diff" | "live";
+  parent_tag: string;
+  status: "writing" | "ready";
+  pause_ms: number;
+  bytes_captured: number;
+  bytes_written: number;
+  snapshot: SnapshotInfo;
+}
+
 export type SandboxStatus = "starting" | "running" | "stopping" | "dead";
 
 export interface SandboxInfo {
@@ -60,6 +71,18 @@ export interface SandboxService {
     code: string,
     options?: { timeoutMs?: number; signal?: AbortSignal },
   ): Promise<EvalOutcome>;
+  /** BRANCH: snapshot the running sandbox into a new tag; it keeps running (see controller/branch.ts). */
+  branch(
+    id: string,
+    request: {
+      tag?: string;
+      mode?: "full" | "diff" | "live";
+      wait?: boolean;
+      /** v0.5 clients name the parent they expect; a mismatch is a conflict, not a silent re-parenting. */
+      parentTag?: string;
+      signal?: AbortSignal;
+    },
+  ): Promise<BranchOutcome>;
   files: {
     write(
       id: string,

@@ -10,6 +10,7 @@ import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
+import type { QmpClient } from "../vmm/qmp.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { machineSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
@@ -30,6 +31,12 @@ export interface SandboxHandle {
   readonly pid: number;
   readonly runDir: string;
   readonly agent: AgentClient;
+  /** The snapshot it was restored from. */
+  readonly snapshotTag: string;
+  /** The flat RAM image its guest RAM maps MAP_PRIVATE. */
+  readonly memoryImage: string;
+  /** Its QMP connection (opened on first use). */
+  qmp(): Promise<QmpClient>;
   /** Kills the VM and removes its run directory. Idempotent. */
   destroy(): Promise<void>;
 }
@@ -51,6 +58,7 @@ export class Sandbox implements SandboxHandle {
   private constructor(
     readonly id: string,
     readonly snapshotTag: string,
+    readonly memoryImage: string,
     readonly runDir: string,
     readonly vm: VmHandle,
     readonly agent: AgentClient,
@@ -61,6 +69,10 @@ export class Sandbox implements SandboxHandle {
 
   get pid(): number {
     return this.vm.pid;
+  }
+
+  qmp(): Promise<QmpClient> {
+    return this.vm.qmp();
   }
 
   static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
@@ -120,7 +132,16 @@ export class Sandbox implements SandboxHandle {
       );
       signal.throwIfAborted();
       const readyMs = performance.now() - started;
-      return new Sandbox(id, snapshot.tag, runDir, launched, agent, Math.floor(Date.now() / 1000), readyMs);
+      return new Sandbox(
+        id,
+        snapshot.tag,
+        plan.memoryImage,
+        runDir,
+        launched,
+        agent,
+        Math.floor(Date.now() / 1000),
+        readyMs,
+      );
     } catch (err) {
       agent?.close();
       const tail = vm ? await vm.consoleTail(1500).catch(() => "") : "";

@@ -22,6 +22,23 @@ export interface SandboxRow {
   created_at_unix: number;
   expires_at_unix_ms: number | null;
   memory_limit_mib: number | null;
+  /** The flat RAM image the sandbox's QEMU maps (needed to BRANCH it, also after a daemon restart). */
+  memory_image: string | null;
+  /**
+   * JSON array of every snapshot tag the sandbox depends on: the chain it was restored from plus the branches
+   * taken of it (its disk runs through their frozen layers). None of them may be deleted while it runs.
+   */
+  layer_tags: string;
+  /** Tag of the latest branch taken of this sandbox (the parent of its next one). */
+  last_branch_tag: string | null;
+  /**
+   * The sandbox's current writable disk layer: QEMU block node name and file. Starts as disk0 on the run
+   * directory's disk.qcow2; every BRANCH freezes it and puts a fresh overlay on top.
+   */
+  disk_node: string;
+  disk_file: string | null;
+  /** Why this sandbox cannot be BRANCHed again (a failed BRANCH left a layer in its disk chain no snapshot owns). */
+  branch_blocked: string | null;
   /** 1 when the sandbox maps its RAM from tmpfs (live_fork), 0 otherwise. */
   live_fork: number;
   cgroup: string | null;
@@ -69,6 +86,12 @@ export class StateDb {
           created_at_unix INTEGER NOT NULL,
           expires_at_unix_ms INTEGER,
           memory_limit_mib INTEGER,
+          memory_image TEXT,
+          layer_tags TEXT NOT NULL DEFAULT '[]',
+          last_branch_tag TEXT,
+          disk_node TEXT NOT NULL DEFAULT 'disk0',
+          disk_file TEXT,
+          branch_blocked TEXT,
           live_fork INTEGER NOT NULL DEFAULT 0,
           cgroup TEXT,
           ready_ms REAL,
@@ -92,9 +115,9 @@ export class StateDb {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
-           expires_at_unix_ms, memory_limit_mib, live_fork, cgroup, ready_ms, error)
+           expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, disk_node, disk_file, branch_blocked, live_fork, cgroup, ready_ms, error)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
-           @expires_at_unix_ms, @memory_limit_mib, @live_fork, @cgroup, @ready_ms, @error)`,
+           @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @disk_node, @disk_file, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error)`,
       )
       .run(row);
   }

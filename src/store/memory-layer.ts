@@ -11,7 +11,7 @@
  *
  * Integrity: the manifest records the file's sha256, like every snapshot file.
  */
-import { open } from "node:fs/promises";
+import { type FileHandle, open } from "node:fs/promises";
 import { ForkdError } from "../common/errors.js";
 
 export const LAYER_MAGIC = Buffer.from("FKDMEML1", "ascii");
@@ -91,6 +91,20 @@ export async function readLayerIndex(
     return { header: { pageCount, ramBytes }, pages, dataOffset };
   } finally {
     await handle.close();
+  }
+}
+
+/**
+ * Writes pages (packed in `data` in the order of `pages`, ascending page numbers) into an open RAM image at
+ * their offsets, one write per run of consecutive pages.
+ */
+export async function writePagesAt(image: FileHandle, pages: Uint32Array, data: Buffer): Promise<void> {
+  let i = 0;
+  while (i < pages.length) {
+    let j = i;
+    while (j + 1 < pages.length && pages[j + 1] === (pages[j] as number) + 1) j++;
+    await image.write(data, i * PAGE_SIZE, (j - i + 1) * PAGE_SIZE, (pages[i] as number) * PAGE_SIZE);
+    i = j + 1;
   }
 }
 

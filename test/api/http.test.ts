@@ -334,25 +334,36 @@ describe("REST API over the services test double", () => {
     assert.equal((await call("DELETE", "/v1/snapshots/child?cascade=true")).status, 204);
     assert.equal((await call("GET", "/v1/snapshots/grandchild")).status, 404);
     const compacted = await call("POST", "/v1/snapshots/py/compact", { to: "flat" });
-    assert.deepEqual([compacted.status, compacted.json?.tag, compacted.json?.parent_tag], [201, "flat", null]);
+    assert.deepEqual(
+      [compacted.status, compacted.json?.tag, compacted.json?.parent_tag],
+      [201, "flat", null],
+    );
     await expectError("POST", "/v1/snapshots/py/compact", { to: "../x" }, 400, /"to"/);
   });
 
-  it("branch: validates the v0.5 body, then 501", async () => {
-    await expectError(
-      "POST",
-      `/v1/sandboxes/${id}/branch`,
-      { tag: "b1", mode: "diff", parent_tag: "py" },
-      501,
-      /not implemented/,
+  it("branch: v0.5 bodies map onto modes; 201 with the snapshot and its cost; bad bodies are 400", async () => {
+    const made = await call("POST", `/v1/sandboxes/${id}/branch`, {
+      tag: "b1",
+      mode: "diff",
+      parent_tag: "py",
+    });
+    assert.equal(made.status, 201);
+    assert.deepEqual(
+      [made.json?.tag, made.json?.mode, made.json?.branched_from, made.json?.pause_ms, made.json?.status],
+      ["b1", "diff", id, 4.2, "ready"],
     );
-    await expectError(
-      "POST",
-      `/v1/sandboxes/${id}/branch`,
-      { diff: true, measure_diff: false, wait: true },
-      501,
-      /branch/,
-    );
+    assert.equal(double.lastBranch?.parentTag, "py");
+    for (const [body, mode] of [
+      [{ diff: true, measure_diff: false, wait: true }, "diff"],
+      [{ diff: false }, "full"],
+      [{ live: true, wait: false }, "live"],
+      [{}, "diff"],
+    ] as const) {
+      const res = await call("POST", `/v1/sandboxes/${id}/branch`, body);
+      assert.equal(double.lastBranch?.mode, mode, JSON.stringify(body));
+      assert.equal(res.status, mode === "live" ? 202 : 201);
+    }
+    await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "full", live: true }, 400, /contradicts/);
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "turbo" }, 400, /"mode"/);
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { tag: "../x" }, 400, /"tag"/);
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { bogus: 1 }, 400, /unknown body field "bogus"/);

@@ -41,6 +41,7 @@ export class ServicesDouble {
   closed = false;
   /** Last spawn request the double received. */
   lastSpawn: SpawnRequest | undefined;
+  lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   private counter = 0;
 
   constructor() {
@@ -174,6 +175,33 @@ export class ServicesDouble {
       const sb = this.sandbox(id);
       sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
       return sb;
+    },
+    branch: async (id, request) => {
+      const sb = this.sandbox(id);
+      this.lastBranch = request;
+      const mode = request.mode ?? "diff";
+      const tag = request.tag ?? `branch-${id}`;
+      return {
+        tag,
+        mode,
+        parent_tag: sb.snapshot_tag,
+        status: mode === "live" && request.wait === false ? "writing" : "ready",
+        pause_ms: 4.2,
+        bytes_captured: 8192,
+        bytes_written: 16384,
+        snapshot: {
+          tag,
+          created_at_unix: 1_700_000_000,
+          status: "ready",
+          bootable: true,
+          template: "pyagent",
+          accelerator: "tcg",
+          memory_mib: 512,
+          parent_tag: sb.snapshot_tag,
+          bytes: 16384,
+          error: null,
+        },
+      };
     },
     ping: async (id): Promise<PingInfo> => {
       this.sandbox(id);

@@ -8,6 +8,7 @@ import { notImplemented } from "../errors.js";
 import { clientSignal } from "../request-signal.js";
 import {
   BranchBody,
+  BranchResultWire,
   DEFAULT_EXEC_TIMEOUT_SECS,
   EvalBody,
   EvalResponse,
@@ -24,7 +25,7 @@ import {
   SetTimeoutBody,
   SpawnBody,
 } from "../schemas.js";
-import { evalToWire, execToWire, pingToWire, sandboxToWire } from "../wire.js";
+import { branchToWire, evalToWire, execToWire, pingToWire, sandboxToWire } from "../wire.js";
 
 type IdRequest = { Params: Static<typeof SandboxParams> };
 
@@ -244,14 +245,35 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     {
       schema: {
         tags: ["sandboxes"],
-        summary: "Snapshot a running sandbox into a new tag (not implemented yet: 501)",
+        summary: "BRANCH: snapshot a running sandbox mid-work; it keeps running",
+        description:
+          "mode diff (default: only the pages the sandbox changed), full (a flat memory image) or live (memory " +
+          "captured while the guest runs; needs a sandbox spawned with live_fork). 201 with the new snapshot and the " +
+          "pause it cost; 202 with status writing for live + wait:false. 409 if the tag exists or is being written; " +
+          "503 when the host-wide BRANCH limit is reached. Legacy v0.5 forms: diff/live booleans, parent_tag (must " +
+          "name the source's base), measure_diff (always measured).",
         params: SandboxParams,
         body: BranchBody,
-        response: errorResponses,
+        response: { 201: BranchResultWire, 202: BranchResultWire, ...errorResponses },
       },
     },
-    async () => {
-      throw notImplemented("branch is not implemented yet");
+    async (request, reply) => {
+      const body = request.body;
+      const mode = body.mode ?? (body.live ? "live" : body.diff === false ? "full" : "diff");
+      if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
+        throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
+      }
+      const outcome = await sandboxes.branch(request.params.id, {
+        tag: body.tag,
+        mode,
+        wait: body.wait,
+        parentTag: body.parent_tag,
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(outcome.tag);
+      return reply
+        .status(outcome.status === "writing" ? 202 : 201)
+        .send(branchToWire(outcome, request.params.id, context.snapshotsDir));
     },
   );
 }
