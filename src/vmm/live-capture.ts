@@ -143,6 +143,7 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   const wasRunning = status.status === "running";
   let stoppedByUs = false;
   let migrationStarted = false;
+  let guestResumed = false;
   let server: net.Server | undefined;
   let connection: net.Socket | undefined;
   const events: QmpEvent[] = [];
@@ -173,6 +174,7 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
     // QEMU resumes the guest itself once RAM is write-protected (also if it was paused: it always does).
     await raceSignal(resumed, signal, "waiting for QEMU to resume the guest");
     stoppedByUs = false;
+    guestResumed = true;
     const pauseWallMs = performance.now() - started;
 
     let privateSet: Uint8Array | undefined;
@@ -203,11 +205,18 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
         options.sink.page(index, data);
       },
     });
-    const completed = waitMigrationDone(qmp, signal);
-    completed.catch(() => {});
-    await consume(connection, parser, signal);
+    // From here on the guest runs on write-protected RAM: the stream must be read to its end whatever happens
+    // (see drainToEnd), and QEMU must finish its side, which removes the protection.
+    const failure = await drainToEnd(connection, parser, signal);
+    const drain = timeoutSignal(DRAIN_TIMEOUT_MS);
+    let migration: MigrationInfo;
+    try {
+      migration = await waitMigrationDone(qmp, drain.signal);
+    } finally {
+      drain.dispose();
+    }
+    if (failure) throw failure;
     const parsed = parser.finish();
-    const migration = await completed;
     const stopEvent = events.find((e) => e.event === "STOP");
     const resumeEvent = events.find((e) => e.event === "RESUME");
     const pauseMs = stopEvent && resumeEvent ? eventMs(resumeEvent) - eventMs(stopEvent) : pauseWallMs;
@@ -236,7 +245,9 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
     };
   } catch (err) {
     connection?.destroy();
-    if (migrationStarted) await qmp.execute("migrate_cancel").catch(() => {});
+    // Cancelling once the guest runs on protected RAM would wedge it (see drainToEnd); by then the migration
+    // has ended anyway.
+    if (migrationStarted && !guestResumed) await qmp.execute("migrate_cancel").catch(() => {});
     // The source must keep running whatever happened to the capture.
     if (stoppedByUs || wasRunning) {
       const now = await qmp.execute<{ status: string }>("query-status").catch(() => undefined);
@@ -312,37 +323,60 @@ async function waitMigrationDone(qmp: QmpClient, signal: AbortSignal): Promise<M
   }
 }
 
-/** Feeds the socket into the parser until QEMU closes it. */
-function consume(socket: net.Socket, parser: MigrationStreamParser, signal: AbortSignal): Promise<void> {
-  return new Promise<void>((resolve, reject) => {
+/**
+ * How long the stream is still read after a failure or cancellation. Never closing the socket early matters:
+ * on QEMU 7.2 a background snapshot that fails while the guest runs leaves RAM write-protected, and the next
+ * guest (or device-emulation) write to a protected page blocks forever, main loop included, because the cleanup
+ * that removes the protection runs in that main loop. Observed: a capture whose consumer closed the socket
+ * midway left the source with QMP unresponsive and the guest frozen. Discarding the rest of the stream lets QEMU
+ * complete normally; this bounds only a QEMU that stops sending.
+ */
+export const DRAIN_TIMEOUT_MS = 120_000;
+
+/**
+ * Feeds the socket into the parser until QEMU closes it. A parser or sink error, or an abort, does not stop the
+ * reading: the rest is discarded (see DRAIN_TIMEOUT_MS) and the first failure is returned at the end.
+ */
+function drainToEnd(
+  socket: net.Socket,
+  parser: MigrationStreamParser,
+  signal: AbortSignal,
+): Promise<unknown | undefined> {
+  return new Promise((resolve) => {
+    let failure: unknown;
+    let drainTimer: NodeJS.Timeout | undefined;
     const fail = (err: unknown) => {
-      cleanup();
-      socket.destroy();
-      reject(err);
+      if (failure !== undefined) return;
+      failure = err;
+      drainTimer = setTimeout(() => {
+        failure = new ForkdError(
+          "internal",
+          `${errorMessage(err)}; QEMU did not finish the stream within ${DRAIN_TIMEOUT_MS} ms of it, the source VM ` +
+            "may be left stuck on write-protected memory",
+        );
+        socket.destroy();
+      }, DRAIN_TIMEOUT_MS);
     };
     const onData = (chunk: Buffer) => {
+      if (failure !== undefined) return;
       try {
         parser.push(chunk);
       } catch (err) {
         fail(err);
       }
     };
-    const onEnd = () => {
-      cleanup();
-      resolve();
-    };
-    const onError = (err: Error) => fail(new ForkdError("internal", `migration socket: ${err.message}`));
-    const onAbort = () => fail(abortError(signal, "reading the migration stream"));
-    const cleanup = () => {
-      socket.off("data", onData);
-      socket.off("end", onEnd);
-      socket.off("error", onError);
+    const onAbort = () => fail(abortError(signal, "live capture"));
+    const finish = () => {
+      clearTimeout(drainTimer);
       signal.removeEventListener("abort", onAbort);
+      socket.off("data", onData);
+      resolve(failure);
     };
     socket.on("data", onData);
-    socket.once("end", onEnd);
-    socket.once("error", onError);
-    signal.addEventListener("abort", onAbort, { once: true });
+    socket.once("close", finish);
+    socket.on("error", (err) => fail(new ForkdError("internal", `migration socket: ${err.message}`)));
+    if (signal.aborted) onAbort();
+    else signal.addEventListener("abort", onAbort, { once: true });
     socket.resume();
   });
 }

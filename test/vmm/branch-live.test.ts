@@ -230,6 +230,49 @@ describe("live capture of a running child", { skip }, () => {
     await child.vm.kill();
   });
 
+  test("a capture that fails midway (sink error, abort) leaves no files and the source running", async () => {
+    for (const failure of ["sink", "abort"] as const) {
+      const controller = new AbortController();
+      let seen = 0;
+      const sink: PageSink = {
+        page() {
+          seen++;
+          if (seen < 100) return;
+          if (failure === "sink") throw new Error("disk full (injected)");
+          controller.abort(new Error("cancelled by the caller (injected)"));
+        },
+      };
+      const snapshotDir = path.join(lab.dir, `failed-${failure}`);
+      fs.mkdirSync(snapshotDir);
+      await assert.rejects(
+        captureLive({
+          qmp: await source.vm.qmp(),
+          pid: source.vm.pid,
+          memoryFile: lab.memoryFile,
+          memoryBytes: lab.memoryMiB * MIB,
+          socketDir: lab.dir,
+          deviceStatePath: path.join(snapshotDir, "devices.state"),
+          sink,
+          signal: controller.signal,
+        }),
+        failure === "sink" ? /disk full/ : /cancelled by the caller/,
+      );
+      assert.deepEqual(fs.readdirSync(snapshotDir), [], `${failure}: nothing written`);
+      assert.deepEqual(
+        fs.readdirSync(lab.dir).filter((n) => n.startsWith("migrate-") || n.endsWith(".partial")),
+        [],
+      );
+      const qmp = await source.vm.qmp();
+      assert.equal((await qmp.execute<{ status: string }>("query-status")).status, "running", failure);
+      assert.match(await source.channel.request("count", 60_000), /^count \d+ opens=1$/, failure);
+      assert.equal(await source.channel.request("sum", 120_000), `sum ${fillSum}`, failure);
+    }
+    // And the next capture works.
+    const sink = new MemoryPageSink();
+    const { result } = await branch("after-failures", sink);
+    assert.ok(result.pagesCaptured > 0);
+  });
+
   test("repeated branches of one source: the pause does not grow", async (t) => {
     const pauses: number[] = [];
     for (let i = 0; i < 6; i++) {
