@@ -1,4 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
+import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { percentile } from "../../common/stats.js";
 import { type ForkResult, failedChildren, forkChildren, MAX_CHILDREN } from "../../controller/fork.js";
@@ -75,11 +76,11 @@ export function registerFork(program: Command): void {
 function resolveExec(flag: unknown, operands: string[]): string[] | undefined {
   if (flag === undefined) {
     if (operands.length > 0)
-      throw new InvalidArgumentError(`unexpected arguments: ${operands.join(" ")} (use --exec)`);
+      throw invalidArgument(`unexpected arguments: ${operands.join(" ")} (use --exec)`);
     return undefined;
   }
   const argv = [...(Array.isArray(flag) ? (flag as string[]) : []), ...operands];
-  if (argv.length === 0) throw new InvalidArgumentError("--exec needs a command");
+  if (argv.length === 0) throw invalidArgument("--exec needs a command");
   return argv;
 }
 

@@ -1,39 +1,98 @@
-import type { Command } from "commander";
+/**
+ * `forkd snapshot`: from a template (engine-local: boot, warm, save), or `--from-sandbox ID` (BRANCH a running
+ * sandbox through the daemon, which owns it).
+ */
+import { type Command, Option } from "commander";
+import type { BranchResultWire } from "../../api/schemas.js";
+import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { createSnapshot } from "../../controller/create-snapshot.js";
+import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
 export function registerSnapshot(program: Command): void {
-  program
-    .command("snapshot")
-    .description("boot a template's parent VM, warm it, and save it as a snapshot children fork from")
-    .requiredOption("-t, --tag <tag>", "tag of the new snapshot")
-    .option("--template <name|file>", "template name or .toml file (default: the tag)")
-    .option("--replace", "replace an existing snapshot with this tag")
-    .option("--json", "print the manifest as JSON")
-    .action((opts) =>
-      runCommand(async (signal) => {
-        const progress = startProgress(`snapshot ${opts.tag}`);
+  addDaemonOptions(
+    program
+      .command("snapshot")
+      .description(
+        "save a snapshot children fork from: boot and warm a template's parent, or BRANCH a running sandbox " +
+          "(--from-sandbox) mid-work while it keeps running",
+      )
+      .option("-t, --tag <tag>", "tag of the new snapshot (required from a template; generated for a branch)")
+      .option("--template <name|file>", "template name or .toml file (default: the tag)")
+      .option("--replace", "replace an existing snapshot with this tag (template snapshots)")
+      .option("--from-sandbox <id>", "BRANCH this running sandbox (through the daemon)")
+      .addOption(
+        new Option("--diff", "branch: store only the pages the sandbox changed (default)").conflicts([
+          "full",
+          "live",
+        ]),
+      )
+      .addOption(new Option("--full", "branch: store a flat memory image").conflicts(["live"]))
+      .option("--live", "branch: capture memory while the guest runs (sandbox spawned with --live-fork)")
+      .option(
+        "--no-wait",
+        "branch --live: return once the sandbox runs again; the snapshot is written in the background",
+      )
+      .option("--json", "print the result as JSON"),
+  ).action((opts, command: Command) =>
+    runCommand(async (signal) => {
+      if (opts.fromSandbox !== undefined) {
+        if (opts.template !== undefined || opts.replace) {
+          throw invalidArgument("--template and --replace are for template snapshots, not --from-sandbox");
+        }
+        const mode = opts.live ? "live" : opts.full ? "full" : "diff";
+        if (opts.wait === false && mode !== "live") throw invalidArgument("--no-wait needs --live");
+        const progress = opts.json ? undefined : startProgress(`branching ${opts.fromSandbox} (${mode})`);
         try {
-          const created = await createSnapshot(resolvePaths(), {
-            tag: opts.tag,
-            template: opts.template,
-            replace: opts.replace,
-            signal,
-            onProgress: (e) => progress.update(`${e.step}: ${e.message}`),
-          });
-          const t = created.manifest.timings;
-          progress.succeed(
-            `snapshot ${created.tag} ready (${created.manifest.machine.accel}; boot ${(t.bootMs / 1000).toFixed(1)} s, ` +
-              `warm-up ${(t.warmupMs / 1000).toFixed(1)} s, pause+save ${t.saveMs} ms)`,
+          const result = await DaemonClient.from(command).json<BranchResultWire>(
+            "POST",
+            `/v1/sandboxes/${encodeURIComponent(opts.fromSandbox)}/branch`,
+            {
+              json: {
+                ...(opts.tag ? { tag: opts.tag } : {}),
+                mode,
+                ...(opts.wait === false ? { wait: false } : {}),
+              },
+              signal,
+            },
           );
-          if (opts.json) printJson({ dir: created.dir, ...created.manifest });
+          progress?.succeed(
+            `snapshot ${result.tag} ${result.status} (${mode}; source paused ${result.pause_ms} ms; ` +
+              `${(result.bytes_captured / 2 ** 20).toFixed(1)} MiB captured; parent ${result.parent_tag})`,
+          );
+          if (opts.json) printJson(result);
         } catch (err) {
-          progress.fail(`snapshot ${opts.tag} failed`);
+          progress?.fail(`branch of ${opts.fromSandbox} failed`);
           throw err;
         }
         return undefined;
-      }),
-    );
+      }
+      if (!opts.tag) throw invalidArgument("--tag is required (or --from-sandbox ID to BRANCH a sandbox)");
+      if (opts.diff || opts.full || opts.live || opts.wait === false) {
+        throw invalidArgument("--diff/--full/--live/--no-wait need --from-sandbox");
+      }
+      const progress = startProgress(`snapshot ${opts.tag}`);
+      try {
+        const created = await createSnapshot(resolvePaths(), {
+          tag: opts.tag,
+          template: opts.template,
+          replace: opts.replace,
+          signal,
+          onProgress: (e) => progress.update(`${e.step}: ${e.message}`),
+        });
+        const t = created.manifest.timings;
+        progress.succeed(
+          `snapshot ${created.tag} ready (${created.manifest.machine.accel}; boot ${(t.bootMs / 1000).toFixed(1)} s, ` +
+            `warm-up ${(t.warmupMs / 1000).toFixed(1)} s, pause+save ${t.saveMs} ms)`,
+        );
+        if (opts.json) printJson({ dir: created.dir, ...created.manifest });
+      } catch (err) {
+        progress.fail(`snapshot ${opts.tag} failed`);
+        throw err;
+      }
+      return undefined;
+    }),
+  );
 }

@@ -30,6 +30,7 @@ export function registerSpawn(program: Command): void {
         "lifetime (default 5 minutes; 0 = until killed)",
         parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
       )
+      .option("--live-fork", "map guest RAM from tmpfs so the sandboxes can be BRANCHed in live mode")
       .option("--json", "print the sandboxes as JSON"),
   ).action((opts, command: Command) =>
     runCommand(async (signal) => {
@@ -43,6 +44,7 @@ export function registerSpawn(program: Command): void {
             n: opts.count,
             ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
             ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }),
+            ...(opts.liveFork ? { live_fork: true } : {}),
           },
           signal,
         });
