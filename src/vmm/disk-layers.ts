@@ -13,7 +13,8 @@
  * run directory) into the new overlay as its backing file, which dies with the sandbox.
  *
  * The backing-file string inside the new overlay is exactly `backingPath` as given (QEMU does not rewrite it on
- * `blockdev-snapshot`): pass the frozen layer's final path in the snapshot directory. QEMU itself never reads
+ * `blockdev-snapshot`): the frozen layer's final place in the snapshot directory, absolute or relative to the
+ * overlay's directory. QEMU itself never reads
  * it for this VM (the chain is linked by node); it matters when the overlay is opened from its header again,
  * i.e. when it is frozen by the next branch and a child opens it. Until the snapshot holding the frozen layer
  * exists at `backingPath`, the source's overlay has a dangling backing path: a caller that abandons a branch
@@ -111,7 +112,11 @@ export interface PreparedDiskFreeze {
 export interface PrepareDiskFreezeOptions {
   /** The new overlay's file; must not exist. */
   overlayFile: string;
-  /** Written into the overlay as its backing file: where the frozen layer will live (absolute). */
+  /**
+   * Written into the overlay as its backing file: where the frozen layer will live. A relative path is resolved
+   * against the overlay's directory whenever the image is opened, so `../../snapshots/<tag>/disk.qcow2` names the
+   * same file from `run/<id>/` and from `snapshots/<other>/` (where the overlay lands when it is frozen in turn).
+   */
   backingPath: string;
   /** Default: a fresh name derived from the disk node id. */
   overlayNode?: string;
@@ -124,16 +129,18 @@ export async function prepareDiskFreeze(
   qmp: QmpClient,
   options: PrepareDiskFreezeOptions,
 ): Promise<PreparedDiskFreeze> {
-  for (const [field, value] of [
-    ["overlayFile", options.overlayFile],
-    ["backingPath", options.backingPath],
-  ] as const) {
-    if (!path.isAbsolute(value) || /[\0\n\r]/.test(value)) {
-      throw new ForkdError(
-        "invalid_argument",
-        `${field} must be an absolute path, got ${JSON.stringify(value)}`,
-      );
-    }
+  if (!path.isAbsolute(options.overlayFile) || /[\0\n\r]/.test(options.overlayFile)) {
+    throw new ForkdError(
+      "invalid_argument",
+      `overlayFile must be an absolute path, got ${JSON.stringify(options.overlayFile)}`,
+    );
+  }
+  if (
+    !options.backingPath ||
+    /[\0\n\r]/.test(options.backingPath) ||
+    options.backingPath.startsWith("json:")
+  ) {
+    throw new ForkdError("invalid_argument", `invalid backingPath ${JSON.stringify(options.backingPath)}`);
   }
   const overlayNode = options.overlayNode ?? `${DEVICE_IDS.diskNode}-${randomBytes(6).toString("hex")}`;
   if (!NODE_NAME.test(overlayNode)) {

@@ -132,9 +132,10 @@ describe("disk freeze on a running VM", { skip }, () => {
     const links: string[] = [];
     for (let i = 2; i <= 9; i++) {
       const link = path.join(lab.dir, `layer-${i - 1}.qcow2`);
+      // Relative to the overlay's directory (the same directory here), as the controller's overlays are.
       const prepared = await prepareDiskFreeze(qmp, {
         overlayFile: path.join(lab.dir, `vm-${i}.qcow2`),
-        backingPath: link,
+        backingPath: path.basename(link),
       });
       const started = performance.now();
       await qmp.execute("stop");
@@ -143,6 +144,7 @@ describe("disk freeze on a running VM", { skip }, () => {
       const pauseMs = performance.now() - started;
       fs.linkSync(frozen.frozenFile, link);
       links.push(link);
+      assert.equal(backingOf(frozen.topFile), path.basename(link));
       const writeStarted = performance.now();
       assert.equal(await channel.request(`dwrite ${30 + i} layer${i}`), "dwrite ok");
       const writeMs = performance.now() - writeStarted;
