@@ -21,6 +21,7 @@ import { FileVerifier } from "../store/verify.js";
 import { QEMU_IMG_BINARY } from "../vmm/qemu-tools.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { cacheDirs, snapshotIsBootable } from "./restore-plan.js";
+import type { SnapshotDetail } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -59,6 +60,11 @@ export function descendantsOf(graph: SnapshotGraph, tag: string): string[] {
     }
   }
   return out;
+}
+
+/** Every snapshot on disk that depends on `tag` (which need not exist any more: orphans still name it). */
+export async function snapshotDescendants(paths: ForkdPaths, tag: string): Promise<string[]> {
+  return descendantsOf(await loadGraph(new SnapshotStore(paths.snapshots)), assertTag(tag));
 }
 
 // ---- snapshot-info ----
@@ -149,6 +155,34 @@ export async function chainDetail(paths: ForkdPaths, tag: string): Promise<Chain
     memory_physical_bytes: own.memory.physical_bytes,
     vmstate_bytes: own.vmstate_bytes,
     chain_error: chainError,
+  };
+}
+
+/**
+ * `chainDetail` plus the snapshot's summary, for the CLI without a daemon (the daemon's DaemonSnapshots.detail
+ * adds its own view: snapshots being written or failed).
+ */
+export async function localSnapshotDetail(
+  paths: ForkdPaths,
+  tag: string,
+): Promise<SnapshotDetail & { dir: string }> {
+  const { tag: _tag, parent_tag: parentTag, ...chain } = await chainDetail(paths, tag);
+  const store = new SnapshotStore(paths.snapshots);
+  const s = await store.get(tag);
+  const problem = await snapshotIsBootable(s);
+  return {
+    tag,
+    dir: s.dir,
+    created_at_unix: s.manifest.createdAtUnix,
+    status: "ready",
+    bootable: problem === null && chain.chain_error === null,
+    template: s.manifest.template.name,
+    accelerator: s.manifest.machine.accel,
+    memory_mib: s.manifest.machine.memoryMiB,
+    parent_tag: parentTag,
+    bytes: Object.values(s.manifest.files).reduce((n, f) => n + f.size, 0),
+    error: problem,
+    ...chain,
   };
 }
 

@@ -1,0 +1,65 @@
+/**
+ * `forkd rmi TAG`: delete a snapshot, through the daemon when one runs (it knows which sandboxes depend on
+ * what). `--cascade` deletes its dependents too, `--force` leaves them orphaned; neither ever deletes a snapshot
+ * a running VM maps, directly or through a dependent.
+ */
+
+import type { Static } from "@sinclair/typebox";
+import type { Command } from "commander";
+import type { SnapshotDetailWire } from "../../api/schemas.js";
+import { resolvePaths } from "../../common/paths.js";
+import { removeSnapshot, snapshotDescendants } from "../../controller/chains.js";
+import { routePath } from "../daemon-client.js";
+import { printJson } from "../output.js";
+import { runCommand } from "../run-command.js";
+import { addSnapshotDaemonOptions, snapshotDaemon } from "./snapshots-remote.js";
+
+export function registerRmi(program: Command): void {
+  addSnapshotDaemonOptions(
+    program
+      .command("rmi")
+      .description("delete a snapshot (through the daemon, if one is running)")
+      .argument("<tag>", "snapshot tag"),
+  )
+    .option("--cascade", "also delete every snapshot that depends on it (leaves first)")
+    .option("--force", "delete it even though others depend on it: they become unbootable (orphans)")
+    .option("--json", 'print {"deleted": [...], "orphaned": [...]}')
+    .action((tag: string, opts: { cascade?: boolean; force?: boolean; json?: boolean }, command: Command) =>
+      runCommand(async (signal) => {
+        const daemon = await snapshotDaemon(command);
+        let deleted: string[];
+        let orphaned: string[] = [];
+        if (daemon) {
+          // The daemon answers 204 without a body: ask first what the flags will take along or orphan.
+          const before =
+            opts.cascade || opts.force
+              ? await daemon.json<Static<typeof SnapshotDetailWire>>(
+                  "GET",
+                  routePath`/v1/snapshots/${tag}/info`,
+                  {
+                    signal,
+                  },
+                )
+              : undefined;
+          await daemon.request("DELETE", routePath`/v1/snapshots/${tag}`, {
+            query: { cascade: opts.cascade || undefined, force: opts.force || undefined },
+            signal,
+          });
+          deleted = opts.cascade ? [...(before?.all_dependents ?? []).reverse(), tag] : [tag];
+          if (opts.force) orphaned = before?.all_dependents ?? [];
+        } else {
+          const paths = resolvePaths();
+          deleted = await removeSnapshot(paths, tag, { cascade: opts.cascade, force: opts.force });
+          if (opts.force) orphaned = await snapshotDescendants(paths, tag);
+        }
+        if (opts.json) printJson({ deleted, orphaned });
+        else {
+          process.stdout.write(`deleted ${deleted.join(", ")}\n`);
+          if (orphaned.length > 0) {
+            process.stdout.write(`orphaned (unbootable until deleted): ${orphaned.join(", ")}\n`);
+          }
+        }
+        return undefined;
+      }),
+    );
+}
