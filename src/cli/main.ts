@@ -5,8 +5,12 @@ import { registerDaemonCommands } from "./commands/daemon-commands.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerFork } from "./commands/fork.js";
 import { registerImage } from "./commands/image.js";
+import { registerPack } from "./commands/pack.js";
 import { registerSnapshot } from "./commands/snapshot.js";
+import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
+import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
+import { registerUnpack } from "./commands/unpack.js";
 import { EXIT } from "./exit-codes.js";
 
 export function buildProgram(): Command {
@@ -22,6 +26,10 @@ export function buildProgram(): Command {
   registerSnapshot(program);
   registerFork(program);
   registerSnapshots(program);
+  registerSnapshotInfo(program);
+  registerSnapshotCompact(program);
+  registerPack(program);
+  registerUnpack(program);
   registerDoctor(program);
   registerDaemonCommands(program);
   return program;

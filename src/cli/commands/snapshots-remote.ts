@@ -1,11 +1,11 @@
 /**
- * Daemon-backed `forkd snapshots` / `rmi`: while a daemon runs it owns the snapshots (it knows which sandboxes
+ * Daemon-backed `forkd snapshots` / `rmi` / `snapshot-info` / `snapshot-compact`: while a daemon runs it owns the snapshots (it knows which sandboxes
  * still map one), so these commands go through it and fall back to the local engine only when no daemon answers.
  * An explicit --daemon-url/FORKD_URL means "the daemon": then an unreachable daemon is an error, not a fallback.
  */
 import type { Command } from "commander";
 import type { SnapshotInfoWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 
 /** The daemon to use for snapshot commands, or null to use the local engine. */
 export async function snapshotDaemon(command: Command): Promise<DaemonClient | null> {
@@ -36,8 +36,4 @@ export async function listSnapshotsViaDaemon(client: DaemonClient, signal: Abort
     status: s.status,
     bootable: s.bootable,
   }));
-}
-
-export async function deleteSnapshotViaDaemon(client: DaemonClient, tag: string, signal: AbortSignal) {
-  await client.request("DELETE", routePath`/v1/snapshots/${tag}`, { signal });
 }

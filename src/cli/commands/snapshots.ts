@@ -1,14 +1,10 @@
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { deleteSnapshot, listSnapshots } from "../../controller/snapshots.js";
+import { listSnapshots } from "../../controller/snapshots.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
-import {
-  addSnapshotDaemonOptions,
-  deleteSnapshotViaDaemon,
-  listSnapshotsViaDaemon,
-  snapshotDaemon,
-} from "./snapshots-remote.js";
+import { registerRmi } from "./rmi.js";
+import { addSnapshotDaemonOptions, listSnapshotsViaDaemon, snapshotDaemon } from "./snapshots-remote.js";
 
 export function registerSnapshots(program: Command): void {
   addSnapshotDaemonOptions(
@@ -36,17 +32,5 @@ export function registerSnapshots(program: Command): void {
         return undefined;
       }),
     );
-  addSnapshotDaemonOptions(
-    program.command("rmi").description("delete a snapshot (through the daemon, if one is running)"),
-  )
-    .argument("<tag>", "snapshot tag")
-    .action((tag: string, _opts, command: Command) =>
-      runCommand(async (signal) => {
-        const daemon = await snapshotDaemon(command);
-        if (daemon) await deleteSnapshotViaDaemon(daemon, tag, signal);
-        else await deleteSnapshot(resolvePaths(), tag);
-        process.stdout.write(`deleted ${tag}\n`);
-        return undefined;
-      }),
-    );
+  registerRmi(program);
 }
