@@ -331,7 +331,7 @@ class UnpackSession {
       if (entry.size > MAX_PACK_MANIFEST_BYTES) throw refused(entry.path, "pack manifest too large");
       this.pack = parsePackManifest((await readAll(entry.body, entry.size)).toString("utf8"));
       await this.checkPackAgainstHost(this.pack);
-      return this.pack.files.length === 0 ? "stop" : "continue";
+      return "continue";
     }
     const expected = this.pack.files[this.next];
     if (!expected || where === null || where.kind === "dir") throw refused(entry.path, "unexpected entry");
@@ -353,7 +353,8 @@ class UnpackSession {
       await this.receiveFile(entry.path, where, expected, entry.body);
     }
     this.contentBytes += entry.size;
-    return this.next === this.pack.files.length ? "stop" : "continue";
+    // Read on to the end even when everything listed is in: trailing entries are refused too.
+    return "continue";
   }
 
   /** The pack's image and QEMU against this host, before any large entry is read. */
@@ -509,9 +510,10 @@ class UnpackSession {
       else clashes.push(layer.tag);
     }
     if (clashes.length > 0) {
+      const one = clashes.length === 1;
       throw conflict(
-        `snapshot${clashes.length > 1 ? "s" : ""} ${clashes.join(", ")} already exist${clashes.length > 1 ? "" : "s"} ` +
-          "and differ from the packed ones (--force replaces them; --tag installs the head under another name)",
+        `${one ? "snapshot" : "snapshots"} ${clashes.join(", ")} already ${one ? "exists and differs" : "exist and differ"} ` +
+          `from the packed ${one ? "one" : "ones"} (--force replaces; --tag installs the head under another name)`,
         { tags: clashes },
       );
     }
