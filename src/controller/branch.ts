@@ -13,7 +13,7 @@
  */
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { link, open } from "node:fs/promises";
+import { link, open, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
@@ -23,10 +23,17 @@ import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { PAGE_SIZE, writeMemoryLayer, writePagesAt } from "../store/memory-layer.js";
-import type { SnapshotStore, StoredSnapshot } from "../store/snapshot-store.js";
-import { findGuestRamMapping, readPages, scanPrivatePages } from "../vmm/guest-memory.js";
-import { createOverlay } from "../vmm/qemu-tools.js";
-import { saveDeviceState } from "../vmm/snapshot.js";
+import type { SnapshotStore, SnapshotWriter, StoredSnapshot } from "../store/snapshot-store.js";
+import {
+  type FrozenDisk,
+  freezeDisk,
+  type PreparedDiskFreeze,
+  prepareDiskFreeze,
+} from "../vmm/disk-layers.js";
+import { findGuestRamMapping, scanPrivatePages } from "../vmm/guest-memory.js";
+import { captureLive, MemoryPageSink } from "../vmm/live-capture.js";
+import type { QmpClient } from "../vmm/qmp.js";
+import { captureStopped } from "../vmm/stopped-capture.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
@@ -65,18 +72,11 @@ export interface BranchSource {
   handle: SandboxHandle;
   /** Tag of the source's latest branch, or null (then its parent is the snapshot it came from). */
   lastBranchTag: string | null;
-  /** The source's current writable disk layer (QEMU node and file). */
-  disk: DiskLayer;
-}
-
-export interface DiskLayer {
-  node: string;
-  file: string;
+  /** The source maps its RAM from tmpfs (spawned with live_fork): live mode is possible. */
+  liveFork: boolean;
 }
 
 export interface BranchEvents {
-  /** The source now writes to `disk` (recorded even if the branch then fails: the switch already happened). */
-  diskSwitched(sandboxId: string, disk: DiskLayer): void;
   /** The branch is committed; the source's next branch chains onto it. */
   branched(sandboxId: string, tag: string): void;
   /**
@@ -107,10 +107,7 @@ export class Brancher {
     if (mode !== "full" && mode !== "diff" && mode !== "live") {
       throw invalidArgument(`mode must be full, diff or live, got ${JSON.stringify(mode)}`);
     }
-    if (mode === "live") {
-      throw new ForkdError("not_implemented", "live BRANCH is not available yet; use mode diff or full");
-    }
-    if (request.wait === false) {
+    if (request.wait === false && mode !== "live") {
       throw invalidArgument("wait: false is only possible with mode live");
     }
     const tag = assertTag(request.tag ?? defaultBranchTag(source.handle.id));
@@ -122,9 +119,7 @@ export class Brancher {
     }
     // Branches of one source are serialised: each freezes the disk layer the next one builds on.
     const previous = this.perSource.get(source.handle.id) ?? Promise.resolve();
-    const mine = previous
-      .catch(() => {})
-      .then(() => this.branchNow(source, tag, mode, request.parentTag, request.signal));
+    const mine = previous.catch(() => {}).then(() => this.branchNow(source, tag, mode, request));
     this.perSource.set(source.handle.id, mine);
     this.running++;
     try {
@@ -138,14 +133,19 @@ export class Brancher {
   private async branchNow(
     source: BranchSource,
     tag: string,
-    mode: "full" | "diff",
-    expectedParent: string | undefined,
-    signal: AbortSignal | undefined,
+    mode: BranchMode,
+    request: BranchRequest,
   ): Promise<BranchResult> {
     const { handle } = source;
+    const { signal } = request;
     const parentTag = source.lastBranchTag ?? handle.snapshotTag;
-    if (expectedParent !== undefined && expectedParent !== parentTag) {
-      throw conflict(`parent_tag ${expectedParent} does not match the sandbox's base ${parentTag}`);
+    if (request.parentTag !== undefined && request.parentTag !== parentTag) {
+      throw conflict(`parent_tag ${request.parentTag} does not match the sandbox's base ${parentTag}`);
+    }
+    if (mode === "live" && !source.liveFork) {
+      throw conflict(
+        `live BRANCH needs a sandbox spawned with live_fork (its RAM on tmpfs, which userfaultfd can write-protect); ${handle.id} was not`,
+      );
     }
     const chain = await resolveChain(this.store, parentTag);
     if (chain.length > MAX_CHAIN_DEPTH) {
@@ -157,107 +157,203 @@ export class Brancher {
     if (!this.db.claimSnapshotJob(job(tag, "writing", mode, null))) {
       throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     }
-    let writer: Awaited<ReturnType<SnapshotStore["beginWrite"]>> | undefined;
-    let switched = false;
+    const ramBytes = parent.manifest.memory.ramBytes;
+    let writer: SnapshotWriter | undefined;
+    let frozen: FrozenDisk | undefined;
+    let prepared: PreparedDiskFreeze | undefined;
+    const fail = async (err: unknown) => {
+      if (frozen)
+        this.events.blocked(handle.id, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
+      await prepared?.abandon().catch(() => {});
+      await writer?.abort();
+      this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
+    };
     try {
       writer = await this.store.beginWrite(tag);
-      const ramBytes = parent.manifest.memory.ramBytes;
       const qmp = await handle.qmp();
-      const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
-      const top = source.disk;
-      // Made before the pause so the pause only has to attach it: the source's next writable layer.
-      const nextOverlay = path.join(
-        handle.runDir,
-        `disk-${Date.now()}-${randomBytes(3).toString("hex")}.qcow2`,
-      );
-      await createOverlay({ backing: top.file, backingFormat: "qcow2", overlay: nextOverlay });
-      const nextNode = `disk-${randomBytes(4).toString("hex")}`;
-
-      // ---- the source is paused from here ----
-      const pausedAt = performance.now();
-      let pages: Uint32Array;
-      let data: Buffer;
-      try {
-        await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), { signal });
-        pages = scanPrivatePages(mapping).pages;
-        data = Buffer.allocUnsafe(pages.length * PAGE_SIZE);
-        readPages(mapping, pages, data);
-        await qmp.execute("blockdev-add", {
-          driver: "qcow2",
-          "node-name": nextNode,
-          file: { driver: "file", filename: nextOverlay },
-          backing: null,
-        });
-        await qmp.execute("blockdev-snapshot", { node: top.node, overlay: nextNode });
-        this.events.diskSwitched(handle.id, { node: nextNode, file: nextOverlay });
-        switched = true;
-      } finally {
-        await qmp.execute("cont").catch(() => {});
-      }
-      const pauseMs = performance.now() - pausedAt;
-      // ---- running again ----
-
-      await link(top.file, writer.file(SNAPSHOT_FILES.disk));
-      const memoryFile = mode === "diff" ? SNAPSHOT_FILES.memoryLayer : SNAPSHOT_FILES.memory;
-      if (mode === "diff") {
-        await writeMemoryLayer(writer.file(memoryFile), ramBytes, pages, data);
-      } else {
-        await execFileAsync("cp", [
-          "--sparse=always",
-          "--reflink=auto",
-          "--",
-          handle.memoryImage,
-          writer.file(memoryFile),
-        ]);
-        await writePagesToImage(writer.file(memoryFile), pages, data);
-      }
-      // The source's new layer names the frozen one by where it will live for good, relative like all layers;
-      // if the snapshot is not committed after all, it goes back to naming the file in the run directory.
-      const setBacking = (backing: string) =>
-        qmp.execute("change-backing-file", {
-          device: nextNode,
-          "image-node-name": nextNode,
-          "backing-file": backing,
-        });
-      await setBacking(path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk));
-      const manifest = await writer
-        .commit(
+      // The source's next writable layer, made before the pause. Its header already names the frozen layer's
+      // permanent place in the new snapshot (relative, like every layer).
+      prepared = await prepareDiskFreeze(qmp, {
+        overlayFile: path.join(handle.runDir, `disk-${Date.now()}-${randomBytes(3).toString("hex")}.qcow2`),
+        backingPath: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
+        signal,
+      });
+      const freezePrepared = prepared;
+      const whileStopped = async () => {
+        frozen = await freezeDisk(qmp, freezePrepared, { signal });
+        prepared = undefined;
+      };
+      const deviceStatePath = writer.file(SNAPSHOT_FILES.deviceState);
+      const capture =
+        mode === "live"
+          ? this.captureLive(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal)
+          : this.captureStopped(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal);
+      const finish = async (): Promise<BranchResult> => {
+        const captured = await capture.done;
+        const frozenDisk = frozen as FrozenDisk;
+        const activeWriter = writer as SnapshotWriter;
+        await link(frozenDisk.frozenFile, activeWriter.file(SNAPSHOT_FILES.disk));
+        const flat = mode === "full";
+        const memoryFile = flat ? SNAPSHOT_FILES.memory : SNAPSHOT_FILES.memoryLayer;
+        if (flat) {
+          await execFileAsync("cp", [
+            "--sparse=always",
+            "--reflink=auto",
+            "--",
+            handle.memoryImage,
+            activeWriter.file(memoryFile),
+          ]);
+          await writePagesToImage(activeWriter.file(memoryFile), captured.pages, captured.data);
+        } else {
+          await writeMemoryLayer(activeWriter.file(memoryFile), ramBytes, captured.pages, captured.data);
+        }
+        captured.release();
+        const manifest = await activeWriter.commit(
           branchManifest(parent.manifest, {
             parent: { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
-            memory: { format: mode === "diff" ? "layer" : "flat", ramBytes, pages: pages.length },
-            origin: {
-              kind: "branch",
-              mode,
-              sourceSandbox: handle.id,
-              pauseMs: Math.round(pauseMs * 10) / 10,
-            },
+            memory: { format: flat ? "flat" : "layer", ramBytes, pages: captured.pages.length },
+            origin: { kind: "branch", mode, sourceSandbox: handle.id, pauseMs: round1(captured.pauseMs) },
           }),
           [memoryFile, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
           signal,
-        )
-        .catch(async (err) => {
-          await setBacking(top.file).catch(() => {});
-          throw err;
-        });
-      this.events.branched(handle.id, tag);
-      this.db.deleteSnapshotJob(tag);
-      return {
-        tag,
-        mode,
-        parent_tag: parent.tag,
-        status: "ready",
-        pause_ms: Math.round(pauseMs * 10) / 10,
-        bytes_captured: pages.length * PAGE_SIZE,
-        bytes_written: Object.values(manifest.files).reduce((sum, f) => sum + f.size, 0),
+        );
+        this.events.branched(handle.id, tag);
+        this.db.deleteSnapshotJob(tag);
+        return {
+          tag,
+          mode,
+          parent_tag: parent.tag,
+          status: "ready",
+          pause_ms: round1(captured.pauseMs),
+          bytes_captured: captured.pages.length * PAGE_SIZE,
+          bytes_written: await physicalBytes(
+            Object.keys(manifest.files).map((name) => path.join(this.store.dirOf(tag), name)),
+          ),
+        };
       };
+      if (request.wait === false) {
+        const pauseMs = await capture.resumed;
+        // The rest happens in the background; the job row says "writing" until it is "ready" (row deleted) or
+        // "failed". A daemon restart in between marks it failed and sweeps the staging directory.
+        finish().catch((err) => fail(err));
+        return {
+          tag,
+          mode,
+          parent_tag: parent.tag,
+          status: "writing",
+          pause_ms: round1(pauseMs),
+          bytes_captured: 0,
+          bytes_written: 0,
+        };
+      }
+      return await finish();
     } catch (err) {
-      if (switched)
-        this.events.blocked(handle.id, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
-      await writer?.abort();
-      this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
+      await fail(err);
       throw err;
     }
   }
+
+  /** Stop-and-copy: the pause includes copying the private pages (into a buffer touched before the pause). */
+  private captureStopped(
+    handle: SandboxHandle,
+    qmp: QmpClient,
+    ramBytes: number,
+    deviceStatePath: string,
+    whileStopped: () => Promise<void>,
+    signal: AbortSignal | undefined,
+  ): Capture {
+    const done = (async () => {
+      const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
+      // A moment's view of the private set sizes the destination; touching it now keeps page faults out of the
+      // pause (pages only become private, so the set in the pause may be a little larger).
+      const estimate = scanPrivatePages(mapping).pages.length;
+      const buffer = Buffer.alloc((estimate + CAPTURE_HEADROOM_PAGES) * PAGE_SIZE);
+      const captured = await captureStopped({
+        qmp,
+        pid: handle.pid,
+        memoryFile: handle.memoryImage,
+        memoryBytes: ramBytes,
+        deviceStatePath,
+        whileStopped,
+        buffer,
+        signal,
+      });
+      return { pages: captured.pages, data: captured.data, pauseMs: captured.pauseMs, release: () => {} };
+    })();
+    return { done, resumed: done.then((c) => c.pauseMs) };
+  }
+
+  /** QEMU's background snapshot: the pause is the device state and the disk freeze; RAM streams afterwards. */
+  private captureLive(
+    handle: SandboxHandle,
+    qmp: QmpClient,
+    ramBytes: number,
+    deviceStatePath: string,
+    whileStopped: () => Promise<void>,
+    signal: AbortSignal | undefined,
+  ): Capture {
+    const sink = new MemoryPageSink();
+    let resolveResumed: (pauseMs: number) => void = () => {};
+    const resumed = new Promise<number>((resolve) => {
+      resolveResumed = resolve;
+    });
+    const started = performance.now();
+    const done = (async () => {
+      const onResume = qmp
+        .waitEvent("RESUME", { signal })
+        .then(() => resolveResumed(performance.now() - started));
+      onResume.catch(() => {});
+      const result = await captureLive({
+        qmp,
+        pid: handle.pid,
+        memoryFile: handle.memoryImage,
+        memoryBytes: ramBytes,
+        socketDir: handle.runDir,
+        deviceStatePath,
+        sink,
+        pages: "private",
+        whileStopped,
+        signal,
+      });
+      resolveResumed(result.pauseWallMs);
+      const { pages, data } = sortPages(sink.take());
+      return { pages, data, pauseMs: result.pauseWallMs, release: () => {} };
+    })();
+    done.catch(() => resolveResumed(Number.NaN));
+    return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
+  }
+}
+
+/** Pages captured in one pause, sorted by index, and when the source ran again. */
+interface Capture {
+  done: Promise<{ pages: Uint32Array; data: Buffer; pauseMs: number; release(): void }>;
+  resumed: Promise<number>;
+}
+
+/** Extra pages the stop-and-copy buffer holds beyond the pre-pause estimate (16 MiB). */
+const CAPTURE_HEADROOM_PAGES = 4096;
+
+function sortPages(taken: { pages: Uint32Array; data: Buffer }): { pages: Uint32Array; data: Buffer } {
+  const order = Array.from(taken.pages.keys()).sort(
+    (a, b) => (taken.pages[a] as number) - (taken.pages[b] as number),
+  );
+  const pages = new Uint32Array(order.length);
+  const data = Buffer.allocUnsafe(order.length * PAGE_SIZE);
+  order.forEach((from, to) => {
+    pages[to] = taken.pages[from] as number;
+    taken.data.copy(data, to * PAGE_SIZE, from * PAGE_SIZE, (from + 1) * PAGE_SIZE);
+  });
+  return { pages, data };
+}
+
+async function physicalBytes(files: string[]): Promise<number> {
+  let total = 0;
+  for (const file of files) total += (await stat(file)).blocks * 512;
+  return total;
+}
+
+function round1(n: number): number {
+  return Math.round(n * 10) / 10;
 }
 
 function job(tag: string, status: "writing" | "failed", mode: string, error: string | null) {

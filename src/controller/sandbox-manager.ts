@@ -17,14 +17,12 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
-import { DEVICE_IDS } from "../vmm/qemu-args.js";
 import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
 import { validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
-import { RUN_FILES } from "./machine.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
@@ -78,8 +76,6 @@ export class SandboxManager implements SandboxService {
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
     this.brancher = new Brancher(paths, this.snapshots.store, db, {
-      diskSwitched: (sandboxId, disk) =>
-        this.db.updateSandbox(sandboxId, { disk_node: disk.node, disk_file: disk.file }),
       blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
       branched: (sandboxId, tag) => {
         const current = this.db.sandbox(sandboxId);
@@ -145,8 +141,6 @@ export class SandboxManager implements SandboxService {
         memory_image: null,
         layer_tags: "[]",
         last_branch_tag: null,
-        disk_node: DEVICE_IDS.diskNode,
-        disk_file: path.join(this.paths.run, id, RUN_FILES.disk),
         branch_blocked: null,
         live_fork: request.liveFork === true ? 1 : 0,
         cgroup: null,
@@ -379,7 +373,7 @@ export class SandboxManager implements SandboxService {
       {
         handle: live.handle,
         lastBranchTag: row.last_branch_tag,
-        disk: { node: row.disk_node, file: row.disk_file ?? path.join(row.run_dir, RUN_FILES.disk) },
+        liveFork: row.live_fork === 1,
       },
       request,
     );

@@ -31,12 +31,6 @@ export interface SandboxRow {
   layer_tags: string;
   /** Tag of the latest branch taken of this sandbox (the parent of its next one). */
   last_branch_tag: string | null;
-  /**
-   * The sandbox's current writable disk layer: QEMU block node name and file. Starts as disk0 on the run
-   * directory's disk.qcow2; every BRANCH freezes it and puts a fresh overlay on top.
-   */
-  disk_node: string;
-  disk_file: string | null;
   /** Why this sandbox cannot be BRANCHed again (a failed BRANCH left a layer in its disk chain no snapshot owns). */
   branch_blocked: string | null;
   /** 1 when the sandbox maps its RAM from tmpfs (live_fork), 0 otherwise. */
@@ -89,8 +83,6 @@ export class StateDb {
           memory_image TEXT,
           layer_tags TEXT NOT NULL DEFAULT '[]',
           last_branch_tag TEXT,
-          disk_node TEXT NOT NULL DEFAULT 'disk0',
-          disk_file TEXT,
           branch_blocked TEXT,
           live_fork INTEGER NOT NULL DEFAULT 0,
           cgroup TEXT,
@@ -115,9 +107,9 @@ export class StateDb {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
-           expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, disk_node, disk_file, branch_blocked, live_fork, cgroup, ready_ms, error)
+           expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
-           @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @disk_node, @disk_file, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error)`,
+           @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error)`,
       )
       .run(row);
   }

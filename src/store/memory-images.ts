@@ -57,13 +57,13 @@ export async function flatImageFor(chain: StoredSnapshot[], options: MemoryImage
   if (ready) return target;
   let pending = building.get(target);
   if (!pending) {
-    pending = assemble(chain, target).finally(() => building.delete(target));
+    pending = assemble(chain, target, options.inMemory === true).finally(() => building.delete(target));
     building.set(target, pending);
   }
   return pending;
 }
 
-async function assemble(chain: StoredSnapshot[], target: string): Promise<string> {
+async function assemble(chain: StoredSnapshot[], target: string, inMemory: boolean): Promise<string> {
   const files = memoryFilesOf(chain);
   const base = files[0];
   if (base?.snapshot.manifest.memory.format !== "flat") {
@@ -72,8 +72,11 @@ async function assemble(chain: StoredSnapshot[], target: string): Promise<string
   await mkdir(path.dirname(target), { recursive: true, mode: 0o700 });
   const staging = `${target}.${process.pid}-${randomBytes(4).toString("hex")}.partial`;
   try {
-    // cp keeps the image sparse (guest RAM never touched stays a hole) and reflinks where the filesystem can.
-    await execFileAsync("cp", ["--sparse=always", "--reflink=auto", "--", base.file, staging]);
+    // On disk the image stays sparse (RAM the guest never touched stays a hole) and is reflinked where the
+    // filesystem can. On tmpfs it is allocated in full: a live BRANCH's background snapshot reads every page,
+    // and allocating holes then would happen inside the source's pause.
+    const sparse = inMemory ? "--sparse=never" : "--sparse=always";
+    await execFileAsync("cp", [sparse, "--reflink=auto", "--", base.file, staging]);
     for (const layer of files.slice(1)) {
       if (layer.snapshot.manifest.memory.format === "flat") {
         throw new ForkdError("internal", "a flat snapshot above the chosen base");

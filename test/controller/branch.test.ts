@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
 import { openServices } from "../../src/controller/sandbox-manager.js";
-import { qemusMentioning, tempHome } from "../support/host.js";
+import { qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 
 type Services = Awaited<ReturnType<typeof openServices>>;
@@ -62,10 +62,10 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
     await home.cleanup();
   });
 
-  for (const mode of ["diff", "full"] as const) {
+  for (const mode of ["diff", "full", "live"] as const) {
     it(`${mode}: children continue the source's memory, disk and processes, and diverge; the source is unaffected`, async () => {
       const sb = services.sandboxes;
-      const [source] = await sb.spawn({ snapshotTag: tag, n: 1, timeoutMs: 0 });
+      const [source] = await sb.spawn({ snapshotTag: tag, n: 1, timeoutMs: 0, liveFork: mode === "live" });
       const sourceId = (source as { id: string }).id;
       await buildState(services, sourceId);
       const before = await counter(services, sourceId);
@@ -137,6 +137,34 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
     await assert.rejects(
       services.snapshots.delete("round-4"),
       (err: unknown) => err instanceof ForkdError && err.code === "conflict",
+    );
+    await sb.killAll();
+  });
+
+  it("live with wait:false answers once the source runs again; the snapshot moves from writing to ready", async () => {
+    const sb = services.sandboxes;
+    const [source] = await sb.spawn({ snapshotTag: tag, n: 1, timeoutMs: 0, liveFork: true });
+    const sourceId = (source as { id: string }).id;
+    await buildState(services, sourceId);
+    const branch = await sb.branch(sourceId, { mode: "live", wait: false, tag: "live-bg" });
+    assert.equal(branch.status, "writing");
+    assert.ok(branch.pause_ms > 0);
+    assert.equal((await services.snapshots.get("live-bg")).status, "writing");
+    await assert.rejects(sb.spawn({ snapshotTag: "live-bg", n: 1 }), (err: unknown) => err instanceof ForkdError && err.code === "conflict");
+    await waitFor("the background write", 300_000, async () =>
+      (await services.snapshots.get("live-bg")).status === "ready" ? true : undefined,
+    );
+    const [child] = await sb.spawn({ snapshotTag: "live-bg", n: 1 });
+    assert.equal((await sb.eval((child as { id: string }).id, "STATE['step']")).result, "1");
+    await sb.killAll();
+  });
+
+  it("live needs a source spawned with live_fork", async () => {
+    const sb = services.sandboxes;
+    const [source] = await sb.spawn({ snapshotTag: tag, n: 1 });
+    await assert.rejects(
+      sb.branch((source as { id: string }).id, { mode: "live" }),
+      (err: unknown) => err instanceof ForkdError && err.code === "conflict" && /live_fork/.test((err as Error).message),
     );
     await sb.killAll();
   });

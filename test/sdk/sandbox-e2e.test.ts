@@ -13,9 +13,9 @@ import { promisify } from "node:util";
 import {
   AuthenticationError,
   CommandExitError,
+  ConflictError,
   Controller,
   NotFoundError,
-  NotImplementedError,
   Sandbox,
   SandboxNotFoundError,
 } from "../../src/sdk/index.js";
@@ -286,7 +286,7 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
     assert.ok(await new Controller({ url: daemon.tcpUrl, env: {} }).isReachable(), "/healthz needs no token");
   });
 
-  it("Controller: snapshots, spawn of several, exec/eval compatible shapes, branch 501, kill", async () => {
+  it("Controller: snapshots, spawn of several, exec/eval compatible shapes, kill", async () => {
     const controller = daemon.controller;
     const snapshots = await controller.listSnapshots();
     assert.ok(snapshots.some((s) => s.tag === daemon.tag && s.status === "ready" && s.bootable));
@@ -366,23 +366,19 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
     await daemon.controller.deleteSnapshot("pyagent");
   });
 
-  it("sandbox.branch: a child of the branch continues the source's Python state (or 501 until issue 4)", async (t) => {
+  it("sandbox.branch: a child of the branch continues the source's Python state; the branch outlives its source", async (t) => {
+    let tag = "";
     await withSandbox(t, async (source) => {
       await source.runCode("answer = 41");
-      let branched: Awaited<ReturnType<Sandbox["branch"]>>;
-      try {
-        branched = await source.branch({ mode: "diff" });
-      } catch (err) {
-        assert.ok(err instanceof NotImplementedError, String(err));
-        assert.match(err.message, /HTTP 501 from POST \/v1\/sandboxes\/sb-[0-9a-f]{12}\/branch/);
-        t.diagnostic("branch is not implemented by this daemon yet: checked the typed 501");
-        return;
-      }
+      const branched = await source.branch({ mode: "diff" });
+      tag = branched.tag;
       await using child = await Sandbox.create({ snapshotTag: branched.tag, url: daemon.socketUrl, env: {} });
       assert.equal((await child.runCode("answer + 1")).result, "42");
       assert.equal((await source.runCode("answer")).result, "41", "the source keeps running");
+      // While the source runs, its disk runs through the branch's layer: the branch cannot be deleted.
+      await assert.rejects(daemon.controller.deleteSnapshot(branched.tag), ConflictError);
       await child.kill();
-      await daemon.controller.deleteSnapshot(branched.tag);
     });
+    await daemon.controller.deleteSnapshot(tag);
   });
 });

@@ -3,6 +3,7 @@ import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { type ForkdPaths, resolvePaths } from "../../src/common/paths.js";
+import { cacheDirs } from "../../src/controller/restore-plan.js";
 
 /** A fresh FORKD_HOME under /tmp sharing the machine's image cache (images are pure functions of recipes). */
 export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { cleanup(): Promise<void> }> {
@@ -13,6 +14,7 @@ export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { c
     cleanup: async () => {
       await killProcessesMentioning(home);
       await rm(home, { recursive: true, force: true });
+      await rm(cacheDirs(paths).tmpfsDir, { recursive: true, force: true });
     },
   };
 }
