@@ -81,6 +81,26 @@ export class FileVerifier {
     return "hashed";
   }
 
+  /**
+   * The sha256 recorded for `file` if it is unchanged since it was recorded during this host boot, else
+   * undefined. For files without a manifest entry to verify against (a pack's copy of an image's rootfs).
+   */
+  async known(file: string): Promise<string | undefined> {
+    const known = (await this.load()).get(file);
+    if (!known || known.bootId !== (await bootId())) return undefined;
+    const identity = await identityOf(file).catch(() => undefined);
+    if (
+      !identity ||
+      known.ino !== identity.ino ||
+      known.size !== identity.size ||
+      known.mtimeNs !== identity.mtimeNs ||
+      known.ctimeNs !== identity.ctimeNs
+    ) {
+      return undefined;
+    }
+    return known.sha256;
+  }
+
   /** Records a file just written with a known hash, so its first use does not hash it again. */
   async remember(file: string, sha256: string): Promise<void> {
     const records = await this.load();
