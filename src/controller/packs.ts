@@ -140,11 +140,14 @@ export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Pro
     progress("hashing the guest image");
     for (const name of IMAGE_PACK_FILES) {
       const source = path.join(imageDir, name);
-      files.push({
-        path: imagePackPath(head.manifest.image.hash, name),
-        ...(await digestFile(source)),
-        source,
-      });
+      // The image's files have no manifest hash to verify against: hash them once per boot and remember.
+      let sha256 = await verifier.known(source);
+      if (sha256 === undefined) {
+        sha256 = (await digestFile(source)).sha256;
+        await verifier.remember(source, sha256);
+      }
+      const { size } = await stat(source);
+      files.push({ path: imagePackPath(head.manifest.image.hash, name), size, sha256, source });
     }
   }
   const manifest: PackManifest = {
@@ -616,6 +619,13 @@ class UnpackSession {
             ? "another build of the pack's image was cached meanwhile; unpack again"
             : "the packed image's image.json names another build than the pack",
         );
+      }
+      if (outcome === "published") {
+        const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
+        for (const f of (this.pack as PackManifest).files) {
+          const where = classifyPackPath(f.path);
+          if (where.kind === "image") await verifier.remember(path.join(present.dir, where.name), f.sha256);
+        }
       }
     }
     for (const layer of this.layers) {
