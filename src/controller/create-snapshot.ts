@@ -9,6 +9,7 @@ import type { ForkdPaths } from "../common/paths.js";
 import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { SnapshotStore } from "../store/snapshot-store.js";
+import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { createOverlay, qemuVersion } from "../vmm/qemu-tools.js";
 import { saveDeviceState } from "../vmm/snapshot.js";
 import { chooseAccelerator } from "./accelerator.js";
@@ -106,6 +107,7 @@ export async function createSnapshot(
           vcpus: shape.vcpus,
           cmdline: shape.kernelCmdline,
           tscKhz: shape.tscKhz ?? null,
+          compatKey: restoreCompatibilityKey(booted.vm.spec),
           qemuVersion: version.version,
         },
         timings: {

@@ -3,6 +3,7 @@
  * the children restored from it; per-instance paths are filled in by the caller.
  */
 import path from "node:path";
+import type { SnapshotManifest } from "../store/manifest.js";
 import type { Accelerator, MachineSpec } from "../vmm/qemu-args.js";
 
 /** Names of the files inside a snapshot directory. */
@@ -45,6 +46,26 @@ export interface MachineShape {
   kernelCmdline: string;
   /** TCG only: the host TSC frequency, so the guest skips calibrating it. */
   tscKhz?: number;
+}
+
+/** The machine of a child restored from a snapshot with `manifest`: the parent's shape, this instance's files. */
+export function childSpec(
+  manifest: SnapshotManifest,
+  instance: { runDir: string; memoryFile: string; shared: boolean; disk: string; restoreFrom?: string },
+): MachineSpec {
+  return machineSpec(
+    {
+      accel: manifest.machine.accel,
+      cpuModel: manifest.machine.cpu,
+      memoryMiB: manifest.machine.memoryMiB,
+      vcpus: manifest.machine.vcpus,
+      kernel: manifest.image.kernel,
+      initrd: manifest.image.initrd,
+      kernelCmdline: manifest.machine.cmdline,
+      tscKhz: manifest.machine.tscKhz ?? undefined,
+    },
+    instance,
+  );
 }
 
 export function machineSpec(

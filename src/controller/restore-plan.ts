@@ -11,8 +11,9 @@ import { resolveChain } from "../store/chain.js";
 import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
+import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { createOverlay } from "../vmm/qemu-tools.js";
-import { SNAPSHOT_FILES } from "./machine.js";
+import { childSpec, SNAPSHOT_FILES } from "./machine.js";
 
 export interface RestorePlan {
   /** The snapshot children restore (the head of its chain). */
@@ -53,6 +54,15 @@ export async function prepareRestore(
   const snapshot = chain[chain.length - 1] as StoredSnapshot;
   const problem = await snapshotIsBootable(snapshot);
   if (problem) throw new ForkdError("conflict", `snapshot ${tag} is not bootable: ${problem}`);
+  const instance = { runDir: paths.run, memoryFile: "/m", shared: false, disk: "/d", restoreFrom: "/s" };
+  if (
+    restoreCompatibilityKey(childSpec(snapshot.manifest, instance)) !== snapshot.manifest.machine.compatKey
+  ) {
+    throw new ForkdError(
+      "conflict",
+      `snapshot ${tag} was taken on a different machine configuration (an older forkd?); children cannot load its state. Rebuild it`,
+    );
+  }
   await verifyChainFiles(paths, chain);
   const dirs = cacheDirs(paths);
   const memoryImage = await flatImageFor(chain, { ...dirs, inMemory: options.inMemory });

@@ -20,7 +20,7 @@ import { type SandboxRow, StateDb } from "../store/db.js";
 import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
-import { validateChildCount } from "./fork.js";
+import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
@@ -35,8 +35,8 @@ export const MIN_MEMORY_LIMIT_MIB = 64;
 export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
 /** How often lifetimes are enforced and dead VMs noticed. */
 export const SWEEP_INTERVAL_MS = 1000;
-/** Children restored at once within one spawn request. */
-export const SPAWN_CONCURRENCY = 8;
+/** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
+export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;

@@ -13,7 +13,7 @@ import { launchVm, type VmHandle } from "../vmm/launch.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
-import { machineSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
+import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
 
 /**
@@ -90,25 +90,13 @@ export class Sandbox implements SandboxHandle {
       const disk = path.join(runDir, RUN_FILES.disk);
       await copyFile(plan.overlayTemplate, disk);
       vm = await launchVm(
-        machineSpec(
-          {
-            accel: manifest.machine.accel,
-            cpuModel: manifest.machine.cpu,
-            memoryMiB: manifest.machine.memoryMiB,
-            vcpus: manifest.machine.vcpus,
-            kernel: manifest.image.kernel,
-            initrd: manifest.image.initrd,
-            kernelCmdline: manifest.machine.cmdline,
-            tscKhz: manifest.machine.tscKhz ?? undefined,
-          },
-          {
-            runDir,
-            memoryFile: plan.memoryImage,
-            shared: false,
-            disk,
-            restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
-          },
-        ),
+        childSpec(manifest, {
+          runDir,
+          memoryFile: plan.memoryImage,
+          shared: false,
+          disk,
+          restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+        }),
         { runDir, signal, outliveHost: options.outliveHost },
       );
       const launched = vm;

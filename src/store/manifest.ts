@@ -31,6 +31,8 @@ export const SnapshotManifestSchema = Type.Object({
     vcpus: Type.Integer({ minimum: 1 }),
     cmdline: Type.String(),
     tscKhz: Type.Union([Type.Integer(), Type.Null()]),
+    /** vmm's restoreCompatibilityKey of the parent: a child whose machine differs cannot load the state. */
+    compatKey: Type.String(),
     qemuVersion: Type.String(),
   }),
   /**

@@ -100,7 +100,9 @@ export interface MachineSpec {
 export function buildQemuArgs(spec: MachineSpec): string[] {
   validateSpec(spec);
   const ids = DEVICE_IDS;
-  const machine = ["microvm", "acpi=on", "suppress-vmdesc=on"];
+  // ioapic2=off: no second IOAPIC and fewer virtio-mmio transports to create (-5 ms CPU per QEMU start under
+  // TCG); x-option-roms=off: no option ROMs to load (-1 ms). Both change the machine: parent and child match.
+  const machine = ["microvm", "acpi=on", "ioapic2=off", "x-option-roms=off", "suppress-vmdesc=on"];
   if (spec.memoryFile) machine.push(`memory-backend=${ids.memoryBackend}`);
 
   const args: string[] = [
@@ -126,7 +128,10 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
         `mem-path=${spec.memoryFile.path},share=${spec.memoryFile.shared ? "on" : "off"}`,
     );
   }
-  args.push("-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec));
+  // A restored child never boots: its CPU state comes from the device state and its RAM from the memory file.
+  // Without -kernel QEMU also skips keeping its 8 MiB copy of the kernel image (-9..12 ms CPU, -8 MiB per child).
+  if (!spec.restore)
+    args.push("-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec));
   args.push("-chardev", `file,id=${ids.consoleChardev},path=${spec.consoleLogPath}`);
   args.push("-serial", `chardev:${ids.consoleChardev}`);
   if (spec.disk) {

@@ -5,6 +5,7 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { ForkdError } from "../common/errors.js";
+import { disableThpForChildren } from "./thp.js";
 
 export const DEFAULT_QEMU_BINARY = "qemu-system-x86_64";
 
@@ -190,6 +191,7 @@ export class QemuProcess {
 /** Spawns QEMU. Rejects with `unavailable` if the binary cannot be started. */
 export function spawnQemu(options: SpawnQemuOptions): Promise<QemuProcess> {
   const binary = resolveQemuBinary(options.binary);
+  disableThpForChildren();
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {

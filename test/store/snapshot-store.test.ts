@@ -15,6 +15,7 @@ const draft: ManifestDraft = {
     cpu: "max",
     memoryMiB: 256,
     tscKhz: null,
+    compatKey: "k",
     vcpus: 1,
     cmdline: "console=ttyS0",
     qemuVersion: "7.2",

@@ -12,6 +12,23 @@ import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { MANIFEST_FORMAT } from "../../src/store/manifest.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
+import { restoreCompatibilityKey } from "../../src/vmm/qemu-args.js";
+
+/** Changes whenever the machine children are started with changes (so stale shared snapshots are not reused). */
+const MACHINE_FINGERPRINT = restoreCompatibilityKey({
+  accel: "tcg",
+  cpuModel: "max",
+  memoryMiB: 512,
+  vcpus: 1,
+  kernel: "/k",
+  initrd: "/i",
+  kernelCmdline: "x",
+  memoryFile: { path: "/m", shared: false },
+  disk: { overlayPath: "/d" },
+  agent: { socketPath: "/a" },
+  qmpSocketPath: "/q",
+  consoleLogPath: "/c",
+});
 
 const SHARED_ROOT = process.env.FORKD_TEST_SNAPSHOTS ?? "/var/tmp/forkd-test-snapshots";
 
@@ -23,7 +40,7 @@ export async function linkSharedSnapshot(
 ): Promise<string> {
   const image = await buildImage(await loadTemplate(template), {});
   const key = createHash("sha256")
-    .update(JSON.stringify([image.hash, GUEST_RUNTIME_CMDLINE, MANIFEST_FORMAT, tag]))
+    .update(JSON.stringify([image.hash, GUEST_RUNTIME_CMDLINE, MANIFEST_FORMAT, MACHINE_FINGERPRINT, tag]))
     .digest("hex")
     .slice(0, 16);
   const sharedHome = path.join(SHARED_ROOT, key);
