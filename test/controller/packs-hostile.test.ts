@@ -1,100 +1,26 @@
 /**
- * unpack against damaged and hostile packs, without VMs: a small synthetic chain (t0 flat -> t1 layer, on the
- * pyagent image) is packed, then taken apart and re-made with GNU tar the way an attacker would (with every
- * hash re-signed where the attack needs it). Every variant must be refused with an error naming the problem, and
+ * unpack against damaged and hostile packs, without VMs: a small synthetic chain (chains-synthetic.ts: t0 flat
+ * -> t1 layer, on the pyagent image) is packed, then taken apart and re-made with GNU tar the way an attacker
+ * would (with every hash re-signed where the attack needs it). Every variant must be refused with an error naming the problem, and
  * leave nothing behind. The happy path on real VMs is in packs.test.ts.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import {
-  appendFile,
-  cp,
-  link,
-  mkdir,
-  open,
-  readdir,
-  readFile,
-  rm,
-  symlink,
-  writeFile,
-} from "node:fs/promises";
+import { appendFile, cp, link, mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
 import { packSnapshot, unpackSnapshot } from "../../src/controller/packs.js";
-import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { manifestDigest } from "../../src/store/chain.js";
-import { writeMemoryLayer } from "../../src/store/memory-layer.js";
-import { type ManifestDraft, SnapshotStore } from "../../src/store/snapshot-store.js";
-import { createOverlay, qemuVersion } from "../../src/vmm/qemu-tools.js";
+import { SnapshotStore } from "../../src/store/snapshot-store.js";
 import { entries, tempHome } from "../support/host.js";
+import { syntheticChain } from "./chains-synthetic.js";
 
 const run = promisify(execFile);
-const RAM = 16 * 1024 * 1024;
 
 type Home = Awaited<ReturnType<typeof tempHome>>;
-
-/** t0 (flat, 16 MiB of mostly zeros) and t1 (a 2-page memory layer, a disk layer on t0's), on the real image. */
-async function syntheticChain(home: Home): Promise<void> {
-  const image = await buildImage(await loadTemplate("pyagent"), {});
-  const store = new SnapshotStore(home.snapshots);
-  const base: Omit<ManifestDraft, "parent" | "memory" | "origin"> = {
-    template: { name: "pyagent", interpreter: "python" },
-    image: {
-      hash: image.hash,
-      buildId: image.manifest.buildId,
-      rootfs: image.rootfs,
-      kernel: image.kernel,
-      initrd: image.initrd,
-    },
-    machine: {
-      accel: "tcg",
-      cpu: "max",
-      memoryMiB: 16,
-      vcpus: 1,
-      cmdline: "console=ttyS0",
-      tscKhz: null,
-      qemuVersion: (await qemuVersion()).version,
-    },
-    timings: { bootMs: 0, warmupMs: 0, saveMs: 0 },
-  };
-  const t0 = await store.beginWrite("t0");
-  await symlink(image.rootfs, t0.file("base.ext4"));
-  await createOverlay({ backing: "base.ext4", backingFormat: "raw", overlay: t0.file("disk.qcow2") });
-  const memory = await open(t0.file("memory.bin"), "wx");
-  await memory.truncate(RAM);
-  await memory.write(randomBytes(8192), 0, 8192, 4096 * 100);
-  await memory.close();
-  await writeFile(t0.file("vmstate"), randomBytes(4096));
-  await t0.commit(
-    {
-      ...base,
-      parent: null,
-      memory: { format: "flat", ramBytes: RAM, pages: RAM / 4096 },
-      origin: { kind: "template", mode: null, sourceSandbox: null, pauseMs: null },
-    },
-    ["memory.bin", "vmstate", "disk.qcow2"],
-  );
-  const t1 = await store.beginWrite("t1");
-  await createOverlay({
-    backing: "../../snapshots/t0/disk.qcow2",
-    backingFormat: "qcow2",
-    overlay: t1.file("disk.qcow2"),
-  });
-  await writeMemoryLayer(t1.file("memory.layer"), RAM, Uint32Array.from([3, 7]), randomBytes(8192));
-  await writeFile(t1.file("vmstate"), randomBytes(4096));
-  await t1.commit(
-    {
-      ...base,
-      parent: { tag: "t0", manifestSha256: await manifestDigest(await store.get("t0")) },
-      memory: { format: "layer", ramBytes: RAM, pages: 2 },
-      origin: { kind: "branch", mode: "diff", sourceSandbox: null, pauseMs: 1 },
-    },
-    ["memory.layer", "vmstate", "disk.qcow2"],
-  );
-}
 
 const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
 
