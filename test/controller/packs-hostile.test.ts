@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { appendFile, cp, link, mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -21,6 +22,13 @@ import { syntheticChain } from "./chains-synthetic.js";
 const run = promisify(execFile);
 
 type Home = Awaited<ReturnType<typeof tempHome>>;
+
+const isCode = (code: string, pattern: RegExp) => (err: unknown) => {
+  assert.ok(err instanceof ForkdError, String(err));
+  assert.equal(err.code, code, err.message);
+  assert.match(err.message, pattern);
+  return true;
+};
 
 const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
 
@@ -302,6 +310,26 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
       /pack has no image and image aaaaaaaaaaaa .* is not cached here/,
       "conflict",
     );
+  });
+
+  it("a failure while publishing undoes every rename: all layers or none", async () => {
+    const home = await tempHome("forkd-packs-rollback-");
+    try {
+      // Another writer creates t1 after the checks, just before the layers are renamed into place.
+      const race = (message: string) => {
+        if (message !== "publishing") return;
+        mkdirSync(path.join(home.snapshots, "t1"));
+        writeFileSync(path.join(home.snapshots, "t1", "theirs"), "x");
+      };
+      await assert.rejects(
+        unpackSnapshot(home, { file: goodPack, onProgress: race }),
+        isCode("conflict", /snapshot t1 was created by someone else meanwhile/),
+      );
+      assert.deepEqual(await readdir(home.snapshots), ["t1"], "t0 was taken back; no staging left");
+      assert.deepEqual(await readdir(path.join(home.snapshots, "t1")), ["theirs"]);
+    } finally {
+      await home.cleanup();
+    }
   });
 
   it("refuses to overwrite existing snapshots unless --force, and --force replaces them", async () => {
