@@ -444,6 +444,7 @@ class UnpackSession {
       if (i === 0 && manifest.memory.format !== "flat") {
         throw new ForkdError("unprocessable", `pack: its root ${link.tag} has no flat memory image`);
       }
+      checkMachine(link.tag, manifest);
       const isHead = i === pack.chain.length - 1;
       const tag = isHead && this.newHeadTag !== undefined ? this.newHeadTag : link.tag;
       const installed: SnapshotManifest = {
@@ -482,6 +483,12 @@ class UnpackSession {
       }
       if (where.name === SNAPSHOT_FILES.memory && f.size !== layer.manifest.memory.ramBytes) {
         throw refused(f.path, "is not the size of the layer's RAM");
+      }
+      if (
+        where.name === SNAPSHOT_FILES.memoryLayer &&
+        f.size > maxLayerBytes(layer.manifest.memory.ramBytes)
+      ) {
+        throw refused(f.path, "is larger than a memory layer of the layer's RAM can be");
       }
     }
     for (const layer of this.layers) {
@@ -716,6 +723,32 @@ class UnpackSession {
     await rm(this.staging, { recursive: true, force: true });
     if (this.imageStaging) await removeStaging(this.imageStaging.dir).catch(() => {});
   }
+}
+
+/** Largest QEMU's `-smp` takes for the machine types forkd uses. */
+const MAX_VCPUS = 255;
+const CPU_MODEL = /^[A-Za-z0-9._-]{1,64}$/;
+
+/**
+ * The machine fields become QEMU arguments when a child starts: each must be what forkd itself would write
+ * (a plain CPU model name, not one with extra properties; a RAM size that matches the memory files).
+ */
+function checkMachine(tag: string, manifest: SnapshotManifest): void {
+  const bad = (why: string) => new ForkdError("unprocessable", `pack: layer ${tag}: ${why}`);
+  const { machine, memory } = manifest;
+  if (memory.ramBytes !== machine.memoryMiB * 1024 * 1024) {
+    throw bad(`its RAM (${memory.ramBytes} bytes) is not the machine's ${machine.memoryMiB} MiB`);
+  }
+  if (!CPU_MODEL.test(machine.cpu)) throw bad(`CPU model ${JSON.stringify(machine.cpu)} is not a plain name`);
+  if (machine.vcpus > MAX_VCPUS) throw bad(`${machine.vcpus} vCPUs`);
+  if (machine.cmdline.length > 4096 || machine.cmdline.includes("\0"))
+    throw bad("kernel command line refused");
+}
+
+/** A memory layer's size when every page of `ramBytes` is in it (header, index, pages). */
+function maxLayerBytes(ramBytes: number): number {
+  const pages = ramBytes / 4096;
+  return 24 + pages * 4 + ramBytes;
 }
 
 function refused(entryPath: string, why: string): ForkdError {

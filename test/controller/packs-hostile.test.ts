@@ -285,7 +285,7 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
     await expectRefused(dataFile, /packed snapshot t0: disk layer refused: it uses an external data file/);
   });
 
-  it("refuses a re-signed chain whose edges or image do not hold together", async () => {
+  it("refuses a re-signed chain whose edges, machine or image do not hold together", async () => {
     const unlinked = await craft(async (dir) => {
       await resign(dir);
       // Break t1's edge after signing: its recorded parent digest no longer names the packed t0.
@@ -298,6 +298,19 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
       await relist(dir, pack);
     });
     await expectRefused(unlinked, /layer t1 does not sit on the layer below it/);
+    for (const [field, value, pattern] of [
+      ["cpu", "max,+vmx", /CPU model "max,\+vmx" is not a plain name/],
+      ["memoryMiB", 65536, /its RAM \(16777216 bytes\) is not the machine's 65536 MiB/],
+    ] as const) {
+      const machine = await craft(async (dir) => {
+        const file = path.join(dir, "snapshots/t1/manifest.json");
+        const m = JSON.parse(await readFile(file, "utf8")) as { machine: Record<string, unknown> };
+        m.machine[field] = value;
+        await writeFile(file, `${JSON.stringify(m, null, 2)}\n`);
+        await resign(dir);
+      });
+      await expectRefused(machine, pattern);
+    }
     const otherImage = await craft(async (dir) => {
       const pack = JSON.parse(await readFile(path.join(dir, "forkd-pack.json"), "utf8")) as {
         image: { hash: string };
