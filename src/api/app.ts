@@ -26,6 +26,7 @@ import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerSandboxRoutes } from "./routes/sandboxes.js";
+import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
 import { typeboxValidatorCompiler } from "./validation.js";
@@ -172,6 +173,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
 
   registerStatusRoutes(app, context);
   registerSnapshotRoutes(app, context);
+  registerSnapshotDiffRoutes(app, context);
   registerSandboxRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));

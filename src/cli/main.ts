@@ -8,6 +8,7 @@ import { registerImage } from "./commands/image.js";
 import { registerPack } from "./commands/pack.js";
 import { registerSnapshot } from "./commands/snapshot.js";
 import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
+import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
 import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
 import { registerUnpack } from "./commands/unpack.js";
@@ -27,6 +28,7 @@ export function buildProgram(): Command {
   registerFork(program);
   registerSnapshots(program);
   registerSnapshotInfo(program);
+  registerSnapshotDiff(program);
   registerSnapshotCompact(program);
   registerPack(program);
   registerUnpack(program);

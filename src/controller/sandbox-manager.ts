@@ -33,6 +33,9 @@ export const DEFAULT_SANDBOX_TIMEOUT_MS = 5 * 60_000;
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 export const MIN_MEMORY_LIMIT_MIB = 64;
 export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
+/** Default limit for the command of a snapshot-diff (package installs under TCG take minutes). */
+export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
+
 /** How often lifetimes are enforced and dead VMs noticed. */
 export const SWEEP_INTERVAL_MS = 1000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
@@ -364,6 +367,56 @@ export class SandboxManager implements SandboxService {
 
   // ---- BRANCH ----
 
+  /**
+   * `snapshot-diff`: a new layer on top of `from` made by running a command — spawn a sandbox from `from`, run
+   * `command` (a non-zero exit or a timeout aborts with its output), BRANCH it in diff mode as `tag`, kill it.
+   */
+  async snapshotDiff(request: {
+    from: string;
+    tag: string;
+    command: string[];
+    timeoutMs?: number;
+    signal?: AbortSignal;
+  }): Promise<BranchOutcome & { exit_code: number; stdout: string; stderr: string }> {
+    assertTag(request.from, "from");
+    assertTag(request.tag);
+    if (!Array.isArray(request.command) || request.command.length === 0) {
+      throw invalidArgument("exec must be a non-empty command");
+    }
+    if (await this.snapshots.store.exists(request.tag)) {
+      throw conflict(`snapshot ${JSON.stringify(request.tag)} already exists`);
+    }
+    const timeoutMs = request.timeoutMs ?? SNAPSHOT_DIFF_EXEC_TIMEOUT_MS;
+    const [sandbox] = await this.spawn({
+      snapshotTag: request.from,
+      n: 1,
+      timeoutMs: 0,
+      signal: request.signal,
+    });
+    const id = (sandbox as SandboxInfo).id;
+    try {
+      const ran = await this.exec(id, request.command, { timeoutMs, signal: request.signal });
+      const stdout = ran.stdout.toString("utf8");
+      const stderr = ran.stderr.toString("utf8");
+      if (ran.timedOut || ran.exitCode !== 0) {
+        const why = ran.timedOut ? `timed out after ${timeoutMs} ms` : `exited with ${ran.exitCode}`;
+        throw new ForkdError(
+          "unprocessable",
+          `snapshot-diff ${request.tag}: the command ${why}\n${tail(stdout)}${tail(stderr)}`,
+          {
+            detail: { exit_code: ran.exitCode, stdout, stderr },
+          },
+        );
+      }
+      // Page cache and journal are in the captured RAM anyway; sync makes the disk layer self-explanatory.
+      await this.exec(id, ["sync"], { timeoutMs: 60_000 });
+      const outcome = await this.branch(id, { tag: request.tag, mode: "diff", signal: request.signal });
+      return { ...outcome, exit_code: ran.exitCode, stdout, stderr };
+    } finally {
+      await this.kill(id).catch(() => {});
+    }
+  }
+
   /** Snapshots running sandbox `id` mid-work; it keeps running. See branch.ts. */
   async branch(id: string, request: BranchRequest = {}): Promise<BranchOutcome> {
     const live = this.liveOrThrow(id);
@@ -499,6 +552,12 @@ export class SandboxManager implements SandboxService {
     this.cgroupRoot ??= detectMemoryCgroupRoot();
     return this.cgroupRoot;
   }
+}
+
+/** The last few KiB of a command's output, for an error message. */
+function tail(text: string): string {
+  const t = text.length > 4096 ? `…${text.slice(-4096)}` : text;
+  return t && !t.endsWith("\n") ? `${t}\n` : t;
 }
 
 function isIntIn(value: unknown, min: number, max: number): value is number {

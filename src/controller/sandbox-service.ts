@@ -83,6 +83,14 @@ export interface SandboxService {
       signal?: AbortSignal;
     },
   ): Promise<BranchOutcome>;
+  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see SandboxManager.snapshotDiff). */
+  snapshotDiff(request: {
+    from: string;
+    tag: string;
+    command: string[];
+    timeoutMs?: number;
+    signal?: AbortSignal;
+  }): Promise<BranchOutcome & { exit_code: number; stdout: string; stderr: string }>;
   files: {
     write(
       id: string,

@@ -341,6 +341,23 @@ describe("REST API over the services test double", () => {
     await expectError("POST", "/v1/snapshots/py/compact", { to: "../x" }, 400, /"to"/);
   });
 
+  it("snapshot-diff: a shell string runs under sh -c, argv as given; bad bodies are 400", async () => {
+    const made = await call("POST", "/v1/snapshots/py/diff", { tag: "py-numpy", exec: "pip install numpy" });
+    assert.equal(made.status, 201);
+    assert.deepEqual([made.json?.tag, made.json?.exit_code, made.json?.stdout], ["py-numpy", 0, "ok\n"]);
+    assert.deepEqual(double.lastSnapshotDiff?.command, ["/bin/sh", "-c", "pip install numpy"]);
+    await call("POST", "/v1/snapshots/py/diff", {
+      tag: "py-2",
+      exec: ["python3", "-c", "1"],
+      timeout_ms: 5000,
+    });
+    assert.deepEqual(double.lastSnapshotDiff?.command, ["python3", "-c", "1"]);
+    assert.equal(double.lastSnapshotDiff?.timeoutMs, 5000);
+    await expectError("POST", "/v1/snapshots/py/diff", { tag: "../x", exec: "true" }, 400, /"tag"/);
+    await expectError("POST", "/v1/snapshots/py/diff", { tag: "ok" }, 400, /exec/);
+    await expectError("POST", "/v1/snapshots/py/diff", { tag: "ok", exec: [] }, 400, /exec/);
+  });
+
   it("branch: v0.5 bodies map onto modes; 201 with the snapshot and its cost; bad bodies are 400", async () => {
     const made = await call("POST", `/v1/sandboxes/${id}/branch`, {
       tag: "b1",

@@ -42,6 +42,7 @@ export class ServicesDouble {
   /** Last spawn request the double received. */
   lastSpawn: SpawnRequest | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
+  lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
   private counter = 0;
 
   constructor() {
@@ -175,6 +176,15 @@ export class ServicesDouble {
       const sb = this.sandbox(id);
       sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
       return sb;
+    },
+    snapshotDiff: async (request) => {
+      this.lastSnapshotDiff = request;
+      const [sandbox] = await this.sandboxes.spawn({ snapshotTag: request.from, n: 1 });
+      const outcome = await this.sandboxes.branch((sandbox as SandboxInfo).id, {
+        tag: request.tag,
+        mode: "diff",
+      });
+      return { ...outcome, exit_code: 0, stdout: "ok\n", stderr: "" };
     },
     branch: async (id, request) => {
       const sb = this.sandbox(id);
