@@ -18,7 +18,6 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
-import type { ForkdPaths } from "../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
@@ -96,7 +95,6 @@ export class Brancher {
   private running = 0;
 
   constructor(
-    private readonly paths: ForkdPaths,
     private readonly store: SnapshotStore,
     private readonly db: StateDb,
     private readonly events: BranchEvents,

@@ -78,7 +78,7 @@ export class SandboxManager implements SandboxService {
     this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
-    this.brancher = new Brancher(paths, this.snapshots.store, db, {
+    this.brancher = new Brancher(this.snapshots.store, db, {
       blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
       branched: (sandboxId, tag) => {
         const current = this.db.sandbox(sandboxId);

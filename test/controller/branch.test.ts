@@ -150,7 +150,10 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
     assert.equal(branch.status, "writing");
     assert.ok(branch.pause_ms > 0);
     assert.equal((await services.snapshots.get("live-bg")).status, "writing");
-    await assert.rejects(sb.spawn({ snapshotTag: "live-bg", n: 1 }), (err: unknown) => err instanceof ForkdError && err.code === "conflict");
+    await assert.rejects(
+      sb.spawn({ snapshotTag: "live-bg", n: 1 }),
+      (err: unknown) => err instanceof ForkdError && err.code === "conflict",
+    );
     await waitFor("the background write", 300_000, async () =>
       (await services.snapshots.get("live-bg")).status === "ready" ? true : undefined,
     );
@@ -164,7 +167,8 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
     const [source] = await sb.spawn({ snapshotTag: tag, n: 1 });
     await assert.rejects(
       sb.branch((source as { id: string }).id, { mode: "live" }),
-      (err: unknown) => err instanceof ForkdError && err.code === "conflict" && /live_fork/.test((err as Error).message),
+      (err: unknown) =>
+        err instanceof ForkdError && err.code === "conflict" && /live_fork/.test((err as Error).message),
     );
     await sb.killAll();
   });

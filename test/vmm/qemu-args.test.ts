@@ -52,7 +52,9 @@ function expectInvalid(spec: MachineSpec, pattern: RegExp): void {
 describe("buildQemuArgs", () => {
   test("parent: microvm with file-backed shared RAM, TCG with a small translation cache", () => {
     const args = buildQemuArgs(parent);
-    assert.deepEqual(values(args, "-M"), ["microvm,acpi=on,ioapic2=off,x-option-roms=off,suppress-vmdesc=on,memory-backend=mem"]);
+    assert.deepEqual(values(args, "-M"), [
+      "microvm,acpi=on,ioapic2=off,x-option-roms=off,suppress-vmdesc=on,memory-backend=mem",
+    ]);
     assert.deepEqual(values(args, "-accel"), ["tcg,tb-size=16"]);
     assert.deepEqual(values(args, "-object"), [
       "memory-backend-file,id=mem,size=512M,mem-path=/srv/snap/memory.bin,share=on",
@@ -80,7 +82,10 @@ describe("buildQemuArgs", () => {
     assert.deepEqual(values(args, "-incoming"), [`fd:${DEVICE_STATE_FD}`]);
     assert.deepEqual(values(args, "-global"), ["migration.send-configuration=off"]);
     // A restored child never boots: no kernel to load (and no 8 MiB copy of it kept by QEMU).
-    assert.deepEqual([values(args, "-kernel"), values(args, "-initrd"), values(args, "-append")], [[], [], []]);
+    assert.deepEqual(
+      [values(args, "-kernel"), values(args, "-initrd"), values(args, "-append")],
+      [[], [], []],
+    );
   });
 
   test("parent and child have identical device ids and order (the restore invariant)", () => {
@@ -109,7 +114,9 @@ describe("buildQemuArgs", () => {
       startPaused: true,
     });
     assert.deepEqual(values(args, "-accel"), ["kvm"]);
-    assert.deepEqual(values(args, "-M"), ["microvm,acpi=on,ioapic2=off,x-option-roms=off,suppress-vmdesc=on"]);
+    assert.deepEqual(values(args, "-M"), [
+      "microvm,acpi=on,ioapic2=off,x-option-roms=off,suppress-vmdesc=on",
+    ]);
     assert.equal(values(args, "-object").length, 0);
     assert.equal(values(args, "-blockdev").length, 0);
     assert.ok(!values(args, "-device").some((d) => d.startsWith("virtserialport")));
