@@ -340,6 +340,26 @@ export class Controller {
     );
   }
 
+  /**
+   * Layers a new snapshot `tag` on `from` by running `exec` in a fresh sandbox (a shell string runs under
+   * `sh -c`; an array runs as argv); the daemon BRANCHes it in diff mode and kills the sandbox. A failing command
+   * rejects with InvalidArgumentError (HTTP 422) carrying its output in the message.
+   */
+  async snapshotDiff(
+    from: string,
+    options: RequestOptions & { tag: string; exec: string | string[]; execTimeoutMs?: number },
+  ): Promise<SnapshotInfo & { exit_code: number; stdout: string; stderr: string }> {
+    const body: Record<string, unknown> = { tag: required(options.tag, "tag"), exec: options.exec };
+    if (options.execTimeoutMs !== undefined) {
+      checkDurationMs(options.execTimeoutMs, "execTimeoutMs");
+      body.timeout_ms = options.execTimeoutMs;
+    }
+    return this.json(
+      { method: "POST", path: pathOf`/v1/snapshots/${required(from, "from")}/diff`, json: body, deadlineMs: 0 },
+      options,
+    );
+  }
+
   // --- files -------------------------------------------------------------------------------------------
 
   /** Replaces (or creates) a file, creating parent directories. Binary-safe; at most ~16 MiB per call (413). */
