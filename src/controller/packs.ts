@@ -8,6 +8,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { constants as fsConstants } from "node:fs";
 import { chmod, mkdir, open, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
+import { isDeepStrictEqual } from "node:util";
 import { conflict, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -34,9 +35,10 @@ import {
 import { assertLayerShape, readQcow2Header } from "../store/qcow2-header.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
+import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
 import { descendantsOf, loadGraph, qemusUsing, removeAssembledImages } from "./chains.js";
-import { SNAPSHOT_FILES } from "./machine.js";
+import { childSpec, SNAPSHOT_FILES } from "./machine.js";
 import { cacheDirs, snapshotIsBootable } from "./restore-plan.js";
 
 /** Data files of a snapshot in the order they are packed (manifests come first, for every layer). */
@@ -447,18 +449,23 @@ class UnpackSession {
       checkMachine(link.tag, manifest);
       const isHead = i === pack.chain.length - 1;
       const tag = isHead && this.newHeadTag !== undefined ? this.newHeadTag : link.tag;
+      // The restore compatibility key digests the QEMU arguments this forkd builds for the layer's children.
+      // Computed from the packed manifest it must match the recorded key (else this forkd's machine differs from
+      // the one that wrote the device state); it is then recomputed for this host's image paths.
+      if (restoreKey(manifest) !== manifest.machine.compatKey) {
+        throw conflict(
+          `pack: layer ${link.tag} was taken on a machine configuration this forkd does not build (another forkd ` +
+            "version?); children could not load its state",
+        );
+      }
       const installed: SnapshotManifest = {
         ...manifest,
         tag,
         image: { ...manifest.image, ...image },
         parent: manifest.parent && { tag: manifest.parent.tag, manifestSha256: parentDigest as string },
       };
-      const unchanged =
-        tag === manifest.tag &&
-        image.rootfs === manifest.image.rootfs &&
-        image.kernel === manifest.image.kernel &&
-        image.initrd === manifest.image.initrd &&
-        (manifest.parent === null || manifest.parent.manifestSha256 === parentDigest);
+      installed.machine = { ...manifest.machine, compatKey: restoreKey(installed) };
+      const unchanged = isDeepStrictEqual(installed, manifest);
       // Byte for byte the same manifest where nothing changed: the chain's digests then match the source's.
       const installedManifest = unchanged ? bytes : Buffer.from(`${JSON.stringify(installed, null, 2)}\n`);
       const installedDigest = digestOf(installedManifest);
@@ -723,6 +730,13 @@ class UnpackSession {
     await rm(this.staging, { recursive: true, force: true });
     if (this.imageStaging) await removeStaging(this.imageStaging.dir).catch(() => {});
   }
+}
+
+/** restoreCompatibilityKey of the children this forkd would start from `manifest` (as restore-plan.ts checks it). */
+function restoreKey(manifest: SnapshotManifest): string {
+  return restoreCompatibilityKey(
+    childSpec(manifest, { runDir: "/run", memoryFile: "/m", shared: false, disk: "/d", restoreFrom: "/s" }),
+  );
 }
 
 /** Largest QEMU's `-smp` takes for the machine types forkd uses. */

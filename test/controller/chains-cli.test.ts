@@ -77,7 +77,7 @@ describe("chain commands of the forkd CLI (no VM)", { timeout: 5 * 60_000 }, () 
     assert.deepEqual(
       detail.layers.map((l) => [l.tag, l.memory.format, l.memory.pages]),
       [
-        ["t0", "flat", 4096],
+        ["t0", "flat", 16384],
         ["t1", "layer", 3],
         ["t2", "layer", 3],
       ],
@@ -86,7 +86,7 @@ describe("chain commands of the forkd CLI (no VM)", { timeout: 5 * 60_000 }, () 
     assert.equal(table.code, 0, table.stderr);
     assert.match(table.stdout, /chain +depth 0: t0\n/);
     assert.match(table.stdout, /dependents t1 \(all: t1, t2\)\n/);
-    assert.match(table.stdout, /^t0 +template +flat +16\.0 MiB/m);
+    assert.match(table.stdout, /^t0 +template +flat +64\.0 MiB/m);
     const missing = await forkd(["snapshot-info", "nope", "--local"], env);
     assert.equal(missing.code, 1);
     assert.match(missing.stderr, /snapshot "nope" not found/);

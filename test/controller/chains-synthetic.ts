@@ -1,5 +1,5 @@
 /**
- * A small synthetic chain for tests that need no VM: t0 (flat, 16 MiB of RAM, mostly zeros) and layers t1..tN
+ * A small synthetic chain for tests that need no VM: t0 (flat, 64 MiB of RAM, mostly zeros) and layers t1..tN
  * (a few changed pages each, and a disk layer with a few MiB written by qemu-io), on the real pyagent image so
  * the disk layers read through to its root filesystem. Written with the store's own staging and commit, like
  * real snapshots; nobody can boot them (the device state is random), but every chain operation works on them.
@@ -9,14 +9,17 @@ import { randomBytes } from "node:crypto";
 import { open, symlink, writeFile } from "node:fs/promises";
 import { promisify } from "node:util";
 import type { ForkdPaths } from "../../src/common/paths.js";
+import { childSpec } from "../../src/controller/machine.js";
 import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { manifestDigest } from "../../src/store/chain.js";
+import type { SnapshotManifest } from "../../src/store/manifest.js";
 import { writeMemoryLayer } from "../../src/store/memory-layer.js";
 import { type ManifestDraft, SnapshotStore } from "../../src/store/snapshot-store.js";
+import { restoreCompatibilityKey } from "../../src/vmm/qemu-args.js";
 import { createOverlay, qemuVersion } from "../../src/vmm/qemu-tools.js";
 
 const run = promisify(execFile);
-export const SYNTHETIC_RAM = 16 * 1024 * 1024;
+export const SYNTHETIC_RAM = 64 * 1024 * 1024;
 
 /** Writes t0..t{layers} into `paths.snapshots`; returns their tags, root first. */
 export async function syntheticChain(paths: ForkdPaths, layers = 1): Promise<string[]> {
@@ -34,15 +37,19 @@ export async function syntheticChain(paths: ForkdPaths, layers = 1): Promise<str
     machine: {
       accel: "tcg",
       cpu: "max",
-      memoryMiB: 16,
+      memoryMiB: SYNTHETIC_RAM / 2 ** 20,
       vcpus: 1,
       cmdline: "console=ttyS0",
       tscKhz: null,
-      compatKey: "synthetic (never restored)",
+      compatKey: "",
       qemuVersion: (await qemuVersion()).version,
     },
     timings: { bootMs: 0, warmupMs: 0, saveMs: 0 },
   };
+  // The key a real parent would record: what this forkd builds for children of such a manifest.
+  base.machine.compatKey = restoreCompatibilityKey(
+    childSpec(base as SnapshotManifest, { runDir: "/run", memoryFile: "/m", shared: false, disk: "/d" }),
+  );
   const t0 = await store.beginWrite("t0");
   await symlink(image.rootfs, t0.file("base.ext4"));
   await createOverlay({ backing: "base.ext4", backingFormat: "raw", overlay: t0.file("disk.qcow2") });

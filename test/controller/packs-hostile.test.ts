@@ -298,9 +298,15 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
       await relist(dir, pack);
     });
     await expectRefused(unlinked, /layer t1 does not sit on the layer below it/);
-    for (const [field, value, pattern] of [
-      ["cpu", "max,+vmx", /CPU model "max,\+vmx" is not a plain name/],
-      ["memoryMiB", 65536, /its RAM \(16777216 bytes\) is not the machine's 65536 MiB/],
+    for (const [field, value, pattern, code] of [
+      ["cpu", "max,+vmx", /CPU model "max,\+vmx" is not a plain name/, "unprocessable"],
+      ["memoryMiB", 65536, /its RAM \(67108864 bytes\) is not the machine's 65536 MiB/, "unprocessable"],
+      [
+        "compatKey",
+        "0".repeat(64),
+        /layer t1 was taken on a machine configuration this forkd does not build/,
+        "conflict",
+      ],
     ] as const) {
       const machine = await craft(async (dir) => {
         const file = path.join(dir, "snapshots/t1/manifest.json");
@@ -309,7 +315,7 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
         await writeFile(file, `${JSON.stringify(m, null, 2)}\n`);
         await resign(dir);
       });
-      await expectRefused(machine, pattern);
+      await expectRefused(machine, pattern, code);
     }
     const otherImage = await craft(async (dir) => {
       const pack = JSON.parse(await readFile(path.join(dir, "forkd-pack.json"), "utf8")) as {
