@@ -24,7 +24,3 @@ export async function listSnapshots(paths: ForkdPaths): Promise<SnapshotSummary[
     bytes: Object.values(manifest.files).reduce((sum, f) => sum + f.size, 0),
   }));
 }
-
-export async function deleteSnapshot(paths: ForkdPaths, tag: string): Promise<void> {
-  await new SnapshotStore(paths.snapshots).delete(tag);
-}

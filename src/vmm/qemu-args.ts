@@ -175,6 +175,12 @@ export function restoreCompatibilityKey(spec: MachineSpec): string {
   const placeholder = "/forkd-instance-path";
   const shape: MachineSpec = {
     ...spec,
+    // What a child does not boot with cannot break its restore: the kernel, initrd and cmdline only matter to
+    // the parent's boot, and their host paths change when an image cache moves (packs, other hosts).
+    kernel: placeholder,
+    initrd: placeholder,
+    kernelCmdline: "-",
+    tscKhz: undefined,
     memoryFile: spec.memoryFile ? { path: placeholder, shared: true } : undefined,
     disk: spec.disk ? { overlayPath: placeholder } : null,
     agent: spec.agent ? { socketPath: placeholder, portName: spec.agent.portName } : undefined,
