@@ -21,7 +21,13 @@ import { assertTag } from "../common/names.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
-import { PAGE_SIZE, writeMemoryLayer, writePagesAt } from "../store/memory-layer.js";
+import {
+  keepChangedPages,
+  LayerReader,
+  PAGE_SIZE,
+  writeMemoryLayer,
+  writePagesAt,
+} from "../store/memory-layer.js";
 import type { SnapshotStore, SnapshotWriter, StoredSnapshot } from "../store/snapshot-store.js";
 import {
   type FrozenDisk,
@@ -187,7 +193,18 @@ export class Brancher {
           ? this.captureLive(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal)
           : this.captureStopped(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal);
       const finish = async (): Promise<BranchResult> => {
-        const captured = await capture.done;
+        const raw = await capture.done;
+        // A diff layer stores what changed relative to its parent, not everything the source changed since its
+        // restore: after earlier branches of the same source most of those pages are already in their layers.
+        const captured =
+          mode === "full"
+            ? raw
+            : {
+                ...raw,
+                ...(await withParentPages(chain, handle, (page) =>
+                  keepChangedPages(raw.pages, raw.data, page),
+                )),
+              };
         const frozenDisk = frozen as FrozenDisk;
         const activeWriter = writer as SnapshotWriter;
         await link(frozenDisk.frozenFile, activeWriter.file(SNAPSHOT_FILES.disk));
@@ -223,7 +240,7 @@ export class Brancher {
           parent_tag: parent.tag,
           status: "ready",
           pause_ms: round1(captured.pauseMs),
-          bytes_captured: captured.pages.length * PAGE_SIZE,
+          bytes_captured: raw.pages.length * PAGE_SIZE,
           bytes_written: await physicalBytes(
             Object.keys(manifest.files).map((name) => path.join(this.store.dirOf(tag), name)),
           ),
@@ -319,6 +336,43 @@ export class Brancher {
     })();
     done.catch(() => resolveResumed(Number.NaN));
     return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
+  }
+}
+
+/**
+ * Runs `use` with a reader of the parent's RAM content by page: the source's earlier branches (newest first; a
+ * flat one has every page), then the image the source was restored from.
+ */
+async function withParentPages<T>(
+  chain: StoredSnapshot[],
+  handle: SandboxHandle,
+  use: (parentPage: (page: number, into: Buffer) => Promise<void>) => Promise<T>,
+): Promise<T> {
+  const restoredAt = chain.findIndex((s) => s.tag === handle.snapshotTag);
+  const layers: LayerReader[] = [];
+  let flat = handle.memoryImage;
+  try {
+    for (const snapshot of chain.slice(restoredAt + 1).reverse()) {
+      if (snapshot.manifest.memory.format === "flat") {
+        flat = path.join(snapshot.dir, SNAPSHOT_FILES.memory);
+        break;
+      }
+      layers.push(await LayerReader.open(path.join(snapshot.dir, SNAPSHOT_FILES.memoryLayer)));
+    }
+    const base = await open(flat, "r");
+    try {
+      return await use(async (page, into) => {
+        for (const layer of layers) {
+          const slot = layer.slotOf(page);
+          if (slot >= 0) return layer.readSlot(slot, into);
+        }
+        await base.read(into, 0, PAGE_SIZE, page * PAGE_SIZE);
+      });
+    } finally {
+      await base.close();
+    }
+  } finally {
+    await Promise.all(layers.map((l) => l.close()));
   }
 }
 

@@ -146,3 +146,64 @@ export async function applyMemoryLayer(layerFile: string, target: string): Promi
     await sink.close();
   }
 }
+
+/** Random access to a layer's pages by page number (the index is loaded; pages are read on demand). */
+export class LayerReader {
+  private constructor(
+    private readonly handle: FileHandle,
+    private readonly pages: Uint32Array,
+    private readonly dataOffset: number,
+  ) {}
+
+  static async open(file: string): Promise<LayerReader> {
+    const { pages, dataOffset } = await readLayerIndex(file);
+    return new LayerReader(await open(file, "r"), pages, dataOffset);
+  }
+
+  /** Slot of `page` in the layer, or -1 (binary search: the index is strictly increasing). */
+  slotOf(page: number): number {
+    let lo = 0;
+    let hi = this.pages.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >>> 1;
+      const at = this.pages[mid] as number;
+      if (at === page) return mid;
+      if (at < page) lo = mid + 1;
+      else hi = mid - 1;
+    }
+    return -1;
+  }
+
+  async readSlot(slot: number, into: Buffer, offset = 0): Promise<void> {
+    await this.handle.read(into, offset, PAGE_SIZE, this.dataOffset + slot * PAGE_SIZE);
+  }
+
+  close(): Promise<void> {
+    return this.handle.close();
+  }
+}
+
+/**
+ * Keeps only the pages whose content differs from what the parent already has. `parentPage` fills `into` with the
+ * parent's content of a page. Returns the kept pages (still sorted) and their data, packed.
+ */
+export async function keepChangedPages(
+  pages: Uint32Array,
+  data: Buffer,
+  parentPage: (page: number, into: Buffer) => Promise<void>,
+): Promise<{ pages: Uint32Array; data: Buffer }> {
+  const keep: number[] = [];
+  const scratch = Buffer.allocUnsafe(PAGE_SIZE);
+  for (let i = 0; i < pages.length; i++) {
+    await parentPage(pages[i] as number, scratch);
+    if (!scratch.equals(data.subarray(i * PAGE_SIZE, (i + 1) * PAGE_SIZE))) keep.push(i);
+  }
+  if (keep.length === pages.length) return { pages, data };
+  const keptPages = new Uint32Array(keep.length);
+  const keptData = Buffer.allocUnsafe(keep.length * PAGE_SIZE);
+  keep.forEach((from, to) => {
+    keptPages[to] = pages[from] as number;
+    data.copy(keptData, to * PAGE_SIZE, from * PAGE_SIZE, (from + 1) * PAGE_SIZE);
+  });
+  return { pages: keptPages, data: keptData };
+}

@@ -123,6 +123,14 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
       await sb.eval(sourceId, `STATE['round'] = ${i}`);
       const branch = await sb.branch(sourceId, { mode: "diff", tag: `round-${i}` });
       assert.equal(branch.parent_tag, parent, "each branch chains onto the previous one");
+      const stored = (await services.snapshots.store.get(branch.tag)).manifest.memory.pages;
+      if (i > 0) {
+        // Layers hold what changed since their parent, not everything changed since the source's restore.
+        assert.ok(
+          stored < branch.bytes_captured / 4096,
+          `round ${i}: ${stored} pages stored of ${branch.bytes_captured / 4096} private`,
+        );
+      }
       parent = branch.tag;
       pauses.push(branch.pause_ms);
     }
