@@ -41,9 +41,12 @@ export class DaemonSnapshots implements SnapshotService {
   }
 
   async list(): Promise<SnapshotInfo[]> {
+    // Jobs first: a write that completes in between then shows as ready (its job row is deleted only after the
+    // snapshot is published), never as missing.
+    const allJobs = this.db.snapshotJobs();
     const ready = await Promise.all((await this.store.list()).map((s) => this.describe(s)));
     const readyTags = new Set(ready.map((s) => s.tag));
-    const jobs = this.db.snapshotJobs().filter((j) => !readyTags.has(j.tag));
+    const jobs = allJobs.filter((j) => !readyTags.has(j.tag));
     return [
       ...ready,
       ...jobs.map(

@@ -13,7 +13,8 @@ import { linkSharedSnapshot } from "../support/snapshots.js";
 type Services = Awaited<ReturnType<typeof openServices>>;
 
 const COUNTER =
-  "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' >/dev/null 2>&1 </dev/null &";
+  // Written to a temp file and renamed, so a reader never sees the file truncated mid-write.
+  "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; done' >/dev/null 2>&1 </dev/null &";
 
 async function buildState(services: Services, id: string): Promise<void> {
   const sb = services.sandboxes;
