@@ -355,7 +355,12 @@ export class Controller {
       body.timeout_ms = options.execTimeoutMs;
     }
     return this.json(
-      { method: "POST", path: pathOf`/v1/snapshots/${required(from, "from")}/diff`, json: body, deadlineMs: 0 },
+      {
+        method: "POST",
+        path: pathOf`/v1/snapshots/${required(from, "from")}/diff`,
+        json: body,
+        deadlineMs: 0,
+      },
       options,
     );
   }
