@@ -45,9 +45,15 @@ describe("qemu tools", () => {
         err instanceof ForkdError && /qemu-img create failed: .*missing\.qcow2/s.test(err.message),
     );
     assert.deepEqual(fs.readdirSync(dir), []);
+    // A relative backing path is kept (layers are relocatable) and resolved from the overlay's directory.
     await assert.rejects(
       createOverlay({ backing: "rel.qcow2", backingFormat: "qcow2", overlay: path.join(dir, "o") }),
-      /absolute/,
+      (err: unknown) => err instanceof ForkdError && err.message.includes(path.join(dir, "rel.qcow2")),
     );
+    await assert.rejects(
+      createOverlay({ backing: path.join(dir, "missing.qcow2"), backingFormat: "qcow2", overlay: "o.qcow2" }),
+      /overlay must be an absolute path/,
+    );
+    assert.deepEqual(fs.readdirSync(dir), []);
   });
 });
