@@ -36,12 +36,16 @@ export function timeoutSignal(ms: number, parent?: AbortSignal): TimeoutSignal {
   };
 }
 
-/** A signal that aborts when `ms` elapse or when any of `parents` aborts (see `timeoutSignal`). */
-export function deadlineSignal(ms: number, ...parents: (AbortSignal | undefined)[]): AbortSignal {
+/**
+ * A signal that aborts when `ms` elapse or when any of `parents` aborts (see `timeoutSignal`). Dispose it when
+ * the guarded work is over: until then it listens on its parents, and a long-lived parent (a fork of 100
+ * children, the daemon's shutdown signal) would collect one listener per operation.
+ */
+export function deadlineSignal(ms: number, ...parents: (AbortSignal | undefined)[]): TimeoutSignal {
   const present = parents.filter((s): s is AbortSignal => s !== undefined);
   // The callers hold their parent signals, so combining only those with AbortSignal.any is safe.
   const parent = present.length <= 1 ? present[0] : AbortSignal.any(present);
-  return timeoutSignal(ms, parent).signal;
+  return timeoutSignal(ms, parent);
 }
 
 /** Throws a `timeout` ForkdError (or the caller's abort reason) if `signal` is aborted. */

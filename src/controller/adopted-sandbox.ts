@@ -33,7 +33,7 @@ export class AdoptedSandbox implements SandboxHandle {
     options: { callTimeoutMs: number },
   ): Promise<AdoptedSandbox> {
     const { id, pid, run_dir: runDir } = row;
-    const signal = deadlineSignal(REATTACH_TIMEOUT_MS);
+    const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
@@ -43,6 +43,8 @@ export class AdoptedSandbox implements SandboxHandle {
     } catch (err) {
       qmp.close();
       throw err;
+    } finally {
+      dispose();
     }
   }
 

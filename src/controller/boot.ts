@@ -66,12 +66,16 @@ export async function bootWarmVm(options: {
   const progress = options.onProgress ?? (() => {});
   const shape = machineShape(template, image, accel);
   const started = performance.now();
-  const bootSignal = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
+  const bootDeadline = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
+  const bootSignal = bootDeadline.signal;
   progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel.accel})`);
   const vm = await launchVm(
     machineSpec(shape, { runDir, memoryFile: options.memoryFile, shared: true, disk: options.disk }),
     { runDir, signal: bootSignal },
-  );
+  ).catch((err: unknown) => {
+    bootDeadline.dispose();
+    throw err;
+  });
   let agent: AgentClient | undefined;
   try {
     agent = new AgentClient(await raceExit(vm, vm.agentConnection, "boot"));
@@ -111,6 +115,8 @@ export async function bootWarmVm(options: {
       );
     }
     throw err;
+  } finally {
+    bootDeadline.dispose();
   }
 }
 

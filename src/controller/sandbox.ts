@@ -82,7 +82,8 @@ export class Sandbox implements SandboxHandle {
     const { manifest, dir } = snapshot;
     const runDir = path.join(paths.run, id);
     const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
-    const signal = deadlineSignal(readyTimeoutMs, options.signal);
+    const deadline = deadlineSignal(readyTimeoutMs, options.signal);
+    const { signal } = deadline;
     let vm: VmHandle | undefined;
     let agent: AgentClient | undefined;
     try {
@@ -146,6 +147,8 @@ export class Sandbox implements SandboxHandle {
       throw err instanceof ForkdError
         ? err
         : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
+    } finally {
+      deadline.dispose();
     }
   }
 

@@ -1,5 +1,6 @@
 /** timeoutSignal must fire even after garbage collection (AbortSignal.any + AbortSignal.timeout does not on Node 20). */
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { describe, test } from "node:test";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
@@ -48,7 +49,7 @@ describe("deadlineSignal", () => {
   test("fires after garbage collection even when combined with parents", async () => {
     const parentA = new AbortController();
     const parentB = new AbortController();
-    const signal = deadlineSignal(100, parentA.signal, parentB.signal);
+    const { signal } = deadlineSignal(100, parentA.signal, parentB.signal);
     await collectGarbageFor(300);
     assert.equal(signal.aborted, true);
     const err = abortError(signal, "waiting");
@@ -57,9 +58,17 @@ describe("deadlineSignal", () => {
 
   test("aborts with any parent", () => {
     const parentA = new AbortController();
-    const signal = deadlineSignal(60_000, undefined, parentA.signal);
+    const { signal } = deadlineSignal(60_000, undefined, parentA.signal);
     parentA.abort(new Error("stop"));
     assert.equal(signal.aborted, true);
     assert.equal((signal.reason as Error).message, "stop");
+  });
+
+  test("dispose() detaches from the parent, so a long-lived parent does not collect listeners", () => {
+    const parent = new AbortController();
+    const deadlines = Array.from({ length: 20 }, () => deadlineSignal(60_000, parent.signal));
+    assert.equal(getEventListeners(parent.signal, "abort").length, 20);
+    for (const deadline of deadlines) deadline.dispose();
+    assert.equal(getEventListeners(parent.signal, "abort").length, 0);
   });
 });
