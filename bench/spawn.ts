@@ -16,6 +16,7 @@ import { listSnapshots } from "../src/controller/snapshots.js";
 import { buildImage, loadTemplate } from "../src/image/index.js";
 import {
   hostDescription,
+  idleCpuMsPerSecond,
   markdownTable,
   memAvailableKiB,
   printRows,
@@ -43,6 +44,7 @@ if (!(await listSnapshots(paths)).some((s) => s.tag === TAG)) {
 const memBefore = await memAvailableKiB();
 let pssPerChildKiB = Number.NaN;
 let memDeltaPerChildKiB = Number.NaN;
+let idleCpuPerChild = Number.NaN;
 const fork = await forkChildren(paths, {
   tag: TAG,
   n: N,
@@ -52,6 +54,11 @@ const fork = await forkChildren(paths, {
     const pss = await Promise.all(live.map((s) => pssKiB(s.pid)));
     pssPerChildKiB = pss.reduce((a, b) => a + b, 0) / live.length;
     memDeltaPerChildKiB = (memBefore - (await memAvailableKiB())) / live.length;
+    // What N idle sandboxes cost the host while they wait for work (under TCG every guest wake-up is emulated).
+    idleCpuPerChild = await idleCpuMsPerSecond(
+      live.map((s) => s.pid),
+      3000,
+    );
   },
 });
 const correct = fork.children.filter((c) => c.result === EXPECTED).length;
@@ -87,6 +94,7 @@ const result = {
   p99_ms: Math.round(percentile(ready, 99)),
   pss_mib_per_child: round1(pssPerChildKiB / 1024),
   host_mem_delta_mib_per_child: round1(memDeltaPerChildKiB / 1024),
+  idle_cpu_ms_per_s_per_child: round1(idleCpuPerChild),
   fork_per_sandbox_ms: round1(forkPerSandboxMs),
   cold_boot_n: COLD_N,
   cold_boot_correct: coldCorrect,
@@ -108,6 +116,11 @@ const rows: Row[] = [
   { metric: "child ready latency p99", value: `${result.p99_ms} ms` },
   { metric: "PSS per child (smaps_rollup)", value: `${result.pss_mib_per_child} MiB`, target: "< 24 MiB" },
   { metric: "host MemAvailable delta / N", value: `${result.host_mem_delta_mib_per_child} MiB` },
+  {
+    metric: "idle host CPU per child",
+    value: `${result.idle_cpu_ms_per_s_per_child} ms/s`,
+    note: `all ${N} alive and idle, 3 s sample`,
+  },
   { metric: "fork, per sandbox (wall/N)", value: `${result.fork_per_sandbox_ms} ms` },
   {
     metric: `cold boot, per sandbox (wall/N, N=${COLD_N})`,

@@ -57,3 +57,24 @@ export async function memAvailableKiB(): Promise<number> {
   const text = await readFile("/proc/meminfo", "utf8");
   return Number(/^MemAvailable:\s+(\d+) kB/m.exec(text)?.[1] ?? Number.NaN);
 }
+
+/** CPU time (user + system) a process has used, in milliseconds, from /proc/<pid>/stat. */
+export async function cpuMs(pid: number): Promise<number> {
+  const { readFile } = await import("node:fs/promises");
+  const { execFileSync } = await import("node:child_process");
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+  // Fields after the command name, which is in parentheses and may contain spaces.
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks;
+}
+let clockTicks: number | undefined;
+
+/** Host CPU the processes use per second each, sampled over `windowMs` while they sit idle. */
+export async function idleCpuMsPerSecond(pids: number[], windowMs: number): Promise<number> {
+  const before = await Promise.all(pids.map(cpuMs));
+  await new Promise((resolve) => setTimeout(resolve, windowMs));
+  const after = await Promise.all(pids.map(cpuMs));
+  const used = after.reduce((sum, ms, i) => sum + ms - (before[i] ?? 0), 0);
+  return used / pids.length / (windowMs / 1000);
+}

@@ -9,7 +9,7 @@ import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import { type BootPackages, downloadPackages } from "./apt.js";
 import { IMAGE_FILES, type Staging } from "./cache.js";
-import { buildBootInitramfs, buildProbeInitramfs } from "./initramfs.js";
+import { bootRecipeDigest, buildBootInitramfs, buildProbeInitramfs } from "./initramfs.js";
 import { extractKernel, moduleLoadOrder } from "./kernel.js";
 import { type Emit, step } from "./progress.js";
 import { BUILDER_VERSION, canonicalJson, sha256File } from "./recipe.js";
@@ -31,7 +31,7 @@ interface BootManifest extends BootParts {
 }
 
 export function bootKey(boot: BootPackages, arch: string): string {
-  const inputs = { builderVersion: BUILDER_VERSION, arch, ...boot };
+  const inputs = { builderVersion: BUILDER_VERSION, bootRecipe: bootRecipeDigest(), arch, ...boot };
   return createHash("sha256").update(canonicalJson(inputs)).digest("hex");
 }
 

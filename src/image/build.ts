@@ -30,7 +30,7 @@ import {
   type Staging,
   sweepStaleStaging,
 } from "./cache.js";
-import { KERNEL_CMDLINE } from "./initramfs.js";
+import { bootRecipeDigest, KERNEL_CMDLINE } from "./initramfs.js";
 import { defaultGuestPayloadDir } from "./package-root.js";
 import { type BuildProgressEvent, type Emit, step } from "./progress.js";
 import {
@@ -77,6 +77,7 @@ export async function resolveRecipe(template: Template, options: ImageOptions = 
   const boot = await resolveBootPackages(cacheDirOf(options), distro.arch, options.signal);
   const recipe: Recipe = {
     builderVersion: BUILDER_VERSION,
+    bootRecipe: bootRecipeDigest(),
     suite: distro.suite,
     arch: distro.arch,
     kernelPackage: boot.kernelPackage,

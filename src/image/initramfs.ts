@@ -6,6 +6,7 @@
  * the guest agent under tini. It never drops to a shell: on failure it prints a marker line and powers off,
  * so the host sees a clear reason instead of a VM that hangs.
  */
+import { createHash } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import type { KernelModule } from "./kernel.js";
@@ -18,10 +19,46 @@ export const ROOT_MOUNT_FAILED_MARKER = "FORKD-ROOT-MOUNT-FAILED";
 /** Printed (followed by ": <reason>") for any other failure of /init before the agent starts. */
 export const INIT_FAILED_MARKER = "FORKD-INIT-FAILED";
 
-/** Kernel command line the images are made for. `root=` is read by forkd's /init (default /dev/vda). */
-export const KERNEL_CMDLINE = "console=ttyS0 loglevel=4 panic=-1 root=/dev/vda";
+/**
+ * Kernel command line the images are made for. `root=` is read by forkd's /init (default /dev/vda).
+ * `nowatchdog`: no lockup-detector timers waking every idle child; under TCG each guest wake-up is emulated
+ * at the host's expense, and a host with 100 idle children pays for all of them.
+ */
+export const KERNEL_CMDLINE = "console=ttyS0 loglevel=4 panic=-1 root=/dev/vda nowatchdog";
 
-export const GUEST_AGENT_COMMAND = ["/usr/bin/tini", "-s", "--", "/usr/bin/node", "/opt/forkd/agent.mjs"];
+/**
+ * V8 flags for the guest agent: no memory reducer (a GC timer that fires again in every restored child) and no
+ * V8 worker threads (their background tasks also resume in each child). The agent is I/O-bound and small.
+ */
+export const GUEST_NODE_FLAGS = ["--no-memory-reducer", "--single-threaded"];
+
+export const GUEST_AGENT_COMMAND = [
+  "/usr/bin/tini",
+  "-s",
+  "--",
+  "/usr/bin/node",
+  ...GUEST_NODE_FLAGS,
+  "/opt/forkd/agent.mjs",
+];
+
+/**
+ * Kernel tunables /init sets before the agent starts, for the same reason as `nowatchdog`: periodic kernel
+ * work an idle sandbox does not need (per-CPU vm statistics every second, proactive compaction).
+ */
+export const GUEST_SYSCTLS: Readonly<Record<string, string>> = {
+  "vm/stat_interval": "60",
+  "vm/compaction_proactiveness": "0",
+};
+
+/**
+ * Digest of what the boot initramfs and command line are made from (the /init template, the sysctls, the agent
+ * command, the command line). Part of every cache key, so a change to any of them rebuilds the images.
+ */
+export function bootRecipeDigest(): string {
+  return createHash("sha256")
+    .update(JSON.stringify([bootInitScript([]), KERNEL_CMDLINE]))
+    .digest("hex");
+}
 
 /** Every file in an initramfs gets this mtime, so equal inputs give byte-identical archives. */
 const FIXED_MTIME = new Date(0);
@@ -74,6 +111,12 @@ $bb mount --move /dev /newroot/dev && $bb mount --move /proc /newroot/proc && $b
 $bb mkdir -p /newroot/dev/pts /newroot/dev/shm
 $bb mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /newroot/dev/pts
 $bb mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /newroot/dev/shm
+
+for kv in ${Object.entries(GUEST_SYSCTLS)
+    .map(([key, value]) => `${key}=${value}`)
+    .join(" ")}; do
+  echo "\${kv#*=}" > "/newroot/proc/sys/\${kv%%=*}" || echo "forkd-init: warning: cannot set sysctl \${kv%%=*}"
+done
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 exec $bb switch_root /newroot ${GUEST_AGENT_COMMAND.join(" ")}

@@ -35,6 +35,8 @@ export interface Recipe {
   kernelPackage: string;
   kernelVersion: string;
   busyboxVersion: string;
+  /** `bootRecipeDigest()`: the /init template and kernel command line. */
+  bootRecipe: string;
   /** Content hash of the guest payload directory (dist/guest). */
   payloadHash: string;
   template: ImageTemplate;

@@ -127,6 +127,46 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
     }
   });
 
+  it("idle children are quiet (PIT stopped, no lockup watchdog) and their timers still keep time", async () => {
+    const plan = await prepareRestore(home, snapshot);
+    const child = await Sandbox.restore(home, plan);
+    try {
+      const probe = await child.agent.eval(
+        [
+          "import time",
+          "def irq0():",
+          "    for line in open('/proc/interrupts'):",
+          "        if line.strip().startswith('0:'):",
+          "            return sum(int(f) for f in line.split()[1:] if f.isdigit())",
+          "    return 0",
+          "def sysctl(name):",
+          "    return open('/proc/sys/' + name).read().strip()",
+          "before, t0 = irq0(), time.monotonic()",
+          "time.sleep(1.0)",
+          "slept = time.monotonic() - t0",
+          "(irq0() - before, round(slept, 2), sysctl('kernel/watchdog'), sysctl('vm/stat_interval'),",
+          " 'nowatchdog' in open('/proc/cmdline').read())",
+        ].join("\n"),
+        { timeoutMs: 60_000 },
+      );
+      assert.equal(probe.error, null, probe.error?.traceback);
+      const parsed = /^\((\d+), ([0-9.]+), '(\d+)', '(\d+)', (True|False)\)$/.exec(probe.result ?? "");
+      assert.ok(parsed, `probe answered ${probe.result}`);
+      assert.equal(Number(parsed[1]), 0, "no PIT (IRQ 0) interrupts in a restored child");
+      const slept = Number(parsed[2]);
+      assert.ok(slept >= 1 && slept < 1.5, `a 1 s sleep took ${slept} s of guest monotonic time`);
+      assert.equal(parsed[3], "0", "lockup watchdog off");
+      assert.equal(parsed[4], "60", "vm/stat_interval set by /init");
+      assert.equal(parsed[5], "True");
+      // The guest's clock stays with the host's across the sleep.
+      const skew = await child.agent.eval("import time\ntime.time()", { timeoutMs: 60_000 });
+      assert.ok(Math.abs(Number(skew.result) * 1000 - Date.now()) < 1500, `guest clock ${skew.result}`);
+    } finally {
+      await child.destroy();
+      await plan.dispose();
+    }
+  });
+
   it("rejects bad input with clear errors before starting anything", async () => {
     const isCode = (code: string) => (err: unknown) => err instanceof ForkdError && err.code === code;
     await assert.rejects(forkChildren(home, { tag: "nope", n: 1 }), isCode("not_found"));

@@ -65,8 +65,10 @@ describe("init script", () => {
     assert.match(script, /for m in virtio_ring virtio ext4; do/);
     assert.match(
       script,
-      /switch_root \/newroot \/usr\/bin\/tini -s -- \/usr\/bin\/node \/opt\/forkd\/agent\.mjs/,
+      /switch_root \/newroot \/usr\/bin\/tini -s -- \/usr\/bin\/node (--[a-z-]+ )*\/opt\/forkd\/agent\.mjs/,
     );
+    assert.match(script, /echo "\$\{kv#\*=\}" > "\/newroot\/proc\/sys\/\$\{kv%%=\*\}"/, "sets the sysctls");
+    assert.ok(script.includes("vm/stat_interval=60"));
     assert.ok(script.includes(ROOT_MOUNT_FAILED_MARKER));
     const body = script.split("\n").slice(1).join("\n");
     assert.doesNotMatch(body, /\bb?sh\b\s*$|busybox sh|\$bb sh|exec sh/m, "no interactive shell fallback");

@@ -54,6 +54,7 @@ async function hashOf(toml: string, overrides: Partial<Recipe> = {}): Promise<st
   const template = await parseTemplate(toml, path.join(dir, "t.toml"));
   const recipe: Recipe = {
     builderVersion: BUILDER_VERSION,
+    bootRecipe: "1".repeat(64),
     suite: "bookworm",
     arch: "amd64",
     kernelPackage: "linux-image-6.1.0-57-amd64",
@@ -106,7 +107,7 @@ describe("recipe hash", () => {
     assert.equal(await hashOf(BASE_TOML), base);
   });
 
-  test("changes with the builder version, host suite, kernel, busybox and payload", async () => {
+  test("changes with the builder version, boot recipe, host suite, kernel, busybox and payload", async () => {
     const base = await hashOf(BASE_TOML);
     const overrides: Partial<Recipe>[] = [
       { builderVersion: BUILDER_VERSION + 1 },
@@ -116,6 +117,7 @@ describe("recipe hash", () => {
       { kernelVersion: "6.1.193-1" },
       { busyboxVersion: "1:1.36.1-1" },
       { payloadHash: "1".repeat(64) },
+      { bootRecipe: "2".repeat(64) },
     ];
     const seen = new Set([base]);
     for (const o of overrides) {
@@ -231,6 +233,7 @@ describe("publishing into the cache", () => {
     const template = await imageTemplate(await parseTemplate('name = "p"', path.join(dir, "t.toml")));
     const recipe: Recipe = {
       builderVersion: BUILDER_VERSION,
+      bootRecipe: "1".repeat(64),
       suite: "bookworm",
       arch: "amd64",
       kernelPackage: "linux-image-x",

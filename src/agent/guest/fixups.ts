@@ -18,12 +18,15 @@ export interface Fixups {
   setHostname(hostname: string): void;
   /** Exercises the native calls without changing anything, before the parent VM is snapshotted. */
   prime(): Promise<void>;
+  /** Stops the i8254 PIT's periodic interrupt (see `stopPit`); done once, before the snapshot. */
+  stopPit(): void;
 }
 
 export interface DryRunRecord {
   timeNs?: bigint;
   entropyBytes?: number;
   hostname?: string;
+  pitStopped?: boolean;
 }
 
 export class DryRunFixups implements Fixups {
@@ -43,6 +46,10 @@ export class DryRunFixups implements Fixups {
   }
 
   async prime(): Promise<void> {}
+
+  stopPit(): void {
+    this.applied.pitStopped = true;
+  }
 }
 
 const CLOCK_REALTIME = 0;
@@ -100,6 +107,30 @@ export class SystemFixups implements Fixups {
 
   async prime(): Promise<void> {
     await selfTest();
+  }
+
+  stopPit(): void {
+    stopPit();
+  }
+}
+
+/**
+ * QEMU's emulated i8254 keeps interrupting on channel 0 (IRQ 0) after boot although this kernel keeps time
+ * with the LAPIC timer and the TSC; under TCG each of those interrupts costs host CPU in every idle child.
+ * Programming channel 0 as a one-shot (mode 0) with count 0 lets it expire once, after which QEMU stops its
+ * timer, and every child restored from the snapshot inherits the stopped PIT. (`-machine pit=off` instead
+ * breaks the kernel's early TSC calibration.)
+ */
+export function stopPit(): void {
+  const PIT_COMMAND = 0x43;
+  const PIT_CHANNEL0 = 0x40;
+  const fd = fs.openSync("/dev/port", "r+");
+  try {
+    fs.writeSync(fd, Buffer.from([0x30]), 0, 1, PIT_COMMAND); // channel 0, low then high byte, mode 0
+    fs.writeSync(fd, Buffer.from([0x00]), 0, 1, PIT_CHANNEL0);
+    fs.writeSync(fd, Buffer.from([0x00]), 0, 1, PIT_CHANNEL0);
+  } finally {
+    fs.closeSync(fd);
   }
 }
 

@@ -14,7 +14,7 @@ import {
 import type { CallContext } from "./call.js";
 import { runExec } from "./exec.js";
 import { fileList, fileRead, fileRemove, fileStat, fileWrite } from "./files.js";
-import type { Fixups } from "./fixups.js";
+import { type Fixups, stopPit } from "./fixups.js";
 import type { PythonWorker } from "./python.js";
 import type { OpHandlers } from "./server.js";
 import type { TemplateInfo } from "./template.js";
@@ -160,5 +160,6 @@ export function unavailableFixups(reason: string): Fixups {
     addEntropy: fail,
     setHostname: fail,
     prime: async () => {},
+    stopPit, // plain file I/O on /dev/port: works without the native calls
   };
 }

@@ -37,6 +37,7 @@ export async function primeHotPaths(server: AgentServer, state: AgentState, log:
     ["file.list", () => server.prime("file.list", { path: "/tmp", max_entries: 16 })],
     ["file.remove", () => server.prime("file.remove", { path: scratch })],
     ["restore", () => primeRestore(state)],
+    ["stop PIT", async () => state.fixups.stopPit()],
   ];
   for (const [name, step] of steps) {
     try {
@@ -64,6 +65,7 @@ async function primeRestore(state: AgentState): Promise<void> {
       addEntropy: noop,
       setHostname: noop,
       prime: async () => {},
+      stopPit: noop,
     },
   };
   const context = { signal: new AbortController().signal } as CallContext;
