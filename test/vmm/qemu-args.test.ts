@@ -96,6 +96,9 @@ describe("buildQemuArgs", () => {
     assert.notEqual(restoreCompatibilityKey(parent), restoreCompatibilityKey(moreMemory));
     const withRng = { ...child, rng: true };
     assert.notEqual(restoreCompatibilityKey(parent), restoreCompatibilityKey(withRng));
+    // The translation cache size is host-side only: a child may use another one.
+    const biggerCache = { ...child, tcgTbSizeMiB: 32 };
+    assert.equal(restoreCompatibilityKey(parent), restoreCompatibilityKey(biggerCache));
   });
 
   test("the optional virtio-rng device has a fixed id", () => {
