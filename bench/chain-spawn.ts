@@ -22,8 +22,9 @@ const FLAT = `${BASE}-l3-flat`;
 /** A shell command that writes package `name` (MODULES modules of ~8 KiB each), byte-compiles and imports it. */
 function installPackage(name: string): string {
   const script = [
-    "import os, sys",
-    `root = '/usr/local/lib/python3/dist-packages/${name}'`,
+    "import os, site, sys",
+    // The first site directory is on sys.path (Debian: /usr/local/lib/python3.X/dist-packages).
+    `root = os.path.join(site.getsitepackages()[0], '${name}')`,
     "os.makedirs(root, exist_ok=True)",
     "open(os.path.join(root, '__init__.py'), 'w').write('')",
     `for i in range(${MODULES}):`,
