@@ -3,8 +3,9 @@
  * the children restored from it; per-instance paths are filled in by the caller.
  */
 import path from "node:path";
+import { invalidArgument } from "../common/errors.js";
 import type { SnapshotManifest } from "../store/manifest.js";
-import type { Accelerator, MachineSpec } from "../vmm/qemu-args.js";
+import { type Accelerator, MAX_TCG_TB_SIZE_MIB, type MachineSpec } from "../vmm/qemu-args.js";
 
 /** Names of the files inside a snapshot directory. */
 export const SNAPSHOT_FILES = {
@@ -68,6 +69,22 @@ export function childSpec(
   );
 }
 
+/**
+ * `FORKD_TCG_CACHE_MIB`: the TCG translation-cache size of every VM this process starts (default
+ * `DEFAULT_TCG_TB_SIZE_MIB`). Host memory per child against host CPU per child; snapshots stay compatible.
+ */
+export function tcgCacheMiB(env: NodeJS.ProcessEnv = process.env): number | undefined {
+  const raw = env.FORKD_TCG_CACHE_MIB;
+  if (raw === undefined || raw === "") return undefined;
+  const value = Number(raw);
+  if (!/^\d+$/.test(raw) || value < 1 || value > MAX_TCG_TB_SIZE_MIB) {
+    throw invalidArgument(
+      `FORKD_TCG_CACHE_MIB must be an integer in 1..${MAX_TCG_TB_SIZE_MIB} (MiB), got ${JSON.stringify(raw)}`,
+    );
+  }
+  return value;
+}
+
 export function machineSpec(
   shape: MachineShape,
   instance: { runDir: string; memoryFile: string; shared: boolean; disk: string; restoreFrom?: string },
@@ -81,6 +98,7 @@ export function machineSpec(
     initrd: shape.initrd,
     kernelCmdline: shape.kernelCmdline,
     tscKhz: shape.tscKhz,
+    tcgTbSizeMiB: tcgCacheMiB(),
     memoryFile: { path: instance.memoryFile, shared: instance.shared },
     disk: { overlayPath: instance.disk },
     agent: { socketPath: path.join(instance.runDir, RUN_FILES.agentSocket) },
