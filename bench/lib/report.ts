@@ -3,6 +3,7 @@ import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { procStatFields } from "../../src/controller/host-processes.js";
 
 export const RESULTS_DIR = path.resolve(
   fileURLToPath(new URL(".", import.meta.url)),
@@ -58,15 +59,12 @@ export async function memAvailableKiB(): Promise<number> {
   return Number(/^MemAvailable:\s+(\d+) kB/m.exec(text)?.[1] ?? Number.NaN);
 }
 
-/** CPU time (user + system) a process has used, in milliseconds, from /proc/<pid>/stat. */
+/** CPU time (user + system: stat fields 14 and 15) a process has used, in milliseconds; NaN once it is gone. */
 export async function cpuMs(pid: number): Promise<number> {
-  const { readFile } = await import("node:fs/promises");
   const { execFileSync } = await import("node:child_process");
-  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-  // Fields after the command name, which is in parentheses and may contain spaces.
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const fields = await procStatFields(pid);
   clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks;
+  return fields ? ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks : Number.NaN;
 }
 let clockTicks: number | undefined;
 

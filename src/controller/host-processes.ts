@@ -5,18 +5,25 @@
 import { readdir, readFile } from "node:fs/promises";
 import { sleep } from "../common/deadline.js";
 
-/** Field 22 of /proc/<pid>/stat (start time in clock ticks since boot), or null if the process is gone. */
-export async function processStartTime(pid: number): Promise<number | null> {
+/**
+ * The fields of /proc/<pid>/stat from field 3 (state) on, so `fields[n]` is field n + 3; null if the process is
+ * gone. The command name (field 2) may contain spaces and parentheses: the split starts after its last ")".
+ */
+export async function procStatFields(pid: number): Promise<string[] | null> {
   try {
     const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-    // The command name (field 2) may contain spaces and parentheses: split after its closing parenthesis.
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    const state = fields[0];
-    if (state === "Z" || state === "X") return null;
-    return Number(fields[19]);
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   } catch {
     return null;
   }
+}
+
+/** Field 22 of /proc/<pid>/stat (start time in clock ticks since boot), or null if the process is gone. */
+export async function processStartTime(pid: number): Promise<number | null> {
+  const fields = await procStatFields(pid);
+  const state = fields?.[0];
+  if (!fields || state === "Z" || state === "X") return null;
+  return Number(fields[19]);
 }
 
 /** True when `pid` is alive, started at `startTime`, and its command line mentions `needle`. */
