@@ -13,14 +13,14 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import { MANIFEST_FILE, type SnapshotManifest } from "../store/manifest.js";
-import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
+import { flatImageFor } from "../store/memory-images.js";
 import { PAGE_SIZE } from "../store/memory-layer.js";
 import { readQcow2Header } from "../store/qcow2-header.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { QEMU_IMG_BINARY } from "../vmm/qemu-tools.js";
 import { SNAPSHOT_FILES } from "./machine.js";
-import { cacheDirs, snapshotIsBootable } from "./restore-plan.js";
+import { cacheDirs, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
 import type { SnapshotDetail } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
@@ -426,7 +426,7 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
   const problem = await snapshotIsBootable(head);
   if (problem) throw conflict(`snapshot ${from} is not bootable: ${problem}`);
   progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
-  await verifyChain(paths, chain);
+  await verifyChainFiles(paths, chain);
 
   const writer = await store.beginWrite(to);
   try {
@@ -491,21 +491,4 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
     await verifier.remember(path.join(compacted.dir, name), sha256);
   }
   return compacted;
-}
-
-/** Verifies (cheaply when unchanged, see store/verify.ts) every file a child of the chain's head reads. */
-export async function verifyChain(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
-  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
-  const head = chain[chain.length - 1] as StoredSnapshot;
-  const needed = [
-    ...memoryFilesOf(chain).map(({ snapshot, name }) => ({ snapshot, name })),
-    { snapshot: head, name: SNAPSHOT_FILES.deviceState },
-    ...chain.map((snapshot) => ({ snapshot, name: SNAPSHOT_FILES.disk })),
-  ];
-  for (const { snapshot, name } of needed) {
-    const expected = snapshot.manifest.files[name];
-    if (!expected)
-      throw new ForkdError("unprocessable", `snapshot ${snapshot.tag}: manifest lists no ${name}`);
-    await verifier.verify(path.join(snapshot.dir, name), expected.sha256, `snapshot ${snapshot.tag}`);
-  }
 }

@@ -93,7 +93,7 @@ export async function prepareRestore(
 }
 
 /** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads. */
-async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
+export async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
   const head = chain[chain.length - 1] as StoredSnapshot;
   const needed: { snapshot: StoredSnapshot; name: string }[] = [
