@@ -10,12 +10,13 @@
  */
 import fs from "node:fs";
 import fsp from "node:fs/promises";
-import net from "node:net";
-import { abortError, sleep, timeoutSignal } from "../common/deadline.js";
+import type net from "node:net";
+import { abortError, raceAbort, sleep, timeoutSignal } from "../common/deadline.js";
 import { ForkdError, invalidArgument } from "../common/errors.js";
-import { buildQemuArgs, DEVICE_IDS, MAX_UNIX_SOCKET_PATH_BYTES, type MachineSpec } from "./qemu-args.js";
+import { buildQemuArgs, DEVICE_IDS, type MachineSpec } from "./qemu-args.js";
 import { type QemuExit, type QemuProcess, spawnQemu } from "./qemu-process.js";
 import { QmpClient } from "./qmp.js";
+import { listenForOneConnection, type OneConnectionListener, removeStaleSocket } from "./unix-listener.js";
 
 /**
  * QEMU connects the agent chardev within milliseconds of starting (measured ~30 ms under TCG); this bound
@@ -70,7 +71,9 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
   if (options.runDir) await fsp.mkdir(options.runDir, { recursive: true, mode: 0o700 });
   await removeStaleSocket(spec.qmpSocketPath);
 
-  const listener = spec.agent ? await listenForAgent(spec.agent.socketPath) : undefined;
+  const listener = spec.agent
+    ? await listenForOneConnection(spec.agent.socketPath, "agent socket")
+    : undefined;
   let stateFd: number | undefined;
   let qemu: QemuProcess;
   try {
@@ -101,7 +104,7 @@ export async function reattachAgent(
   socketPath: string,
   options: { signal?: AbortSignal } = {},
 ): Promise<net.Socket> {
-  const listener = await listenForAgent(socketPath);
+  const listener = await listenForOneConnection(socketPath, "agent socket");
   const deadline = timeoutSignal(AGENT_CONNECT_TIMEOUT_MS, options.signal);
   const { signal } = deadline;
   try {
@@ -136,7 +139,7 @@ class Vm implements VmHandle {
   constructor(
     spec: MachineSpec,
     qemu: QemuProcess,
-    listener: AgentListener | undefined,
+    listener: OneConnectionListener | undefined,
     signal?: AbortSignal,
   ) {
     this.spec = spec;
@@ -309,76 +312,6 @@ class Vm implements VmHandle {
   }
 }
 
-interface AgentListener {
-  connection: Promise<net.Socket>;
-  close(): void;
-}
-
-/**
- * Listens on `socketPath` for exactly one connection (QEMU's). Later connections are refused by closing
- * the listener as soon as the first arrives.
- */
-async function listenForAgent(socketPath: string): Promise<AgentListener> {
-  if (Buffer.byteLength(socketPath) > MAX_UNIX_SOCKET_PATH_BYTES) {
-    throw invalidArgument(`agent socket path ${JSON.stringify(socketPath)} is too long for a unix socket`);
-  }
-  await removeStaleSocket(socketPath);
-  const server = net.createServer();
-  let accept: (socket: net.Socket) => void = () => {};
-  let refuse: (err: Error) => void = () => {};
-  const connection = new Promise<net.Socket>((resolve, reject) => {
-    accept = resolve;
-    refuse = reject;
-  });
-  connection.catch(() => {});
-  let accepted = false;
-  server.on("connection", (socket) => {
-    if (accepted) {
-      socket.destroy();
-      return;
-    }
-    accepted = true;
-    server.close();
-    accept(socket);
-  });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(socketPath, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  }).catch((err: NodeJS.ErrnoException) => {
-    throw new ForkdError(
-      "unavailable",
-      `cannot listen on agent socket ${socketPath}: ${err.code ?? err.message}`,
-    );
-  });
-  server.on("error", () => {});
-  return {
-    connection,
-    close: () => {
-      // Closing the server also unlinks its socket file (libuv does for paths it bound).
-      if (server.listening) server.close();
-      if (!accepted)
-        refuse(new ForkdError("unavailable", `agent listener on ${socketPath} closed before QEMU connected`));
-    },
-  };
-}
-
-/** Removes a socket left by a crashed run; refuses to delete anything that is not a socket. */
-async function removeStaleSocket(socketPath: string): Promise<void> {
-  let stat: fs.Stats;
-  try {
-    stat = await fsp.lstat(socketPath);
-  } catch {
-    return;
-  }
-  if (!stat.isSocket()) {
-    throw new ForkdError("conflict", `${socketPath} exists and is not a socket; refusing to replace it`);
-  }
-  await fsp.rm(socketPath, { force: true });
-}
-
 function openDeviceState(deviceStatePath: string): number {
   try {
     return fs.openSync(deviceStatePath, "r");
@@ -389,22 +322,4 @@ function openDeviceState(deviceStatePath: string): number {
       `cannot open device state ${deviceStatePath}: ${code ?? String(err)}`,
     );
   }
-}
-
-function raceAbort<T>(promise: Promise<T>, signal: AbortSignal, what: string): Promise<T> {
-  if (signal.aborted) return Promise.reject(abortError(signal, what));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(abortError(signal, what));
-    signal.addEventListener("abort", onAbort, { once: true });
-    promise.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (err: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(err);
-      },
-    );
-  });
 }

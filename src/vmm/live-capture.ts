@@ -36,9 +36,9 @@
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import fsp from "node:fs/promises";
-import net from "node:net";
+import type net from "node:net";
 import path from "node:path";
-import { abortError, timeoutSignal } from "../common/deadline.js";
+import { abortError, raceAbort, timeoutSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import { findGuestRamMapping, PAGE_SIZE, scanPrivatePages, touchPages } from "./guest-memory.js";
 import {
@@ -49,6 +49,7 @@ import {
 } from "./migration-stream.js";
 import { DEVICE_IDS, MAX_UNIX_SOCKET_PATH_BYTES } from "./qemu-args.js";
 import type { QmpClient, QmpEvent } from "./qmp.js";
+import { listenForOneConnection, type OneConnectionListener } from "./unix-listener.js";
 
 /** A whole capture (RAM streamed + device state) of a few GiB guest; only bounds a stuck migration. */
 export const LIVE_CAPTURE_TIMEOUT_MS = 10 * 60_000;
@@ -144,7 +145,7 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   let stoppedByUs = false;
   let migrationStarted = false;
   let guestResumed = false;
-  let server: net.Server | undefined;
+  let listener: OneConnectionListener | undefined;
   let connection: net.Socket | undefined;
   const events: QmpEvent[] = [];
   const onEvent = (event: QmpEvent) => {
@@ -152,8 +153,8 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   };
   try {
     await setCaptureCapabilities(qmp, true, signal);
-    const listening = await listenOnce(socketPath);
-    server = listening.server;
+    const listening = await listenForOneConnection(socketPath, "migration socket");
+    listener = listening;
 
     qmp.on("event", onEvent);
     const resumed = qmp.waitEvent("RESUME", { signal });
@@ -167,12 +168,12 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
     if (options.whileStopped) await options.whileStopped();
     await qmp.execute("migrate", { uri: `unix:${socketPath}` }, { signal });
     migrationStarted = true;
-    connection = await raceSignal(listening.connection, signal, "waiting for QEMU to connect the migration");
+    connection = await raceAbort(listening.connection, signal, "waiting for QEMU to connect the migration");
     // Nothing is read until the private set is known (QEMU buffers; the guest waits only on protected pages).
     connection.pause();
 
     // QEMU resumes the guest itself once RAM is write-protected (also if it was paused: it always does).
-    await raceSignal(resumed, signal, "waiting for QEMU to resume the guest");
+    await raceAbort(resumed, signal, "waiting for QEMU to resume the guest");
     stoppedByUs = false;
     guestResumed = true;
     const pauseWallMs = performance.now() - started;
@@ -259,7 +260,7 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
       : new ForkdError("internal", `live capture failed: ${errorMessage(err)}`);
   } finally {
     qmp.off("event", onEvent);
-    server?.close();
+    listener?.close();
     connection?.destroy();
     await fsp.rm(socketPath, { force: true });
     await setCaptureCapabilities(qmp, false).catch(() => {});
@@ -378,48 +379,6 @@ function drainToEnd(
     if (signal.aborted) onAbort();
     else signal.addEventListener("abort", onAbort, { once: true });
     socket.resume();
-  });
-}
-
-/** A unix listener for exactly one connection (QEMU's outgoing migration). */
-async function listenOnce(
-  socketPath: string,
-): Promise<{ server: net.Server; connection: Promise<net.Socket> }> {
-  const server = net.createServer();
-  const connection = new Promise<net.Socket>((resolve) => {
-    server.once("connection", (socket) => {
-      server.close();
-      resolve(socket);
-    });
-  });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(socketPath, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  }).catch((err: NodeJS.ErrnoException) => {
-    throw new ForkdError("unavailable", `cannot listen on ${socketPath}: ${err.code ?? err.message}`);
-  });
-  server.on("error", () => {});
-  return { server, connection };
-}
-
-function raceSignal<T>(promise: Promise<T>, signal: AbortSignal, what: string): Promise<T> {
-  if (signal.aborted) return Promise.reject(abortError(signal, what));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(abortError(signal, what));
-    signal.addEventListener("abort", onAbort, { once: true });
-    promise.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (err: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(err);
-      },
-    );
   });
 }
 

@@ -5,7 +5,7 @@
  */
 import { EventEmitter } from "node:events";
 import net from "node:net";
-import { abortError, timeoutSignal } from "../common/deadline.js";
+import { abortError, raceAbort, timeoutSignal } from "../common/deadline.js";
 import { type ErrorCode, errorMessage, ForkdError } from "../common/errors.js";
 
 /**
@@ -133,7 +133,7 @@ export class QmpClient extends EventEmitter {
       const socket = await connectUnix(socketPath, signal);
       const client = new QmpClient(socket, options.describeClose);
       try {
-        await abortable(client.greeted, signal, `QMP greeting on ${socketPath}`);
+        await raceAbort(client.greeted, signal, `QMP greeting on ${socketPath}`);
         await client.execute("qmp_capabilities", undefined, { signal });
         return client;
       } catch (err) {
@@ -471,25 +471,6 @@ function connectUnix(socketPath: string, signal: AbortSignal): Promise<net.Socke
         ),
       );
     });
-  });
-}
-
-/** Rejects as soon as `signal` aborts, without waiting for `promise`. */
-function abortable<T>(promise: Promise<T>, signal: AbortSignal, what: string): Promise<T> {
-  if (signal.aborted) return Promise.reject(abortError(signal, what));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(abortError(signal, what));
-    signal.addEventListener("abort", onAbort, { once: true });
-    promise.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (err: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(err);
-      },
-    );
   });
 }
 
