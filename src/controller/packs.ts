@@ -5,10 +5,10 @@
  * disk layers are held to forkd's own shape, and nothing becomes visible until all of it checked out.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { constants as fsConstants } from "node:fs";
-import { chmod, mkdir, open, readFile, rename, rm, stat, symlink } from "node:fs/promises";
+import { chmod, mkdir, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
+import { fsyncPath, writeDurably } from "../common/durable-fs.js";
 import { conflict, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -791,23 +791,4 @@ async function readAll(body: AsyncIterable<Buffer>, size: number): Promise<Buffe
     chunks.push(chunk);
   }
   return Buffer.concat(chunks);
-}
-
-async function writeDurably(file: string, bytes: Buffer): Promise<void> {
-  const handle = await open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o444);
-  try {
-    await handle.writeFile(bytes);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}
-
-async function fsyncPath(file: string): Promise<void> {
-  const handle = await open(file, fsConstants.O_RDONLY);
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
 }

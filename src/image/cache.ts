@@ -11,6 +11,7 @@
 import { randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
+import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
@@ -167,15 +168,6 @@ export async function sweepStaleStaging(cacheDir: string): Promise<string[]> {
     removed.push(dir);
   }
   return removed;
-}
-
-async function fsyncPath(file: string): Promise<void> {
-  const handle = await fs.open(file, "r");
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
 }
 
 /** Flushes every file of `dir` and `dir` itself, so a rename after this never publishes unwritten data. */

@@ -3,9 +3,9 @@
  * so readers only ever see complete snapshots; deletion renames first and removes after, for the same reason.
  */
 import { randomBytes } from "node:crypto";
-import { constants as fsConstants } from "node:fs";
-import { chmod, mkdir, open, readdir, readFile, rename, rm, stat } from "node:fs/promises";
+import { chmod, mkdir, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
+import { fsyncPath, writeDurably } from "../common/durable-fs.js";
 import { conflict, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import { digestFile } from "./hash.js";
@@ -176,7 +176,7 @@ export class SnapshotWriter {
     const files: SnapshotManifest["files"] = {};
     for (const name of dataFiles) {
       files[name] = await digestFile(this.file(name), signal);
-      await syncFile(this.file(name));
+      await fsyncPath(this.file(name));
       await chmod(this.file(name), 0o444);
     }
     const manifest: SnapshotManifest = {
@@ -187,10 +187,10 @@ export class SnapshotWriter {
       files,
     };
     await writeDurably(this.file(MANIFEST_FILE), `${JSON.stringify(manifest, null, 2)}\n`);
-    await fsyncDir(this.dir);
+    await fsyncPath(this.dir);
     signal?.throwIfAborted();
     await this.store.publish(this.tag, this.dir, this.replace);
-    await fsyncDir(path.dirname(this.dir));
+    await fsyncPath(path.dirname(this.dir));
     this.done = true;
     return manifest;
   }
@@ -200,34 +200,6 @@ export class SnapshotWriter {
     if (this.done) return;
     this.done = true;
     await rm(this.dir, { recursive: true, force: true });
-  }
-}
-
-async function writeDurably(file: string, text: string): Promise<void> {
-  const handle = await open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o444);
-  try {
-    await handle.writeFile(text);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}
-
-async function syncFile(file: string): Promise<void> {
-  const handle = await open(file, fsConstants.O_RDONLY);
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}
-
-async function fsyncDir(dir: string): Promise<void> {
-  const handle = await open(dir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY);
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
   }
 }
 
