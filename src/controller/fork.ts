@@ -117,7 +117,11 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
   };
 
   try {
-    await Promise.all(Array.from({ length: concurrency }, worker));
+    // allSettled, not all: on Ctrl-C every worker's restore must finish its own cleanup (kill its QEMU, remove
+    // its run directory) before this returns and the program exits.
+    const settled = await Promise.allSettled(Array.from({ length: concurrency }, worker));
+    const failed = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
+    if (failed) throw failed.reason;
     options.signal?.throwIfAborted();
     const wallMs = performance.now() - started;
     await options.inspect?.([...live]);
