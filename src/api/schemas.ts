@@ -11,7 +11,6 @@ import {
   MAX_TIMEOUT_MS,
 } from "../agent/protocol/limits.js";
 import {
-  DEFAULT_SANDBOX_TIMEOUT_MS,
   MAX_MEMORY_LIMIT_MIB,
   MAX_SANDBOX_TIMEOUT_MS,
   MIN_MEMORY_LIMIT_MIB,
@@ -35,7 +34,11 @@ export const DEFAULT_EXEC_TIMEOUT_SECS = 30;
 export const MAX_FILE_TRANSFER_BYTES = MAX_FILE_BYTES;
 
 const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
-const SANDBOX_ID_PATTERN = "^sb-[0-9a-f]{12}$";
+/**
+ * Any name that cannot be a path (src/common/names.ts, SANDBOX_REF_PATTERN): this daemon's ids are sb-<12 hex>, but
+ * a v0.5 client may ask about one of v0.5's (sb-<hex>-<hex>); that is an unknown sandbox (404), not a bad request.
+ */
+const SANDBOX_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
@@ -61,7 +64,12 @@ export const Tag = Type.String({
   pattern: TAG_PATTERN,
   description: "Snapshot tag: one safe path component.",
 });
-export const SandboxId = Type.String({ pattern: SANDBOX_ID_PATTERN, description: "sb-<12 hex>" });
+export const SandboxId = Type.String({
+  pattern: SANDBOX_REF_PATTERN,
+  description:
+    "A sandbox id (this daemon issues sb-<12 hex>). Any other name of letters, digits, '.', '_' and '-' (at most 128, " +
+    "not starting with '.' or '-') is an unknown sandbox (404); anything else is refused (400).",
+});
 
 export const TagParams = Type.Object({ tag: Tag }, { additionalProperties: false });
 export const SandboxParams = Type.Object({ id: SandboxId }, { additionalProperties: false });
@@ -171,12 +179,26 @@ export const CreateSnapshotBody = Type.Object(
       Type.String({ pattern: TAG_PATTERN, description: "Template name (default: the tag)." }),
     ),
     kernel: Type.Optional(
-      Type.String({ description: "forkd v0.5 field (raw kernel path); 501 when given." }),
+      Type.String({
+        minLength: 1,
+        maxLength: MAX_PATH_CHARS,
+        description:
+          "forkd v0.5 field: a kernel on the daemon's host. Accepted when kernel and rootfs are the vmlinuz and " +
+          "rootfs.ext4 of one built forkd image in an allowed image directory (the image cache, plus " +
+          "`forkd daemon --allow-image-dir`); the snapshot is then made from that image. Anything else is 400.",
+      }),
     ),
     rootfs: Type.Optional(
-      Type.String({ description: "forkd v0.5 field (raw rootfs path); 501 when given." }),
+      Type.String({
+        minLength: 1,
+        maxLength: MAX_PATH_CHARS,
+        description:
+          "forkd v0.5 field: the root filesystem next to `kernel` (see there). Not without kernel.",
+      }),
     ),
-    rw: Type.Optional(Type.Boolean({ description: "forkd v0.5 field; ignored with a template." })),
+    rw: Type.Optional(
+      Type.Boolean({ description: "forkd v0.5 field; ignored (the image's root is mounted read-write)." }),
+    ),
     tap: Type.Optional(Nullable(Type.String({ description: "forkd v0.5 field; 501 when given." }))),
     boot_wait_secs: Type.Optional(
       Type.Integer({
@@ -230,12 +252,25 @@ export const SandboxInfoWire = Type.Object(
     ready_ms: Nullable(Type.Number({ description: "Restore to ready, in ms." })),
     accelerator: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
     live_fork: Type.Boolean({ description: "RAM on tmpfs: the sandbox can be BRANCHed in live mode." }),
+    has_branched: Type.Boolean({ description: "forkd v0.5 field: a BRANCH has been taken of this sandbox." }),
+    branch_count: Type.Integer({ description: "forkd v0.5 field: BRANCHes taken of this sandbox." }),
+    last_branch_tag: Nullable(
+      Type.String({ description: "The latest BRANCH's tag: the parent of this sandbox's next diff branch." }),
+    ),
+    last_branch_memory_path: Nullable(
+      Type.String({
+        description:
+          "forkd v0.5 field: the latest BRANCH's memory file on the daemon's host (memory.bin of a full branch, " +
+          "memory.layer of a diff/live one).",
+      }),
+    ),
     netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
     guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
   },
   {
     description:
-      "SandboxInfo (v0.5 fields id, snapshot_tag, netns, guest_addr, created_at_unix, pid, memory_limit_mib).",
+      "SandboxInfo (v0.5 fields id, snapshot_tag, netns, guest_addr, created_at_unix, pid, memory_limit_mib, " +
+      "has_branched, branch_count, last_branch_memory_path).",
   },
 );
 export type SandboxInfoWire = Static<typeof SandboxInfoWire>;
@@ -257,7 +292,9 @@ export const SpawnBody = Type.Object(
       Type.Integer({
         minimum: 0,
         maximum: MAX_SANDBOX_TIMEOUT_MS,
-        description: `Lifetime in ms (default ${DEFAULT_SANDBOX_TIMEOUT_MS}; 0 = no limit). Expired sandboxes are killed.`,
+        description:
+          "Lifetime in ms; 0 = no limit. Absent: no limit, as in forkd v0.5, unless the daemon was started with " +
+          "--default-timeout-ms. Expired sandboxes are killed.",
       }),
     ),
     per_child_netns: NotBuiltFlag("a network namespace per child"),
@@ -389,11 +426,24 @@ export const BranchResultWire = Type.Composite(
     Type.Object({
       branched_from: Type.String({ description: "The source sandbox (v0.5 field)." }),
       mode: Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
-      pause_ms: Type.Number({ description: "How long the source was paused." }),
+      pause_ms: Type.Integer({ description: "How long the source was paused, whole ms (v0.5 field)." }),
       bytes_captured: Type.Integer({ description: "Guest RAM captured: the pages the source had changed." }),
       bytes_written: Type.Integer({
         description: "Bytes written for the new snapshot (memory, device state, disk layer).",
       }),
+      diff_ms: Type.Optional(
+        Type.Integer({
+          description:
+            "v0.5 field, with measure_diff or mode diff: ms spent finding and copying the pages the source " +
+            "changed (inside the pause for full and diff, in the background for live; 0 with wait: false).",
+        }),
+      ),
+      diff_physical_bytes: Type.Optional(
+        Type.Integer({ description: "v0.5 field, with measure_diff or mode diff: bytes of those pages." }),
+      ),
+      diff_logical_bytes: Type.Optional(
+        Type.Integer({ description: "v0.5 field, with measure_diff or mode diff: the guest's RAM size." }),
+      ),
     }),
   ],
   { description: "The new snapshot (SnapshotInfo) plus what the BRANCH cost." },

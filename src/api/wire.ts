@@ -22,6 +22,10 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     ready_ms: info.ready_ms,
     accelerator: info.accelerator,
     live_fork: info.live_fork,
+    has_branched: info.branch_count > 0,
+    branch_count: info.branch_count,
+    last_branch_tag: info.last_branch_tag,
+    last_branch_memory_path: info.last_branch_memory_path,
     netns: null,
     guest_addr: null,
   };
@@ -31,19 +35,33 @@ export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): Snapsh
   return { ...info, dir: path.join(snapshotsDir, info.tag) };
 }
 
+/**
+ * `measure` adds forkd v0.5's diff measurements (it reported them for `measure_diff` and diff branches):
+ * diff_ms = time spent capturing the changed pages, diff_physical_bytes = those pages' bytes, diff_logical_bytes
+ * = the guest's RAM size (what a flat image holds).
+ */
 export function branchToWire(
   outcome: BranchOutcome,
   sourceId: string,
   snapshotsDir: string,
+  options: { measure: boolean },
 ): BranchResultWire {
   return {
     ...snapshotToWire(outcome.snapshot, snapshotsDir),
     status: outcome.status,
     branched_from: sourceId,
     mode: outcome.mode,
-    pause_ms: outcome.pause_ms,
+    // v0.5 sent whole milliseconds (its CLI parses an integer).
+    pause_ms: Math.round(outcome.pause_ms),
     bytes_captured: outcome.bytes_captured,
     bytes_written: outcome.bytes_written,
+    ...(options.measure
+      ? {
+          diff_ms: Math.round(outcome.capture_ms),
+          diff_physical_bytes: outcome.bytes_captured,
+          diff_logical_bytes: outcome.ram_bytes,
+        }
+      : {}),
   };
 }
 

@@ -34,7 +34,16 @@ export interface BootedVm {
   warmupMs: number;
 }
 
-export function machineShape(template: Template, image: BuiltImage, accel: AcceleratorChoice): MachineShape {
+/** What booting a parent needs of its template (a built image carries it too: `BuiltImage.template`). */
+export type BootTemplate = Pick<Template, "name" | "memoryMib" | "vcpus" | "interpreter"> & {
+  warmup?: string | null;
+};
+
+export function machineShape(
+  template: BootTemplate,
+  image: BuiltImage,
+  accel: AcceleratorChoice,
+): MachineShape {
   return {
     accel: accel.accel,
     tscKhz: accel.tscKhz,
@@ -53,7 +62,7 @@ export function machineShape(template: Template, image: BuiltImage, accel: Accel
  * the error carries the end of the guest console.
  */
 export async function bootWarmVm(options: {
-  template: Template;
+  template: BootTemplate;
   image: BuiltImage;
   accel: AcceleratorChoice;
   runDir: string;

@@ -5,7 +5,7 @@
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmod, copyFile, readdir, readFile, readlink, rm, stat, symlink } from "node:fs/promises";
+import { copyFile, readdir, readFile, readlink, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
@@ -18,7 +18,7 @@ import { PAGE_SIZE } from "../store/memory-layer.js";
 import { readQcow2Header } from "../store/qcow2-header.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
-import { QEMU_IMG_BINARY } from "../vmm/qemu-tools.js";
+import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { cacheDirs, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
 import type { SnapshotDetail } from "./sandbox-service.js";
@@ -398,9 +398,6 @@ export async function removeAssembledImages(paths: ForkdPaths, tag: string, dir:
 
 // ---- compact ----
 
-/** The longest a `qemu-img rebase` of a chain may take (it reads the whole virtual disk twice). */
-export const COMPACT_DISK_TIMEOUT_MS = 30 * 60_000;
-
 export interface CompactOptions {
   from: string;
   to: string;
@@ -442,24 +439,11 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
     await copyFile(path.join(head.dir, SNAPSHOT_FILES.deviceState), writer.file(SNAPSHOT_FILES.deviceState));
 
     progress("folding the disk layers into one");
-    await symlink(head.manifest.image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
-    const disk = writer.file(SNAPSHOT_FILES.disk);
-    await execFileAsync("cp", ["--sparse=always", "--", path.join(head.dir, SNAPSHOT_FILES.disk), disk], {
+    await writeFlatDisk({
+      topLayer: path.join(head.dir, SNAPSHOT_FILES.disk),
+      rootfs: head.manifest.image.rootfs,
+      snapshotDir: writer,
       signal,
-    });
-    await chmod(disk, 0o600);
-    // The copy still reads through to the head's parent (its relative backing path resolves the same from the
-    // staging directory). A safe-mode rebase onto the base image writes into it every cluster in which the old
-    // chain differs from the base, whichever layer wrote it. (`qemu-img convert -B` would copy the top layer's
-    // clusters only, silently dropping what the intermediate layers wrote.)
-    await execFileAsync(
-      QEMU_IMG_BINARY,
-      ["rebase", "-q", "-f", "qcow2", "-b", SNAPSHOT_FILES.baseDisk, "-F", "raw", disk],
-      { signal, timeout: COMPACT_DISK_TIMEOUT_MS, maxBuffer: 1024 * 1024 },
-    ).catch((err: unknown) => {
-      throw new ForkdError("internal", `qemu-img rebase failed: ${errorMessage(err).trim().slice(-2000)}`, {
-        cause: err,
-      });
     });
 
     progress("hashing and committing");

@@ -4,6 +4,7 @@
  */
 import { rm, symlink } from "node:fs/promises";
 import path from "node:path";
+import { invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
@@ -13,7 +14,7 @@ import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { createOverlay, qemuVersion } from "../vmm/qemu-tools.js";
 import { saveDeviceState } from "../vmm/snapshot.js";
 import { chooseAccelerator } from "./accelerator.js";
-import { type BootedVm, bootWarmVm } from "./boot.js";
+import { type BootedVm, type BootTemplate, bootWarmVm } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 
@@ -26,6 +27,11 @@ export interface CreateSnapshotOptions {
   tag: string;
   /** Template name or path to a template file; defaults to the tag. */
   template?: string;
+  /**
+   * An image already built (e.g. the one a forkd v0.5 client named by its kernel and rootfs files): boot it with
+   * the template it was built from, without loading or building anything. Excludes `template`.
+   */
+  image?: BuiltImage;
   replace?: boolean;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
@@ -38,6 +44,28 @@ export interface CreatedSnapshot {
   image: BuiltImage;
 }
 
+async function imageToBoot(
+  options: CreateSnapshotOptions,
+  tag: string,
+  progress: (event: ProgressEvent) => void,
+): Promise<{ template: BootTemplate; image: BuiltImage }> {
+  if (options.image) {
+    if (options.template !== undefined) throw invalidArgument("give a template or an image, not both");
+    progress({
+      step: "image",
+      message: `image ${options.image.hash.slice(0, 12)} (${options.image.template.name})`,
+    });
+    return { template: options.image.template, image: options.image };
+  }
+  const template = await loadTemplate(options.template ?? tag);
+  progress({ step: "image", message: `image for template ${template.name}` });
+  const image = await buildImage(template, {
+    signal: options.signal,
+    onProgress: (e) => progress({ step: "image", message: e.message }),
+  });
+  return { template, image };
+}
+
 export async function createSnapshot(
   paths: ForkdPaths,
   options: CreateSnapshotOptions,
@@ -45,15 +73,9 @@ export async function createSnapshot(
   const tag = assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
   const signal = options.signal;
-  const template = await loadTemplate(options.template ?? tag);
   const store = new SnapshotStore(paths.snapshots);
   await store.sweepStale();
-
-  progress({ step: "image", message: `image for template ${template.name}` });
-  const image = await buildImage(template, {
-    signal,
-    onProgress: (e) => progress({ step: "image", message: e.message }),
-  });
+  const { template, image } = await imageToBoot(options, tag, progress);
 
   progress({ step: "accelerator", message: "choosing accelerator" });
   const accel = await chooseAccelerator(paths, image, { signal });

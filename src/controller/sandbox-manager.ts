@@ -3,12 +3,13 @@
  * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
  * daemon) and cleans up after dead ones.
  */
+import { existsSync } from "node:fs";
 import { readdir, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
-import { assertSandboxId, assertTag } from "../common/names.js";
+import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import {
   detectMemoryCgroupRoot,
@@ -23,13 +24,17 @@ import { Brancher, type BranchRequest } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
+import { SNAPSHOT_FILES } from "./machine.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 
-/** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
-export const DEFAULT_SANDBOX_TIMEOUT_MS = 5 * 60_000;
+/**
+ * Lifetime of a sandbox spawned without one: none (it lives until killed), as in forkd v0.5. A daemon may set one
+ * (`forkd daemon --default-timeout-ms`); callers that want E2B's five minutes ask for them (the SDKs do).
+ */
+export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 export const MIN_MEMORY_LIMIT_MIB = 64;
 export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
@@ -48,6 +53,12 @@ export interface ManagerLog {
 
 export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
+  /** Image caches besides FORKD_IMAGE_CACHE whose images v0.5 clients may name by path (`--allow-image-dir`). */
+  extraImageDirs?: readonly string[];
+  /** Host-wide cap on BRANCHes in flight (`--branch-concurrency`). @default MAX_CONCURRENT_BRANCHES */
+  branchConcurrency?: number;
+  /** Lifetime of a sandbox whose spawn names none, in ms; 0 = no limit. @default DEFAULT_SANDBOX_TIMEOUT_MS */
+  defaultTimeoutMs?: number;
   log?: ManagerLog;
   sweepIntervalMs?: number;
 }
@@ -65,6 +76,7 @@ export class SandboxManager implements SandboxService {
   /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
   private readonly killing = new Map<string, Promise<void>>();
   private readonly limits: AdmissionLimits;
+  private readonly defaultTimeoutMs: number;
   private readonly log: ManagerLog;
   private spawning = 0;
   private sweeper: NodeJS.Timeout | undefined;
@@ -76,17 +88,31 @@ export class SandboxManager implements SandboxService {
     options: ManagerOptions,
   ) {
     this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
+    this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
+    if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(
+        `the default sandbox timeout must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS} ms`,
+      );
+    }
     this.log = options.log ?? { info: () => {}, warn: () => {} };
-    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
-    this.brancher = new Brancher(this.snapshots.store, db, {
-      blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
-      branched: (sandboxId, tag) => {
-        const current = this.db.sandbox(sandboxId);
-        if (!current) return;
-        const layers = [...(JSON.parse(current.layer_tags) as string[]), tag];
-        this.db.updateSandbox(sandboxId, { last_branch_tag: tag, layer_tags: JSON.stringify(layers) });
+    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), [
+      paths.images,
+      ...(options.extraImageDirs ?? []),
+    ]);
+    this.brancher = new Brancher(
+      this.snapshots.store,
+      db,
+      {
+        blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
+        branched: (sandboxId, tag) => {
+          const current = this.db.sandbox(sandboxId);
+          if (!current) return;
+          const layers = [...(JSON.parse(current.layer_tags) as string[]), tag];
+          this.db.updateSandbox(sandboxId, { last_branch_tag: tag, layer_tags: JSON.stringify(layers) });
+        },
       },
-    });
+      options.branchConcurrency,
+    );
   }
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
@@ -113,7 +139,7 @@ export class SandboxManager implements SandboxService {
         `memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`,
       );
     }
-    const timeoutMs = request.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
+    const timeoutMs = request.timeoutMs ?? this.defaultTimeoutMs;
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
@@ -347,8 +373,8 @@ export class SandboxManager implements SandboxService {
   }
 
   private row(id: string): SandboxRow {
-    assertSandboxId(id);
-    const row = this.db.sandbox(id);
+    assertSandboxRef(id);
+    const row = isValidSandboxId(id) ? this.db.sandbox(id) : undefined;
     if (!row) throw notFound(`sandbox ${id} not found`);
     return row;
   }
@@ -445,7 +471,21 @@ export class SandboxManager implements SandboxService {
       ready_ms: row.ready_ms,
       accelerator: row.accelerator,
       live_fork: row.live_fork === 1,
+      branch_count: branchCount(row),
+      last_branch_tag: row.last_branch_tag,
+      last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
     };
+  }
+
+  private branchMemoryPath(tag: string | null): string | null {
+    if (tag === null) return null;
+    const dir = this.snapshots.store.dirOf(tag);
+    const flat = path.join(dir, SNAPSHOT_FILES.memory);
+    return existsSync(flat) ? flat : path.join(dir, SNAPSHOT_FILES.memoryLayer);
+  }
+
+  branchLoad(): { inFlight: number; cap: number } {
+    return { inFlight: this.brancher.inFlight, cap: this.brancher.concurrencyCap };
   }
 
   /** Kills the VM (ours or adopted, or a stray found by its run directory) and removes its leftovers. */
@@ -552,6 +592,16 @@ export class SandboxManager implements SandboxService {
     this.cgroupRoot ??= detectMemoryCgroupRoot();
     return this.cgroupRoot;
   }
+}
+
+/**
+ * Branches taken of a sandbox: `layer_tags` is the chain it was restored from (ending with its snapshot) followed
+ * by one tag per branch taken of it.
+ */
+function branchCount(row: SandboxRow): number {
+  const layers = JSON.parse(row.layer_tags) as string[];
+  const restoredAt = layers.lastIndexOf(row.snapshot_tag);
+  return restoredAt < 0 ? 0 : layers.length - 1 - restoredAt;
 }
 
 /** The last few KiB of a command's output, for an error message. */

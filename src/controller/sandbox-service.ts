@@ -17,9 +17,13 @@ import type { ChainDetail } from "./chains.js";
 export interface BranchOutcome {
   tag: string;
   mode: "full" | "diff" | "live";
-  parent_tag: string;
+  /** null for a full branch: it stands alone. */
+  parent_tag: string | null;
   status: "writing" | "ready";
   pause_ms: number;
+  /** Finding and copying the changed pages (see BranchResult.capture_ms). */
+  capture_ms: number;
+  ram_bytes: number;
   bytes_captured: number;
   bytes_written: number;
   snapshot: SnapshotInfo;
@@ -41,13 +45,19 @@ export interface SandboxInfo {
   accelerator: "kvm" | "tcg";
   /** Spawned with live_fork (RAM on tmpfs): can be BRANCHed in live mode. */
   live_fork: boolean;
+  /** BRANCHes taken of this sandbox (forkd v0.5's branch_count; has_branched is branch_count > 0). */
+  branch_count: number;
+  /** Tag of the latest branch taken of it (the parent of its next diff branch), or null. */
+  last_branch_tag: string | null;
+  /** That branch's memory file on the daemon's host (memory.bin of a full branch, else memory.layer), or null. */
+  last_branch_memory_path: string | null;
 }
 
 export interface SpawnRequest {
   snapshotTag: string;
   n: number;
   memoryLimitMiB?: number;
-  /** Lifetime; default DEFAULT_SANDBOX_TIMEOUT_MS; 0 = no limit. */
+  /** Lifetime in ms; 0 = no limit; absent: the daemon's default (none unless `--default-timeout-ms`). */
   timeoutMs?: number;
   /** Map RAM from a tmpfs copy of the snapshot's image, so the sandbox can be live-BRANCHed. */
   liveFork?: boolean;
@@ -56,6 +66,8 @@ export interface SpawnRequest {
 
 export interface SandboxService {
   spawn(request: SpawnRequest): Promise<SandboxInfo[]>;
+  /** BRANCHes admitted and not yet answered, and the host-wide cap on them (metrics). */
+  branchLoad(): { inFlight: number; cap: number };
   list(filter?: { snapshotTag?: string }): SandboxInfo[];
   get(id: string): SandboxInfo;
   /** Kills and forgets the sandbox; not_found if unknown. */
@@ -127,6 +139,15 @@ export interface SnapshotInfo {
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */
 export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
 
+export interface SnapshotCreateRequest {
+  tag: string;
+  /** Template name; default: the tag. */
+  template?: string;
+  /** forkd v0.5's form: the kernel and root filesystem of a built image on this host (see imageOfFiles). */
+  image?: { kernel: string; rootfs: string };
+  signal?: AbortSignal;
+}
+
 export interface SnapshotDeleteOptions {
   /** Delete every snapshot that depends on it too (leaves first). */
   cascade?: boolean;
@@ -139,8 +160,11 @@ export interface SnapshotService {
   get(tag: string): Promise<SnapshotInfo>;
   /** `get` plus the chain; not_found if unknown. */
   detail(tag: string): Promise<SnapshotDetail>;
-  /** Builds the template's image if needed, boots, warms and snapshots. conflict if the tag exists. */
-  create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
+  /**
+   * Builds the template's image if needed (or takes the built image `image` names), boots, warms and snapshots.
+   * conflict if the tag exists; invalid_argument if `image` names files outside the allowed image directories.
+   */
+  create(request: SnapshotCreateRequest): Promise<SnapshotInfo>;
   /**
    * not_found if unknown; conflict if a running sandbox maps it (directly or through a dependent), or if others
    * depend on it and neither cascade nor force is set. Returns the tags deleted, in order.

@@ -1,13 +1,15 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
-import { conflict, errorMessage, ForkdError, notFound } from "../common/errors.js";
+import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { imageOfFiles } from "../image/index.js";
 import type { StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot } from "./create-snapshot.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
+  SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
@@ -22,6 +24,8 @@ export class DaemonSnapshots implements SnapshotService {
     private readonly db: StateDb,
     /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
     private readonly usersOf: (tag: string) => string[],
+    /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
+    private readonly imageDirs: readonly string[] = [paths.images],
   ) {
     this.store = new SnapshotStore(paths.snapshots);
   }
@@ -94,8 +98,13 @@ export class DaemonSnapshots implements SnapshotService {
     return snapshot;
   }
 
-  async create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo> {
+  async create(request: SnapshotCreateRequest): Promise<SnapshotInfo> {
     const tag = assertTag(request.tag);
+    if (request.image !== undefined && request.template !== undefined) {
+      throw invalidArgument("give template, or kernel and rootfs, not both");
+    }
+    // Refused before a job row exists: a path outside the allowlist leaves no trace.
+    const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
       tag,
@@ -107,7 +116,11 @@ export class DaemonSnapshots implements SnapshotService {
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     try {
-      await createSnapshot(this.paths, { tag, template: request.template, signal: request.signal });
+      await createSnapshot(this.paths, {
+        tag,
+        ...(image ? { image } : { template: request.template ?? tag }),
+        signal: request.signal,
+      });
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
       // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".

@@ -217,3 +217,57 @@ export async function publish(
     throw err;
   }
 }
+
+/**
+ * The built image whose kernel and root filesystem are `kernel` and `rootfs` (forkd v0.5 clients name a snapshot's
+ * guest by these two host paths). Both must resolve, symlinks followed, to the vmlinuz and rootfs.ext4 of one
+ * complete image directly under one of `allowedDirs` (image caches: `<dir>/<hash>/...`); anything else is refused
+ * with `invalid_argument` naming the rule, so a caller cannot make the daemon (root) boot or read an arbitrary file.
+ */
+export async function imageOfFiles(
+  files: { kernel: string; rootfs: string },
+  allowedDirs: readonly string[],
+): Promise<BuiltImage> {
+  const allowed = await Promise.all(allowedDirs.map((d) => fs.realpath(d).catch(() => path.resolve(d))));
+  const shown = allowed.join(", ");
+  const rule =
+    `kernel and rootfs must be the ${IMAGE_FILES.kernel} and ${IMAGE_FILES.rootfs} of one forkd image under an ` +
+    `allowed image directory (${shown}; the daemon's --allow-image-dir adds more). forkd builds guests from ` +
+    'templates: send {"tag": ..., "template": ...} (see `forkd image ls`)';
+  const located: { dir: string; hash: string }[] = [];
+  for (const [what, file, expected] of [
+    ["kernel", files.kernel, IMAGE_FILES.kernel],
+    ["rootfs", files.rootfs, IMAGE_FILES.rootfs],
+  ] as const) {
+    if (!path.isAbsolute(file) || file.includes("\0")) {
+      throw new ForkdError(
+        "invalid_argument",
+        `${what} ${JSON.stringify(file)} is not an absolute path; ${rule}`,
+      );
+    }
+    const real = await fs.realpath(file).catch(() => undefined);
+    if (real === undefined) {
+      throw new ForkdError("invalid_argument", `${what} ${JSON.stringify(file)} does not exist; ${rule}`);
+    }
+    const match = allowed
+      .map((dir) => ({ dir, rel: path.relative(dir, real).split(path.sep) }))
+      .find(
+        ({ rel }) => rel.length === 2 && RECIPE_HASH_PATTERN.test(rel[0] as string) && rel[1] === expected,
+      );
+    if (!match)
+      throw new ForkdError("invalid_argument", `${what} ${JSON.stringify(file)} is not allowed: ${rule}`);
+    located.push({ dir: match.dir, hash: match.rel[0] as string });
+  }
+  const [kernel, rootfs] = located as [{ dir: string; hash: string }, { dir: string; hash: string }];
+  if (kernel.dir !== rootfs.dir || kernel.hash !== rootfs.hash) {
+    throw new ForkdError("invalid_argument", `kernel and rootfs belong to different images; ${rule}`);
+  }
+  const image = await readImageDir(kernel.dir, kernel.hash);
+  if (!image) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${path.join(kernel.dir, kernel.hash)} is not a complete forkd image (being built, or damaged); ${rule}`,
+    );
+  }
+  return image;
+}

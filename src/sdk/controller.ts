@@ -16,6 +16,7 @@ import {
 } from "./settings.js";
 import { exchange, type HttpRequest, isDaemonReachable, openStream, pathOf } from "./transport.js";
 import type {
+  BranchResult,
   EvalResult,
   ExecResult,
   FileInfo,
@@ -43,7 +44,10 @@ export interface SpawnOptions extends RequestOptions {
   /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
   n?: number;
   memoryLimitMib?: number;
-  /** Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's (5 minutes) */
+  /**
+   * Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's: none (it lives
+   * until killed) unless the daemon runs with `--default-timeout-ms`. `Sandbox.create` sends 5 minutes.
+   */
   timeoutMs?: number;
   /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
   perChildNetns?: boolean;
@@ -78,19 +82,34 @@ export interface EvalCodeOptions extends RequestOptions {
 
 export interface BranchOptions extends RequestOptions {
   tag?: string;
+  /**
+   * `full`: a snapshot that stands alone (flat memory, one disk layer, no parent); `diff`: only what the sandbox
+   * changed, on top of its base (a chain); `live`: like diff, memory captured while the sandbox runs (needs
+   * `liveFork` at spawn). @default the daemon's: "full" (as forkd v0.5)
+   */
   mode?: "full" | "diff" | "live";
   /** Wait until the snapshot is ready (live mode may return while it is still `writing`). @default true */
   wait?: boolean;
   /** forkd v0.5 forms of `mode`. */
   diff?: boolean;
   live?: boolean;
+  /** Report forkd v0.5's `diff_ms` / `diff_*_bytes` (mode diff always does). */
   measureDiff?: boolean;
+  /** forkd v0.5: the parent the caller expects (the sandbox's base); a mismatch is a ConflictError. */
+  parentTag?: string;
 }
 
 export interface CreateSnapshotOptions extends RequestOptions {
   tag: string;
   /** Template name (templates/<name>.toml on the daemon's host). @default the tag */
   template?: string;
+  /**
+   * forkd v0.5's form instead of `template`: the kernel and root filesystem of a built forkd image on the
+   * daemon's host (its vmlinuz and rootfs.ext4, in an allowed image directory; anything else is refused with
+   * InvalidArgumentError naming the directories).
+   */
+  kernel?: string;
+  rootfs?: string;
   /**
    * Longest wait for the build, boot and warm-up in ms; 0 = no limit. Replaces `requestTimeoutMs` for this call.
    * @default 1_800_000 (30 minutes)
@@ -158,6 +177,8 @@ export class Controller {
         json: {
           tag: required(options.tag, "tag"),
           ...(options.template === undefined ? {} : { template: required(options.template, "template") }),
+          ...(options.kernel === undefined ? {} : { kernel: required(options.kernel, "kernel") }),
+          ...(options.rootfs === undefined ? {} : { rootfs: required(options.rootfs, "rootfs") }),
         },
         deadlineMs: timeoutMs,
         deadlineSetting: "timeoutMs",
@@ -166,8 +187,38 @@ export class Controller {
     );
   }
 
-  async deleteSnapshot(tag: string, call: RequestOptions = {}): Promise<void> {
-    await this.send({ method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}` }, call);
+  /**
+   * Deletes a snapshot. ConflictError if a sandbox uses it, or if other snapshots depend on it and neither
+   * `cascade` (delete them too) nor `force` (leave them orphaned) is set.
+   */
+  async deleteSnapshot(
+    tag: string,
+    options: RequestOptions & { cascade?: boolean; force?: boolean } = {},
+  ): Promise<void> {
+    const query: Record<string, boolean> = {};
+    if (options.cascade) query.cascade = true;
+    if (options.force) query.force = true;
+    await this.send({ method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}`, query }, options);
+  }
+
+  /** Folds the chain ending at `tag` into a new flat snapshot `to` (no parent); resolves when it is ready. */
+  async compactSnapshot(
+    tag: string,
+    to: string,
+    options: RequestOptions & { timeoutMs?: number } = {},
+  ): Promise<SnapshotInfo> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    return this.json<SnapshotInfo>(
+      {
+        method: "POST",
+        path: pathOf`/v1/snapshots/${required(tag, "tag")}/compact`,
+        json: { to: required(to, "to") },
+        deadlineMs: timeoutMs,
+        deadlineSetting: "timeoutMs",
+      },
+      options,
+    );
   }
 
   // --- sandboxes ---------------------------------------------------------------------------------------
@@ -325,8 +376,8 @@ export class Controller {
     );
   }
 
-  /** Snapshots a running sandbox into a new snapshot it keeps running past (issue 4; 501 until implemented). */
-  async branchSandbox(id: string, options: BranchOptions = {}): Promise<SnapshotInfo> {
+  /** BRANCH: snapshots a running sandbox mid-work; it keeps running. Spawn from the result's `tag`. */
+  async branchSandbox(id: string, options: BranchOptions = {}): Promise<BranchResult> {
     const body: Record<string, unknown> = {};
     if (options.tag !== undefined) body.tag = options.tag;
     if (options.mode !== undefined) body.mode = options.mode;
@@ -334,7 +385,8 @@ export class Controller {
     if (options.diff !== undefined) body.diff = options.diff;
     if (options.live !== undefined) body.live = options.live;
     if (options.measureDiff !== undefined) body.measure_diff = options.measureDiff;
-    return this.json<SnapshotInfo>(
+    if (options.parentTag !== undefined) body.parent_tag = options.parentTag;
+    return this.json<BranchResult>(
       { method: "POST", path: pathOf`/v1/sandboxes/${required(id, "id")}/branch`, json: body },
       options,
     );

@@ -17,6 +17,14 @@ export interface SandboxInfo {
   /** Restore to ready, in ms. */
   ready_ms?: number | null;
   accelerator?: "kvm" | "tcg" | (string & {});
+  /** Spawned with live_fork: can be BRANCHed in live mode. */
+  live_fork?: boolean;
+  /** forkd v0.5 fields: a BRANCH was taken of it, how many, and the latest one's memory file on the host. */
+  has_branched?: boolean;
+  branch_count?: number;
+  last_branch_memory_path?: string | null;
+  /** The latest BRANCH's tag (the parent of the sandbox's next diff branch). */
+  last_branch_tag?: string | null;
   /** forkd v0.5 fields; always null here. */
   netns?: null;
   guest_addr?: null;
@@ -39,6 +47,21 @@ export interface SnapshotInfo {
   /** Where the snapshot lives on the daemon's host. */
   dir?: string;
   [field: string]: unknown;
+}
+
+/** POST /v1/sandboxes/:id/branch: the new snapshot plus what the BRANCH cost. */
+export interface BranchResult extends SnapshotInfo {
+  /** The source sandbox. */
+  branched_from: string;
+  mode: "full" | "diff" | "live";
+  /** How long the source was paused, whole ms. */
+  pause_ms: number;
+  bytes_captured?: number;
+  bytes_written?: number;
+  /** forkd v0.5's measurements, with `measureDiff` or mode diff (see docs/api.md). */
+  diff_ms?: number;
+  diff_physical_bytes?: number;
+  diff_logical_bytes?: number;
 }
 
 /** GET /v1/snapshots/:tag/info: a snapshot and its chain. */

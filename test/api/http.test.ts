@@ -303,7 +303,7 @@ describe("REST API over the services test double", () => {
     assert.equal((await call("GET", `/v1/sandboxes/${sid}`)).status, 404);
   });
 
-  it("snapshots: list, info, create from a template, v0.5 raw form 501, delete (cascade), compact", async () => {
+  it("snapshots: list, info, create from a template or v0.5's kernel/rootfs, delete (cascade), compact", async () => {
     const list = JSON.parse((await call("GET", "/v1/snapshots")).response.body) as Record<string, unknown>[];
     const py = list.find((s) => s.tag === "py");
     assert.deepEqual([py?.dir, py?.status, py?.bootable], ["/srv/snaps/py", "ready", true]);
@@ -315,12 +315,24 @@ describe("REST API over the services test double", () => {
     assert.equal(created.status, 201);
     assert.equal(created.json?.template, "python");
     await expectError("POST", "/v1/snapshots", { tag: "fresh", template: "python" }, 409, /already exists/);
+    // forkd v0.5's MCP create_snapshot body: the files go to the service, which checks them (imageOfFiles).
+    const v05 = await call("POST", "/v1/snapshots", {
+      tag: "v05",
+      kernel: "/k",
+      rootfs: "/r",
+      rw: false,
+      boot_wait_secs: 10,
+    });
+    assert.equal(v05.status, 201, v05.response.body);
+    assert.deepEqual(double.lastCreate?.image, { kernel: "/k", rootfs: "/r" });
+    assert.equal(double.lastCreate?.template, undefined);
+    await expectError("POST", "/v1/snapshots", { tag: "v05b", kernel: "/k" }, 400, /go together/);
     await expectError(
       "POST",
       "/v1/snapshots",
-      { tag: "v05", kernel: "/k", rootfs: "/r", rw: true, boot_wait_secs: 10 },
+      { tag: "v05c", kernel: "/k", rootfs: "/r", tap: "forkd-tap0" },
       501,
-      /raw kernel\/rootfs/,
+      /tap/,
     );
     await expectError(
       "POST",
@@ -334,9 +346,10 @@ describe("REST API over the services test double", () => {
     assert.equal((await call("DELETE", "/v1/snapshots/child?cascade=true")).status, 204);
     assert.equal((await call("GET", "/v1/snapshots/grandchild")).status, 404);
     const compacted = await call("POST", "/v1/snapshots/py/compact", { to: "flat" });
+    // 200, as forkd v0.5 answers a compaction.
     assert.deepEqual(
       [compacted.status, compacted.json?.tag, compacted.json?.parent_tag],
-      [201, "flat", null],
+      [200, "flat", null],
     );
     await expectError("POST", "/v1/snapshots/py/compact", { to: "../x" }, 400, /"to"/);
   });
@@ -365,20 +378,29 @@ describe("REST API over the services test double", () => {
       parent_tag: "py",
     });
     assert.equal(made.status, 201);
+    // pause_ms is whole milliseconds (v0.5's CLI parses an integer); diff mode reports v0.5's measurements.
     assert.deepEqual(
       [made.json?.tag, made.json?.mode, made.json?.branched_from, made.json?.pause_ms, made.json?.status],
-      ["b1", "diff", id, 4.2, "ready"],
+      ["b1", "diff", id, 4, "ready"],
+    );
+    assert.deepEqual(
+      [made.json?.diff_ms, made.json?.diff_physical_bytes, made.json?.diff_logical_bytes],
+      [2, 8192, 512 * 1024 * 1024],
     );
     assert.equal(double.lastBranch?.parentTag, "py");
     for (const [body, mode] of [
       [{ diff: true, measure_diff: false, wait: true }, "diff"],
       [{ diff: false }, "full"],
       [{ live: true, wait: false }, "live"],
-      [{}, "diff"],
+      [{}, "full"],
+      [{ measure_diff: true }, "full"],
     ] as const) {
       const res = await call("POST", `/v1/sandboxes/${id}/branch`, body);
       assert.equal(double.lastBranch?.mode, mode, JSON.stringify(body));
       assert.equal(res.status, mode === "live" ? 202 : 201);
+      const measured = mode === "diff" || "measure_diff" in body;
+      assert.equal("diff_ms" in (res.json ?? {}), measured, `${JSON.stringify(body)}: ${res.response.body}`);
+      if (mode === "full") assert.equal(res.json?.parent_tag, null, "a full branch stands alone");
     }
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "full", live: true }, 400, /contradicts/);
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "turbo" }, 400, /"mode"/);
@@ -456,5 +478,31 @@ describe("REST API over the services test double", () => {
       /^forkd_http_errors_total\{method="POST",route="\/v1\/sandboxes",code="invalid_argument"\} [1-9]/m,
     );
     assert.match(text, /^forkd_sandbox_ready_seconds_count [1-9]/m);
+    double.branchLoadNow = { inFlight: 1, cap: 7 };
+    const again = (await call("GET", "/metrics")).response.body;
+    assert.match(again, /^forkd_branches_in_flight 1$/m);
+    assert.match(again, /^forkd_branch_concurrency_cap 7$/m);
+  });
+
+  it("answers 404 for an unknown sandbox id of any safe shape, 400 for one that could be a path", async () => {
+    for (const unknown of ["sb-abc-0000", "sb-0123456789ab-0001", "sandbox_7", "x"]) {
+      for (const [method, suffix] of [
+        ["GET", ""],
+        ["DELETE", ""],
+        ["POST", "/ping"],
+      ] as const) {
+        await expectError(method, `/v1/sandboxes/${unknown}${suffix}`, undefined, 404, /not found/);
+      }
+      await expectError(
+        "POST",
+        `/v1/sandboxes/${unknown}/exec`,
+        { args: ["true"], timeout_secs: 30 },
+        404,
+        /not found/,
+      );
+    }
+    for (const bad of [".hidden", "..x", "-x", "a%2Fb", "a%2F..%2Fb", "a%00b", "x".repeat(129)]) {
+      await expectError("GET", `/v1/sandboxes/${bad}`, undefined, 400, /"id"/);
+    }
   });
 });

@@ -43,6 +43,7 @@ export class ServicesDouble {
   lastSpawn: SpawnRequest | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
+  lastCreate: Parameters<SnapshotService["create"]>[0] | undefined;
   private counter = 0;
 
   constructor() {
@@ -70,9 +71,11 @@ export class ServicesDouble {
   readonly snapshots: SnapshotService = {
     list: async () => [...this.snapshotsByTag.values()],
     get: async (tag) => this.snapshot(tag),
-    create: async ({ tag, template }) => {
+    create: async (request) => {
+      this.lastCreate = request;
+      const { tag, template } = request;
       if (this.snapshotsByTag.has(tag)) throw new ForkdError("conflict", `snapshot ${tag} already exists`);
-      return this.addSnapshot(tag, { template });
+      return this.addSnapshot(tag, { template: template ?? "from-image" });
     },
     detail: async (tag) => {
       const info = this.snapshot(tag);
@@ -132,7 +135,11 @@ export class ServicesDouble {
     return out;
   }
 
+  /** What branchLoad() reports (metrics tests set it). */
+  branchLoadNow = { inFlight: 0, cap: 2 };
+
   readonly sandboxes: SandboxService = {
+    branchLoad: () => this.branchLoadNow,
     spawn: async (request) => {
       this.lastSpawn = request;
       const snap = this.snapshot(request.snapshotTag);
@@ -152,6 +159,9 @@ export class ServicesDouble {
           ready_ms: 12.5,
           accelerator: "tcg",
           live_fork: false,
+          branch_count: 0,
+          last_branch_tag: null,
+          last_branch_memory_path: null,
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
@@ -189,14 +199,17 @@ export class ServicesDouble {
     branch: async (id, request) => {
       const sb = this.sandbox(id);
       this.lastBranch = request;
-      const mode = request.mode ?? "diff";
+      const mode = request.mode ?? "full";
       const tag = request.tag ?? `branch-${id}`;
+      const parentTag = mode === "full" ? null : sb.snapshot_tag;
       return {
         tag,
         mode,
-        parent_tag: sb.snapshot_tag,
+        parent_tag: parentTag,
         status: mode === "live" && request.wait === false ? "writing" : "ready",
         pause_ms: 4.2,
+        capture_ms: 1.6,
+        ram_bytes: 512 * 1024 * 1024,
         bytes_captured: 8192,
         bytes_written: 16384,
         snapshot: {
@@ -207,7 +220,7 @@ export class ServicesDouble {
           template: "pyagent",
           accelerator: "tcg",
           memory_mib: 512,
-          parent_tag: sb.snapshot_tag,
+          parent_tag: parentTag,
           bytes: 16384,
           error: null,
         },

@@ -73,9 +73,11 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
       const branch = await sb.branch(sourceId, { mode });
       assert.equal(branch.mode, mode);
       assert.equal(branch.status, "ready");
-      assert.equal(branch.parent_tag, tag);
+      // A full branch stands alone (flat memory, one disk layer); diff and live layer on the base.
+      const expectedParent = mode === "full" ? null : tag;
+      assert.equal(branch.parent_tag, expectedParent);
       assert.equal(branch.snapshot.status, "ready");
-      assert.equal(branch.snapshot.parent_tag, tag);
+      assert.equal(branch.snapshot.parent_tag, expectedParent);
       assert.ok(branch.pause_ms > 0 && branch.pause_ms < 5000, `pause ${branch.pause_ms} ms`);
       assert.ok(branch.bytes_captured > 0);
 

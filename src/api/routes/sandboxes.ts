@@ -3,6 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
 import { clientSignal } from "../request-signal.js";
@@ -247,11 +248,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         tags: ["sandboxes"],
         summary: "BRANCH: snapshot a running sandbox mid-work; it keeps running",
         description:
-          "mode diff (default: only the pages the sandbox changed), full (a flat memory image) or live (memory " +
-          "captured while the guest runs; needs a sandbox spawned with live_fork). 201 with the new snapshot and the " +
-          "pause it cost; 202 with status writing for live + wait:false. 409 if the tag exists or is being written; " +
-          "503 when the host-wide BRANCH limit is reached. Legacy v0.5 forms: diff/live booleans, parent_tag (must " +
-          "name the source's base), measure_diff (always measured).",
+          "mode full (the default, as in forkd v0.5: a snapshot that stands alone, flat memory and one disk layer, " +
+          "no parent), diff (only the pages and blocks the sandbox changed, on top of its base: a chain) or live " +
+          "(like diff, memory captured while the guest runs; needs a sandbox spawned with live_fork). 201 with the " +
+          "new snapshot and the pause it cost; 202 with status writing for live + wait:false. 409 if the tag exists " +
+          "or is being written; 503 when the host-wide BRANCH limit (--branch-concurrency) is reached. Legacy v0.5 " +
+          "forms: diff/live booleans, parent_tag (must name the source's base), measure_diff (adds diff_ms and " +
+          "diff_*_bytes, which diff mode always reports).",
         params: SandboxParams,
         body: BranchBody,
         response: { 201: BranchResultWire, 202: BranchResultWire, ...errorResponses },
@@ -259,7 +262,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request, reply) => {
       const body = request.body;
-      const mode = body.mode ?? (body.live ? "live" : body.diff === false ? "full" : "diff");
+      // forkd v0.5: `mode` wins; without it the legacy booleans; without those a full branch.
+      const mode = body.mode ?? (body.live ? "live" : body.diff ? "diff" : DEFAULT_BRANCH_MODE);
       if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
         throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
       }
@@ -271,9 +275,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         signal: clientSignal(request, reply),
       });
       request.auditIds.push(outcome.tag);
-      return reply
-        .status(outcome.status === "writing" ? 202 : 201)
-        .send(branchToWire(outcome, request.params.id, context.snapshotsDir));
+      return reply.status(outcome.status === "writing" ? 202 : 201).send(
+        branchToWire(outcome, request.params.id, context.snapshotsDir, {
+          measure: body.measure_diff === true || mode === "diff",
+        }),
+      );
     },
   );
 }

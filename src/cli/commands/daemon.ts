@@ -1,4 +1,6 @@
 /** `forkd daemon` (alias `serve`): owns all state and serves the REST API (src/api) until SIGTERM. */
+import { statSync } from "node:fs";
+import path from "node:path";
 import type { Command } from "commander";
 import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
@@ -6,7 +8,8 @@ import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../..
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
-import { openServices } from "../../controller/sandbox-manager.js";
+import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
+import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
 
@@ -23,6 +26,11 @@ interface DaemonOptions {
   maxSandboxes?: number;
   maxConcurrentSpawns?: number;
   memoryReserveMib?: number;
+  defaultTimeoutMs?: number;
+  branchConcurrency?: number;
+  state?: string;
+  snapshotRoot?: string;
+  allowImageDir: string[];
 }
 
 export function registerDaemon(program: Command): void {
@@ -57,6 +65,30 @@ export function registerDaemon(program: Command): void {
       "host memory that must stay available after a spawn",
       parseIntOption("--memory-reserve-mib", 0, 1 << 30),
     )
+    .option(
+      "--default-timeout-ms <ms>",
+      "lifetime of sandboxes spawned without timeout_ms (default: none, they live until killed; 0 = none)",
+      parseIntOption("--default-timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
+    )
+    .option(
+      "--branch-concurrency <n>",
+      `BRANCHes in flight at once, host-wide; more are answered 503 (default ${MAX_CONCURRENT_BRANCHES})`,
+      parseIntOption("--branch-concurrency", 1, MAX_BRANCH_CONCURRENCY),
+    )
+    .option(
+      "--allow-image-dir <dir>",
+      "another image cache whose images forkd v0.5 clients may name by kernel/rootfs path (repeatable)",
+      (dir: string, dirs: string[]) => [...dirs, dir],
+      [] as string[],
+    )
+    .option(
+      "--state <file>",
+      "forkd v0.5 flag: its state file; here FORKD_HOME becomes the file's directory (state in state.db there)",
+    )
+    .option(
+      "--snapshot-root <dir>",
+      "forkd v0.5 flag: where snapshots live; must be <FORKD_HOME>/snapshots (FORKD_HOME = its parent)",
+    )
     .addHelpText(
       "after",
       "\nEnvironment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
@@ -74,7 +106,7 @@ export function registerDaemon(program: Command): void {
           { name: "forkd", level: opts.logLevel },
           pino.destination({ dest: 2, sync: true }),
         );
-        const paths = resolvePaths();
+        const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
         await runDaemon(
           {
             socketPath: opts.socket === false ? null : opts.socket,
@@ -99,6 +131,9 @@ export function registerDaemon(program: Command): void {
             // close() without killing: sandboxes outlive a daemon restart and are re-attached on the next start.
             const services = await openServices(paths, {
               limits,
+              defaultTimeoutMs: opts.defaultTimeoutMs,
+              branchConcurrency: opts.branchConcurrency,
+              extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
               log: logger.child({ component: "manager" }),
             });
             return { ...services, close: () => services.close() };
@@ -112,4 +147,37 @@ export function registerDaemon(program: Command): void {
         );
       }
     });
+}
+
+/**
+ * forkd v0.5's daemon took `--state /var/lib/forkd/state.json` (a JSON state file) and `--snapshot-root DIR`; its
+ * systemd and Kubernetes files pass them. Here all state lives in one home (FORKD_HOME: state.db, snapshots/,
+ * run/), and snapshot layers name each other relative to it, so both flags name the home: the state file's
+ * directory, the snapshot root's parent. They win over FORKD_HOME and must agree with each other. The v0.5 JSON
+ * file itself is not read (its state format is not ours).
+ */
+export function homeFromV05Flags(opts: { state?: string; snapshotRoot?: string }): { FORKD_HOME?: string } {
+  const homes: [string, string][] = [];
+  if (opts.state !== undefined) {
+    const state = path.resolve(opts.state);
+    const isDir = statSync(state, { throwIfNoEntry: false })?.isDirectory() === true;
+    homes.push([isDir ? state : path.dirname(state), `--state ${opts.state}`]);
+  }
+  if (opts.snapshotRoot !== undefined) {
+    const root = path.resolve(opts.snapshotRoot);
+    if (path.basename(root) !== "snapshots") {
+      throw invalidArgument(
+        `--snapshot-root ${opts.snapshotRoot}: forkd keeps snapshots in <FORKD_HOME>/snapshots (layers name each ` +
+          "other relative to FORKD_HOME), so the directory must be named snapshots; or set FORKD_HOME instead",
+      );
+    }
+    homes.push([path.dirname(root), `--snapshot-root ${opts.snapshotRoot}`]);
+  }
+  const [first, second] = homes;
+  if (first && second && first[0] !== second[0]) {
+    throw invalidArgument(
+      `${first[1]} puts forkd's home at ${first[0]} but ${second[1]} at ${second[0]}: they must name one home`,
+    );
+  }
+  return first ? { FORKD_HOME: first[0] } : {};
 }

@@ -20,7 +20,7 @@ import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   type RequestOptions,
 } from "../settings.js";
-import type { EvalResult, SandboxInfo, SnapshotInfo } from "../wire.js";
+import type { BranchResult, EvalResult, SandboxInfo, SnapshotInfo } from "../wire.js";
 import { Commands } from "./commands.js";
 import { Files } from "./files.js";
 
@@ -277,8 +277,11 @@ export class Sandbox {
     }
   }
 
-  /** Snapshots this sandbox where it is; it keeps running (issue 4; the daemon answers 501 until then). */
-  async branch(options: Parameters<Controller["branchSandbox"]>[1] = {}): Promise<SnapshotInfo> {
+  /**
+   * Snapshots this sandbox where it is (BRANCH); it keeps running. `Sandbox.create({ snapshotTag: result.tag })`
+   * forks children that continue from here. Mode `full` (the default) stands alone; `diff` layers on the base.
+   */
+  async branch(options: Parameters<Controller["branchSandbox"]>[1] = {}): Promise<BranchResult> {
     try {
       return await this.controller.branchSandbox(this.id, options);
     } catch (err) {
