@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what forkd needs on a Debian 12 host (as root): QEMU, the image builder's tools, and the npm
-# dependencies. Uses the machine's own apt and npm configuration. Safe to run again.
+# dependencies; plus what the Python SDK's tests use (python3-venv and python3-wheel to build and install its
+# wheel with no index, mypy to type-check it). Uses the machine's own apt and npm configuration. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates >/dev/null
+  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates \
+  python3 python3-venv python3-wheel mypy >/dev/null
 npm ci --no-audit --no-fund
 npm run build
