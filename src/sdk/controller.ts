@@ -198,7 +198,10 @@ export class Controller {
     const query: Record<string, boolean> = {};
     if (options.cascade) query.cascade = true;
     if (options.force) query.force = true;
-    await this.send({ method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}`, query }, options);
+    await this.send(
+      { method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}`, query },
+      options,
+    );
   }
 
   /** Folds the chain ending at `tag` into a new flat snapshot `to` (no parent); resolves when it is ready. */

@@ -162,7 +162,10 @@ describe("forkd v0.5 clients' requests on real VMs", { timeout: 40 * 60_000 }, (
     const diff = ok(await v05("POST", `/v1/sandboxes/${source.id}/branch`, { diff: true }), 201).json();
     assert.deepEqual([diff.mode, diff.parent_tag, diff.branched_from], ["diff", tag, source.id]);
     assert.ok(Number.isInteger(diff.pause_ms), `pause_ms ${diff.pause_ms} is an integer`);
-    assert.ok(Number.isInteger(diff.diff_ms) && (diff.diff_physical_bytes as number) > 0, JSON.stringify(diff));
+    assert.ok(
+      Number.isInteger(diff.diff_ms) && (diff.diff_physical_bytes as number) > 0,
+      JSON.stringify(diff),
+    );
     assert.equal(diff.diff_logical_bytes, 512 * 1024 * 1024);
     ok(await v05("DELETE", `/v1/sandboxes/${source.id}`), 204);
 

@@ -8,6 +8,7 @@ import { registerFiles } from "./files.js";
 import { registerImages } from "./images.js";
 import { registerKill } from "./kill.js";
 import { registerLs } from "./ls.js";
+import { registerMcp } from "./mcp.js";
 import { registerPing } from "./ping.js";
 import { registerSetTimeout } from "./set-timeout.js";
 import { registerSpawn } from "./spawn.js";
@@ -24,4 +25,5 @@ export function registerDaemonCommands(program: Command): void {
   registerSetTimeout(program);
   registerFiles(program);
   registerImages(program);
+  registerMcp(program);
 }
