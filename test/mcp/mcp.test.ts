@@ -19,6 +19,7 @@ import { packageRoot } from "../../src/image/package-root.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
 
 const FORKD_BIN = path.join(packageRoot(), "bin", "forkd.js");
+const FORKD_MCP_BIN = path.join(packageRoot(), "bin", "forkd-mcp.js");
 
 const FORKD_TOOLS = [
   "list_snapshots",
@@ -247,11 +248,17 @@ describe("forkd mcp on real VMs", { timeout: 30 * 60_000 }, () => {
     await daemon?.stop();
   });
 
-  it("over stdio, driven by the MCP SDK's client", async () => {
+  it("over stdio, started as a forkd v0.5 MCP configuration does (forkd-mcp, FORKD_URL/FORKD_TOKEN)", async () => {
+    // v0.5's documented client configuration: "command": "forkd-mcp", env FORKD_URL (TCP) and FORKD_TOKEN.
     const transport = new StdioClientTransport({
       command: process.execPath,
-      args: [FORKD_BIN, "mcp"],
-      env: { ...(process.env as Record<string, string>), FORKD_URL: daemon.socketUrl },
+      args: [FORKD_MCP_BIN],
+      env: {
+        ...(process.env as Record<string, string>),
+        FORKD_URL: daemon.tcpUrl,
+        FORKD_TOKEN: daemon.token,
+        FORKD_HTTP_TIMEOUT: "120",
+      },
       stderr: "pipe",
     });
     let stderr = "";
@@ -276,8 +283,7 @@ describe("forkd mcp on real VMs", { timeout: 30 * 60_000 }, () => {
     const port = await freePort();
     const server = startHttp(["--http", String(port)], {
       FORKD_MCP_TOKEN: token,
-      FORKD_URL: daemon.tcpUrl,
-      FORKD_TOKEN: daemon.token,
+      FORKD_URL: daemon.socketUrl,
     });
     try {
       const url = await server.ready;

@@ -37,7 +37,11 @@ export function registerMcp(program: Command): void {
       const log = (line: string) => process.stderr.write(`forkd mcp: ${line}\n`);
       try {
         const target = daemonTarget(command);
-        const controller = new Controller({ url: target.url, token: target.token });
+        const controller = new Controller({
+          url: target.url,
+          token: target.token,
+          ...requestTimeoutFromEnv(),
+        });
         if (opts.http === undefined) {
           await serveStdio(controller);
           return;
@@ -59,6 +63,19 @@ export function registerMcp(program: Command): void {
         process.exit(EXIT.usage);
       }
     });
+}
+
+/** forkd v0.5's MCP server read FORKD_HTTP_TIMEOUT (seconds per daemon request); so does this one. */
+function requestTimeoutFromEnv(): { requestTimeoutMs?: number } {
+  const value = process.env.FORKD_HTTP_TIMEOUT?.trim();
+  if (!value) return {};
+  const seconds = Number(value);
+  if (!Number.isFinite(seconds) || seconds < 0 || seconds > 2_000_000) {
+    throw invalidArgument(
+      `FORKD_HTTP_TIMEOUT is ${JSON.stringify(value)}: expected seconds, e.g. 60 (0: none)`,
+    );
+  }
+  return { requestTimeoutMs: Math.round(seconds * 1000) };
 }
 
 function tokenFromEnv(): string[] {

@@ -29,7 +29,12 @@ export function registerSnapshot(program: Command): void {
           "live",
         ]),
       )
-      .addOption(new Option("--full", "branch: store a flat memory image").conflicts(["live"]))
+      .addOption(
+        new Option(
+          "--full",
+          "branch: a snapshot that stands alone (flat memory, one disk layer, no parent)",
+        ).conflicts(["live"]),
+      )
       .option("--live", "branch: capture memory while the guest runs (sandbox spawned with --live-fork)")
       .option(
         "--no-wait",

@@ -35,6 +35,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   /** The sandbox's lifetime in ms: it is killed this long after creation unless extended; 0 = no limit. @default 300_000 */
   timeoutMs?: number;
   memoryLimitMib?: number;
+  /** Map the sandbox's RAM from tmpfs so it can be BRANCHed in `live` mode. */
+  liveFork?: boolean;
   /** Longest wait for building a missing template snapshot, in ms; 0 = no limit. @default 1_800_000 */
   snapshotTimeoutMs?: number;
   signal?: AbortSignal;
@@ -111,8 +113,16 @@ export class Sandbox {
       typeof templateOrOptions === "string"
         ? { ...maybeOptions, template: templateOrOptions }
         : { ...templateOrOptions };
-    const { template, snapshotTag, timeoutMs, memoryLimitMib, snapshotTimeoutMs, signal, ...connection } =
-      options;
+    const {
+      template,
+      snapshotTag,
+      timeoutMs,
+      memoryLimitMib,
+      liveFork,
+      snapshotTimeoutMs,
+      signal,
+      ...connection
+    } = options;
     if ((template === undefined) === (snapshotTag === undefined)) {
       throw new InvalidArgumentError(
         "Sandbox.create needs exactly one of `template` (a template name) or `snapshotTag` (an existing snapshot)",
@@ -128,6 +138,7 @@ export class Sandbox {
         n: 1,
         memoryLimitMib,
         timeoutMs: lifetimeMs,
+        ...(liveFork ? { liveFork: true } : {}),
         signal,
       });
       if (info === undefined)
@@ -159,6 +170,7 @@ export class Sandbox {
       snapshotTag,
       timeoutMs,
       memoryLimitMib,
+      liveFork,
       snapshotTimeoutMs: _unused,
       signal,
       ...connection
@@ -174,6 +186,7 @@ export class Sandbox {
       n,
       memoryLimitMib,
       timeoutMs: lifetimeMs,
+      ...(liveFork ? { liveFork: true } : {}),
       signal,
     });
     return infos.map((info) => new Sandbox(controller, info));
