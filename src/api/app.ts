@@ -25,6 +25,7 @@ import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
+import { registerPackRoutes } from "./routes/packs.js";
 import { registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
@@ -179,6 +180,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSandboxRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
+  await app.register(async (scope) => registerPackRoutes(scope, context));
   return app;
 }
 

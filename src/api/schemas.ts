@@ -224,6 +224,50 @@ export const DeleteSnapshotQuery = Type.Object(
   { additionalProperties: false },
 );
 
+/** Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; packs.ts bounds each file). */
+export const MAX_PACK_UPLOAD_BYTES = 256 * 1024 ** 3;
+
+export const PackQuery = Type.Object(
+  {
+    without_image: Type.Optional(
+      Type.Boolean({
+        description: "Leave the guest image out (the pack then unpacks only where that image build exists).",
+      }),
+    ),
+    level: Type.Optional(Type.Integer({ minimum: 1, maximum: 19, description: "zstd level (default 3)." })),
+  },
+  { additionalProperties: false },
+);
+
+export const UnpackQuery = Type.Object(
+  {
+    tag: Type.Optional(
+      Type.String({
+        pattern: TAG_PATTERN,
+        description: "Install the head under this tag (ancestors keep theirs).",
+      }),
+    ),
+    force: Type.Optional(
+      Type.Boolean({
+        description: "Replace existing snapshots of the same tags that differ from the packed ones.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const UnpackResultWire = Type.Object({
+  head: Type.String(),
+  chain: Type.Array(Type.String(), { description: "Root first, as installed." }),
+  installed: Type.Array(Type.String()),
+  reused: Type.Array(Type.String(), { description: "Layers already present, identical, and kept." }),
+  replaced: Type.Array(Type.String(), { description: "Existing snapshots replaced (force)." }),
+  orphaned: Type.Array(Type.String(), { description: "Local snapshots left unbootable by a replacement." }),
+  image: Type.Union([Type.Literal("installed"), Type.Literal("present")]),
+  content_bytes: Type.Integer(),
+  ms: Type.Number(),
+});
+
 export const CompactSnapshotBody = Type.Object(
   {
     to: Type.String({ pattern: TAG_PATTERN, description: "Tag of the new flat snapshot (must not exist)." }),

@@ -13,6 +13,7 @@ import type {
   PingInfo,
 } from "../agent/host/types.js";
 import type { ChainDetail } from "./chains.js";
+import type { PackResult, UnpackResult } from "./packs.js";
 
 export interface BranchOutcome {
   tag: string;
@@ -172,4 +173,29 @@ export interface SnapshotService {
   delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
   /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
   compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
+  /** A pack of the chain ending at `tag` (packs.ts), as a file the caller sends and then disposes of. */
+  pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
+  /** Receives a pack and installs it, all or nothing. */
+  unpack(request: UnpackRequest): Promise<UnpackResult>;
+}
+
+export interface PackRequest {
+  tag: string;
+  /** zstd level 1..19. */
+  level?: number;
+  /** Leave the guest image out (it unpacks only where that image build exists). */
+  withoutImage?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface UnpackRequest {
+  /** The pack's bytes as they arrive. */
+  body: AsyncIterable<Buffer>;
+  /** Refuse a pack larger than this. */
+  maxBytes: number;
+  /** Install the head under this tag. */
+  tag?: string;
+  /** Replace existing snapshots of the same tags that differ. */
+  force?: boolean;
+  signal?: AbortSignal;
 }

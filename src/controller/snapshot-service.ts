@@ -1,4 +1,8 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
+import { createWriteStream } from "node:fs";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import path from "node:path";
+import { pipeline } from "node:stream/promises";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -7,13 +11,16 @@ import type { StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot } from "./create-snapshot.js";
+import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
+  PackRequest,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
   SnapshotService,
+  UnpackRequest,
 } from "./sandbox-service.js";
 
 export class DaemonSnapshots implements SnapshotService {
@@ -42,6 +49,8 @@ export class DaemonSnapshots implements SnapshotService {
       }
     }
     await this.store.sweepStale();
+    // Packs in transit belong to requests of a daemon that is gone.
+    await rm(this.paths.transfers, { recursive: true, force: true });
   }
 
   async list(): Promise<SnapshotInfo[]> {
@@ -186,6 +195,56 @@ export class DaemonSnapshots implements SnapshotService {
     return this.get(to);
   }
 
+  /**
+   * Packs the chain ending at `tag` (with its guest image unless `withoutImage`) into a file of its own under the
+   * transfers directory; the caller sends it and calls `dispose`.
+   */
+  async pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }> {
+    const tag = assertTag(request.tag);
+    const dir = await this.transferDir("pack-");
+    const dispose = () => rm(dir, { recursive: true, force: true });
+    try {
+      const file = path.join(dir, `${tag}.tar.zst`);
+      const result = await packSnapshot(this.paths, {
+        tag,
+        out: file,
+        level: request.level,
+        withoutImage: request.withoutImage,
+        signal: request.signal,
+      });
+      return { file, result, dispose };
+    } catch (err) {
+      await dispose();
+      throw err;
+    }
+  }
+
+  /**
+   * Receives a pack (at most `maxBytes`) into the transfers directory, then verifies and installs it, all or
+   * nothing (packs.ts: a pack is hostile input). The received file is removed either way.
+   */
+  async unpack(request: UnpackRequest): Promise<UnpackResult> {
+    const dir = await this.transferDir("unpack-");
+    try {
+      const file = path.join(dir, "pack.tar.zst");
+      await receive(request.body, file, request.maxBytes, request.signal);
+      return await unpackSnapshot(this.paths, {
+        file,
+        tag: request.tag,
+        force: request.force,
+        sandboxesOf: this.usersOf,
+        signal: request.signal,
+      });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async transferDir(prefix: string): Promise<string> {
+    await mkdir(this.paths.transfers, { recursive: true, mode: 0o700 });
+    return mkdtemp(path.join(this.paths.transfers, prefix));
+  }
+
   private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {
     const problem = await snapshotIsBootable(s);
     return {
@@ -201,4 +260,24 @@ export class DaemonSnapshots implements SnapshotService {
       error: problem,
     };
   }
+}
+
+/** Writes `body` to `file`, refusing (payload_too_large) beyond `maxBytes`. */
+async function receive(
+  body: AsyncIterable<Buffer>,
+  file: string,
+  maxBytes: number,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  let received = 0;
+  async function* bounded() {
+    for await (const chunk of body) {
+      received += chunk.length;
+      if (received > maxBytes) {
+        throw new ForkdError("payload_too_large", `the pack is larger than ${maxBytes} bytes`);
+      }
+      yield chunk;
+    }
+  }
+  await pipeline(bounded(), createWriteStream(file, { flags: "wx", mode: 0o600 }), { signal });
 }

@@ -3,6 +3,8 @@
  * the wire's JSON documents out). The Sandbox class builds on it. Every method takes per-call options
  * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
  */
+import { createReadStream } from "node:fs";
+import { type FileHandle, open, rm, stat } from "node:fs/promises";
 import { CallScope } from "./call-scope.js";
 import { ForkdSdkError, InvalidArgumentError } from "./errors.js";
 import { type ExecEvent, execEvents } from "./exec-stream.js";
@@ -14,7 +16,14 @@ import {
   type ResolvedSettings,
   resolveSettings,
 } from "./settings.js";
-import { exchange, type HttpRequest, isDaemonReachable, openStream, pathOf } from "./transport.js";
+import {
+  exchange,
+  type HttpRequest,
+  isDaemonReachable,
+  openStream,
+  pathOf,
+  streamFailure,
+} from "./transport.js";
 import type {
   BranchResult,
   EvalResult,
@@ -25,6 +34,7 @@ import type {
   SandboxInfo,
   SnapshotDetail,
   SnapshotInfo,
+  UnpackResult,
   VersionInfo,
 } from "./wire.js";
 
@@ -391,6 +401,96 @@ export class Controller {
     if (options.parentTag !== undefined) body.parent_tag = options.parentTag;
     return this.json<BranchResult>(
       { method: "POST", path: pathOf`/v1/sandboxes/${required(id, "id")}/branch`, json: body },
+      options,
+    );
+  }
+
+  /**
+   * Downloads a pack of the chain ending at `tag` (and its guest image, unless `withoutImage`) into the file `out`,
+   * which must not exist; `forkd unpack` or `unpackSnapshot` installs it elsewhere. A failed download leaves no file.
+   */
+  async packSnapshot(
+    tag: string,
+    options: RequestOptions & { out: string; withoutImage?: boolean; level?: number; timeoutMs?: number },
+  ): Promise<{ out: string; bytes: number; chain: string[] }> {
+    const out = required(options.out, "out");
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    const settings = this.settings(options);
+    const scope = new CallScope(options.signal);
+    scope.deadline(timeoutMs, "timeoutMs", `packing ${tag}`);
+    const query: Record<string, string | number | boolean> = {};
+    if (options.withoutImage) query.without_image = true;
+    if (options.level !== undefined) query.level = options.level;
+    const request: HttpRequest = {
+      method: "GET",
+      path: pathOf`/v1/snapshots/${required(tag, "tag")}/pack`,
+      query,
+      accept: "application/zstd",
+    };
+    let file: FileHandle;
+    try {
+      file = await open(out, "wx", 0o600);
+    } catch (err) {
+      scope.dispose();
+      throw new InvalidArgumentError(
+        `cannot write the pack to ${out}: ${(err as NodeJS.ErrnoException).code}`,
+      );
+    }
+    let bytes = 0;
+    try {
+      const response = await openStream(settings, request, scope);
+      try {
+        for await (const chunk of response as AsyncIterable<Buffer>) {
+          bytes += chunk.length;
+          await file.write(chunk);
+        }
+      } catch (err) {
+        throw await streamFailure(settings, request, scope, err);
+      }
+      if (!response.complete) {
+        throw await streamFailure(settings, request, scope, new Error("the pack ended early"));
+      }
+      await file.close();
+      const chain = String(response.headers["x-forkd-pack-chain"] ?? "")
+        .split(",")
+        .filter(Boolean);
+      return { out, bytes, chain };
+    } catch (err) {
+      await file.close().catch(() => {});
+      await rm(out, { force: true });
+      throw err;
+    } finally {
+      scope.dispose();
+    }
+  }
+
+  /**
+   * Sends the pack in `file` to the daemon, which verifies every entry and installs its snapshots, all or none
+   * (`tag`: the head's new tag; `force`: replace same-tagged snapshots that differ).
+   */
+  async unpackSnapshot(
+    file: string,
+    options: RequestOptions & { tag?: string; force?: boolean; timeoutMs?: number } = {},
+  ): Promise<UnpackResult> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    await stat(required(file, "file")).catch((err: NodeJS.ErrnoException) => {
+      throw new InvalidArgumentError(`cannot read the pack ${file}: ${err.code}`);
+    });
+    const query: Record<string, string | boolean> = {};
+    if (options.tag !== undefined) query.tag = options.tag;
+    if (options.force) query.force = true;
+    return this.json<UnpackResult>(
+      {
+        method: "POST",
+        path: "/v1/snapshots/unpack",
+        query,
+        bodyStream: createReadStream(file) as AsyncIterable<Buffer>,
+        contentType: "application/zstd",
+        deadlineMs: timeoutMs,
+        deadlineSetting: "timeoutMs",
+      },
       options,
     );
   }

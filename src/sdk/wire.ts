@@ -149,3 +149,19 @@ export interface VersionInfo {
   api: string;
   [field: string]: unknown;
 }
+
+/** POST /v1/snapshots/unpack: what a pack installed. */
+export interface UnpackResult {
+  head: string;
+  /** Root first, as installed. */
+  chain: string[];
+  installed: string[];
+  /** Layers already present, identical, and kept. */
+  reused: string[];
+  replaced: string[];
+  /** Local snapshots left unbootable by a replacement. */
+  orphaned: string[];
+  image: "installed" | "present";
+  content_bytes: number;
+  ms: number;
+}

@@ -484,6 +484,33 @@ describe("REST API over the services test double", () => {
     assert.match(again, /^forkd_branch_concurrency_cap 7$/m);
   });
 
+  it("packs: GET streams the pack and removes it after; POST unpack takes the raw body", async () => {
+    const packed = await call("GET", "/v1/snapshots/py/pack?without_image=true&level=5");
+    assert.equal(packed.status, 200, packed.response.body);
+    assert.equal(packed.response.headers["content-type"], "application/zstd");
+    assert.equal(packed.response.headers["x-forkd-pack-chain"], "py");
+    assert.equal(packed.response.rawPayload.toString(), "pack of py\n".repeat(1000));
+    assert.equal(packed.response.headers["content-length"], String(packed.response.rawPayload.length));
+    await expectError("GET", "/v1/snapshots/nope/pack", undefined, 404, /not found/);
+    await expectError("GET", "/v1/snapshots/py/pack?level=99", undefined, 400, /level/);
+    const pack = Buffer.from([0x28, 0xb5, 0x2f, 0xfd, 0, 1, 2, 255]);
+    const unpacked = await call("POST", "/v1/snapshots/unpack?tag=moved", pack, {
+      "content-type": "application/zstd",
+    });
+    assert.equal(unpacked.status, 201, unpacked.response.body);
+    assert.deepEqual([unpacked.json?.head, double.lastUnpacked], ["moved", pack]);
+    await expectError(
+      "POST",
+      "/v1/snapshots/unpack",
+      { not: "a pack" },
+      400,
+      /send the pack as application\/zstd/,
+    );
+    await expectError("POST", "/v1/snapshots/unpack?tag=../x", pack, 400, /"tag"/, {
+      "content-type": "application/zstd",
+    });
+  });
+
   it("answers 404 for an unknown sandbox id of any safe shape, 400 for one that could be a path", async () => {
     for (const unknown of ["sb-abc-0000", "sb-0123456789ab-0001", "sandbox_7", "x"]) {
       for (const [method, suffix] of [

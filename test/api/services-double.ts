@@ -12,6 +12,9 @@
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
  */
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import type {
   EvalOutcome,
   ExecOptions,
@@ -44,6 +47,9 @@ export class ServicesDouble {
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
   lastCreate: Parameters<SnapshotService["create"]>[0] | undefined;
+  /** The bytes of the last pack the double received, and the directories of packs it made. */
+  lastUnpacked: Buffer | undefined;
+  readonly packDirs: string[] = [];
   private counter = 0;
 
   constructor() {
@@ -114,6 +120,53 @@ export class ServicesDouble {
       const source = this.snapshot(from);
       if (this.snapshotsByTag.has(to)) throw new ForkdError("conflict", `snapshot ${to} already exists`);
       return this.addSnapshot(to, { template: source.template, parent_tag: null });
+    },
+    // A "pack" here is the tag's name repeated: the route's streaming is what these tests look at.
+    pack: async ({ tag }) => {
+      this.snapshot(tag);
+      const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-double-pack-"));
+      const file = path.join(dir, "pack");
+      const bytes = Buffer.from(`pack of ${tag}\n`.repeat(1000));
+      await writeFile(file, bytes);
+      this.packDirs.push(dir);
+      return {
+        file,
+        result: {
+          out: file,
+          chain: [tag],
+          files: 1,
+          content_bytes: bytes.length,
+          pack_bytes: bytes.length,
+          image_included: false,
+          ms: 1,
+        },
+        dispose: async () => {
+          await rm(dir, { recursive: true, force: true });
+        },
+      };
+    },
+    unpack: async ({ body, maxBytes, tag }) => {
+      const parts: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of body) {
+        size += chunk.length;
+        if (size > maxBytes) throw new ForkdError("payload_too_large", "too large");
+        parts.push(chunk);
+      }
+      this.lastUnpacked = Buffer.concat(parts);
+      const head = tag ?? "unpacked";
+      this.addSnapshot(head);
+      return {
+        head,
+        chain: [head],
+        installed: [head],
+        reused: [],
+        replaced: [],
+        orphaned: [],
+        image: "present",
+        content_bytes: size,
+        ms: 1,
+      };
     },
   };
 

@@ -150,6 +150,12 @@ def _cancelled(token: CancelToken) -> CancelledError:
     return CancelledError("the call was cancelled" + ("" if reason is None else f": {reason}"), reason=reason)
 
 
+def _cut_short(response: http.client.HTTPResponse) -> bool:
+    """True if the body ended before its Content-Length (read1 then returns b'' instead of raising)."""
+    remaining = response.length
+    return isinstance(remaining, int) and remaining > 0
+
+
 def _shutdown(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -274,6 +280,8 @@ def _read_body(
         while True:
             chunk = response.read1(1 << 16)
             if not chunk:
+                if _cut_short(response):
+                    raise http.client.IncompleteRead(b"")
                 break
             size += len(chunk)
             if size > limit:
@@ -362,6 +370,23 @@ class OpenStream:
             if not chunk:
                 self._eof = True
             self._pending += chunk
+
+    def chunks(self) -> Iterator[bytes]:
+        """The body's bytes as they arrive; raises if the connection drops before the end."""
+        while True:
+            try:
+                chunk = self._response.read1(1 << 16)
+            except (OSError, http.client.HTTPException) as err:
+                raise self.failure(err) from err
+            if not chunk:
+                self.scope.check()
+                if _cut_short(self._response):
+                    raise self.failure(http.client.IncompleteRead(b""))
+                return
+            yield chunk
+
+    def header(self, name: str) -> Optional[str]:
+        return self._response.getheader(name)
 
     def failure(self, err: BaseException) -> ForkdError:
         """What to raise for a read that failed: the scope's reason (deadline, cancel) or a dropped connection."""

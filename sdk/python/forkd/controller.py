@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import ssl
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -242,6 +243,90 @@ class Controller:
             0 if request_timeout is None else request_timeout,
             cancel,
         )
+
+    def pack_snapshot(
+        self,
+        tag: str,
+        out: str,
+        *,
+        without_image: bool = False,
+        level: Optional[int] = None,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``GET /v1/snapshots/:tag/pack``: download a pack of the chain ending at ``tag`` (and its guest image unless
+        ``without_image``) into the file ``out``, which must not exist; ``unpack_snapshot`` (or ``forkd unpack``)
+        installs it elsewhere. A failed download leaves no file. ``request_timeout`` defaults to 30 minutes here.
+        Returns ``{"out", "bytes", "chain"}``."""
+        query: Dict[str, QueryValue] = {}
+        if without_image:
+            query["without_image"] = True
+        if level is not None:
+            query["level"] = level
+        request = Request(
+            "GET",
+            path_of("/v1/snapshots/{}/pack", _required(tag, "tag")),
+            query=query,
+            accept="application/zstd",
+        )
+        timeout = check_duration(DEFAULT_SNAPSHOT_TIMEOUT if request_timeout is None else request_timeout,
+                                 "request_timeout")
+        try:
+            target = open(_required(out, "out"), "xb")
+        except OSError as err:
+            raise InvalidArgumentError(f"cannot write the pack to {out}: {err.strerror}") from None
+        scope = CallScope(cancel)
+        scope.deadline(timeout, "request_timeout", f"packing {tag}")
+        written = 0
+        try:
+            with target:
+                stream = open_stream(self.settings(), request, scope)
+                try:
+                    for chunk in stream.chunks():
+                        target.write(chunk)
+                        written += len(chunk)
+                    chain = [t for t in (stream.header("x-forkd-pack-chain") or "").split(",") if t]
+                finally:
+                    stream.close()
+        except BaseException:
+            os.unlink(out)
+            raise
+        return {"out": out, "bytes": written, "chain": chain}
+
+    def unpack_snapshot(
+        self,
+        file: str,
+        *,
+        tag: Optional[str] = None,
+        force: bool = False,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/snapshots/unpack``: send the pack in ``file``; the daemon verifies every entry and installs its
+        snapshots, all or none (``tag``: the head's new tag; ``force``: replace same-tagged snapshots that differ).
+        Returns ``{"head", "chain", "installed", "reused", "replaced", "orphaned", "image", ...}``.
+        ``request_timeout`` defaults to 30 minutes here."""
+        try:
+            source = open(_required(file, "file"), "rb")
+        except OSError as err:
+            raise InvalidArgumentError(f"cannot read the pack {file}: {err.strerror}") from None
+        query: Dict[str, QueryValue] = {}
+        if tag is not None:
+            query["tag"] = tag
+        if force:
+            query["force"] = True
+        with source:
+            return self._object(
+                Request(
+                    "POST",
+                    "/v1/snapshots/unpack",
+                    query=query,
+                    body_stream=iter(lambda: source.read(1 << 20), b""),
+                    content_type="application/zstd",
+                ),
+                DEFAULT_SNAPSHOT_TIMEOUT if request_timeout is None else request_timeout,
+                cancel,
+            )
 
     # --- sandboxes -----------------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 streamed commands with line callbacks, errors carrying output, stdin, cancellation that kills the guest process,
 timeouts per call and per sandbox, files, lifetimes, BRANCH, and the Controller over TCP with a token."""
 
+import os
+import tempfile
 import threading
 import time
 import unittest
@@ -220,6 +222,33 @@ class ControllerOverTcp(unittest.TestCase):
             c.spawn_sandboxes(tag, n=0)
         with self.assertRaises(forkd.NotImplementedError):
             c.spawn_sandboxes(tag, prewarm=True)
+
+    def test_pack_and_unpack(self) -> None:
+        c = self.controller
+        tag = self.daemon["FORKD_TEST_SNAPSHOT"]
+        with tempfile.TemporaryDirectory() as work:
+            out = os.path.join(work, "snapshot.tar.zst")
+            packed = c.pack_snapshot(tag, out, without_image=True)
+            self.assertEqual((packed["chain"], packed["bytes"]), ([tag], os.path.getsize(out)))
+            with self.assertRaises(forkd.InvalidArgumentError):
+                c.pack_snapshot(tag, out)  # an existing file is never overwritten
+            with self.assertRaises(forkd.NotFoundError):
+                c.pack_snapshot("no-such-tag", os.path.join(work, "x"))
+            self.assertFalse(os.path.exists(os.path.join(work, "x")), "a failed download leaves no file")
+            installed = c.unpack_snapshot(out, tag="py-moved")
+            self.assertEqual((installed["head"], installed["installed"]), ("py-moved", ["py-moved"]))
+            [sandbox] = c.spawn_sandboxes("py-moved", lifetime=120)
+            try:
+                self.assertEqual(c.eval_code(sandbox["id"], "int(numpy.ones(5).sum())")["result"], "5")
+            finally:
+                c.kill_sandbox(sandbox["id"])
+            c.delete_snapshot("py-moved")
+            bogus = os.path.join(work, "bogus.tar.zst")
+            with open(bogus, "wb") as f:
+                f.write(b"not a pack" * 1000)
+            with self.assertRaises(forkd.InvalidArgumentError):
+                c.unpack_snapshot(bogus, tag="never")
+            self.assertNotIn("never", [s["tag"] for s in c.list_snapshots()])
 
     def test_tokens(self) -> None:
         url = self.daemon["FORKD_TEST_TCP_URL"]
