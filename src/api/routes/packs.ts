@@ -6,7 +6,6 @@
  */
 import { createReadStream } from "node:fs";
 import type { Static } from "@sinclair/typebox";
-import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import type { ApiContext } from "../app.js";
