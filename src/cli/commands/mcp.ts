@@ -44,7 +44,8 @@ export function registerMcp(program: Command): void {
         });
         if (opts.http === undefined) {
           await serveStdio(controller);
-          return;
+          // The client closed stdin: the session (and its background commands) ended.
+          process.exit(EXIT.ok);
         }
         const { host, port } = parseListen(opts.http);
         const tokens = opts.tokenFile ? await loadTokens(opts.tokenFile) : tokenFromEnv();
