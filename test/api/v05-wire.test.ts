@@ -20,6 +20,7 @@ import { type DaemonProcess, startDaemonProcess } from "./daemon-process.js";
 import { type RawResponse, send, type Target } from "./raw-http.js";
 
 const FORKD_BIN = path.join(packageRoot(), "bin", "forkd.js");
+const FORKD_CONTROLLER_BIN = path.join(packageRoot(), "bin", "forkd-controller.js");
 
 interface Sandbox {
   id: string;
@@ -112,16 +113,16 @@ describe("forkd v0.5 clients' requests on real VMs", { timeout: 40 * 60_000 }, (
     const metrics = ok(await v05("GET", "/metrics"), 200).text;
     assert.match(metrics, /^forkd_branch_concurrency_cap 3$/m);
     assert.match(metrics, /^forkd_branches_in_flight 0$/m);
-    // A snapshot root that is not <home>/snapshots is refused before anything starts.
-    const refused = await runCli([
-      "daemon",
-      "--socket",
-      path.join(home.home, "x.sock"),
-      "--snapshot-root",
-      "/var/tmp/elsewhere",
-    ]);
+    // v0.5's command line, `forkd-controller serve ...`; a snapshot root that is not <home>/snapshots is refused
+    // before anything starts.
+    const refused = await runCliProcess(
+      ["serve", "--socket", path.join(home.home, "x.sock"), "--snapshot-root", "/var/tmp/elsewhere"],
+      FORKD_CONTROLLER_BIN,
+    ).done;
     assert.equal(refused.code, 2, refused.stderr);
     assert.match(refused.stderr, /--snapshot-root \/var\/tmp\/elsewhere: .*named snapshots/);
+    const notServe = await runCliProcess(["fork"], FORKD_CONTROLLER_BIN).done;
+    assert.equal(notServe.code, 2);
   });
 
   it("a sandbox spawned without a lifetime lives until DELETE; unknown ids of v0.5's shape are 404", async () => {
@@ -288,8 +289,8 @@ describe("forkd v0.5 clients' requests on real VMs", { timeout: 40 * 60_000 }, (
     ok(await v05("DELETE", `/v1/sandboxes/${sandbox.id}`), 204);
   });
 
-  function runCliProcess(args: string[]) {
-    const child = spawn(process.execPath, [FORKD_BIN, ...args], {
+  function runCliProcess(args: string[], bin = FORKD_BIN) {
+    const child = spawn(process.execPath, [bin, ...args], {
       env: { ...process.env, FORKD_HOME: home.home },
       stdio: ["ignore", "pipe", "pipe"],
     });
