@@ -27,7 +27,7 @@ export function registerSpawn(program: Command): void {
       )
       .option(
         "--timeout-ms <ms>",
-        "lifetime (default 5 minutes; 0 = until killed)",
+        "lifetime (default: until killed, unless the daemon has --default-timeout-ms; 0 = until killed)",
         parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
       )
       .option("--live-fork", "map guest RAM from tmpfs so the sandboxes can be BRANCHed in live mode")
