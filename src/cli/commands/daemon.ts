@@ -15,6 +15,9 @@ interface DaemonOptions {
   socketGroup?: string;
   bind?: string;
   tokenFile?: string;
+  allowedHost: string[];
+  allowedOrigin: string[];
+  maxConnections?: number;
   tlsCert?: string;
   tlsKey?: string;
   auditLog: string | false;
@@ -33,8 +36,28 @@ export function registerDaemon(program: Command): void {
     .option("--socket <path>", "Unix socket to listen on", DEFAULT_SOCKET_PATH)
     .option("--no-socket", "do not listen on a Unix socket (needs --bind)")
     .option("--socket-group <group>", "group allowed to use the socket (mode 0660)")
-    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (non-loopback needs --token-file)")
-    .option("--token-file <file>", "bearer tokens for the TCP listener, one per line (>= 16 bytes each)")
+    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (needs --token-file)")
+    .option(
+      "--token-file <file>",
+      "bearer tokens for the TCP listener, one per line (>= 16 bytes each, mode 0600)",
+    )
+    .option(
+      "--allowed-host <host>",
+      "another name the TCP listener answers to (Host header), e.g. forkd.internal or *.sandboxes.example; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--allowed-origin <origin>",
+      "a browser origin (scheme://host:port) the TCP listener serves besides its own; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--max-connections <n>",
+      "connections each listener holds at once",
+      parseIntOption("--max-connections", 1, 1_000_000),
+    )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
     .option("--audit-log <file>", "append-only audit log (reopened on SIGHUP)", DEFAULT_AUDIT_LOG)
@@ -81,6 +104,9 @@ export function registerDaemon(program: Command): void {
             socketGroup: opts.socketGroup,
             bind: opts.bind,
             tokenFile: opts.tokenFile,
+            allowedHosts: opts.allowedHost,
+            allowedOrigins: opts.allowedOrigin,
+            maxConnections: opts.maxConnections,
             tlsCert: opts.tlsCert,
             tlsKey: opts.tlsKey,
             auditLog: opts.auditLog === false ? null : opts.auditLog,
@@ -112,4 +138,8 @@ export function registerDaemon(program: Command): void {
         );
       }
     });
+}
+
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
 }
