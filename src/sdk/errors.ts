@@ -159,7 +159,8 @@ export function errorFromResponse(
     case 415:
     case 422:
       return new InvalidArgumentError(`${shown} ${where}`, ctx);
-    case 403:
+    case 401:
+    case 403: {
       if (code === "forbidden") {
         return new AuthenticationError(
           `${shown} ${where}; the daemon serves only the names it is configured for: connect with its own address ` +
@@ -167,8 +168,6 @@ export function errorFromResponse(
           ctx,
         );
       }
-      return new AuthenticationError(`${shown} ${where}`, ctx);
-    case 401: {
       const fix =
         context.tokenSource === undefined || context.tokenSource.startsWith("nothing")
           ? "no token was sent: set FORKD_TOKEN or the `token` option to the contents of the daemon's --token-file"
