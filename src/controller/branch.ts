@@ -414,7 +414,6 @@ function job(tag: string, status: "writing" | "failed", mode: string, error: str
     status,
     kind: `branch-${mode}`,
     started_at_unix: Math.floor(Date.now() / 1000),
-    writer_pid: process.pid,
     error,
   };
 }

@@ -2,11 +2,13 @@
  * Everything children of one snapshot share, prepared once per spawn: the checked chain, its verified files,
  * the flat RAM image they map, and an empty disk overlay each child copies.
  */
+
 import { createHash, randomBytes } from "node:crypto";
 import { access, mkdir, readFile, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { selfOwnerToken } from "../common/processes.js";
 import { resolveChain } from "../store/chain.js";
 import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
@@ -69,7 +71,7 @@ export async function prepareRestore(
   await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
   const overlayTemplate = path.join(
     templatesDir(paths),
-    `${tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+    `${tag}-${selfOwnerToken()}-${randomBytes(4).toString("hex")}.qcow2`,
   );
   // Relative backing: the overlay is copied to run/<id>/disk.qcow2, two levels under FORKD_HOME like this
   // directory, and a branch later hard-links it into snapshots/<tag>/, also two levels down.

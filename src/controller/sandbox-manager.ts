@@ -10,6 +10,7 @@ import type { ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertSandboxId, assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { currentBootId, isAlive, OWNER_TOKEN_PATTERN, ownerTokenAlive } from "../common/processes.js";
 import {
   detectMemoryCgroupRoot,
   limitMemory,
@@ -21,7 +22,13 @@ import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./ad
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
-import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
+import {
+  isOurProcess,
+  killAndWait,
+  processesMentioning,
+  processStartTime,
+  recordedIdentity,
+} from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
@@ -40,6 +47,8 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 export const SWEEP_INTERVAL_MS = 1000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
+/** meta key: the boot the recorded pids and start times belong to. */
+const BOOT_ID_KEY = "boot_id";
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -457,7 +466,7 @@ export class SandboxManager implements SandboxService {
       await live.handle.destroy();
       this.live.delete(row.id);
     } else {
-      for (const pid of await processesMentioning(row.run_dir)) await killAndWait(pid);
+      for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
       await rm(row.run_dir, { recursive: true, force: true });
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
@@ -480,13 +489,13 @@ export class SandboxManager implements SandboxService {
 
   private async reconcile(): Promise<void> {
     await this.sweepRunDir();
+    // Start times count from boot: recorded ones belong to the boot the database last saw (unknown = this one).
+    const recordedBoot = this.db.meta(BOOT_ID_KEY) ?? currentBootId();
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
-      const alive =
-        row.pid !== null &&
-        row.pid_start_time !== null &&
-        (await isOurProcess(row.pid, row.pid_start_time, row.run_dir));
-      if (row.status !== "running" || !alive || row.pid === null) {
+      const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
+      const alive = identity !== null && (await isOurProcess(identity, row.run_dir));
+      if (row.status !== "running" || !alive || identity === null) {
         const why =
           row.status === "starting"
             ? "the daemon stopped while it was being spawned"
@@ -497,7 +506,7 @@ export class SandboxManager implements SandboxService {
       try {
         if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
         const handle = await AdoptedSandbox.adopt(
-          { ...row, pid: row.pid, memory_image: row.memory_image },
+          { ...row, identity, memory_image: row.memory_image },
           { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
         );
         this.live.set(row.id, { handle, killing: false });
@@ -506,6 +515,7 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
       }
     }
+    this.db.setMeta(BOOT_ID_KEY, currentBootId());
   }
 
   /**
@@ -516,8 +526,9 @@ export class SandboxManager implements SandboxService {
     const known = new Set(this.db.sandboxes().map((r) => path.basename(r.run_dir)));
     const templates = path.join(this.paths.run, ".templates");
     for (const name of await readdir(templates).catch(() => [] as string[])) {
-      const writer = /-(\d+)-[0-9a-f]+\.qcow2$/.exec(name)?.[1];
-      if (writer !== undefined && (await processStartTime(Number(writer))) === null) {
+      const owner = new RegExp(`-${OWNER_TOKEN_PATTERN}-[0-9a-f]+\\.qcow2$`).exec(name);
+      const token = owner ? `${owner[1]}.${owner[2]}.${owner[3]}` : null;
+      if (token === null || !(await ownerTokenAlive(token))) {
         await rm(path.join(templates, name), { force: true });
       }
     }
@@ -541,9 +552,9 @@ export class SandboxManager implements SandboxService {
         continue;
       }
       const live = this.live.get(row.id);
-      if (live?.handle instanceof AdoptedSandbox && row.pid_start_time !== null) {
-        if ((await processStartTime(live.handle.pid)) !== row.pid_start_time)
-          await this.markDead(row, "its VM exited");
+      // Not our child, so no exit event: its identity (a zombie or a reused pid is not it) says whether it lives.
+      if (live?.handle instanceof AdoptedSandbox && !(await isAlive(live.handle.identity))) {
+        await this.markDead(row, "its VM exited");
       }
     }
   }

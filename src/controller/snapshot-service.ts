@@ -2,10 +2,11 @@
 import { conflict, errorMessage, ForkdError, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import type { StateDb } from "../store/db.js";
+import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot } from "./create-snapshot.js";
+import { killAndWait, processesMentioning } from "./host-processes.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
   SnapshotDeleteOptions,
@@ -29,7 +30,7 @@ export class DaemonSnapshots implements SnapshotService {
   /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
   async reconcile(): Promise<void> {
     for (const job of this.db.snapshotJobs()) {
-      if (job.status === "writing" && job.writer_pid !== process.pid) {
+      if (job.status === "writing" && !(await jobWriterAlive(job))) {
         this.db.upsertSnapshotJob({
           ...job,
           status: "failed",
@@ -37,7 +38,10 @@ export class DaemonSnapshots implements SnapshotService {
         });
       }
     }
-    await this.store.sweepStale();
+    // A parent VM of a snapshot whose writer died still maps the staging directory's memory file: stop it first.
+    await this.store.sweepStale(async (dir) => {
+      for (const identity of await processesMentioning(dir)) await killAndWait(identity);
+    });
   }
 
   async list(): Promise<SnapshotInfo[]> {
@@ -102,7 +106,6 @@ export class DaemonSnapshots implements SnapshotService {
       status: "writing",
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
@@ -119,7 +122,6 @@ export class DaemonSnapshots implements SnapshotService {
           status: "failed",
           kind: "template",
           started_at_unix: Math.floor(Date.now() / 1000),
-          writer_pid: process.pid,
           error: errorMessage(err).split("\n")[0] ?? "failed",
         });
       }
@@ -160,7 +162,6 @@ export class DaemonSnapshots implements SnapshotService {
       status: "writing",
       kind: "compact",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);

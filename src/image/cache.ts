@@ -8,11 +8,13 @@
  *   <images>/.boot/<kernel+busybox key>/{vmlinuz, initrd.img, probe-initrd.img, boot.json}  (see boot.ts)
  *   <images>/.apt-resolution.json
  */
+
 import { randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
+import { isAlive, type ProcessIdentity, parseIdentity, selfIdentity } from "../common/processes.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
 export const IMAGE_FILES = {
@@ -89,20 +91,6 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   };
 }
 
-async function processStartTime(pid: number): Promise<string | undefined> {
-  try {
-    const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
-interface StagingOwner {
-  pid: number;
-  startTime: string | undefined;
-}
-
 export interface Staging {
   dir: string;
   /** Becomes `<cacheDir>/<hash>`. */
@@ -119,8 +107,7 @@ export async function createStaging(cacheDir: string, hash: string): Promise<Sta
   );
   // Traversable by all: apt downloads into it as the unprivileged _apt user.
   await fs.mkdir(dir, { mode: 0o755 });
-  const owner: StagingOwner = { pid: process.pid, startTime: await processStartTime(process.pid) };
-  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(owner));
+  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(selfIdentity()));
   const staging = { dir, out: path.join(dir, "out"), work: path.join(dir, "work") };
   await fs.mkdir(staging.out, { mode: 0o755 });
   await fs.mkdir(staging.work, { mode: 0o755 });
@@ -152,18 +139,15 @@ export async function sweepStaleStaging(cacheDir: string): Promise<string[]> {
   for (const name of entries) {
     if (!name.startsWith(".staging-")) continue;
     const dir = path.join(cacheDir, name);
-    let owner: StagingOwner | undefined;
+    let owner: ProcessIdentity | null = null;
     try {
-      owner = JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")) as StagingOwner;
+      owner = parseIdentity(JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")));
     } catch {
       // owner.json is written right after mkdir; a very young directory without it may be mid-creation
       const st = await fs.stat(dir).catch(() => undefined);
       if (!st || Date.now() - st.mtimeMs < 60_000) continue;
     }
-    if (owner && Number.isInteger(owner.pid) && owner.pid > 0) {
-      const startTime = await processStartTime(owner.pid);
-      if (startTime !== undefined && startTime === owner.startTime) continue; // still building
-    }
+    if (owner && (await isAlive(owner))) continue; // still building
     await removeStaging(dir);
     removed.push(dir);
   }

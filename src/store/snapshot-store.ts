@@ -7,11 +7,14 @@ import { chmod, mkdir, readdir, readFile, rename, rm, stat } from "node:fs/promi
 import path from "node:path";
 import { fsyncPath, writeDurably } from "../common/durable-fs.js";
 import { conflict, notFound } from "../common/errors.js";
-import { assertTag } from "../common/names.js";
+import { assertTag, isValidTag } from "../common/names.js";
+import { OWNER_TOKEN_PATTERN, ownerTokenAlive, selfOwnerToken } from "../common/processes.js";
 import { digestFile } from "./hash.js";
 import { MANIFEST_FILE, MANIFEST_FORMAT, parseManifest, type SnapshotManifest } from "./manifest.js";
 
 const STAGING_PREFIX = ".staging-";
+/** A published snapshot moved aside by a replace, until the new version is in place. */
+const REPLACED_PREFIX = ".replaced-";
 const DELETING_PREFIX = ".deleting-";
 
 export interface StoredSnapshot {
@@ -80,20 +83,14 @@ export class SnapshotStore {
       throw conflict(`snapshot ${JSON.stringify(tag)} already exists (delete it first, or replace it)`);
     }
     await mkdir(this.root, { recursive: true, mode: 0o700 });
-    const staging = path.join(
-      this.root,
-      `${STAGING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
-    );
+    const staging = path.join(this.root, `${STAGING_PREFIX}${tag}-${ownedSuffix()}`);
     await mkdir(staging, { mode: 0o700 });
     return new SnapshotWriter(this, tag, staging, options.replace ?? false);
   }
 
   async delete(tag: string): Promise<void> {
     const dir = this.dirOf(tag);
-    const doomed = path.join(
-      this.root,
-      `${DELETING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
-    );
+    const doomed = path.join(this.root, `${DELETING_PREFIX}${tag}-${ownedSuffix()}`);
     try {
       await rename(dir, doomed);
     } catch (err) {
@@ -104,34 +101,48 @@ export class SnapshotStore {
     await rm(doomed, { recursive: true, force: true });
   }
 
-  /** Removes staging and half-deleted directories left by processes that no longer exist. */
-  async sweepStale(): Promise<string[]> {
+  /**
+   * Cleans up after processes that died mid-write: staging and half-deleted directories are removed; a snapshot
+   * moved aside by a replace whose new version never arrived is put back (so a crash during a replace loses
+   * neither the old nor, once published, the new). `beforeRemove` runs first on each staging directory, so
+   * whatever still runs on its files (a parent VM mapping its memory file) is stopped before they go.
+   */
+  async sweepStale(beforeRemove?: (dir: string) => Promise<void>): Promise<string[]> {
     let names: string[];
     try {
       names = await readdir(this.root);
     } catch {
       return [];
     }
-    const removed: string[] = [];
+    const swept: string[] = [];
     for (const name of names) {
-      if (!name.startsWith(STAGING_PREFIX) && !name.startsWith(DELETING_PREFIX)) continue;
-      const pid = Number(/-(\d+)-[0-9a-f]+$/.exec(name)?.[1]);
-      if (Number.isInteger(pid) && pid !== process.pid && isAlive(pid)) continue;
-      if (pid === process.pid) continue;
-      await rm(path.join(this.root, name), { recursive: true, force: true });
-      removed.push(name);
+      const kind = [STAGING_PREFIX, DELETING_PREFIX, REPLACED_PREFIX].find((p) => name.startsWith(p));
+      if (kind === undefined) continue;
+      const owned = new RegExp(`^${kind.replace(".", "\\.")}(.+)-${OWNER_TOKEN_PATTERN}-[0-9a-f]{8}$`).exec(
+        name,
+      );
+      const token = owned ? `${owned[2]}.${owned[3]}.${owned[4]}` : null;
+      if (token !== null && (await ownerTokenAlive(token))) continue;
+      const dir = path.join(this.root, name);
+      const tag = owned?.[1];
+      if (kind === REPLACED_PREFIX && tag !== undefined && isValidTag(tag) && !(await this.exists(tag))) {
+        await rename(dir, this.dirOf(tag));
+        swept.push(name);
+        continue;
+      }
+      if (kind === STAGING_PREFIX) await beforeRemove?.(dir);
+      await rm(dir, { recursive: true, force: true });
+      swept.push(name);
     }
-    return removed;
+    return swept;
   }
 
   /** @internal used by SnapshotWriter */
   async publish(tag: string, staging: string, replace: boolean): Promise<void> {
     const final = this.dirOf(tag);
     if (replace) {
-      const doomed = path.join(
-        this.root,
-        `${DELETING_PREFIX}${tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
-      );
+      // Moved aside, not deleted, until the new version is in place: a crash in between puts it back (sweepStale).
+      const doomed = path.join(this.root, `${REPLACED_PREFIX}${tag}-${ownedSuffix()}`);
       try {
         await rename(final, doomed);
       } catch (err) {
@@ -203,11 +214,7 @@ export class SnapshotWriter {
   }
 }
 
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
+/** "<owner token>-<random>": whose the directory is, and unique among that owner's. */
+function ownedSuffix(): string {
+  return `${selfOwnerToken()}-${randomBytes(4).toString("hex")}`;
 }

@@ -6,12 +6,12 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { once } from "node:events";
 import { chmod, chown, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { once } from "node:events";
-import { connect } from "node:net";
 import { promisify } from "node:util";
 import pino from "pino";
 import { checkConfig, type RunningDaemon, startDaemon } from "../../src/api/daemon.js";

@@ -96,7 +96,6 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
       status: "writing",
       kind: "branch",
       started_at_unix: 1,
-      writer_pid: process.pid,
       error: null,
     });
     const manager = await SandboxManager.open(home, db);
