@@ -219,6 +219,7 @@ export async function runDaemon(
   openServices: () => Promise<ClosableServices>,
 ): Promise<void> {
   const logger = config.logger ?? pino({ name: "forkd", level: "info" });
+  installCrashHandlers(logger);
   await checkConfig(config);
   const services = await openServices();
   const daemon = await startDaemon({ ...config, logger }, services);
@@ -239,6 +240,21 @@ export async function runDaemon(
     process.on("SIGTERM", onStop);
     process.on("SIGINT", onStop);
     process.on("SIGHUP", onHangup);
+  });
+}
+
+/**
+ * A rejected promise nobody awaited is a bug, not a reason to drop every connection and leave sandboxes
+ * re-attaching: log it with its stack and keep serving. An exception thrown to the top may have left state
+ * half-changed: log it and exit, and the next start reconciles.
+ */
+function installCrashHandlers(logger: Logger): void {
+  process.on("unhandledRejection", (reason) => {
+    logger.error({ err: reason }, "unhandled promise rejection (a bug); the daemon keeps running");
+  });
+  process.on("uncaughtException", (err) => {
+    logger.fatal({ err }, "uncaught exception: exiting (the next start re-attaches and reconciles)");
+    process.exit(1);
   });
 }
 

@@ -8,6 +8,7 @@ import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
+import { lockHome } from "../common/home-lock.js";
 import { assertSandboxId, assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { currentBootId, isAlive, OWNER_TOKEN_PATTERN, ownerTokenAlive } from "../common/processes.js";
@@ -575,17 +576,30 @@ function isIntIn(value: unknown, min: number, max: number): value is number {
   return typeof value === "number" && Number.isInteger(value) && value >= min && value <= max;
 }
 
-/** Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). */
+/**
+ * Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). Holds the
+ * home's lock until closed: a second daemon on the same FORKD_HOME is refused (conflict).
+ */
 export async function openServices(paths: ForkdPaths, options: ManagerOptions = {}) {
-  const db = new StateDb(path.join(paths.home, "state.db"));
-  const sandboxes = await SandboxManager.open(paths, db, options);
-  return {
-    sandboxes,
-    snapshots: sandboxes.snapshots,
-    close: async (opts: { killSandboxes?: boolean } = {}) => {
-      if (opts.killSandboxes) await sandboxes.closeAndKill();
-      else await sandboxes.close();
-      db.close();
-    },
-  };
+  const lock = await lockHome(paths.home);
+  let db: StateDb | undefined;
+  try {
+    db = new StateDb(path.join(paths.home, "state.db"));
+    const sandboxes = await SandboxManager.open(paths, db, options);
+    const opened = db;
+    return {
+      sandboxes,
+      snapshots: sandboxes.snapshots,
+      close: async (opts: { killSandboxes?: boolean } = {}) => {
+        if (opts.killSandboxes) await sandboxes.closeAndKill();
+        else await sandboxes.close();
+        opened.close();
+        await lock.release();
+      },
+    };
+  } catch (err) {
+    db?.close();
+    await lock.release();
+    throw err;
+  }
 }
