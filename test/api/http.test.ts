@@ -177,6 +177,10 @@ describe("REST API over the services test double", () => {
     await expectError("POST", "/v1/sandboxes", "snapshot_tag=py", 415, /content type/, {
       "content-type": "application/x-www-form-urlencoded",
     });
+    // A route whose schema is given per content type must not take a type it does not list.
+    await expectError("POST", `/v1/sandboxes/${id}/exec/stream`, '{"args": ["true"]}', 415, /content type/, {
+      "content-type": "text/plain",
+    });
     const big = JSON.stringify({ snapshot_tag: "py", pad: "x".repeat(MAX_JSON_BODY_BYTES) });
     await expectError("POST", "/v1/sandboxes", big, 413, /too large/, json);
   });
