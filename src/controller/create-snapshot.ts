@@ -2,6 +2,7 @@
  * Template -> warm snapshot. The parent boots with its RAM in a file inside the snapshot's staging directory,
  * so saving it costs only the device state (milliseconds): the guest already wrote its memory into the file.
  */
+
 import { rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { assertTag } from "../common/names.js";
@@ -14,6 +15,7 @@ import { createOverlay, qemuVersion } from "../vmm/qemu-tools.js";
 import { saveDeviceState } from "../vmm/snapshot.js";
 import { chooseAccelerator } from "./accelerator.js";
 import { type BootedVm, bootWarmVm } from "./boot.js";
+import { killAndWait, processesMentioning } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 
@@ -24,8 +26,10 @@ export interface ProgressEvent {
 
 export interface CreateSnapshotOptions {
   tag: string;
-  /** Template name or path to a template file; defaults to the tag. */
+  /** Template name or path to a template file (with templateFiles); defaults to the tag. */
   template?: string;
+  /** Whether `template` may name a file (the CLI: yes; the daemon, for API callers: no). */
+  templateFiles?: boolean;
   replace?: boolean;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
@@ -45,9 +49,9 @@ export async function createSnapshot(
   const tag = assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
   const signal = options.signal;
-  const template = await loadTemplate(options.template ?? tag);
+  const template = await loadTemplate(options.template ?? tag, { allowFiles: options.templateFiles });
   const store = new SnapshotStore(paths.snapshots);
-  await store.sweepStale();
+  await sweepStaleSnapshotFiles(store);
 
   progress({ step: "image", message: `image for template ${template.name}` });
   const image = await buildImage(template, {
@@ -131,4 +135,14 @@ export async function createSnapshot(
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Removes what dead writers left in the snapshot store. A parent VM of a snapshot whose writer died (SIGKILL
+ * reaches no cleanup) still maps its staging directory's memory file: it is stopped before the files go.
+ */
+export async function sweepStaleSnapshotFiles(store: SnapshotStore): Promise<string[]> {
+  return store.sweepStale(async (dir) => {
+    for (const identity of await processesMentioning(dir)) await killAndWait(identity);
+  });
 }

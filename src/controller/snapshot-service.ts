@@ -5,8 +5,7 @@ import type { ForkdPaths } from "../common/paths.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
-import { createSnapshot } from "./create-snapshot.js";
-import { killAndWait, processesMentioning } from "./host-processes.js";
+import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
   SnapshotDeleteOptions,
@@ -38,10 +37,7 @@ export class DaemonSnapshots implements SnapshotService {
         });
       }
     }
-    // A parent VM of a snapshot whose writer died still maps the staging directory's memory file: stop it first.
-    await this.store.sweepStale(async (dir) => {
-      for (const identity of await processesMentioning(dir)) await killAndWait(identity);
-    });
+    await sweepStaleSnapshotFiles(this.store);
   }
 
   async list(): Promise<SnapshotInfo[]> {
