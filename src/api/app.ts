@@ -6,6 +6,7 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
+import path from "node:path";
 import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
 import Fastify, {
@@ -20,7 +21,7 @@ import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
-import { errorHandler, notFoundHandler, toHttpError } from "./errors.js";
+import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
@@ -58,6 +59,8 @@ export interface ApiOptions {
   services: DaemonServices;
   /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
   snapshotsDir: string;
+  /** Host directories named in error messages that callers get redacted (default: FORKD_HOME from snapshotsDir). */
+  hostPaths?: readonly HostPathRedaction[];
   /** "unix": caller = peer uid, no token; "tcp": tokens required when configured; "inject": tests, docs. */
   transport: "unix" | "tcp" | "inject";
   /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
@@ -131,7 +134,9 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
 
   app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
-  app.setErrorHandler(errorHandler);
+  app.setErrorHandler(
+    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
+  );
   app.setNotFoundHandler(notFoundHandler);
   installJsonParser(app);
 

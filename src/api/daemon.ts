@@ -11,6 +11,7 @@ import { FORKD_VERSION } from "../common/version.js";
 import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
+import type { HostPathRedaction } from "./errors.js";
 import {
   checkBindPolicy,
   isLoopbackHost,
@@ -53,6 +54,8 @@ export interface DaemonConfig {
   auditLog: string | null;
   drainTimeoutMs?: number;
   snapshotsDir: string;
+  /** Host directories redacted from error messages (FORKD_HOME, the image cache, the tmpfs image directory). */
+  hostPaths?: readonly HostPathRedaction[];
   logger?: Logger;
 }
 
@@ -128,6 +131,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     const common = {
       services,
       snapshotsDir: config.snapshotsDir,
+      hostPaths: config.hostPaths,
       metrics,
       audit,
       logger,

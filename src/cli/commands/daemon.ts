@@ -6,6 +6,7 @@ import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../..
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
+import { cacheDirs } from "../../controller/restore-plan.js";
 import { openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
@@ -112,6 +113,11 @@ export function registerDaemon(program: Command): void {
             auditLog: opts.auditLog === false ? null : opts.auditLog,
             drainTimeoutMs: opts.drainTimeoutMs,
             snapshotsDir: paths.snapshots,
+            hostPaths: [
+              { dir: paths.home, name: "$FORKD_HOME" },
+              { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
+              { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
+            ],
             logger,
           },
           async () => {
