@@ -18,6 +18,7 @@ import { type BootedVm, bootWarmVm } from "./boot.js";
 import { killAndWait, processesMentioning } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
+import { trustFreshImage, verifyImage } from "./restore-plan.js";
 
 export interface ProgressEvent {
   step: "image" | "accelerator" | "boot" | "warmup" | "save" | "commit";
@@ -58,6 +59,9 @@ export async function createSnapshot(
     signal,
     onProgress: (e) => progress({ step: "image", message: e.message }),
   });
+  // A fresh build just hashed its files; a cached one is checked against those hashes before a VM boots on it.
+  if (image.cached) await verifyImage(paths, { ...image, buildId: image.manifest.buildId });
+  else await trustFreshImage(paths, image);
 
   progress({ step: "accelerator", message: "choosing accelerator" });
   const accel = await chooseAccelerator(paths, image, { signal });

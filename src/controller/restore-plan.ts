@@ -9,6 +9,7 @@ import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { selfOwnerToken } from "../common/processes.js";
+import { type BuiltImage, readImageDir } from "../image/index.js";
 import { resolveChain } from "../store/chain.js";
 import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
@@ -94,9 +95,42 @@ export async function prepareRestore(
   };
 }
 
-/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads. */
+/**
+ * The image a snapshot was made on, with every file verified (cheaply, see store/verify.ts) against the sha256
+ * its image.json recorded: a kernel, initrd or root filesystem changed behind forkd's back is refused before a VM
+ * boots or restores on it. `conflict` if the image is gone, incomplete or another build.
+ */
+export async function verifyImage(
+  paths: ForkdPaths,
+  image: { hash: string; buildId: string; rootfs: string },
+): Promise<BuiltImage> {
+  const dir = path.dirname(image.rootfs);
+  const found = await readImageDir(path.dirname(dir), path.basename(dir));
+  if (!found || found.hash !== image.hash || found.manifest.buildId !== image.buildId) {
+    throw new ForkdError(
+      "conflict",
+      `image ${image.hash.slice(0, 12)} (build ${image.buildId}) is no longer cached complete; it was removed or rebuilt`,
+    );
+  }
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(found.manifest.files)) {
+    await verifier.verify(path.join(dir, name), recorded.sha256, `image ${image.hash.slice(0, 12)}`);
+  }
+  return found;
+}
+
+/** Records that a just-built image's files have the hashes its build computed (no second hashing pass). */
+export async function trustFreshImage(paths: ForkdPaths, image: BuiltImage): Promise<void> {
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(image.manifest.files)) {
+    await verifier.remember(path.join(image.dir, name), recorded.sha256);
+  }
+}
+
+/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads, its image's too. */
 export async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  await verifyImage(paths, (chain[chain.length - 1] as StoredSnapshot).manifest.image);
   const head = chain[chain.length - 1] as StoredSnapshot;
   const needed: { snapshot: StoredSnapshot; name: string }[] = [
     ...memoryFilesOf(chain).map(({ snapshot, name }) => ({ snapshot, name })),

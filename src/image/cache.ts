@@ -3,13 +3,15 @@
  * place, so a reader sees either a whole image or none. Staging directories record their owner process;
  * those of dead owners (a crashed or killed build) are swept before the next build.
  *
- *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}
+ *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}   built on this host
+ *   <images>/.imported/<build key>/<hash>/{...}   installed from a pack: used by the snapshots that came
+ *                                                  with it, never by a build (see importedImagesDir)
  *   <images>/.staging-<hash prefix>-<pid>-<random>/{owner.json, out/, work/}
  *   <images>/.boot/<kernel+busybox key>/{vmlinuz, initrd.img, probe-initrd.img, boot.json}  (see boot.ts)
  *   <images>/.apt-resolution.json
  */
 
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
@@ -25,7 +27,8 @@ export const IMAGE_FILES = {
   manifest: "image.json",
 } as const;
 
-export const MANIFEST_FORMAT = 1;
+/** 2: every file has a sha256 (the root filesystem too) and `origin` says where the image came from. */
+export const MANIFEST_FORMAT = 2;
 
 export interface ImageManifest {
   format: typeof MANIFEST_FORMAT;
@@ -39,8 +42,10 @@ export interface ImageManifest {
   /** Modules the boot initramfs loads, in order. */
   modules: string[];
   rootfs: { uuid: string; usedMib: number; diskMib: number; packages: string[] };
-  /** Size of every file; sha256 of all but the (large, sparse) root filesystem image. */
-  files: Record<string, { size: number; sha256?: string }>;
+  /** Size and sha256 of every file, checked when the image is imported and before it is used. */
+  files: Record<string, { size: number; sha256: string }>;
+  /** "built" here from its recipe, or "imported" from a pack (then only that pack's snapshots use it). */
+  origin: "built" | "imported";
 }
 
 export interface BuiltImage {
@@ -73,10 +78,13 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   }
   if (manifest.format !== MANIFEST_FORMAT || manifest.hash !== hash) return undefined;
   if (typeof manifest.recipe !== "object" || recipeHash(manifest.recipe) !== hash) return undefined;
+  if (manifest.origin !== "built" && manifest.origin !== "imported") return undefined;
   for (const name of Object.values(IMAGE_FILES)) {
     if (name === IMAGE_FILES.manifest) continue;
+    const recorded = manifest.files?.[name];
+    if (typeof recorded?.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(recorded.sha256)) return undefined;
     const st = await fs.stat(path.join(dir, name)).catch(() => undefined);
-    if (!st?.isFile() || st.size !== manifest.files?.[name]?.size) return undefined;
+    if (!st?.isFile() || st.size !== recorded.size) return undefined;
   }
   return {
     dir,
@@ -89,6 +97,17 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
     manifest,
     cached: true,
   };
+}
+
+/**
+ * Where images imported from packs live, one directory per build. A pack's image.json can claim any recipe hash,
+ * a genuine template's included; kept apart from `<images>/<hash>`, an imported image can never be taken for
+ * the image a build of that template would make (image cache poisoning), while the snapshots that came with it
+ * still find the exact build their disk layers were made on.
+ */
+export function importedImagesDir(cacheDir: string, buildId: string): string {
+  const key = createHash("sha256").update(buildId).digest("hex").slice(0, 32);
+  return path.join(cacheDir, ".imported", key);
 }
 
 export interface Staging {

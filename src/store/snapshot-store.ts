@@ -82,10 +82,18 @@ export class SnapshotStore {
     if (!options.replace && (await this.exists(tag))) {
       throw conflict(`snapshot ${JSON.stringify(tag)} already exists (delete it first, or replace it)`);
     }
+    return new SnapshotWriter(this, tag, await this.makeStagingDir(tag), options.replace ?? false);
+  }
+
+  /**
+   * A private (0700) staging directory under the store, on the same filesystem (so what is staged can be renamed
+   * into place) and named after its owner, so sweepStale removes it once this process is gone.
+   */
+  async makeStagingDir(label: string): Promise<string> {
     await mkdir(this.root, { recursive: true, mode: 0o700 });
-    const staging = path.join(this.root, `${STAGING_PREFIX}${tag}-${ownedSuffix()}`);
+    const staging = path.join(this.root, `${STAGING_PREFIX}${label}-${ownedSuffix()}`);
     await mkdir(staging, { mode: 0o700 });
-    return new SnapshotWriter(this, tag, staging, options.replace ?? false);
+    return staging;
   }
 
   async delete(tag: string): Promise<void> {
@@ -137,19 +145,29 @@ export class SnapshotStore {
     return swept;
   }
 
+  /**
+   * Moves published snapshot `tag` aside before a new version takes its place; returns where it went (null if
+   * there was none). Until the caller removes it, a crash is survivable: if the new version never arrived,
+   * sweepStale puts this one back.
+   */
+  async moveAside(tag: string): Promise<string | null> {
+    const aside = path.join(this.root, `${REPLACED_PREFIX}${tag}-${ownedSuffix()}`);
+    try {
+      await rename(this.dirOf(tag), aside);
+      return aside;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
+      throw err;
+    }
+  }
+
   /** @internal used by SnapshotWriter */
   async publish(tag: string, staging: string, replace: boolean): Promise<void> {
     const final = this.dirOf(tag);
     if (replace) {
-      // Moved aside, not deleted, until the new version is in place: a crash in between puts it back (sweepStale).
-      const doomed = path.join(this.root, `${REPLACED_PREFIX}${tag}-${ownedSuffix()}`);
-      try {
-        await rename(final, doomed);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
-      }
+      const doomed = await this.moveAside(tag);
       await rename(staging, final);
-      await rm(doomed, { recursive: true, force: true });
+      if (doomed) await rm(doomed, { recursive: true, force: true });
       return;
     }
     try {
