@@ -4,7 +4,7 @@
  * runs as root: every entry is checked against the pack manifest as it streams past, every hash is verified,
  * disk layers are held to forkd's own shape, and nothing becomes visible until all of it checked out.
  */
-import { createHash, randomBytes } from "node:crypto";
+import { createHash } from "node:crypto";
 import { chmod, mkdir, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
