@@ -8,10 +8,11 @@ import { access, mkdir, readFile, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { unguessableDirName } from "../common/private-dir.js";
 import { selfOwnerToken } from "../common/processes.js";
 import { type BuiltImage, readImageDir } from "../image/index.js";
 import { resolveChain } from "../store/chain.js";
-import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
+import { flatImageFor, type MemoryImageOptions, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
@@ -36,8 +37,23 @@ export interface RestorePlan {
 export function cacheDirs(paths: ForkdPaths) {
   return {
     cacheDir: path.join(paths.home, "cache", "memory"),
-    tmpfsDir: path.join(process.env.FORKD_TMPFS ?? "/dev/shm", `forkd-${homeKey(paths.home)}`),
+    tmpfsDir: unguessableDirName(
+      process.env.FORKD_TMPFS ?? "/dev/shm",
+      `forkd-${homeKey(paths.home)}-`,
+      path.join(paths.home, "cache", "tmpfs-dir"),
+    ),
     verifiedDir: path.join(paths.home, "cache"),
+  };
+}
+
+/** Where assembled RAM images go, checked against their recorded digests before they are reused. */
+export function memoryImageOptions(paths: ForkdPaths, inMemory = false): MemoryImageOptions {
+  const dirs = cacheDirs(paths);
+  return {
+    cacheDir: dirs.cacheDir,
+    tmpfsDir: dirs.tmpfsDir,
+    inMemory,
+    verifier: new FileVerifier(dirs.verifiedDir),
   };
 }
 
@@ -68,7 +84,7 @@ export async function prepareRestore(
   }
   await verifyChainFiles(paths, chain);
   const dirs = cacheDirs(paths);
-  const memoryImage = await flatImageFor(chain, { ...dirs, inMemory: options.inMemory });
+  const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
   await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
   const overlayTemplate = path.join(
     templatesDir(paths),
