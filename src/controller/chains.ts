@@ -5,7 +5,7 @@
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmod, copyFile, readdir, readFile, readlink, rm, stat, symlink } from "node:fs/promises";
+import { chmod, copyFile, readdir, readFile, readlink, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";

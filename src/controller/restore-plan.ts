@@ -83,7 +83,6 @@ export async function prepareRestore(
     );
   }
   await verifyChainFiles(paths, chain);
-  const dirs = cacheDirs(paths);
   const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
   await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
   const overlayTemplate = path.join(
