@@ -19,7 +19,7 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
-import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
+import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
@@ -74,9 +74,8 @@ export class SandboxManager implements SandboxService {
   private readonly live = new Map<string, Live>();
   /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
   private readonly killing = new Map<string, Promise<void>>();
-  private readonly limits: AdmissionLimits;
+  private readonly admission: Admission;
   private readonly log: ManagerLog;
-  private spawning = 0;
   private sweeper: NodeJS.Timeout | undefined;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
 
@@ -85,7 +84,7 @@ export class SandboxManager implements SandboxService {
     private readonly db: StateDb,
     options: ManagerOptions,
   ) {
-    this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
+    this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
     this.brancher = new Brancher(this.snapshots.store, db, {
@@ -127,16 +126,31 @@ export class SandboxManager implements SandboxService {
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
-    const snapshot = await this.snapshots.bootable(tag);
-    const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
-    if (memoryLimit !== null && cgroupRoot === null) {
-      throw new ForkdError(
-        "not_implemented",
-        "memory_limit_mib needs a cgroup memory controller, and this host has none",
-      );
+    // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
+    const reservations = [this.admission.reserveSpawn(n)];
+    const releaseAll = () => {
+      for (const r of reservations) r.release();
+    };
+    let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
+    let cgroupRoot: MemoryCgroupRoot | null;
+    try {
+      snapshot = await this.snapshots.bootable(tag);
+      cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
+      if (memoryLimit !== null && cgroupRoot === null) {
+        throw new ForkdError(
+          "not_implemented",
+          "memory_limit_mib needs a cgroup memory controller, and this host has none",
+        );
+      }
+      // live_fork may copy the RAM image to tmpfs first: host memory that is gone before any child starts.
+      if (request.liveFork === true) {
+        const ramMiB = snapshot.manifest.memory.ramBytes / 2 ** 20;
+        reservations.push(this.admission.reserveMemory(ramMiB, "a tmpfs copy of the RAM image (live_fork)"));
+      }
+    } catch (err) {
+      releaseAll();
+      throw err;
     }
-    await admitSpawn(this.limits, { alive: this.live.size, spawning: this.spawning, requested: n });
-    this.spawning++;
     const accelerator = snapshot.manifest.machine.accel;
     const rows: SandboxRow[] = Array.from({ length: n }, () => {
       const id = newSandboxId();
@@ -230,7 +244,7 @@ export class SandboxManager implements SandboxService {
       }
       throw err;
     } finally {
-      this.spawning--;
+      releaseAll();
       await plan?.dispose();
     }
   }
@@ -432,15 +446,22 @@ export class SandboxManager implements SandboxService {
     const live = this.liveOrThrow(id);
     const row = this.row(id);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
-    const result = await this.brancher.branch(
-      {
-        handle: live.handle,
-        lastBranchTag: row.last_branch_tag,
-        liveFork: row.live_fork === 1,
-      },
-      request,
-    );
-    return { ...result, snapshot: await this.snapshots.get(result.tag) };
+    // The copy of the source's private pages is held in memory: at most its whole RAM.
+    const ramBytes = (await this.snapshots.store.get(row.snapshot_tag)).manifest.memory.ramBytes;
+    const buffer = this.admission.reserveMemory(ramBytes / 2 ** 20, `a BRANCH of ${id}`);
+    try {
+      const result = await this.brancher.branch(
+        {
+          handle: live.handle,
+          lastBranchTag: row.last_branch_tag,
+          liveFork: row.live_fork === 1,
+        },
+        request,
+      );
+      return { ...result, snapshot: await this.snapshots.get(result.tag) };
+    } finally {
+      buffer.release();
+    }
   }
 
   private info(row: SandboxRow): SandboxInfo {
