@@ -426,7 +426,14 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
   progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
   await verifyChainFiles(paths, chain);
 
-  const writer = await store.beginWrite(to);
+  // The flat RAM image, and at most every cluster the chain's disk layers hold.
+  const layerDiskBytes = chain.reduce(
+    (sum, s) => sum + (s.manifest.files[SNAPSHOT_FILES.disk]?.size ?? 0),
+    0,
+  );
+  const writer = await store.beginWrite(to, {
+    expectedBytes: head.manifest.memory.ramBytes + layerDiskBytes,
+  });
   try {
     progress("writing the flat RAM image");
     const image = await flatImageFor(chain, memoryImageOptions(paths));

@@ -25,6 +25,9 @@ export interface ProgressEvent {
   message: string;
 }
 
+/** Disk a parent's own layer is assumed to grow by during boot and warm-up, for disk admission. */
+const PARENT_DISK_SLACK_MIB = 256;
+
 export interface CreateSnapshotOptions {
   tag: string;
   /** Template name or path to a template file (with templateFiles); defaults to the tag. */
@@ -67,7 +70,11 @@ export async function createSnapshot(
   const accel = await chooseAccelerator(paths, image, { signal });
   progress({ step: "accelerator", message: `accelerator ${accel.accel} (${accel.reason})` });
 
-  const writer = await store.beginWrite(tag, { replace: options.replace });
+  // The parent's RAM file (up to its whole size) and what boot and warm-up write to its disk layer.
+  const writer = await store.beginWrite(tag, {
+    replace: options.replace,
+    expectedBytes: (template.memoryMib + PARENT_DISK_SLACK_MIB) * 2 ** 20,
+  });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
   try {

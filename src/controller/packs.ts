@@ -40,7 +40,7 @@ import {
   snapshotPackPath,
 } from "../store/pack-format.js";
 import { assertLayerShape, readQcow2Header } from "../store/qcow2-header.js";
-import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
+import { type DiskReservation, SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
@@ -271,6 +271,7 @@ class UnpackSession {
   orphaned: string[] = [];
   contentBytes = 0;
   imageStaging: Staging | undefined;
+  private disk: DiskReservation | undefined;
   private localImage: BuiltImage | undefined;
   private next = 0;
   private readonly seen = new Set<string>();
@@ -378,6 +379,11 @@ class UnpackSession {
         `pack has no image and image ${pack.image.hash.slice(0, 12)} (build ${pack.image.buildId}) is not cached here`,
       );
     }
+    // Everything the pack may write (its files are bounded above): refused now, not when the disk is full.
+    this.disk = await this.store.reserveDisk(
+      pack.files.reduce((sum, f) => sum + f.size, 0),
+      "unpacking the pack",
+    );
     if (!this.localImage) {
       const listed = new Set(pack.files.map((f) => f.path));
       const missing = IMAGE_PACK_FILES.filter((name) => !listed.has(imagePackPath(pack.image.hash, name)));
@@ -757,6 +763,7 @@ class UnpackSession {
   }
 
   async cleanup(): Promise<void> {
+    this.disk?.release();
     await rm(this.staging, { recursive: true, force: true });
     if (this.imageStaging) await removeStaging(this.imageStaging.dir).catch(() => {});
   }

@@ -3,10 +3,10 @@
  * so readers only ever see complete snapshots; deletion renames first and removes after, for the same reason.
  */
 import { randomBytes } from "node:crypto";
-import { chmod, mkdir, readdir, readFile, rename, rm, stat } from "node:fs/promises";
+import { chmod, mkdir, readdir, readFile, rename, rm, stat, statfs } from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath, writeDurably } from "../common/durable-fs.js";
-import { conflict, notFound } from "../common/errors.js";
+import { conflict, ForkdError, notFound } from "../common/errors.js";
 import { assertTag, isValidTag } from "../common/names.js";
 import { OWNER_TOKEN_PATTERN, ownerTokenAlive, selfOwnerToken } from "../common/processes.js";
 import { digestFile } from "./hash.js";
@@ -76,13 +76,56 @@ export class SnapshotStore {
     }
   }
 
-  /** Starts writing `tag` in a private staging directory. Fails early if the tag exists and `replace` is off. */
-  async beginWrite(tag: string, options: { replace?: boolean } = {}): Promise<SnapshotWriter> {
+  /**
+   * Starts writing `tag` in a private staging directory. Fails early if the tag exists and `replace` is off, and
+   * with `unavailable` if the disk cannot hold `expectedBytes` more (see reserveDisk).
+   */
+  async beginWrite(
+    tag: string,
+    options: { replace?: boolean; expectedBytes?: number } = {},
+  ): Promise<SnapshotWriter> {
     assertTag(tag);
     if (!options.replace && (await this.exists(tag))) {
       throw conflict(`snapshot ${JSON.stringify(tag)} already exists (delete it first, or replace it)`);
     }
-    return new SnapshotWriter(this, tag, await this.makeStagingDir(tag), options.replace ?? false);
+    await mkdir(this.root, { recursive: true, mode: 0o700 });
+    const disk = await this.reserveDisk(options.expectedBytes ?? 0, `snapshot ${tag}`);
+    try {
+      return new SnapshotWriter(this, tag, await this.makeStagingDir(tag), options.replace ?? false, disk);
+    } catch (err) {
+      disk.release();
+      throw err;
+    }
+  }
+
+  /**
+   * Disk admission: refuses (`unavailable`) work that would leave less than DISK_RESERVE_BYTES free on the
+   * store's filesystem, counting what other writes of this process have reserved and not finished. Without it a
+   * snapshot, BRANCH, compaction or unpack fills the disk halfway and fails there, or takes the host down with it.
+   */
+  async reserveDisk(bytes: number, what: string): Promise<DiskReservation> {
+    const fs = await statfs(this.root);
+    const free = Number(fs.bavail) * Number(fs.bsize);
+    const reserve = diskReserveBytes();
+    const promised = diskReserved.get(this.root) ?? 0;
+    if (free - promised - bytes < reserve) {
+      const mib = (n: number) => Math.round(n / 2 ** 20);
+      throw new ForkdError(
+        "unavailable",
+        `not enough disk for ${what}: ${mib(free)} MiB free` +
+          (promised > 0 ? ` (${mib(promised)} MiB promised to writes in progress)` : "") +
+          `, it needs up to ${mib(bytes)} MiB and ${mib(reserve)} MiB must stay free (FORKD_DISK_RESERVE_MIB)`,
+      );
+    }
+    diskReserved.set(this.root, promised + bytes);
+    let released = false;
+    return {
+      release: () => {
+        if (released) return;
+        released = true;
+        diskReserved.set(this.root, (diskReserved.get(this.root) ?? bytes) - bytes);
+      },
+    };
   }
 
   /**
@@ -191,6 +234,7 @@ export class SnapshotWriter {
     /** Write the snapshot's files here. */
     readonly dir: string,
     private readonly replace: boolean,
+    private readonly disk: DiskReservation = { release: () => {} },
   ) {}
 
   file(name: string): string {
@@ -221,6 +265,7 @@ export class SnapshotWriter {
     await this.store.publish(this.tag, this.dir, this.replace);
     await fsyncPath(path.dirname(this.dir));
     this.done = true;
+    this.disk.release();
     return manifest;
   }
 
@@ -228,9 +273,32 @@ export class SnapshotWriter {
   async abort(): Promise<void> {
     if (this.done) return;
     this.done = true;
+    this.disk.release();
     await rm(this.dir, { recursive: true, force: true });
   }
 }
+
+export interface DiskReservation {
+  release(): void;
+}
+
+/** Disk that must stay free under FORKD_HOME: 1 GiB unless FORKD_DISK_RESERVE_MIB says otherwise. */
+export const DEFAULT_DISK_RESERVE_MIB = 1024;
+
+function diskReserveBytes(): number {
+  const raw = process.env.FORKD_DISK_RESERVE_MIB;
+  const mib = raw === undefined ? DEFAULT_DISK_RESERVE_MIB : Number(raw);
+  if (!Number.isInteger(mib) || mib < 0) {
+    throw new ForkdError(
+      "invalid_argument",
+      `FORKD_DISK_RESERVE_MIB must be a whole number of MiB, not ${raw}`,
+    );
+  }
+  return mib * 2 ** 20;
+}
+
+/** Bytes reserved by writes in progress in this process, per store root. */
+const diskReserved = new Map<string, number>();
 
 /** "<owner token>-<random>": whose the directory is, and unique among that owner's. */
 function ownedSuffix(): string {

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -168,5 +168,47 @@ describe("SnapshotStore", () => {
     await rm(file);
     await writeFile(file, '{"format":1}');
     await assert.rejects(store.get("broken"), /snapshot broken: manifest is invalid/);
+  });
+});
+
+describe("disk admission", () => {
+  it("refuses a write the disk cannot hold, counting writes in progress", async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), "forkd-disk-"));
+    const store = new SnapshotStore(path.join(root, "snapshots"));
+    const previous = process.env.FORKD_DISK_RESERVE_MIB;
+    try {
+      await mkdir(store.root, { recursive: true });
+      const free = Number((await statfs(store.root)).bavail) * Number((await statfs(store.root)).bsize);
+      process.env.FORKD_DISK_RESERVE_MIB = "0";
+      await assert.rejects(
+        store.beginWrite("huge", { expectedBytes: free * 2 }),
+        (err: unknown) =>
+          err instanceof ForkdError &&
+          err.code === "unavailable" &&
+          /not enough disk for snapshot huge/.test(err.message),
+      );
+      const first = await store.beginWrite("half", { expectedBytes: Math.floor(free * 0.6) });
+      await assert.rejects(
+        store.beginWrite("other", { expectedBytes: Math.floor(free * 0.6) }),
+        /promised to writes in progress/,
+      );
+      await first.abort();
+      const again = await store.beginWrite("other", { expectedBytes: Math.floor(free * 0.6) });
+      await again.abort();
+      process.env.FORKD_DISK_RESERVE_MIB = String(Math.ceil(free / 2 ** 20) + 1);
+      await assert.rejects(
+        store.beginWrite("tiny", { expectedBytes: 1 }),
+        /must stay free \(FORKD_DISK_RESERVE_MIB\)/,
+      );
+      assert.deepEqual(
+        (await readdir(store.root)).filter((n) => n.startsWith(".")),
+        [],
+        "nothing staged",
+      );
+    } finally {
+      if (previous === undefined) delete process.env.FORKD_DISK_RESERVE_MIB;
+      else process.env.FORKD_DISK_RESERVE_MIB = previous;
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });
