@@ -4,6 +4,10 @@
 # wheel with no index, mypy to type-check it). Uses the machine's own apt and npm configuration. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: this installs Debian packages and must run as root; run it (or the script that called it) with sudo" >&2
+  exit 1
+fi
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq

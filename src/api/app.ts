@@ -6,6 +6,7 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
+import path from "node:path";
 import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
 import Fastify, {
@@ -20,8 +21,9 @@ import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
-import { errorHandler, notFoundHandler, toHttpError } from "./errors.js";
+import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
+import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
@@ -38,6 +40,17 @@ import { typeboxValidatorCompiler } from "./validation.js";
  */
 export const MAX_JSON_BODY_BYTES = 2 * 1024 * 1024;
 
+/**
+ * Time a client gets to send a whole request (headers and body; responses may take longer): a client trickling
+ * bytes would otherwise hold a socket and its buffers for ever. Long enough for the largest upload (the files
+ * route's limit) over a slow link.
+ */
+export const REQUEST_TIMEOUT_MS = 120_000;
+/** Time a client gets to send the request headers. */
+export const HEADERS_TIMEOUT_MS = 20_000;
+/** Connections one listener holds at once; more are refused by the kernel's accept path (Node closes them). */
+export const DEFAULT_MAX_CONNECTIONS = 1024;
+
 export interface DaemonServices {
   sandboxes: SandboxService;
   snapshots: SnapshotService;
@@ -47,10 +60,21 @@ export interface ApiOptions {
   services: DaemonServices;
   /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
   snapshotsDir: string;
+  /** Host directories named in error messages that callers get redacted (default: FORKD_HOME from snapshotsDir). */
+  hostPaths?: readonly HostPathRedaction[];
   /** "unix": caller = peer uid, no token; "tcp": tokens required when configured; "inject": tests, docs. */
   transport: "unix" | "tcp" | "inject";
   /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
   tokens?: readonly Token[];
+  /**
+   * TCP only: the names this listener answers to (see origin-policy.ts). The port is read from the bound
+   * server, so a listener on port 0 gets its real one.
+   */
+  origin?: { bindHost: string; allowedHosts?: readonly string[]; allowedOrigins?: readonly string[] };
+  /** Connections held at once (default DEFAULT_MAX_CONNECTIONS). */
+  maxConnections?: number;
+  /** Time to receive the request headers (default HEADERS_TIMEOUT_MS; tests shorten it). */
+  headersTimeoutMs?: number;
   metrics?: DaemonMetrics;
   audit?: AuditLog;
   logger?: Logger;
@@ -76,7 +100,17 @@ const REQUEST_ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 const MUTATING_METHODS = new Set(["POST", "PUT", "DELETE", "PATCH"]);
 
 export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
-  const fastifyOptions: FastifyServerOptions & { https?: { key: Buffer; cert: Buffer } } = {
+  const headersTimeout = options.headersTimeoutMs ?? HEADERS_TIMEOUT_MS;
+  // Node checks these timeouts on an interval (30 s by default): check often enough to honour them.
+  const serverTimeouts = {
+    headersTimeout,
+    requestTimeout: Math.max(REQUEST_TIMEOUT_MS, headersTimeout),
+    connectionsCheckingInterval: Math.min(1000, headersTimeout),
+  };
+  const fastifyOptions: FastifyServerOptions & {
+    https?: { key: Buffer; cert: Buffer } & typeof serverTimeouts;
+    http?: typeof serverTimeouts;
+  } = {
     bodyLimit: MAX_JSON_BODY_BYTES,
     genReqId: (req: IncomingMessage) => {
       const header = req.headers["x-request-id"];
@@ -86,6 +120,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     forceCloseConnections: "idle",
     // Idle keep-alive sockets would otherwise pin a client's connection slot for 72 s.
     keepAliveTimeout: 5_000,
+    requestTimeout: serverTimeouts.requestTimeout,
+    http: serverTimeouts,
     // Params longer than the router's default (100) would get its own 414 body; the schemas bound them instead
     // (ids 128, tags 64) and answer 400 naming the field.
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 1024 },
@@ -93,14 +129,17 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     logController: new LogController({ disableRequestLogging: true }),
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
   };
-  if (options.https) fastifyOptions.https = options.https;
+  if (options.https) fastifyOptions.https = { ...options.https, ...serverTimeouts };
   const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
+  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
 
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
 
   app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
-  app.setErrorHandler(errorHandler);
+  app.setErrorHandler(
+    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
+  );
   app.setNotFoundHandler(notFoundHandler);
   installJsonParser(app);
 
@@ -112,8 +151,15 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     },
   });
 
+  const originPolicy = lazyOriginPolicy(app, options.origin);
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
+    // Before authentication: a rebinding page must learn nothing, not even whether it needs a token.
+    const policy = originPolicy();
+    if (policy) {
+      request.caller = `${options.transport}:${request.ip}`;
+      checkHostAndOrigin(policy, request.headers, options.https ? "https" : "http");
+    }
     request.caller = await identifyCaller(request, options);
   });
   app.addHook("onResponse", async (request, reply) => {
@@ -216,6 +262,26 @@ function installJsonParser(app: FastifyInstance): void {
       } else done(null, value);
     });
   });
+}
+
+/** The listener's origin policy, built on the first request (when the bound port is known). */
+function lazyOriginPolicy(
+  app: FastifyInstance,
+  origin: ApiOptions["origin"],
+): () => OriginPolicy | undefined {
+  let policy: OriginPolicy | undefined;
+  return () => {
+    if (origin === undefined) return undefined;
+    if (policy === undefined) {
+      const address = app.server.address();
+      const port = typeof address === "object" && address ? address.port : 0;
+      policy = originPolicyFor(origin.bindHost, port, {
+        hosts: origin.allowedHosts,
+        origins: origin.allowedOrigins,
+      });
+    }
+    return policy;
+  };
 }
 
 const callerBySocket = new WeakMap<Socket, Promise<string>>();

@@ -28,7 +28,11 @@ export function tokenFromString(token: string, what = "token"): Token {
   return { digest, id: `token:${digest.toString("hex").slice(0, 8)}` };
 }
 
-/** Reads a token file: one token per line; blank lines and `#` comments skipped. Refuses world-readable files. */
+/**
+ * Reads a token file: one token per line; blank lines and `#` comments skipped. The file must be the daemon's
+ * own and private (no group or other permission bits): a token readable or replaceable by another local user
+ * hands that user root.
+ */
 export async function loadTokenFile(file: string): Promise<Token[]> {
   const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
     throw new ForkdError("invalid_argument", `cannot read token file ${file}: ${err.code ?? err.message}`);
@@ -40,10 +44,18 @@ export async function loadTokenFile(file: string): Promise<Token[]> {
       `token file ${file} is larger than ${MAX_TOKEN_FILE_BYTES} bytes`,
     );
   }
-  if (info.mode & 0o004) {
+  const uid = process.getuid?.();
+  if (uid !== undefined && info.uid !== uid) {
     throw new ForkdError(
       "invalid_argument",
-      `token file ${file} is world-readable (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
+      `token file ${file} is owned by uid ${info.uid}, not by the daemon's user (uid ${uid}): chown it`,
+    );
+  }
+  if (info.mode & 0o077) {
+    const what = info.mode & 0o022 ? "writable" : "readable";
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is ${what} by other users (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
     );
   }
   const text = await readFile(file, "utf8");

@@ -205,7 +205,8 @@ export class Brancher {
       this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
     };
     try {
-      writer = await this.store.beginWrite(tag);
+      // Up to the whole RAM (a full branch writes a flat image; a diff branch the pages written since restore).
+      writer = await this.store.beginWrite(tag, { expectedBytes: ramBytes });
       const qmp = await handle.qmp();
       // The source's next writable layer, made before the pause. Its header already names the frozen layer's
       // permanent place in the new snapshot (relative, like every layer).
@@ -465,7 +466,6 @@ function job(tag: string, status: "writing" | "failed", mode: string, error: str
     status,
     kind: `branch-${mode}`,
     started_at_unix: Math.floor(Date.now() / 1000),
-    writer_pid: process.pid,
     error,
   };
 }

@@ -5,7 +5,7 @@
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { copyFile, readdir, readFile, readlink, rm, stat } from "node:fs/promises";
+import { copyFile, readdir, readFile, readlink, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
@@ -13,14 +13,14 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import { MANIFEST_FILE, type SnapshotManifest } from "../store/manifest.js";
-import { flatImageFor } from "../store/memory-images.js";
+import { flatImageFor, removeAssembledImage } from "../store/memory-images.js";
 import { PAGE_SIZE } from "../store/memory-layer.js";
 import { readQcow2Header } from "../store/qcow2-header.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
-import { cacheDirs, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
+import { cacheDirs, memoryImageOptions, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
 import type { SnapshotDetail } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
@@ -391,9 +391,7 @@ export async function removeAssembledImages(paths: ForkdPaths, tag: string, dir:
   if (bytes === null) return;
   const digest = createHash("sha256").update(bytes).digest("hex");
   const dirs = cacheDirs(paths);
-  for (const cache of [dirs.cacheDir, dirs.tmpfsDir]) {
-    await rm(path.join(cache, `${tag}-${digest.slice(0, 32)}.bin`), { force: true });
-  }
+  for (const cache of [dirs.cacheDir, dirs.tmpfsDir]) await removeAssembledImage(cache, tag, digest);
 }
 
 // ---- compact ----
@@ -425,10 +423,17 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
   progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
   await verifyChainFiles(paths, chain);
 
-  const writer = await store.beginWrite(to);
+  // The flat RAM image, and at most every cluster the chain's disk layers hold.
+  const layerDiskBytes = chain.reduce(
+    (sum, s) => sum + (s.manifest.files[SNAPSHOT_FILES.disk]?.size ?? 0),
+    0,
+  );
+  const writer = await store.beginWrite(to, {
+    expectedBytes: head.manifest.memory.ramBytes + layerDiskBytes,
+  });
   try {
     progress("writing the flat RAM image");
-    const image = await flatImageFor(chain, cacheDirs(paths));
+    const image = await flatImageFor(chain, memoryImageOptions(paths));
     await execFileAsync(
       "cp",
       ["--sparse=always", "--reflink=auto", "--", image, writer.file(SNAPSHOT_FILES.memory)],

@@ -2,13 +2,17 @@
  * Everything children of one snapshot share, prepared once per spawn: the checked chain, its verified files,
  * the flat RAM image they map, and an empty disk overlay each child copies.
  */
+
 import { createHash, randomBytes } from "node:crypto";
 import { access, mkdir, readFile, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { unguessableDirName } from "../common/private-dir.js";
+import { selfOwnerToken } from "../common/processes.js";
+import { type BuiltImage, readImageDir } from "../image/index.js";
 import { resolveChain } from "../store/chain.js";
-import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
+import { flatImageFor, type MemoryImageOptions, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
@@ -33,8 +37,23 @@ export interface RestorePlan {
 export function cacheDirs(paths: ForkdPaths) {
   return {
     cacheDir: path.join(paths.home, "cache", "memory"),
-    tmpfsDir: path.join(process.env.FORKD_TMPFS ?? "/dev/shm", `forkd-${homeKey(paths.home)}`),
+    tmpfsDir: unguessableDirName(
+      process.env.FORKD_TMPFS ?? "/dev/shm",
+      `forkd-${homeKey(paths.home)}-`,
+      path.join(paths.home, "cache", "tmpfs-dir"),
+    ),
     verifiedDir: path.join(paths.home, "cache"),
+  };
+}
+
+/** Where assembled RAM images go, checked against their recorded digests before they are reused. */
+export function memoryImageOptions(paths: ForkdPaths, inMemory = false): MemoryImageOptions {
+  const dirs = cacheDirs(paths);
+  return {
+    cacheDir: dirs.cacheDir,
+    tmpfsDir: dirs.tmpfsDir,
+    inMemory,
+    verifier: new FileVerifier(dirs.verifiedDir),
   };
 }
 
@@ -64,12 +83,11 @@ export async function prepareRestore(
     );
   }
   await verifyChainFiles(paths, chain);
-  const dirs = cacheDirs(paths);
-  const memoryImage = await flatImageFor(chain, { ...dirs, inMemory: options.inMemory });
+  const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
   await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
   const overlayTemplate = path.join(
     templatesDir(paths),
-    `${tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+    `${tag}-${selfOwnerToken()}-${randomBytes(4).toString("hex")}.qcow2`,
   );
   // Relative backing: the overlay is copied to run/<id>/disk.qcow2, two levels under FORKD_HOME like this
   // directory, and a branch later hard-links it into snapshots/<tag>/, also two levels down.
@@ -92,9 +110,42 @@ export async function prepareRestore(
   };
 }
 
-/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads. */
+/**
+ * The image a snapshot was made on, with every file verified (cheaply, see store/verify.ts) against the sha256
+ * its image.json recorded: a kernel, initrd or root filesystem changed behind forkd's back is refused before a VM
+ * boots or restores on it. `conflict` if the image is gone, incomplete or another build.
+ */
+export async function verifyImage(
+  paths: ForkdPaths,
+  image: { hash: string; buildId: string; rootfs: string },
+): Promise<BuiltImage> {
+  const dir = path.dirname(image.rootfs);
+  const found = await readImageDir(path.dirname(dir), path.basename(dir));
+  if (!found || found.hash !== image.hash || found.manifest.buildId !== image.buildId) {
+    throw new ForkdError(
+      "conflict",
+      `image ${image.hash.slice(0, 12)} (build ${image.buildId}) is no longer cached complete; it was removed or rebuilt`,
+    );
+  }
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(found.manifest.files)) {
+    await verifier.verify(path.join(dir, name), recorded.sha256, `image ${image.hash.slice(0, 12)}`);
+  }
+  return found;
+}
+
+/** Records that a just-built image's files have the hashes its build computed (no second hashing pass). */
+export async function trustFreshImage(paths: ForkdPaths, image: BuiltImage): Promise<void> {
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(image.manifest.files)) {
+    await verifier.remember(path.join(image.dir, name), recorded.sha256);
+  }
+}
+
+/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads, its image's too. */
 export async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  await verifyImage(paths, (chain[chain.length - 1] as StoredSnapshot).manifest.image);
   const head = chain[chain.length - 1] as StoredSnapshot;
   const needed: { snapshot: StoredSnapshot; name: string }[] = [
     ...memoryFilesOf(chain).map(({ snapshot, name }) => ({ snapshot, name })),

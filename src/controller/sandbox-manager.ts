@@ -9,8 +9,10 @@ import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
+import { lockHome } from "../common/home-lock.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { currentBootId, isAlive, OWNER_TOKEN_PATTERN, ownerTokenAlive } from "../common/processes.js";
 import {
   detectMemoryCgroupRoot,
   limitMemory,
@@ -18,11 +20,17 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
-import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
+import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
-import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
+import {
+  isOurProcess,
+  killAndWait,
+  processesMentioning,
+  processStartTime,
+  recordedIdentity,
+} from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
@@ -45,6 +53,8 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 export const SWEEP_INTERVAL_MS = 1000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
+/** meta key: the boot the recorded pids and start times belong to. */
+const BOOT_ID_KEY = "boot_id";
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -75,10 +85,9 @@ export class SandboxManager implements SandboxService {
   private readonly live = new Map<string, Live>();
   /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
   private readonly killing = new Map<string, Promise<void>>();
-  private readonly limits: AdmissionLimits;
+  private readonly admission: Admission;
   private readonly defaultTimeoutMs: number;
   private readonly log: ManagerLog;
-  private spawning = 0;
   private sweeper: NodeJS.Timeout | undefined;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
 
@@ -87,7 +96,7 @@ export class SandboxManager implements SandboxService {
     private readonly db: StateDb,
     options: ManagerOptions,
   ) {
-    this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
+    this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(
@@ -143,16 +152,31 @@ export class SandboxManager implements SandboxService {
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
-    const snapshot = await this.snapshots.bootable(tag);
-    const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
-    if (memoryLimit !== null && cgroupRoot === null) {
-      throw new ForkdError(
-        "not_implemented",
-        "memory_limit_mib needs a cgroup memory controller, and this host has none",
-      );
+    // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
+    const reservations = [this.admission.reserveSpawn(n)];
+    const releaseAll = () => {
+      for (const r of reservations) r.release();
+    };
+    let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
+    let cgroupRoot: MemoryCgroupRoot | null;
+    try {
+      snapshot = await this.snapshots.bootable(tag);
+      cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
+      if (memoryLimit !== null && cgroupRoot === null) {
+        throw new ForkdError(
+          "not_implemented",
+          "memory_limit_mib needs a cgroup memory controller, and this host has none",
+        );
+      }
+      // live_fork may copy the RAM image to tmpfs first: host memory that is gone before any child starts.
+      if (request.liveFork === true) {
+        const ramMiB = snapshot.manifest.memory.ramBytes / 2 ** 20;
+        reservations.push(this.admission.reserveMemory(ramMiB, "a tmpfs copy of the RAM image (live_fork)"));
+      }
+    } catch (err) {
+      releaseAll();
+      throw err;
     }
-    await admitSpawn(this.limits, { alive: this.live.size, spawning: this.spawning, requested: n });
-    this.spawning++;
     const accelerator = snapshot.manifest.machine.accel;
     const rows: SandboxRow[] = Array.from({ length: n }, () => {
       const id = newSandboxId();
@@ -246,7 +270,7 @@ export class SandboxManager implements SandboxService {
       }
       throw err;
     } finally {
-      this.spawning--;
+      releaseAll();
       await plan?.dispose();
     }
   }
@@ -448,15 +472,22 @@ export class SandboxManager implements SandboxService {
     const live = this.liveOrThrow(id);
     const row = this.row(id);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
-    const result = await this.brancher.branch(
-      {
-        handle: live.handle,
-        lastBranchTag: row.last_branch_tag,
-        liveFork: row.live_fork === 1,
-      },
-      request,
-    );
-    return { ...result, snapshot: await this.snapshots.get(result.tag) };
+    // The copy of the source's private pages is held in memory: at most its whole RAM.
+    const ramBytes = (await this.snapshots.store.get(row.snapshot_tag)).manifest.memory.ramBytes;
+    const buffer = this.admission.reserveMemory(ramBytes / 2 ** 20, `a BRANCH of ${id}`);
+    try {
+      const result = await this.brancher.branch(
+        {
+          handle: live.handle,
+          lastBranchTag: row.last_branch_tag,
+          liveFork: row.live_fork === 1,
+        },
+        request,
+      );
+      return { ...result, snapshot: await this.snapshots.get(result.tag) };
+    } finally {
+      buffer.release();
+    }
   }
 
   private info(row: SandboxRow): SandboxInfo {
@@ -497,7 +528,7 @@ export class SandboxManager implements SandboxService {
       await live.handle.destroy();
       this.live.delete(row.id);
     } else {
-      for (const pid of await processesMentioning(row.run_dir)) await killAndWait(pid);
+      for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
       await rm(row.run_dir, { recursive: true, force: true });
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
@@ -520,13 +551,13 @@ export class SandboxManager implements SandboxService {
 
   private async reconcile(): Promise<void> {
     await this.sweepRunDir();
+    // Start times count from boot: recorded ones belong to the boot the database last saw (unknown = this one).
+    const recordedBoot = this.db.meta(BOOT_ID_KEY) ?? currentBootId();
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
-      const alive =
-        row.pid !== null &&
-        row.pid_start_time !== null &&
-        (await isOurProcess(row.pid, row.pid_start_time, row.run_dir));
-      if (row.status !== "running" || !alive || row.pid === null) {
+      const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
+      const alive = identity !== null && (await isOurProcess(identity, row.run_dir));
+      if (row.status !== "running" || !alive || identity === null) {
         const why =
           row.status === "starting"
             ? "the daemon stopped while it was being spawned"
@@ -537,7 +568,7 @@ export class SandboxManager implements SandboxService {
       try {
         if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
         const handle = await AdoptedSandbox.adopt(
-          { ...row, pid: row.pid, memory_image: row.memory_image },
+          { ...row, identity, memory_image: row.memory_image },
           { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
         );
         this.live.set(row.id, { handle, killing: false });
@@ -546,6 +577,7 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
       }
     }
+    this.db.setMeta(BOOT_ID_KEY, currentBootId());
   }
 
   /**
@@ -556,8 +588,9 @@ export class SandboxManager implements SandboxService {
     const known = new Set(this.db.sandboxes().map((r) => path.basename(r.run_dir)));
     const templates = path.join(this.paths.run, ".templates");
     for (const name of await readdir(templates).catch(() => [] as string[])) {
-      const writer = /-(\d+)-[0-9a-f]+\.qcow2$/.exec(name)?.[1];
-      if (writer !== undefined && (await processStartTime(Number(writer))) === null) {
+      const owner = new RegExp(`-${OWNER_TOKEN_PATTERN}-[0-9a-f]+\\.qcow2$`).exec(name);
+      const token = owner ? `${owner[1]}.${owner[2]}.${owner[3]}` : null;
+      if (token === null || !(await ownerTokenAlive(token))) {
         await rm(path.join(templates, name), { force: true });
       }
     }
@@ -581,9 +614,9 @@ export class SandboxManager implements SandboxService {
         continue;
       }
       const live = this.live.get(row.id);
-      if (live?.handle instanceof AdoptedSandbox && row.pid_start_time !== null) {
-        if ((await processStartTime(live.handle.pid)) !== row.pid_start_time)
-          await this.markDead(row, "its VM exited");
+      // Not our child, so no exit event: its identity (a zombie or a reused pid is not it) says whether it lives.
+      if (live?.handle instanceof AdoptedSandbox && !(await isAlive(live.handle.identity))) {
+        await this.markDead(row, "its VM exited");
       }
     }
   }
@@ -614,17 +647,30 @@ function isIntIn(value: unknown, min: number, max: number): value is number {
   return typeof value === "number" && Number.isInteger(value) && value >= min && value <= max;
 }
 
-/** Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). */
+/**
+ * Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). Holds the
+ * home's lock until closed: a second daemon on the same FORKD_HOME is refused (conflict).
+ */
 export async function openServices(paths: ForkdPaths, options: ManagerOptions = {}) {
-  const db = new StateDb(path.join(paths.home, "state.db"));
-  const sandboxes = await SandboxManager.open(paths, db, options);
-  return {
-    sandboxes,
-    snapshots: sandboxes.snapshots,
-    close: async (opts: { killSandboxes?: boolean } = {}) => {
-      if (opts.killSandboxes) await sandboxes.closeAndKill();
-      else await sandboxes.close();
-      db.close();
-    },
-  };
+  const lock = await lockHome(paths.home);
+  let db: StateDb | undefined;
+  try {
+    db = new StateDb(path.join(paths.home, "state.db"));
+    const sandboxes = await SandboxManager.open(paths, db, options);
+    const opened = db;
+    return {
+      sandboxes,
+      snapshots: sandboxes.snapshots,
+      close: async (opts: { killSandboxes?: boolean } = {}) => {
+        if (opts.killSandboxes) await sandboxes.closeAndKill();
+        else await sandboxes.close();
+        opened.close();
+        await lock.release();
+      },
+    };
+  } catch (err) {
+    db?.close();
+    await lock.release();
+    throw err;
+  }
 }

@@ -7,10 +7,10 @@ import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from ".
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { imageOfFiles } from "../image/index.js";
-import type { StateDb } from "../store/db.js";
+import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
-import { createSnapshot } from "./create-snapshot.js";
+import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
 import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
@@ -40,7 +40,7 @@ export class DaemonSnapshots implements SnapshotService {
   /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
   async reconcile(): Promise<void> {
     for (const job of this.db.snapshotJobs()) {
-      if (job.status === "writing" && job.writer_pid !== process.pid) {
+      if (job.status === "writing" && !(await jobWriterAlive(job))) {
         this.db.upsertSnapshotJob({
           ...job,
           status: "failed",
@@ -48,7 +48,7 @@ export class DaemonSnapshots implements SnapshotService {
         });
       }
     }
-    await this.store.sweepStale();
+    await sweepStaleSnapshotFiles(this.store);
     // Packs in transit belong to requests of a daemon that is gone.
     await rm(this.paths.transfers, { recursive: true, force: true });
   }
@@ -120,7 +120,6 @@ export class DaemonSnapshots implements SnapshotService {
       status: "writing",
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
@@ -141,7 +140,6 @@ export class DaemonSnapshots implements SnapshotService {
           status: "failed",
           kind: "template",
           started_at_unix: Math.floor(Date.now() / 1000),
-          writer_pid: process.pid,
           error: errorMessage(err).split("\n")[0] ?? "failed",
         });
       }
@@ -182,7 +180,6 @@ export class DaemonSnapshots implements SnapshotService {
       status: "writing",
       kind: "compact",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);

@@ -3,16 +3,20 @@
  * place, so a reader sees either a whole image or none. Staging directories record their owner process;
  * those of dead owners (a crashed or killed build) are swept before the next build.
  *
- *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}
+ *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}   built on this host
+ *   <images>/.imported/<build key>/<hash>/{...}   installed from a pack: used by the snapshots that came
+ *                                                  with it, never by a build (see importedImagesDir)
  *   <images>/.staging-<hash prefix>-<pid>-<random>/{owner.json, out/, work/}
  *   <images>/.boot/<kernel+busybox key>/{vmlinuz, initrd.img, probe-initrd.img, boot.json}  (see boot.ts)
  *   <images>/.apt-resolution.json
  */
-import { randomBytes } from "node:crypto";
+
+import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
+import { isAlive, type ProcessIdentity, parseIdentity, selfIdentity } from "../common/processes.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
 export const IMAGE_FILES = {
@@ -23,7 +27,8 @@ export const IMAGE_FILES = {
   manifest: "image.json",
 } as const;
 
-export const MANIFEST_FORMAT = 1;
+/** 2: every file has a sha256 (the root filesystem too) and `origin` says where the image came from. */
+export const MANIFEST_FORMAT = 2;
 
 export interface ImageManifest {
   format: typeof MANIFEST_FORMAT;
@@ -37,8 +42,10 @@ export interface ImageManifest {
   /** Modules the boot initramfs loads, in order. */
   modules: string[];
   rootfs: { uuid: string; usedMib: number; diskMib: number; packages: string[] };
-  /** Size of every file; sha256 of all but the (large, sparse) root filesystem image. */
-  files: Record<string, { size: number; sha256?: string }>;
+  /** Size and sha256 of every file, checked when the image is imported and before it is used. */
+  files: Record<string, { size: number; sha256: string }>;
+  /** "built" here from its recipe, or "imported" from a pack (then only that pack's snapshots use it). */
+  origin: "built" | "imported";
 }
 
 export interface BuiltImage {
@@ -71,10 +78,13 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   }
   if (manifest.format !== MANIFEST_FORMAT || manifest.hash !== hash) return undefined;
   if (typeof manifest.recipe !== "object" || recipeHash(manifest.recipe) !== hash) return undefined;
+  if (manifest.origin !== "built" && manifest.origin !== "imported") return undefined;
   for (const name of Object.values(IMAGE_FILES)) {
     if (name === IMAGE_FILES.manifest) continue;
+    const recorded = manifest.files?.[name];
+    if (typeof recorded?.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(recorded.sha256)) return undefined;
     const st = await fs.stat(path.join(dir, name)).catch(() => undefined);
-    if (!st?.isFile() || st.size !== manifest.files?.[name]?.size) return undefined;
+    if (!st?.isFile() || st.size !== recorded.size) return undefined;
   }
   return {
     dir,
@@ -89,18 +99,15 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   };
 }
 
-async function processStartTime(pid: number): Promise<string | undefined> {
-  try {
-    const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
-interface StagingOwner {
-  pid: number;
-  startTime: string | undefined;
+/**
+ * Where images imported from packs live, one directory per build. A pack's image.json can claim any recipe hash,
+ * a genuine template's included; kept apart from `<images>/<hash>`, an imported image can never be taken for
+ * the image a build of that template would make (image cache poisoning), while the snapshots that came with it
+ * still find the exact build their disk layers were made on.
+ */
+export function importedImagesDir(cacheDir: string, buildId: string): string {
+  const key = createHash("sha256").update(buildId).digest("hex").slice(0, 32);
+  return path.join(cacheDir, ".imported", key);
 }
 
 export interface Staging {
@@ -119,8 +126,7 @@ export async function createStaging(cacheDir: string, hash: string): Promise<Sta
   );
   // Traversable by all: apt downloads into it as the unprivileged _apt user.
   await fs.mkdir(dir, { mode: 0o755 });
-  const owner: StagingOwner = { pid: process.pid, startTime: await processStartTime(process.pid) };
-  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(owner));
+  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(selfIdentity()));
   const staging = { dir, out: path.join(dir, "out"), work: path.join(dir, "work") };
   await fs.mkdir(staging.out, { mode: 0o755 });
   await fs.mkdir(staging.work, { mode: 0o755 });
@@ -152,18 +158,15 @@ export async function sweepStaleStaging(cacheDir: string): Promise<string[]> {
   for (const name of entries) {
     if (!name.startsWith(".staging-")) continue;
     const dir = path.join(cacheDir, name);
-    let owner: StagingOwner | undefined;
+    let owner: ProcessIdentity | null = null;
     try {
-      owner = JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")) as StagingOwner;
+      owner = parseIdentity(JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")));
     } catch {
       // owner.json is written right after mkdir; a very young directory without it may be mid-creation
       const st = await fs.stat(dir).catch(() => undefined);
       if (!st || Date.now() - st.mtimeMs < 60_000) continue;
     }
-    if (owner && Number.isInteger(owner.pid) && owner.pid > 0) {
-      const startTime = await processStartTime(owner.pid);
-      if (startTime !== undefined && startTime === owner.startTime) continue; // still building
-    }
+    if (owner && (await isAlive(owner))) continue; // still building
     await removeStaging(dir);
     removed.push(dir);
   }

@@ -3,7 +3,7 @@
 export type { BuildOptions, BuildProgressEvent, BuildStep, ImageOptions, ResolvedRecipe } from "./build.js";
 export { buildImage, findCachedImage, readImage, resolveRecipe } from "./build.js";
 export type { BuiltImage, ImageManifest } from "./cache.js";
-export { IMAGE_FILES, imageOfFiles } from "./cache.js";
+export { IMAGE_FILES, imageOfFiles, importedImagesDir, readImageDir } from "./cache.js";
 export {
   GUEST_AGENT_COMMAND,
   INIT_FAILED_MARKER,

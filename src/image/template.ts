@@ -295,13 +295,25 @@ async function readTemplateFile(file: string): Promise<string> {
 }
 
 /**
- * A built-in template by name (templates/<name>.toml in the forkd package) or a template file by path
- * (anything containing '/' or ending in .toml, relative to the working directory).
+ * A built-in template by name (templates/<name>.toml in the forkd package) or, with `allowFiles` (the CLI,
+ * acting for the user who runs it), a template file by path: anything containing '/' or ending in .toml, relative
+ * to the working directory. Names that come from an API caller never load a file: the daemon runs as root, and
+ * its working directory is not the caller's.
  */
-export async function loadTemplate(nameOrPath: string): Promise<Template> {
+export async function loadTemplate(
+  nameOrPath: string,
+  options: { allowFiles?: boolean } = {},
+): Promise<Template> {
   if (typeof nameOrPath !== "string" || nameOrPath === "")
     throw invalidArgument("template name or path is required");
-  if (nameOrPath.includes("/") || nameOrPath.endsWith(".toml")) {
+  const looksLikeFile = nameOrPath.includes("/") || nameOrPath.endsWith(".toml");
+  if (looksLikeFile && !options.allowFiles) {
+    throw invalidArgument(
+      `template ${JSON.stringify(nameOrPath)} looks like a file path; the daemon takes template names only ` +
+        "(build from a template file with the CLI: forkd snapshot --template FILE)",
+    );
+  }
+  if (looksLikeFile) {
     const file = path.resolve(nameOrPath);
     return parseTemplate(await readTemplateFile(file), file);
   }

@@ -6,9 +6,10 @@
 import { mkdirSync } from "node:fs";
 import path from "node:path";
 import Database from "better-sqlite3";
+import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 1;
+export const SCHEMA_VERSION = 2;
 
 export interface SandboxRow {
   id: string;
@@ -45,10 +46,14 @@ export interface SnapshotJobRow {
   status: "writing" | "failed";
   kind: string;
   started_at_unix: number;
-  /** The daemon process writing it; a job whose writer is gone is failed at start-up. */
+  /** The daemon process writing it (pid + start time); a job whose writer is gone is failed at start-up. */
   writer_pid: number;
+  writer_start_time: number | null;
   error: string | null;
 }
+
+/** A job as callers record it: the writer is always the calling process (filled in by StateDb). */
+export type SnapshotJobInput = Omit<SnapshotJobRow, "writer_pid" | "writer_start_time">;
 
 export class StateDb {
   private readonly db: Database.Database;
@@ -99,8 +104,30 @@ export class StateDb {
           error TEXT
         );
       `);
-      this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     }
+    if (version < 2) {
+      // meta: facts about the state as a whole (the boot the recorded process identities belong to).
+      this.db.exec(`
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        ALTER TABLE snapshot_jobs ADD COLUMN writer_start_time INTEGER;
+      `);
+    }
+    if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
+  }
+
+  meta(key: string): string | undefined {
+    const row = this.db.prepare("SELECT value FROM meta WHERE key = ?").get(key) as
+      | { value: string }
+      | undefined;
+    return row?.value;
+  }
+
+  setMeta(key: string, value: string): void {
+    this.db
+      .prepare(
+        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+      )
+      .run(key, value);
   }
 
   insertSandbox(row: SandboxRow): void {
@@ -133,19 +160,22 @@ export class StateDb {
     return this.db.prepare("SELECT * FROM sandboxes WHERE id = ?").get(id) as SandboxRow | undefined;
   }
 
-  upsertSnapshotJob(row: SnapshotJobRow): void {
+  upsertSnapshotJob(job: SnapshotJobInput): void {
+    const self = selfIdentity();
+    const row: SnapshotJobRow = { ...job, writer_pid: self.pid, writer_start_time: self.startTime };
     this.db
       .prepare(
-        `INSERT INTO snapshot_jobs (tag, status, kind, started_at_unix, writer_pid, error)
-         VALUES (@tag, @status, @kind, @started_at_unix, @writer_pid, @error)
+        `INSERT INTO snapshot_jobs (tag, status, kind, started_at_unix, writer_pid, writer_start_time, error)
+         VALUES (@tag, @status, @kind, @started_at_unix, @writer_pid, @writer_start_time, @error)
          ON CONFLICT(tag) DO UPDATE SET status = excluded.status, kind = excluded.kind,
-           started_at_unix = excluded.started_at_unix, writer_pid = excluded.writer_pid, error = excluded.error`,
+           started_at_unix = excluded.started_at_unix, writer_pid = excluded.writer_pid,
+           writer_start_time = excluded.writer_start_time, error = excluded.error`,
       )
       .run(row);
   }
 
   /** Inserts a "writing" job unless one exists for the tag; false when the tag is already being written. */
-  claimSnapshotJob(row: SnapshotJobRow): boolean {
+  claimSnapshotJob(row: SnapshotJobInput): boolean {
     const tx = this.db.transaction(() => {
       const existing = this.snapshotJob(row.tag);
       if (existing?.status === "writing") return false;
@@ -172,4 +202,10 @@ export class StateDb {
   close(): void {
     this.db.close();
   }
+}
+
+/** Whether the process that wrote `job` is still running (a job whose writer is gone will never finish). */
+export async function jobWriterAlive(job: SnapshotJobRow): Promise<boolean> {
+  if (job.writer_start_time === null) return job.writer_pid === process.pid;
+  return isAlive({ pid: job.writer_pid, startTime: job.writer_start_time, bootId: currentBootId() });
 }

@@ -1,7 +1,7 @@
 /**
  * QEMU as a child process: spawned from an argv array (never a shell) in its own process group, its output kept
  * in a bounded ring buffer for error messages, and registered so that the host program never leaves a QEMU
- * behind when it exits or is interrupted (SIGINT/SIGTERM/SIGHUP).
+ * behind when it exits or is ended by a signal it does not handle (SIGINT/SIGTERM/SIGHUP).
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { ForkdError } from "../common/errors.js";
@@ -260,14 +260,17 @@ function killAllLive(): void {
   for (const qemu of live) qemu.signalGroup("SIGKILL");
 }
 
+/**
+ * Only a signal that will end the program ends its QEMUs. When the program handles the signal itself (the
+ * daemon reopens its audit log on SIGHUP and drains on SIGTERM), it decides what happens; QEMUs it still holds
+ * when it exits are killed by the 'exit' hook. Otherwise restore the default action and re-raise the signal, so
+ * the program terminates the way it would have without our handler (exit status 128+n).
+ */
 function onHostSignal(signal: NodeJS.Signals): void {
+  if (process.listenerCount(signal) > 1) return;
   killAllLive();
-  // If nobody else handles this signal, restore the default action and re-raise it, so the program still
-  // terminates the way it would have without our handler (exit status 128+n).
-  if (process.listenerCount(signal) === 1) {
-    uninstallHooks();
-    process.kill(process.pid, signal);
-  }
+  uninstallHooks();
+  process.kill(process.pid, signal);
 }
 
 function installHooks(): void {

@@ -3,10 +3,12 @@
  * error shapes and statuses, v0.5 client bodies, 501 for unbuilt features, files, request ids, metrics. The services
  * behind it are the test double (test/api/services-double.ts): nothing here says anything about real sandboxes.
  */
+
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { buildApi, MAX_JSON_BODY_BYTES } from "../../src/api/app.js";
+import { redactHostPaths } from "../../src/api/errors.js";
 import { MAX_FILE_TRANSFER_BYTES } from "../../src/api/schemas.js";
 import { ServicesDouble } from "./services-double.js";
 
@@ -177,6 +179,10 @@ describe("REST API over the services test double", () => {
     await expectError("POST", "/v1/sandboxes", "snapshot_tag=py", 415, /content type/, {
       "content-type": "application/x-www-form-urlencoded",
     });
+    // A route whose schema is given per content type must not take a type it does not list.
+    await expectError("POST", `/v1/sandboxes/${id}/exec/stream`, '{"args": ["true"]}', 415, /content type/, {
+      "content-type": "text/plain",
+    });
     const big = JSON.stringify({ snapshot_tag: "py", pad: "x".repeat(MAX_JSON_BODY_BYTES) });
     await expectError("POST", "/v1/sandboxes", big, 413, /too large/, json);
   });
@@ -189,6 +195,22 @@ describe("REST API over the services test double", () => {
     assert.equal(json?.pong, true);
     assert.equal(json?.sandbox_id, id);
     assert.equal((await call("POST", `/v1/sandboxes/${id}/ping`)).status, 200, "no body, no content type");
+  });
+
+  it("error messages never show the daemon's host directories", async () => {
+    // The double names argv[0] in its "command not found" error: a message that carries a host path.
+    const { status, json } = await call("POST", `/v1/sandboxes/${id}/exec`, { args: ["/srv/snaps/x/tool"] });
+    assert.equal(status, 404);
+    const message = String(json?.error);
+    assert.ok(!message.includes("/srv/"), message);
+    assert.match(message, /\$FORKD_HOME\/snaps\/x\/tool/);
+    assert.equal(
+      redactHostPaths("a /var/lib/forkd/snapshots/t and /var/lib/forkd-other and /dev/shm/forkd-1/m", [
+        { dir: "/var/lib/forkd", name: "$FORKD_HOME" },
+        { dir: "/dev/shm/forkd-1", name: "$FORKD_TMPFS" },
+      ]),
+      "a $FORKD_HOME/snapshots/t and /var/lib/forkd-other and $FORKD_TMPFS/m",
+    );
   });
 
   it("answers unknown and malformed ids", async () => {

@@ -77,6 +77,18 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
         isCode("unavailable"),
         "over the limit",
       );
+      // Two at once against a limit of one: the second sees the first's child before either has started it.
+      const raced = await Promise.allSettled([
+        services.sandboxes.spawn({ snapshotTag: tag, n: 1 }),
+        services.sandboxes.spawn({ snapshotTag: tag, n: 1 }),
+      ]);
+      assert.deepEqual(
+        raced.map((r) => r.status),
+        ["fulfilled", "rejected"],
+      );
+      assert.ok(isCode("unavailable")((raced[1] as PromiseRejectedResult).reason));
+      assert.equal(services.sandboxes.list().length, 1);
+      await services.sandboxes.killAll();
       await assert.rejects(
         services.sandboxes.spawn({ snapshotTag: tag, n: 1, memoryLimitMiB: 1 }),
         isCode("invalid_argument"),
@@ -96,7 +108,6 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
       status: "writing",
       kind: "branch",
       started_at_unix: 1,
-      writer_pid: process.pid,
       error: null,
     });
     const manager = await SandboxManager.open(home, db);

@@ -13,8 +13,10 @@ export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { c
     ...paths,
     cleanup: async () => {
       await killProcessesMentioning(home);
+      // Named by a record inside the home: read it before the home goes.
+      const tmpfsDir = cacheDirs(paths).tmpfsDir;
       await rm(home, { recursive: true, force: true });
-      await rm(cacheDirs(paths).tmpfsDir, { recursive: true, force: true });
+      await rm(tmpfsDir, { recursive: true, force: true });
     },
   };
 }

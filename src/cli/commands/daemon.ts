@@ -9,6 +9,7 @@ import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
+import { cacheDirs } from "../../controller/restore-plan.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
@@ -18,6 +19,9 @@ interface DaemonOptions {
   socketGroup?: string;
   bind?: string;
   tokenFile?: string;
+  allowedHost: string[];
+  allowedOrigin: string[];
+  maxConnections?: number;
   tlsCert?: string;
   tlsKey?: string;
   auditLog: string | false;
@@ -41,8 +45,28 @@ export function registerDaemon(program: Command): void {
     .option("--socket <path>", "Unix socket to listen on", DEFAULT_SOCKET_PATH)
     .option("--no-socket", "do not listen on a Unix socket (needs --bind)")
     .option("--socket-group <group>", "group allowed to use the socket (mode 0660)")
-    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (non-loopback needs --token-file)")
-    .option("--token-file <file>", "bearer tokens for the TCP listener, one per line (>= 16 bytes each)")
+    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (needs --token-file)")
+    .option(
+      "--token-file <file>",
+      "bearer tokens for the TCP listener, one per line (>= 16 bytes each, mode 0600)",
+    )
+    .option(
+      "--allowed-host <host>",
+      "another name the TCP listener answers to (Host header), e.g. forkd.internal or *.sandboxes.example; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--allowed-origin <origin>",
+      "a browser origin (scheme://host:port) the TCP listener serves besides its own; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--max-connections <n>",
+      "connections each listener holds at once",
+      parseIntOption("--max-connections", 1, 1_000_000),
+    )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
     .option("--audit-log <file>", "append-only audit log (reopened on SIGHUP)", DEFAULT_AUDIT_LOG)
@@ -113,11 +137,19 @@ export function registerDaemon(program: Command): void {
             socketGroup: opts.socketGroup,
             bind: opts.bind,
             tokenFile: opts.tokenFile,
+            allowedHosts: opts.allowedHost,
+            allowedOrigins: opts.allowedOrigin,
+            maxConnections: opts.maxConnections,
             tlsCert: opts.tlsCert,
             tlsKey: opts.tlsKey,
             auditLog: opts.auditLog === false ? null : opts.auditLog,
             drainTimeoutMs: opts.drainTimeoutMs,
             snapshotsDir: paths.snapshots,
+            hostPaths: [
+              { dir: paths.home, name: "$FORKD_HOME" },
+              { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
+              { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
+            ],
             logger,
           },
           async () => {
@@ -180,4 +212,8 @@ export function homeFromV05Flags(opts: { state?: string; snapshotRoot?: string }
     );
   }
   return first ? { FORKD_HOME: first[0] } : {};
+}
+
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
 }

@@ -13,7 +13,7 @@ export function registerImage(program: Command): void {
     .option("--json", "print the built image as JSON")
     .action((name: string, opts) =>
       runCommand(async (signal) => {
-        const template = await loadTemplate(name);
+        const template = await loadTemplate(name, { allowFiles: true });
         const progress = startProgress(`image ${template.name}`);
         try {
           const built = await buildImage(template, {

@@ -83,6 +83,7 @@ export function registerSnapshot(program: Command): void {
         const created = await createSnapshot(resolvePaths(), {
           tag: opts.tag,
           template: opts.template,
+          templateFiles: true,
           replace: opts.replace,
           signal,
           onProgress: (e) => progress.update(`${e.step}: ${e.message}`),
