@@ -146,8 +146,26 @@ export function createHandlers(state: AgentState): OpHandlers {
     "file.list": (args) => fileList(args),
     "file.stat": (args) => fileStat(args),
     "file.remove": (args) => fileRemove(args),
+    // Served by the Go agent that replaces this one (src/agent/guest/*.go).
+    "file.mkdir": notYet("file.mkdir"),
+    "file.move": notYet("file.move"),
+    watch: notYet("watch"),
+    "context.create": notYet("context.create"),
+    "context.list": notYet("context.list"),
+    "context.restart": notYet("context.restart"),
+    "context.remove": notYet("context.remove"),
+    "proc.start": notYet("proc.start"),
+    "proc.connect": notYet("proc.connect"),
+    "proc.list": notYet("proc.list"),
+    "proc.input": notYet("proc.input"),
+    "proc.signal": notYet("proc.signal"),
+    "proc.resize": notYet("proc.resize"),
   };
 }
+
+const notYet = (op: string) => async (): Promise<never> => {
+  throw new ForkdError("not_implemented", `${op} is not served by this agent`);
+};
 
 /** Fix-ups that could not be loaded (koffi missing or broken): every restore reports why. */
 export function unavailableFixups(reason: string): Fixups {
