@@ -20,7 +20,7 @@ import {
   PROTOCOL_VERSION,
 } from "../../src/agent/protocol/index.js";
 import { ForkdError } from "../../src/common/errors.js";
-import { bundleAgent } from "./harness.js";
+import { agentBinary, buildAgent } from "./harness.js";
 
 describe("the agent under malformed input", () => {
   let bundle: string;
@@ -30,19 +30,15 @@ describe("the agent under malformed input", () => {
   let waiters: (() => void)[] = [];
 
   before(async () => {
-    bundle = await bundleAgent();
+    bundle = await buildAgent();
     workDir = await mkdtemp(path.join(os.tmpdir(), "forkd-hostile-"));
     await writeFile(
       path.join(workDir, "template.json"),
       JSON.stringify({ name: "raw", interpreter: "python" }),
     );
-    child = spawn(
-      process.execPath,
-      [path.join(bundle, "agent.mjs"), "--stdio", "--template", path.join(workDir, "template.json")],
-      {
-        stdio: ["pipe", "pipe", "ignore"],
-      },
-    );
+    child = spawn(agentBinary(bundle), ["--stdio", "--template", path.join(workDir, "template.json")], {
+      stdio: ["pipe", "pipe", "ignore"],
+    });
     const decoder = new FrameDecoder({
       onFrame: (frame) => {
         frames.push(frame);
