@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates golang-go >/dev/null
+  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates golang-go busybox-static >/dev/null
 npm ci --no-audit --no-fund
 npm run build

@@ -14,7 +14,10 @@ describe("generated Go protocol", () => {
   it("is up to date with src/agent/protocol (npm run gen:agent)", () => {
     const generated = execFileSync("gofmt", [], { input: generateGo(), encoding: "utf8" });
     const committed = readFileSync(path.join(repoRoot(), "src/agent/guest/protocol/protocol_gen.go"), "utf8");
-    assert.ok(generated === committed, "src/agent/guest/protocol/protocol_gen.go is stale: run npm run gen:agent");
+    assert.ok(
+      generated === committed,
+      "src/agent/guest/protocol/protocol_gen.go is stale: run npm run gen:agent",
+    );
   });
 
   it("covers every op and header kind", () => {
