@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"forkd/src/agent/guest/protocol"
 )
 
 // TransportEvents are what a transport reports to the server, all from its reader goroutine.
@@ -19,8 +21,9 @@ type TransportEvents struct {
 	End func()
 }
 
-// highWaterBytes: output producers pause while more than this is queued for the host.
-const highWaterBytes = 4 << 20
+// highWaterBytes: output producers (exec, proc.*, watch, streamed eval) pause while more than this is
+// queued for the host.
+const highWaterBytes = protocol.MaxQueuedOutputBytes
 
 // Transport is the byte stream the agent speaks the protocol on: one reader goroutine, one writer goroutine
 // with a FIFO of whole frames.
