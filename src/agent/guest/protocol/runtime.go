@@ -68,9 +68,10 @@ type OpSpec struct {
 	decode       func([]byte) (any, error)
 }
 
-// DecodeArgs decodes and validates the arguments of this op (absent args are an empty object).
+// DecodeArgs decodes and validates the arguments of this op (absent or null args are an empty object, as
+// the host's `args ?? {}` reads them).
 func (s *OpSpec) DecodeArgs(raw json.RawMessage) (any, error) {
-	if len(raw) == 0 {
+	if len(raw) == 0 || isNull(raw) {
 		raw = emptyObject
 	}
 	return s.decode(raw)
