@@ -417,6 +417,9 @@ describe("contexts and eval v2", () => {
     });
     assert.equal(env.result, "('/tmp', 'v')");
     assert.equal((await agent.client.eval("os.environ.get('CELL_VAR')")).result, null);
-    await assert.rejects(agent.client.eval("1", { cwd: "/no/such/dir" }), isForkdError("not_found", /working directory/));
+    await assert.rejects(
+      agent.client.eval("1", { cwd: "/no/such/dir" }),
+      isForkdError("not_found", /working directory/),
+    );
   });
 });
