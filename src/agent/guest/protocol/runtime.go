@@ -10,7 +10,6 @@ import (
 	"math"
 	"sort"
 	"strings"
-	"unicode/utf8"
 )
 
 // SchemaError is a value that does not match its schema: the JSON pointer of the field and what was expected.
@@ -196,5 +195,3 @@ func pointerEscape(k string) string {
 	}
 	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
 }
-
-var _ = utf8.RuneError
