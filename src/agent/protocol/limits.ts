@@ -7,7 +7,7 @@
  * Bumped on any change an older peer would misread. Additive changes (a new op, a new optional result field)
  * keep the version: hosts gate on it through the hello/ping `protocol` field.
  */
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 /**
  * First four bytes of every frame. 0xFD never occurs in UTF-8, so the magic cannot appear inside a JSON header;
@@ -67,3 +67,18 @@ export const MAX_ENTROPY_BYTES = 4096;
 
 /** Longest path any file op accepts (Linux PATH_MAX). */
 export const MAX_PATH_CHARS = 4096;
+
+/** Deepest file.list a caller may ask for. */
+export const MAX_LIST_DEPTH = 32;
+
+/** Processes the agent's table holds at once (running or exited and not yet seen); more are `too_many_requests`. */
+export const MAX_PROCS = 1024;
+
+/** Exit records of processes nobody has seen end, kept at most (oldest dropped first). */
+export const MAX_EXITED_PROCS = 256;
+
+/** Watch events queued for a host that has not read them; beyond this they are counted and dropped. */
+export const MAX_QUEUED_WATCH_EVENTS = 4096;
+
+/** Output a process may have queued for the host before the agent stops reading its pipes or terminal. */
+export const MAX_QUEUED_OUTPUT_BYTES = 4 * 1024 * 1024;

@@ -64,15 +64,38 @@ export const EventKind = Type.Union([
   Type.Literal("stdout"),
   Type.Literal("stderr"),
   Type.Literal("stdin_ack"),
+  Type.Literal("pty"),
+  Type.Literal("started"),
+  Type.Literal("fs"),
 ]);
 export type EventKind = Static<typeof EventKind>;
 
-/** Output produced by a running call (body = bytes), or an acknowledgement of consumed stdin (`bytes`). */
+/** What changed under a watched directory: `name` is relative to the watched path. */
+export const FsEvent = Type.Object({
+  name: Type.String({ maxLength: 4096 }),
+  op: Type.Union([
+    Type.Literal("create"),
+    Type.Literal("write"),
+    Type.Literal("remove"),
+    Type.Literal("rename"),
+    Type.Literal("chmod"),
+  ]),
+});
+
+/**
+ * Something a running call produced before its answer:
+ * - `stdout`/`stderr`/`pty`: output bytes in the body (eval: UTF-8 text);
+ * - `stdin_ack`: `bytes` of stdin the process consumed (the host's send window);
+ * - `started`: a proc.start/proc.connect call's process, `pid`;
+ * - `fs`: a watch's change, `fs`.
+ */
 export const EventHeader = Type.Object({
   t: Type.Literal("evt"),
   id: CallId,
   ev: EventKind,
   bytes: Type.Optional(Type.Integer({ minimum: 0, maximum: 2 ** 32 })),
+  pid: Type.Optional(Type.Integer({ minimum: 1, maximum: 2 ** 22 })),
+  fs: Type.Optional(FsEvent),
 });
 export type EventHeader = Static<typeof EventHeader>;
 
