@@ -25,10 +25,11 @@ import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
-import { registerSandboxRoutes } from "./routes/sandboxes.js";
+import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
+import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -175,6 +176,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSnapshotRoutes(app, context);
   registerSnapshotDiffRoutes(app, context);
   registerSandboxRoutes(app, context);
+  registerForkRoutes(app, context);
+  registerTemplateAliasRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   return app;

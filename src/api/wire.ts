@@ -22,6 +22,8 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     ready_ms: info.ready_ms,
     accelerator: info.accelerator,
     live_fork: info.live_fork,
+    metadata: info.metadata,
+    template_alias: info.template_alias,
     netns: null,
     guest_addr: null,
   };

@@ -3,12 +3,13 @@
  * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
  * daemon) and cleans up after dead ones.
  */
+import { randomBytes } from "node:crypto";
 import { readdir, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
-import type { ExecOptions } from "../agent/host/types.js";
+import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
-import { assertSandboxId, assertTag } from "../common/names.js";
+import { assertSandboxId, assertTag, isValidSandboxId } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import {
   detectMemoryCgroupRoot,
@@ -23,10 +24,29 @@ import { Brancher, type BranchRequest } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
 import { isOurProcess, killAndWait, processesMentioning, processStartTime } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
+import { MetricsSampler } from "./metrics-sampler.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
+import type {
+  AccessTokens,
+  BranchOutcome,
+  ForkChild,
+  ForkOutcome,
+  SandboxInfo,
+  SandboxMetrics,
+  SandboxService,
+  SpawnRequest,
+} from "./sandbox-service.js";
+import {
+  layerEnv,
+  newAccessToken,
+  parseStringMap,
+  tokenMatches,
+  validateEnvVars,
+  validateMetadata,
+} from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
+import { assertAlias } from "./template-aliases.js";
 
 /** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 5 * 60_000;
@@ -38,6 +58,8 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
 /** How often lifetimes are enforced and dead VMs noticed. */
 export const SWEEP_INTERVAL_MS = 1000;
+/** How often (at most, unless a kill or fork asked sooner) unused fork points are looked for and deleted. */
+export const EPHEMERAL_COLLECTION_INTERVAL_MS = 60_000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 
@@ -50,6 +72,8 @@ export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /** The snapshot default template names resolve to (default: pyagent when it exists). */
+  defaultSnapshot?: string;
 }
 
 interface Live {
@@ -68,6 +92,9 @@ export class SandboxManager implements SandboxService {
   private readonly log: ManagerLog;
   private spawning = 0;
   private sweeper: NodeJS.Timeout | undefined;
+  private readonly metricsSampler = new MetricsSampler();
+  private collectionRequested = false;
+  private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
 
   private constructor(
@@ -77,7 +104,9 @@ export class SandboxManager implements SandboxService {
   ) {
     this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
     this.log = options.log ?? { info: () => {}, warn: () => {} };
-    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag));
+    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
+      defaultSnapshot: options.defaultSnapshot,
+    });
     this.brancher = new Brancher(this.snapshots.store, db, {
       blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
       branched: (sandboxId, tag) => {
@@ -104,7 +133,20 @@ export class SandboxManager implements SandboxService {
 
   // ---- spawn ----
 
+  /** All or nothing: every child ready, or none left behind. */
   async spawn(request: SpawnRequest): Promise<SandboxInfo[]> {
+    const children = await this.spawnChildren(request, "all-or-nothing");
+    return children.map((child) => child.sandbox as SandboxInfo);
+  }
+
+  /**
+   * Restores `request.n` children. "all-or-nothing": the first failure destroys the others and is thrown.
+   * "each": every child succeeds or fails on its own (a failed one leaves nothing behind).
+   */
+  private async spawnChildren(
+    request: SpawnRequest,
+    policy: "all-or-nothing" | "each",
+  ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
     const memoryLimit = request.memoryLimitMiB ?? null;
@@ -117,6 +159,8 @@ export class SandboxManager implements SandboxService {
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
+    const metadata = JSON.stringify(validateMetadata(request.metadata));
+    const envVars = JSON.stringify(validateEnvVars(request.env));
     const snapshot = await this.snapshots.bootable(tag);
     const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
     if (memoryLimit !== null && cgroupRoot === null) {
@@ -149,12 +193,23 @@ export class SandboxManager implements SandboxService {
         cgroup: null,
         ready_ms: null,
         error: null,
+        metadata,
+        env_vars: envVars,
+        access_token: newAccessToken(),
+        traffic_token: newAccessToken(),
+        template_alias: request.templateAlias ?? null,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
     for (const row of rows) this.db.insertSandbox(row);
     const started: Sandbox[] = [];
+    const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
+    const forget = async (row: SandboxRow) => {
+      const current = this.db.sandbox(row.id);
+      if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+      this.db.deleteSandbox(row.id);
+    };
     try {
       plan = await prepareRestore(this.paths, snapshot, { inMemory: request.liveFork === true });
       const restorePlan = plan;
@@ -166,7 +221,7 @@ export class SandboxManager implements SandboxService {
       let next = 0;
       const failures: unknown[] = [];
       const worker = async () => {
-        while (next < rows.length && failures.length === 0) {
+        while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
@@ -189,11 +244,15 @@ export class SandboxManager implements SandboxService {
             row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
           } catch (err) {
             failures.push(err);
+            failed.set(row.id, asForkdError(err));
+            // A child that failed on its own leaves nothing behind; all-or-nothing cleans up below.
+            if (policy === "each") await forget(row);
           }
         }
       };
       await Promise.all(Array.from({ length: Math.min(SPAWN_CONCURRENCY, n) }, worker));
-      if (failures.length > 0) throw failures[0];
+      if (policy === "all-or-nothing" && failures.length > 0) throw failures[0];
+      if (policy === "each" && started.length === 0 && request.signal?.aborted) throw failures[0];
       const now = Date.now();
       for (const sandbox of started) {
         const row = rows.find((r) => r.id === sandbox.id) as SandboxRow;
@@ -208,21 +267,52 @@ export class SandboxManager implements SandboxService {
         this.live.set(row.id, { handle: sandbox, killing: false });
         this.watchExit(sandbox);
       }
-      this.log.info({ tag, n, ids: rows.map((r) => r.id) }, "spawned");
-      return rows.map((r) => this.info(this.db.sandbox(r.id) as SandboxRow));
+      this.log.info({ tag, n, ids: started.map((s) => s.id), failed: failed.size }, "spawned");
+      return rows.map((r): ForkChild => {
+        const error = failed.get(r.id);
+        return error ? { error } : { sandbox: this.info(this.db.sandbox(r.id) as SandboxRow) };
+      });
     } catch (err) {
       // All or nothing: a spawn that could not start every child starts none.
       await Promise.all(started.map((s) => s.destroy()));
-      for (const row of rows) {
-        const current = this.db.sandbox(row.id);
-        if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
-        this.db.deleteSandbox(row.id);
-      }
+      for (const row of rows) await forget(row);
       throw err;
     } finally {
       this.spawning--;
       await plan?.dispose();
     }
+  }
+
+  /** See SandboxService.fork. */
+  async fork(
+    id: string,
+    request: { count: number; timeoutMs?: number; signal?: AbortSignal },
+  ): Promise<ForkOutcome> {
+    const count = validateChildCount(request.count);
+    const live = this.liveOrThrow(id);
+    const row = this.row(id);
+    // Refused before anything is attempted when the host cannot take that many more.
+    await admitSpawn(this.limits, { alive: this.live.size, spawning: this.spawning, requested: count });
+    const branched = await this.branch(id, {
+      tag: `fork-${randomBytes(6).toString("hex")}`,
+      mode: row.live_fork === 1 ? "live" : "diff",
+      signal: request.signal,
+    });
+    this.snapshots.markEphemeral(branched.tag, `fork of ${live.handle.id}`);
+    const children = await this.spawnChildren(
+      {
+        snapshotTag: branched.tag,
+        n: count,
+        timeoutMs: request.timeoutMs,
+        metadata: parseStringMap(row.metadata),
+        env: parseStringMap(row.env_vars),
+        templateAlias: row.template_alias ?? undefined,
+        signal: request.signal,
+      },
+      "each",
+    );
+    this.requestCollection();
+    return { tag: branched.tag, mode: branched.mode, pause_ms: branched.pause_ms, children };
   }
 
   // ---- queries ----
@@ -284,6 +374,52 @@ export class SandboxManager implements SandboxService {
     return this.get(id);
   }
 
+  extendTimeout(id: string, timeoutMs: number): SandboxInfo {
+    if (!isIntIn(timeoutMs, 1, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 1..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    this.liveOrThrow(id);
+    const current = this.row(id).expires_at_unix_ms;
+    if (current !== null) {
+      this.db.updateSandbox(id, { expires_at_unix_ms: Math.max(current, Date.now() + timeoutMs) });
+    }
+    return this.get(id);
+  }
+
+  accessTokens(id: string): AccessTokens {
+    const row = this.row(id);
+    if (row.access_token !== null && row.traffic_token !== null) {
+      return { envd: row.access_token, traffic: row.traffic_token };
+    }
+    // Sandboxes spawned before the daemon made secrets get theirs on first use.
+    const tokens = {
+      envd: row.access_token ?? newAccessToken(),
+      traffic: row.traffic_token ?? newAccessToken(),
+    };
+    this.db.updateSandbox(id, { access_token: tokens.envd, traffic_token: tokens.traffic });
+    return tokens;
+  }
+
+  verifyAccessToken(id: string, kind: keyof AccessTokens, token: string | undefined): boolean {
+    if (!isValidSandboxId(id)) return false;
+    const row = this.db.sandbox(id);
+    if (!row) return false;
+    return tokenMatches(token, kind === "envd" ? row.access_token : row.traffic_token);
+  }
+
+  envVars(id: string): Record<string, string> {
+    return parseStringMap(this.row(id).env_vars);
+  }
+
+  async metrics(id: string, options: { signal?: AbortSignal } = {}): Promise<SandboxMetrics> {
+    const live = this.liveOrThrow(id);
+    const snapshot = await this.snapshots.get(this.row(id).snapshot_tag).catch(() => null);
+    return this.metricsSampler.sample(live.handle, {
+      vcpus: snapshot?.vcpus ?? 1,
+      readGuestFile: (file) => this.files.read(id, file, { maxBytes: 64 * 1024, signal: options.signal }),
+    });
+  }
+
   // ---- calls into the guest ----
 
   ping(id: string, options: { signal?: AbortSignal } = {}) {
@@ -293,11 +429,13 @@ export class SandboxManager implements SandboxService {
   exec(id: string, argv: string[], options: ExecOptions = {}) {
     if (!Array.isArray(argv) || argv.length === 0)
       throw invalidArgument("args must be a non-empty array of strings");
-    return this.call(id, (agent) => agent.exec(argv, options));
+    const env = layerEnv(this.envVars(id), options.env);
+    return this.call(id, (agent) => agent.exec(argv, { ...options, env }));
   }
 
-  eval(id: string, code: string, options: { timeoutMs?: number; signal?: AbortSignal } = {}) {
-    return this.call(id, (agent) => agent.eval(code, options));
+  eval(id: string, code: string, options: EvalOptions = {}) {
+    const env = layerEnv(this.envVars(id), options.env);
+    return this.call(id, (agent) => agent.eval(code, env === undefined ? options : { ...options, env }));
   }
 
   readonly files: SandboxService["files"] = {
@@ -306,6 +444,36 @@ export class SandboxManager implements SandboxService {
     list: (id, file, options = {}) => this.call(id, (agent) => agent.files.list(file, options)),
     stat: (id, file, options = {}) => this.call(id, (agent) => agent.files.stat(file, options)),
     remove: (id, file, options = {}) => this.call(id, (agent) => agent.files.remove(file, options)),
+    mkdir: (id, file, options = {}) => this.call(id, (agent) => agent.files.mkdir(file, options)),
+    move: (id, source, destination, options = {}) =>
+      this.call(id, (agent) => agent.files.move(source, destination, options)),
+    watch: (id, file, options = {}) => this.liveOrThrow(id).handle.agent.files.watch(file, options),
+  };
+
+  readonly procs: SandboxService["procs"] = {
+    start: (id, argv, options = {}) => {
+      const env = layerEnv(this.envVars(id), options.env);
+      return this.liveOrThrow(id).handle.agent.procs.start(argv, { ...options, env });
+    },
+    connect: (id, selector, options = {}) =>
+      this.liveOrThrow(id).handle.agent.procs.connect(selector, options),
+    list: (id, options = {}) => this.call(id, (agent) => agent.procs.list(options)),
+    input: (id, selector, data, options = {}) =>
+      this.call(id, (agent) => agent.procs.input(selector, data, options)),
+    closeStdin: (id, selector, options = {}) =>
+      this.call(id, (agent) => agent.procs.closeStdin(selector, options)),
+    signal: (id, selector, signal, options = {}) =>
+      this.call(id, (agent) => agent.procs.signal(selector, signal, options)),
+    resize: (id, selector, size, options = {}) =>
+      this.call(id, (agent) => agent.procs.resize(selector, size, options)),
+  };
+
+  readonly contexts: SandboxService["contexts"] = {
+    create: (id, options = {}) => this.call(id, (agent) => agent.contexts.create(options)),
+    list: (id, options = {}) => this.call(id, (agent) => agent.contexts.list(options)),
+    restart: (id, context, options = {}) =>
+      this.call(id, (agent) => agent.contexts.restart(context, options)),
+    remove: (id, context, options = {}) => this.call(id, (agent) => agent.contexts.remove(context, options)),
   };
 
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
@@ -418,18 +586,29 @@ export class SandboxManager implements SandboxService {
   }
 
   /** Snapshots running sandbox `id` mid-work; it keeps running. See branch.ts. */
-  async branch(id: string, request: BranchRequest = {}): Promise<BranchOutcome> {
+  async branch(id: string, request: BranchRequest & { alias?: string } = {}): Promise<BranchOutcome> {
     const live = this.liveOrThrow(id);
     const row = this.row(id);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
+    if (request.alias !== undefined) assertAlias(request.alias);
+    const { alias, ...branchRequest } = request;
     const result = await this.brancher.branch(
       {
         handle: live.handle,
         lastBranchTag: row.last_branch_tag,
         liveFork: row.live_fork === 1,
       },
-      request,
+      branchRequest,
     );
+    if (alias !== undefined) {
+      const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
+      await this.snapshots.aliases.set(alias, result.tag);
+      // The name moved on: its earlier snapshot goes once nothing else needs it.
+      if (previous !== undefined && previous !== result.tag) {
+        this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
+        this.requestCollection();
+      }
+    }
     return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
 
@@ -445,6 +624,8 @@ export class SandboxManager implements SandboxService {
       ready_ms: row.ready_ms,
       accelerator: row.accelerator,
       live_fork: row.live_fork === 1,
+      metadata: parseStringMap(row.metadata),
+      template_alias: row.template_alias,
     };
   }
 
@@ -461,6 +642,8 @@ export class SandboxManager implements SandboxService {
       await rm(row.run_dir, { recursive: true, force: true });
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    this.metricsSampler.forget(row.id);
+    this.requestCollection();
     this.log.info({ id: row.id, reason }, "sandbox stopped");
   }
 
@@ -546,6 +729,17 @@ export class SandboxManager implements SandboxService {
           await this.markDead(row, "its VM exited");
       }
     }
+    if (this.collectionRequested || now - this.lastCollection > EPHEMERAL_COLLECTION_INTERVAL_MS) {
+      this.collectionRequested = false;
+      this.lastCollection = now;
+      const deleted = await this.snapshots.collectEphemeral();
+      if (deleted.length > 0) this.log.info({ tags: deleted }, "deleted snapshots nothing needs any more");
+    }
+  }
+
+  /** Asks the next sweep to delete the daemon's own snapshots that nothing needs any more. */
+  private requestCollection(): void {
+    this.collectionRequested = true;
   }
 
   private memoryCgroupRoot(): Promise<MemoryCgroupRoot | null> {
@@ -558,6 +752,10 @@ export class SandboxManager implements SandboxService {
 function tail(text: string): string {
   const t = text.length > 4096 ? `…${text.slice(-4096)}` : text;
   return t && !t.endsWith("\n") ? `${t}\n` : t;
+}
+
+function asForkdError(err: unknown): ForkdError {
+  return err instanceof ForkdError ? err : new ForkdError("internal", errorMessage(err), { cause: err });
 }
 
 function isIntIn(value: unknown, min: number, max: number): value is number {

@@ -30,6 +30,7 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
+import type { TemplateAlias } from "../../src/controller/template-aliases.js";
 
 export class ServicesDouble {
   readonly snapshotsByTag = new Map<string, SnapshotInfo>();
@@ -43,6 +44,7 @@ export class ServicesDouble {
   lastSpawn: SpawnRequest | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
+  readonly aliasesByName = new Map<string, TemplateAlias>();
   private counter = 0;
 
   constructor() {
@@ -61,6 +63,10 @@ export class ServicesDouble {
       parent_tag: null,
       bytes: 1234,
       error: null,
+      vcpus: 1,
+      source_sandbox: null,
+      aliases: [],
+      ephemeral: false,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -112,6 +118,30 @@ export class ServicesDouble {
       if (this.snapshotsByTag.has(to)) throw new ForkdError("conflict", `snapshot ${to} already exists`);
       return this.addSnapshot(to, { template: source.template, parent_tag: null });
     },
+    aliases: {
+      list: () => [...this.aliasesByName.values()],
+      get: (alias) => {
+        const row = this.aliasesByName.get(alias);
+        if (!row) throw new ForkdError("not_found", `template alias ${alias} not found`);
+        return row;
+      },
+      set: async (alias, tag) => {
+        this.snapshot(tag);
+        const row = { alias, tag, created_at_unix: 1_700_000_000 };
+        this.aliasesByName.set(alias, row);
+        return row;
+      },
+      delete: (alias) => {
+        if (!this.aliasesByName.delete(alias)) {
+          throw new ForkdError("not_found", `template alias ${alias} not found`);
+        }
+      },
+    },
+    resolveTemplate: async (name) => {
+      const row = this.aliasesByName.get(name);
+      if (row) return { tag: row.tag, alias: name };
+      return { tag: this.snapshot(name).tag, alias: null };
+    },
   };
 
   private dependentsOf(tag: string): string[] {
@@ -152,6 +182,8 @@ export class ServicesDouble {
           ready_ms: 12.5,
           accelerator: "tcg",
           live_fork: false,
+          metadata: request.metadata ?? {},
+          template_alias: request.templateAlias ?? null,
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
@@ -210,6 +242,10 @@ export class ServicesDouble {
           parent_tag: sb.snapshot_tag,
           bytes: 16384,
           error: null,
+          vcpus: 1,
+          source_sandbox: id,
+          aliases: request.alias === undefined ? [] : [request.alias],
+          ephemeral: false,
         },
       };
     },
@@ -283,6 +319,40 @@ export class ServicesDouble {
         this.file(id, path);
         this.filesByPath.delete(`${id}:${path}`);
       },
+      mkdir: async () => notInDouble("files.mkdir"),
+      move: async () => notInDouble("files.move"),
+      watch: () => notInDouble("files.watch"),
+    },
+    extendTimeout: (id, timeoutMs) => {
+      const sb = this.sandbox(id);
+      sb.expires_at_unix_ms = Math.max(sb.expires_at_unix_ms ?? 0, 1_700_000_000_000 + timeoutMs);
+      return sb;
+    },
+    accessTokens: (id) => {
+      this.sandbox(id);
+      return { envd: `envd-${id}`, traffic: `traffic-${id}` };
+    },
+    verifyAccessToken: (id, kind, token) => this.sandboxesById.has(id) && token === `${kind}-${id}`,
+    envVars: (id) => {
+      this.sandbox(id);
+      return {};
+    },
+    metrics: async () => notInDouble("metrics"),
+    fork: async () => notInDouble("fork"),
+    procs: {
+      start: () => notInDouble("procs.start"),
+      connect: () => notInDouble("procs.connect"),
+      list: async () => notInDouble("procs.list"),
+      input: async () => notInDouble("procs.input"),
+      closeStdin: async () => notInDouble("procs.closeStdin"),
+      signal: async () => notInDouble("procs.signal"),
+      resize: async () => notInDouble("procs.resize"),
+    },
+    contexts: {
+      create: async () => notInDouble("contexts.create"),
+      list: async () => notInDouble("contexts.list"),
+      restart: async () => notInDouble("contexts.restart"),
+      remove: async () => notInDouble("contexts.remove"),
     },
   };
 
@@ -389,4 +459,9 @@ export class ServicesDouble {
       durationMs: performance.now() - started,
     };
   }
+}
+
+/** What the HTTP tests never reach: the real manager serves it (test/e2b, test/api/e2e.test.ts). */
+function notInDouble(what: string): never {
+  throw new ForkdError("not_implemented", `${what} is not part of the HTTP test double`);
 }
