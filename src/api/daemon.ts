@@ -37,6 +37,8 @@ export interface DaemonConfig {
   auditLog: string | null;
   drainTimeoutMs?: number;
   snapshotsDir: string;
+  /** Base domain of E2B sandbox host names (see src/e2b). */
+  e2bDomain?: string;
   logger?: Logger;
 }
 
@@ -102,7 +104,14 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
     }
     const metrics = createMetrics(services, { version: FORKD_VERSION });
-    const common = { services, snapshotsDir: config.snapshotsDir, metrics, audit, logger };
+    const common = {
+      services,
+      snapshotsDir: config.snapshotsDir,
+      metrics,
+      audit,
+      logger,
+      e2bDomain: config.e2bDomain,
+    };
     const urls: string[] = [];
     if (config.socketPath !== null) {
       const app = await buildApi({ ...common, transport: "unix" });

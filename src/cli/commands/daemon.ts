@@ -5,10 +5,14 @@ import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
+
+const DOMAIN =
+  /^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
 
 interface DaemonOptions {
   socket: string | false;
@@ -23,6 +27,8 @@ interface DaemonOptions {
   maxSandboxes?: number;
   maxConcurrentSpawns?: number;
   memoryReserveMib?: number;
+  defaultSnapshot?: string;
+  e2bDomain?: string;
 }
 
 export function registerDaemon(program: Command): void {
@@ -57,9 +63,18 @@ export function registerDaemon(program: Command): void {
       "host memory that must stay available after a spawn",
       parseIntOption("--memory-reserve-mib", 0, 1 << 30),
     )
+    .option(
+      "--default-snapshot <tag>",
+      "snapshot E2B's default template names (base, code-interpreter-v1) mean (default: pyagent when present)",
+    )
+    .option(
+      "--e2b-domain <domain>",
+      "base domain of E2B sandbox host names <port>-<sandboxId>.<domain> (returned to E2B clients)",
+    )
     .addHelpText(
       "after",
-      "\nEnvironment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
+      "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
+        "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
         "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
         "SIGHUP reopens the audit log.\n",
     )
@@ -75,6 +90,12 @@ export function registerDaemon(program: Command): void {
           pino.destination({ dest: 2, sync: true }),
         );
         const paths = resolvePaths();
+        if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
+        if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
+          throw invalidArgument(
+            `invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`,
+          );
+        }
         await runDaemon(
           {
             socketPath: opts.socket === false ? null : opts.socket,
@@ -86,6 +107,7 @@ export function registerDaemon(program: Command): void {
             auditLog: opts.auditLog === false ? null : opts.auditLog,
             drainTimeoutMs: opts.drainTimeoutMs,
             snapshotsDir: paths.snapshots,
+            e2bDomain: opts.e2bDomain,
             logger,
           },
           async () => {
@@ -100,6 +122,7 @@ export function registerDaemon(program: Command): void {
             const services = await openServices(paths, {
               limits,
               log: logger.child({ component: "manager" }),
+              defaultSnapshot: opts.defaultSnapshot,
             });
             return { ...services, close: () => services.close() };
           },
