@@ -540,6 +540,8 @@ export class AgentClient {
             "internal",
             `exec: the guest acknowledged ${acked + bytes} stdin bytes but only ${sent} were sent`,
           );
+          // Fail now: the guest's answer to a call it has lied about means nothing.
+          this.pending.get(callId)?.reject(streamFailure);
           this.cancel(callId);
           ackWaiter?.();
           return;
@@ -848,6 +850,7 @@ export class AgentClient {
     let failure: ForkdError | undefined;
     const fail = (err: ForkdError) => {
       failure ??= err;
+      this.pending.get(callId)?.reject(err);
       this.cancel(callId);
     };
     const onEvent = (event: EventHeader, body: Buffer) => {
