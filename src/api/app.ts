@@ -19,7 +19,7 @@ import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import { E2B_ROUTE_TAG, registerE2b, surfaceConstraint } from "../e2b/index.js";
+import { E2B_ROUTE_TAG, type E2bSettings, registerE2b, surfaceConstraint } from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandler, notFoundHandler, toHttpError } from "./errors.js";
@@ -57,8 +57,8 @@ export interface ApiOptions {
   audit?: AuditLog;
   logger?: Logger;
   https?: { key: Buffer; cert: Buffer };
-  /** Base domain of E2B sandbox host names (`<port>-<sandboxId>.<domain>`), see src/e2b. */
-  e2bDomain?: string;
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
 }
 
 export interface ApiContext {
@@ -195,7 +195,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const e2b = await registerE2b(app, {
     services: options.services,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
-    domain: options.e2bDomain,
+    ...options.e2b,
   });
   app.decorate("e2bControlRoutes", e2b.controlRoutes);
   return app;

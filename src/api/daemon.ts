@@ -8,6 +8,7 @@ import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
+import type { E2bSettings } from "../e2b/index.js";
 import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
@@ -37,8 +38,8 @@ export interface DaemonConfig {
   auditLog: string | null;
   drainTimeoutMs?: number;
   snapshotsDir: string;
-  /** Base domain of E2B sandbox host names (see src/e2b). */
-  e2bDomain?: string;
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
   logger?: Logger;
 }
 
@@ -110,7 +111,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       metrics,
       audit,
       logger,
-      e2bDomain: config.e2bDomain,
+      e2b: config.e2b,
     };
     const urls: string[] = [];
     if (config.socketPath !== null) {

@@ -14,7 +14,12 @@ export interface E2bOptions {
   tokens: readonly Token[];
   /** Base domain of sandbox host names (`<port>-<sandboxId>.<domain>`), returned as the sandboxes' domain. */
   domain?: string;
+  /** Largest upload one POST /files may carry (default MAX_UPLOAD_BYTES, 1 GiB). */
+  maxUploadBytes?: number;
 }
+
+/** The daemon's E2B settings (flags of `forkd daemon`). */
+export type E2bSettings = Pick<E2bOptions, "domain" | "maxUploadBytes">;
 
 export interface E2bContext extends E2bOptions {
   facts: TemplateFacts;

@@ -11,7 +11,7 @@ import { registerInterpreter } from "./interpreter/index.js";
 import { registerPorts } from "./ports.js";
 import { type SandboxSurface, SURFACE_CONSTRAINT } from "./routing.js";
 
-export type { E2bOptions } from "./context.js";
+export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
 export { surfaceConstraint } from "./routing.js";
 

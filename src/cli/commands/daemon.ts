@@ -29,6 +29,7 @@ interface DaemonOptions {
   memoryReserveMib?: number;
   defaultSnapshot?: string;
   e2bDomain?: string;
+  e2bMaxUploadMib?: number;
 }
 
 export function registerDaemon(program: Command): void {
@@ -71,6 +72,11 @@ export function registerDaemon(program: Command): void {
       "--e2b-domain <domain>",
       "base domain of E2B sandbox host names <port>-<sandboxId>.<domain> (returned to E2B clients)",
     )
+    .option(
+      "--e2b-max-upload-mib <mib>",
+      "largest upload one E2B POST /files may carry (default 1024)",
+      parseIntOption("--e2b-max-upload-mib", 1, 1 << 20),
+    )
     .addHelpText(
       "after",
       "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
@@ -107,7 +113,12 @@ export function registerDaemon(program: Command): void {
             auditLog: opts.auditLog === false ? null : opts.auditLog,
             drainTimeoutMs: opts.drainTimeoutMs,
             snapshotsDir: paths.snapshots,
-            e2bDomain: opts.e2bDomain,
+            e2b: {
+              domain: opts.e2bDomain,
+              ...(opts.e2bMaxUploadMib === undefined
+                ? {}
+                : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
+            },
             logger,
           },
           async () => {

@@ -6,6 +6,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
@@ -52,13 +53,7 @@ export function runningSandbox(context: E2bContext, id: string): SandboxInfo {
 }
 
 export function clientSignal(request: FastifyRequest, reply: FastifyReply): AbortSignal {
-  const controller = new AbortController();
-  const abort = () => {
-    if (!reply.raw.writableFinished) controller.abort(new ForkdError("unavailable", "the client went away"));
-  };
-  request.raw.once("close", abort);
-  reply.raw.once("close", abort);
-  return controller.signal;
+  return responseGoneSignal(reply.raw, `request ${request.id}`);
 }
 
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);

@@ -15,12 +15,12 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { E2bContext } from "../context.js";
 import { hasAccessToken, type SandboxSession } from "../session.js";
 import type { GuestUser } from "./guest-users.js";
-import { resolveGuestPath } from "./paths.js";
+import { checkRequestedPath, resolveGuestPath } from "./paths.js";
 import { DEFAULT_USER } from "./version.js";
 
 /** Bytes moved to or from the guest per agent call. */
 export const TRANSFER_CHUNK_BYTES = 4 * 1024 * 1024;
-/** Largest upload one request may carry (all its files together); beyond it, 413. */
+/** Largest upload one request may carry (all its files together) unless configured; beyond it, 413. */
 export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 /** Files one multipart request may carry. */
 export const MAX_UPLOAD_FILES = 1000;
@@ -32,8 +32,8 @@ interface FilesQuery {
   signature_expiration?: string;
 }
 
-function payloadTooLarge(): ForkdError {
-  return new ForkdError("payload_too_large", `upload is larger than ${MAX_UPLOAD_BYTES} bytes`);
+function payloadTooLarge(limit: number): ForkdError {
+  return new ForkdError("payload_too_large", `upload is larger than ${limit} bytes (this daemon's limit)`);
 }
 
 /** E2B's URL signature: v1_ + base64(sha256("path:operation:user:token[:expiration]")) without padding. */
@@ -87,9 +87,10 @@ async function fileUser(context: E2bContext, session: SandboxSession, name: stri
 
 export async function registerFileRoutes(scope: FastifyInstance, context: E2bContext): Promise<void> {
   const { files } = context.services.sandboxes;
+  const maxUploadBytes = context.maxUploadBytes ?? MAX_UPLOAD_BYTES;
   await scope.register(multipart, {
     preservePath: true,
-    limits: { fileSize: MAX_UPLOAD_BYTES, files: MAX_UPLOAD_FILES, parts: MAX_UPLOAD_FILES * 2 },
+    limits: { fileSize: maxUploadBytes, files: MAX_UPLOAD_FILES, parts: MAX_UPLOAD_FILES * 2 },
     throwFileSizeLimit: true,
   });
   // Raw uploads arrive as a stream; the handler moves it to the guest chunk by chunk.
@@ -98,6 +99,7 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
   scope.get<{ Querystring: FilesQuery }>("/files", async (request, reply) => {
     const session = request.e2bSandbox as SandboxSession;
     authorizeFiles(request, context, session, "read");
+    checkRequestedPath(request.query.path);
     const user = await fileUser(context, session, request.query.username);
     const filePath = resolveGuestPath(request.query.path, user);
     const info = await files.stat(session.sandboxId, filePath).catch((err: unknown) => {
@@ -126,8 +128,9 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
     if (Object.keys(request.headers).some((h) => h.toLowerCase().startsWith("x-metadata-"))) {
       throw invalidArgument("file metadata (X-Metadata-* headers) is not supported by forkd");
     }
+    checkRequestedPath(request.query.path);
     const user = await fileUser(context, session, request.query.username);
-    const upload = new Upload(context, session.sandboxId, user);
+    const upload = new Upload(context, session.sandboxId, user, maxUploadBytes);
     const encoding = String(request.headers["content-encoding"] ?? "identity").toLowerCase();
     if (encoding !== "identity" && encoding !== "gzip") {
       throw invalidArgument(`unsupported Content-Encoding ${JSON.stringify(encoding)}: identity or gzip`);
@@ -153,7 +156,7 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
       }
     } catch (err) {
       await upload.abandon();
-      throw translateMultipartError(err);
+      throw translateMultipartError(err, maxUploadBytes);
     }
     return reply.send(upload.written);
   });
@@ -192,6 +195,7 @@ class Upload {
     private readonly context: E2bContext,
     private readonly id: string,
     private readonly user: GuestUser,
+    private readonly maxBytes: number,
   ) {}
 
   async file(requestedPath: string, stream: Readable): Promise<void> {
@@ -220,7 +224,7 @@ class Upload {
     };
     for await (const chunk of stream as AsyncIterable<Buffer>) {
       this.total += chunk.length;
-      if (this.total > MAX_UPLOAD_BYTES) throw payloadTooLarge();
+      if (this.total > this.maxBytes) throw payloadTooLarge(this.maxBytes);
       pending.push(chunk);
       pendingBytes += chunk.length;
       if (pendingBytes >= TRANSFER_CHUNK_BYTES) await flush();
@@ -239,9 +243,9 @@ class Upload {
   }
 }
 
-function translateMultipartError(err: unknown): unknown {
+function translateMultipartError(err: unknown, limit: number): unknown {
   const code = (err as { code?: unknown }).code;
-  if (code === "FST_REQ_FILE_TOO_LARGE") return payloadTooLarge();
+  if (code === "FST_REQ_FILE_TOO_LARGE") return payloadTooLarge(limit);
   if (code === "FST_FILES_LIMIT" || code === "FST_PARTS_LIMIT") {
     return new ForkdError("payload_too_large", `at most ${MAX_UPLOAD_FILES} files per upload`);
   }

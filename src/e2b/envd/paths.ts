@@ -8,11 +8,18 @@ import { MAX_PATH_CHARS } from "../../agent/protocol/limits.js";
 import { invalidArgument } from "../../common/errors.js";
 import type { GuestUser } from "./guest-users.js";
 
-export function resolveGuestPath(requested: string | undefined, user: GuestUser): string {
+/** What can be refused before the user is known: NUL bytes, excessive length. */
+export function checkRequestedPath(requested: string | undefined): string {
   const value = requested ?? "";
   if (value.includes("\0")) throw invalidArgument("path contains a NUL byte");
-  if (value.length > MAX_PATH_CHARS)
+  if (value.length > MAX_PATH_CHARS) {
     throw invalidArgument(`path is longer than ${MAX_PATH_CHARS} characters`);
+  }
+  return value;
+}
+
+export function resolveGuestPath(requested: string | undefined, user: GuestUser): string {
+  const value = checkRequestedPath(requested);
   let expanded = value;
   if (value === "~" || value.startsWith("~/")) expanded = path.posix.join(user.home, value.slice(1));
   else if (value.startsWith("~")) {
