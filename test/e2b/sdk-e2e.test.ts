@@ -4,8 +4,12 @@
  * assertions each: one source sandbox, two forks of it.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import {
   AuthenticationError,
   CommandExitError,
@@ -20,6 +24,7 @@ import { Sandbox as BaseSandbox } from "e2b";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
 import { waitFor } from "../support/host.js";
 
+const execFileAsync = promisify(execFile);
 const LIFETIME_MS = 20 * 60_000;
 const MAX_UPLOAD_MIB = 8;
 
@@ -344,6 +349,33 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     }
   });
 
+  it("runs examples/e2b/agent.mjs unchanged, configured by the three variables only", async () => {
+    const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+    const example = path.join(root, "examples", "e2b", "agent.mjs");
+    const { stdout } = await execFileAsync(process.execPath, [example], {
+      cwd: root,
+      env: {
+        PATH: process.env.PATH ?? "",
+        E2B_API_URL: daemon.tcpUrl,
+        E2B_SANDBOX_URL: daemon.tcpUrl,
+        E2B_API_KEY: daemon.token,
+      },
+      timeout: 10 * 60_000,
+    });
+    assert.match(stdout, /^samples: \[0\.0, 0\.25, 0\.5, 0\.75, 1\.0\]$/m);
+    const forks = stdout.split("\n").filter((l) => l.startsWith("fork "));
+    assert.equal(forks.length, 3, stdout);
+    for (const [i, report] of forks.entries()) {
+      assert.match(
+        report,
+        new RegExp(`^fork ${i}: .*'parent', 'fork ${i}'.*written before the fork \\| sb-`),
+      );
+    }
+    const hostnames = new Set(forks.map((f) => f.split("| ").at(-1)));
+    assert.equal(hostnames.size, 3, "each fork is its own sandbox");
+    assert.match(stdout, /^parent still has: \['parent'\]$/m);
+  });
+
   it("refuses a wrong API key", async () => {
     const wrong = { apiKey: "not-a-daemon-token-0123456789" };
     await assert.rejects(Sandbox.create(wrong), AuthenticationError);
@@ -358,5 +390,13 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     assert.equal(await Sandbox.kill(id), false);
     await assert.rejects(Sandbox.getInfo(id), SandboxNotFoundError);
     await assert.rejects(sbx.commands.run("true"), (e: unknown) => e instanceof SandboxError);
+    // The fork points were the daemon's own snapshots: with their sandboxes gone, they are deleted.
+    await waitFor("fork points to be deleted", 120_000, async () => {
+      const response = await fetch(`${daemon.tcpUrl}/v1/snapshots`, {
+        headers: { authorization: `Bearer ${daemon.token}` },
+      });
+      const snapshots = (await response.json()) as { tag: string; ephemeral: boolean }[];
+      return snapshots.some((s) => s.ephemeral || s.tag.startsWith("fork-")) ? undefined : true;
+    });
   });
 });

@@ -18,8 +18,13 @@ import type { GuestUser } from "./guest-users.js";
 import { checkRequestedPath, resolveGuestPath } from "./paths.js";
 import { DEFAULT_USER } from "./version.js";
 
-/** Bytes moved to or from the guest per agent call. */
-export const TRANSFER_CHUNK_BYTES = 4 * 1024 * 1024;
+/** Bytes written to the guest per agent call. */
+export const WRITE_CHUNK_BYTES = 4 * 1024 * 1024;
+/**
+ * Bytes read from the guest per agent call. Smaller than a write: the kernel refuses one read() of 4 MiB or more
+ * from /proc/sys files (ENOMEM), and a file read is a single read() in the guest.
+ */
+export const READ_CHUNK_BYTES = 1024 * 1024;
 /** Largest upload one request may carry (all its files together) unless configured; beyond it, 413. */
 export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 /** Files one multipart request may carry. */
@@ -90,7 +95,8 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
   const maxUploadBytes = context.maxUploadBytes ?? MAX_UPLOAD_BYTES;
   await scope.register(multipart, {
     preservePath: true,
-    limits: { fileSize: maxUploadBytes, files: MAX_UPLOAD_FILES, parts: MAX_UPLOAD_FILES * 2 },
+    // One byte over the limit reaches the handler, which refuses the file before it is put in place.
+    limits: { fileSize: maxUploadBytes + 1, files: MAX_UPLOAD_FILES, parts: MAX_UPLOAD_FILES * 2 },
     throwFileSizeLimit: true,
   });
   // Raw uploads arrive as a stream; the handler moves it to the guest chunk by chunk.
@@ -109,7 +115,7 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
       throw err;
     });
     if (info.type === "dir") throw invalidArgument(`path '${filePath}' is a directory`);
-    const first = await files.read(session.sandboxId, filePath, { maxBytes: TRANSFER_CHUNK_BYTES });
+    const first = await files.read(session.sandboxId, filePath, { maxBytes: READ_CHUNK_BYTES });
     reply.header("vary", "Accept-Encoding").type("application/octet-stream");
     const gzip = /\bgzip\b/i.test(String(request.headers["accept-encoding"] ?? ""));
     if (!first.truncated && !gzip) {
@@ -156,6 +162,8 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
       }
     } catch (err) {
       await upload.abandon();
+      // The rest of the body may be unread: the connection cannot carry another request, and says so.
+      reply.header("connection", "close");
       throw translateMultipartError(err, maxUploadBytes);
     }
     return reply.send(upload.written);
@@ -176,7 +184,7 @@ async function* readChunks(
   while (truncated) {
     const chunk = await context.services.sandboxes.files.read(id, filePath, {
       offset,
-      maxBytes: TRANSFER_CHUNK_BYTES,
+      maxBytes: READ_CHUNK_BYTES,
     });
     if (chunk.data.length === 0) return;
     offset += chunk.data.length;
@@ -227,8 +235,10 @@ class Upload {
       if (this.total > this.maxBytes) throw payloadTooLarge(this.maxBytes);
       pending.push(chunk);
       pendingBytes += chunk.length;
-      if (pendingBytes >= TRANSFER_CHUNK_BYTES) await flush();
+      if (pendingBytes >= WRITE_CHUNK_BYTES) await flush();
     }
+    // A stream the multipart parser cut at its limit ends normally: it must not be taken for the whole file.
+    if ((stream as { truncated?: boolean }).truncated) throw payloadTooLarge(this.maxBytes);
     if (pendingBytes > 0 || !started) await flush();
     await files.move(this.id, temporary, target, { user: this.user.name });
     this.temporaries.delete(temporary);
