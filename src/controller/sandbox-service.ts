@@ -287,6 +287,11 @@ export interface SnapshotService {
   delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
   /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
   compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
+  /**
+   * Removes the snapshot's aliases at once, and the snapshot as soon as nothing needs it any more (at once when
+   * nothing does). not_found if unknown.
+   */
+  retire(tag: string): Promise<"deleted" | "deferred">;
   /** Names for snapshot tags (see template-aliases.ts). */
   aliases: {
     list(): TemplateAlias[];

@@ -41,6 +41,23 @@ export class DaemonSnapshots implements SnapshotService {
     return this.templateAliases.resolve(name, options);
   }
 
+  /**
+   * Retires a snapshot: its aliases go now, the snapshot itself now if nothing needs it, else as soon as nothing
+   * does (a sandbox still runs on it, or another snapshot depends on it). not_found if unknown.
+   */
+  async retire(tag: string): Promise<"deleted" | "deferred"> {
+    await this.get(tag);
+    for (const alias of this.templateAliases.namesOf(tag)) this.templateAliases.delete(alias);
+    try {
+      await this.delete(tag);
+      return "deleted";
+    } catch (err) {
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      this.markEphemeral(tag, "retired while still needed");
+      return "deferred";
+    }
+  }
+
   /** Marks a snapshot the daemon made for itself: collectEphemeral() deletes it once nothing needs it. */
   markEphemeral(tag: string, reason: string): void {
     this.db.markEphemeral({ tag, reason, created_at_unix: Math.floor(Date.now() / 1000) });

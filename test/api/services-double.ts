@@ -137,6 +137,11 @@ export class ServicesDouble {
         }
       },
     },
+    retire: async (tag) => {
+      this.snapshot(tag);
+      this.snapshotsByTag.delete(tag);
+      return "deleted";
+    },
     resolveTemplate: async (name) => {
       const row = this.aliasesByName.get(name);
       if (row) return { tag: row.tag, alias: name };

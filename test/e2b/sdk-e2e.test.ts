@@ -311,6 +311,7 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
   it("forks: state, interpreter and files carried; forks isolated from each other and the source", async () => {
     await sbx.files.write("fork-me.txt", "before the fork");
     await sbx.runCode("import random\nmarker = [1, 2, 3]");
+    const worker = await sbx.commands.run("while true; do sleep 1; done", { background: true });
     const forks = await Sandbox.fork(sbx.sandboxId, { count: 2, timeoutMs: LIFETIME_MS });
     assert.equal(forks.length, 2);
     const [a, b] = forks.map((f) => {
@@ -324,7 +325,19 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
         assert.equal(await child.files.read("fork-me.txt"), "before the fork", "files carried");
         assert.equal((await child.commands.run("echo $GREETING")).stdout, "from-create\n", "envVars carried");
         assert.equal((await child.getInfo()).metadata.suite, "e2b-e2e", "metadata carried");
+        const processes = await child.commands.list();
+        assert.ok(
+          processes.some((p) => p.pid === worker.pid && p.args.includes("while true; do sleep 1; done")),
+          "a process running in the source runs on in its forks",
+        );
       }
+      await worker.kill();
+
+      // Pages of one item each: every sandbox once (the source and both forks share its metadata).
+      const seen: string[] = [];
+      const pages = Sandbox.list({ query: { metadata: { suite: "e2b-e2e" } }, limit: 1 });
+      while (pages.hasNext) seen.push(...(await pages.nextItems()).map((s) => s.sandboxId));
+      assert.deepEqual([...seen].sort(), [sbx.sandboxId, a.sandboxId, b.sandboxId].sort());
       const [ra, rb] = await Promise.all([a, b].map(async (c) => (await c.runCode("random.random()")).text));
       assert.notEqual(ra, rb, "each fork has its own RNG");
 

@@ -7,7 +7,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import { ForkdError, notFound } from "../../common/errors.js";
+import { notFound } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ResolvedTemplate } from "../../controller/template-aliases.js";
 import type { E2bContext } from "../context.js";
@@ -71,19 +71,16 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
     {
       schema: {
         summary: "Delete a template or snapshot (by name or tag) and the aliases naming it",
-        description: "404 unknown; 409 while a sandbox runs on it or another snapshot depends on it.",
+        description:
+          "404 unknown. The names go at once; the snapshot too, or, while a sandbox runs on it (the sandbox it " +
+          "was taken of does) or another snapshot depends on it, as soon as nothing does.",
         params: TemplateIdParams,
         response: { 204: Type.Null(), ...errorResponses },
       },
     },
     async (request, reply) => {
       const resolved = await resolveTemplateName(context, request.params.templateID, false);
-      const info = await snapshots.get(resolved.tag);
-      await snapshots.delete(resolved.tag).catch((err: unknown) => {
-        if (err instanceof ForkdError && err.code === "not_found") throw notFound(err.message);
-        throw err;
-      });
-      for (const alias of info.aliases) snapshots.aliases.delete(alias);
+      await snapshots.retire(resolved.tag);
       request.auditIds.push(resolved.tag);
       return reply.status(204).send();
     },
