@@ -357,9 +357,34 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
         refused instanceof AuthenticationError,
         `another sandbox's token: AuthenticationError (${refused})`,
       );
+
+      // A lifetime that runs out kills the sandbox.
+      await b.setTimeout(2000);
+      await waitFor("the fork past its timeout to be gone", 60_000, async () =>
+        (await b.isRunning()) ? undefined : true,
+      );
+      await assert.rejects(b.getInfo(), SandboxNotFoundError);
     } finally {
       await Promise.all([a.kill(), b.kill()]);
     }
+  });
+
+  it("snapshots a running sandbox under a name, lists it, creates from it, deletes it", async () => {
+    await sbx.files.write("snapshot-me.txt", "in the snapshot");
+    const snapshot = await sbx.createSnapshot({ name: "e2e-snapshot" });
+    assert.equal(snapshot.snapshotId, "e2e-snapshot");
+    assert.equal(await sbx.files.read("snapshot-me.txt"), "in the snapshot", "the source keeps running");
+    const listed = await sbx.listSnapshots().nextItems();
+    assert.ok(listed.some((s) => s.snapshotId === "e2e-snapshot"));
+    const fromSnapshot = await Sandbox.create(snapshot.snapshotId, { timeoutMs: 60_000 });
+    try {
+      assert.equal(await fromSnapshot.files.read("snapshot-me.txt"), "in the snapshot");
+      assert.equal((await fromSnapshot.runCode("counter + 1")).text, "42", "the interpreter state is in it");
+    } finally {
+      await fromSnapshot.kill();
+    }
+    assert.equal(await Sandbox.deleteSnapshot(snapshot.snapshotId), true);
+    assert.equal(await Sandbox.deleteSnapshot(snapshot.snapshotId), false, "the name is gone");
   });
 
   it("runs examples/e2b/agent.mjs unchanged, configured by the three variables only", async () => {
