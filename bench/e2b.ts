@@ -2,8 +2,8 @@
  * bench/e2b — the same workloads through E2B's SDK (`e2b`, `@e2b/code-interpreter`, pointed at the daemon by
  * E2B_API_URL/E2B_SANDBOX_URL/E2B_API_KEY) and through forkd's own SDK and REST API, side by side in one run, on
  * one daemon over one TCP listener:
- *   - create + first runCode, N sandboxes, 2 at a time (the halves of each path alternate, so load drift on a
- *     shared machine hits both alike);
+ *   - create + first runCode, N sandboxes, 2 at a time (each path's N in four quarters, alternating, so load
+ *     drift on a shared machine hits both alike);
  *   - a `true` command round trip, p50/p99, calls interleaved. E2B's SDK always runs `/bin/bash -l -c <cmd>` (a
  *     login shell); forkd's runs `/bin/bash -c <cmd>`. Both are measured as their users get them, and forkd's
  *     once more with E2B's exact argv, which isolates the protocol from the shell;
@@ -11,7 +11,7 @@
  * Target: the E2B path within 10% of forkd's own.
  *
  *   FORKD_HOME=<home with a pyagent snapshot> npm run bench -- e2b
- *   (env: BENCH_TAG=pyagent, BENCH_N=20, BENCH_REQUESTS=30, BENCH_FORKS=10, BENCH_FORK_ROUNDS=2)
+ *   (env: BENCH_TAG=pyagent, BENCH_N=20, BENCH_REQUESTS=30, BENCH_FORKS=10, BENCH_FORK_ROUNDS=4)
  */
 import { randomBytes } from "node:crypto";
 import { rm, writeFile } from "node:fs/promises";
@@ -30,7 +30,7 @@ const N = Number(process.env.BENCH_N ?? 20);
 const PARALLEL = 2;
 const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 30);
 const FORKS = Number(process.env.BENCH_FORKS ?? 10);
-const FORK_ROUNDS = Number(process.env.BENCH_FORK_ROUNDS ?? 2);
+const FORK_ROUNDS = Number(process.env.BENCH_FORK_ROUNDS ?? 4);
 const EXPRESSION = "numpy.zeros(5).tolist()";
 const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";
 const LIFETIME_MS = 30 * 60_000;
@@ -111,14 +111,14 @@ const pct = (ours: number, theirs: number) =>
   `${theirs >= ours ? "+" : ""}${(((theirs - ours) / ours) * 100).toFixed(1)}%`;
 
 try {
-  // --- create + first runCode ---
-  const half = Math.ceil(N / 2);
-  const forkdFirst = await createAndRun(half, forkdCreate);
-  const e2bFirst = await createAndRun(half, e2bCreate);
-  const forkdSecond = await createAndRun(N - half, forkdCreate);
-  const e2bSecond = await createAndRun(N - half, e2bCreate);
-  const forkdRuns = merge(forkdFirst, forkdSecond);
-  const e2bRuns = merge(e2bFirst, e2bSecond);
+  // --- create + first runCode, in alternating quarters ---
+  let forkdRuns: Timed = { wallMs: 0, latenciesMs: [], correct: 0 };
+  let e2bRuns: Timed = { wallMs: 0, latenciesMs: [], correct: 0 };
+  for (let quarter = 0; quarter < 4; quarter++) {
+    const count = Math.floor((N * (quarter + 1)) / 4) - Math.floor((N * quarter) / 4);
+    forkdRuns = merge(forkdRuns, await createAndRun(count, forkdCreate));
+    e2bRuns = merge(e2bRuns, await createAndRun(count, e2bCreate));
+  }
 
   // --- round trips ---
   const e2bBox = await E2bSandbox.create({ timeoutMs: LIFETIME_MS });

@@ -41,6 +41,7 @@ export function resolveSandbox(request: FastifyRequest, context: E2bContext): Sa
   const session = { sandboxId, port };
   request.e2bSandbox = session;
   request.caller = `sandbox:${sandboxId}`;
+  request.auditIds.push(sandboxId);
   return session;
 }
 

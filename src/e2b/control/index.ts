@@ -42,6 +42,9 @@ export async function registerControlPlane(
     });
     scope.addHook("onRequest", async (request) => {
       request.caller = apiKeyCaller(request, context);
+      // The audit log names the sandbox a mutation touched (E2B calls the path parameter sandboxID).
+      const sandboxId = (request.params as { sandboxID?: unknown } | undefined)?.sandboxID;
+      if (typeof sandboxId === "string" && sandboxId !== "") request.auditIds.push(sandboxId.slice(0, 128));
     });
     scope.setErrorHandler((err, request, reply) => {
       const status = err instanceof ForkdError ? err.httpStatus : 500;
