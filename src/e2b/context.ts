@@ -41,7 +41,10 @@ declare module "fastify" {
   }
 }
 
-/** One context per daemon: the caches (template facts, guest users, pollable watchers) are shared by listeners. */
+/**
+ * One context per listener (registerE2b): its caches (template facts, guest users) and its pollable watchers,
+ * which a client polls on the listener it created them on.
+ */
 export function createE2bContext(options: E2bOptions): E2bContext {
   return {
     ...options,

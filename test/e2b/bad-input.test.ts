@@ -27,10 +27,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
   let url: string;
   let opts: { apiUrl: string; sandboxUrl: string; apiKey: string };
   let sbx: Sandbox;
+  const double = new ServicesDouble();
 
   before(async () => {
     app = await buildApi({
-      services: new ServicesDouble(),
+      services: double,
       snapshotsDir: "/s",
       transport: "tcp",
       tokens: [tokenFromString(TOKEN)],
@@ -171,6 +172,46 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal(((await rpc.json()) as { code: string }).code, "unimplemented");
     const nul = await fetch(`${url}/files?path=%00`, { headers });
     assert.equal(nul.status, 400);
+  });
+
+  it("signed file URLs open /files without the token, only for their path, operation and lifetime", async () => {
+    const id = sbx.sandboxId;
+    double.filesByPath.set(
+      `${id}:/etc/passwd`,
+      Buffer.from("root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n"),
+    );
+    double.filesByPath.set(`${id}:/home/user/signed.txt`, Buffer.from("signed content"));
+    double.filesByPath.set(`${id}:/home/user/other.txt`, Buffer.from("other"));
+    // With E2B_SANDBOX_URL a signed URL names no sandbox: it is used with the host-name form.
+    const get = (signed: string, replacePath?: string) => {
+      const target = new URL(signed);
+      if (replacePath) target.searchParams.set("path", replacePath);
+      return new Promise<{ status: number | undefined; body: string }>((resolve, reject) => {
+        http
+          .get(
+            `${url}${target.pathname}${target.search}`,
+            { headers: { host: `49983-${id}.sandbox.test` } },
+            (res) => {
+              let body = "";
+              res.on("data", (c) => {
+                body += c;
+              });
+              res.on("end", () => resolve({ status: res.statusCode, body }));
+            },
+          )
+          .on("error", reject);
+      });
+    };
+    const fresh = await sbx.downloadUrl("/home/user/signed.txt", { useSignatureExpiration: 60 });
+    assert.deepEqual(await get(fresh), { status: 200, body: "signed content" });
+    assert.equal((await get(fresh, "/home/user/other.txt")).status, 401, "a signature is for its own path");
+    const forged = new URL(fresh);
+    forged.searchParams.set("signature", "v1_forged");
+    assert.equal((await get(forged.toString())).status, 401);
+    const expired = await sbx.downloadUrl("/home/user/signed.txt", { useSignatureExpiration: -10 });
+    assert.match((await get(expired)).body, /expired/);
+    const forWriting = await sbx.uploadUrl("/home/user/signed.txt");
+    assert.equal((await get(forWriting)).status, 401, "an upload signature does not open a download");
   });
 
   it("requests addressed to a sandbox never reach the forkd API; other ports are 502 naming the network", async () => {

@@ -10,6 +10,8 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { ConnectError, createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
 import {
   AuthenticationError,
   CommandExitError,
@@ -21,6 +23,8 @@ import {
   TimeoutError,
 } from "@e2b/code-interpreter";
 import { Sandbox as BaseSandbox } from "e2b";
+import { Filesystem } from "../../src/e2b/envd/gen/filesystem/filesystem_pb.js";
+import { Process } from "../../src/e2b/envd/gen/process/process_pb.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
 import { waitFor } from "../support/host.js";
 
@@ -254,6 +258,58 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     );
     await handle.stop();
     await deep.stop();
+  });
+
+  it("serves envd to a plain Connect client on the declared protocol: pollable watchers, streamed input", async () => {
+    const transport = createConnectTransport({
+      baseUrl: daemon.tcpUrl,
+      httpVersion: "1.1",
+      interceptors: [
+        (next) => async (request) => {
+          request.header.set("E2b-Sandbox-Id", sbx.sandboxId);
+          request.header.set("E2b-Sandbox-Port", "49983");
+          request.header.set(
+            "X-Access-Token",
+            (sbx as unknown as { envdAccessToken: string }).envdAccessToken,
+          );
+          return next(request);
+        },
+      ],
+    });
+    const fs = createClient(Filesystem, transport);
+    await sbx.files.makeDir("polled");
+    const { watcherId } = await fs.createWatcher({ path: "/home/user/polled", includeEntry: true });
+    await sbx.files.write("polled/one.txt", "1");
+    const events = await waitFor("polled events", 30_000, async () => {
+      const got = (await fs.getWatcherEvents({ watcherId })).events;
+      return got.some((e) => e.name === "one.txt") ? got : undefined;
+    });
+    assert.equal(events.find((e) => e.name === "one.txt")?.entry?.path, "/home/user/polled/one.txt");
+    await fs.removeWatcher({ watcherId });
+    await assert.rejects(fs.getWatcherEvents({ watcherId }), (e: unknown) => e instanceof ConnectError);
+
+    // Client-streamed input to a process started with stdin open.
+    const processes = createClient(Process, transport);
+    const cat = await sbx.commands.run("cat", { background: true, stdin: true });
+    async function* input() {
+      yield {
+        event: {
+          case: "start" as const,
+          value: { process: { selector: { case: "pid" as const, value: cat.pid } } },
+        },
+      };
+      for (const piece of ["streamed ", "in\n"]) {
+        yield {
+          event: {
+            case: "data" as const,
+            value: { input: { input: { case: "stdin" as const, value: new TextEncoder().encode(piece) } } },
+          },
+        };
+      }
+    }
+    await processes.streamInput(input());
+    await sbx.commands.closeStdin(cat.pid);
+    assert.equal((await cat.wait()).stdout, "streamed in\n");
   });
 
   it("opens a pty: shell output, input, resize", async () => {

@@ -8,12 +8,12 @@
 import { PassThrough } from "node:stream";
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
-import type { FastifyInstance, FastifyReply } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { EvalOutcome } from "../../agent/host/types.js";
 import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
+import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { E2bContext } from "../context.js";
-import { clientSignal } from "../control/sandboxes.js";
 import { OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox, type SandboxSession } from "../session.js";
@@ -82,6 +82,9 @@ function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
   const { code, message } = toE2bError(err);
   return reply.status(code).type("text/plain; charset=utf-8").send(message);
 }
+
+const clientSignal = (request: FastifyRequest, reply: FastifyReply) =>
+  responseGoneSignal(reply.raw, `request ${request.id}`);
 
 export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
   const { sandboxes } = context.services;
