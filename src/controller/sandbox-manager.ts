@@ -426,14 +426,14 @@ export class SandboxManager implements SandboxService {
     return this.call(id, (agent) => agent.ping(options));
   }
 
-  exec(id: string, argv: string[], options: ExecOptions = {}) {
+  async exec(id: string, argv: string[], options: ExecOptions = {}) {
     if (!Array.isArray(argv) || argv.length === 0)
       throw invalidArgument("args must be a non-empty array of strings");
     const env = layerEnv(this.envVars(id), options.env);
     return this.call(id, (agent) => agent.exec(argv, { ...options, env }));
   }
 
-  eval(id: string, code: string, options: EvalOptions = {}) {
+  async eval(id: string, code: string, options: EvalOptions = {}) {
     const env = layerEnv(this.envVars(id), options.env);
     return this.call(id, (agent) => agent.eval(code, env === undefined ? options : { ...options, env }));
   }
