@@ -417,5 +417,30 @@ describe("contexts and eval v2", () => {
     });
     assert.equal(env.result, "('/tmp', 'v')");
     assert.equal((await agent.client.eval("os.environ.get('CELL_VAR')")).result, null);
+    await assert.rejects(
+      agent.client.eval("1", { cwd: "/no/such/dir" }),
+      isForkdError("not_found", /working directory/),
+    );
+  });
+});
+
+describe("shutdown on SIGTERM", () => {
+  it("ends every process it started, then exits", async () => {
+    const other = await startAgent(guest, { name: "sigterm", interpreter: "none" });
+    try {
+      await other.client.waitHello({ signal: AbortSignal.timeout(10_000) });
+      const bg = other.client.procs.start(["sleep", "31360"]);
+      await bg.pid;
+      const exited = new Promise<number | null>((resolve) =>
+        other.child.once("exit", (code) => resolve(code)),
+      );
+      other.child.kill("SIGTERM");
+      assert.equal(await exited, 0);
+      await sleep(200);
+      assert.deepEqual(await processesMatching("sleep 31360"), []);
+      assert.match(other.stderr(), /"why":"SIGTERM"/);
+    } finally {
+      await other.stop();
+    }
   });
 });
