@@ -114,10 +114,16 @@ try {
   // --- create + first runCode, in alternating quarters ---
   let forkdRuns: Timed = { wallMs: 0, latenciesMs: [], correct: 0 };
   let e2bRuns: Timed = { wallMs: 0, latenciesMs: [], correct: 0 };
+  // Who goes first alternates too: a quarter right after the other path's kills runs on a busier host.
   for (let quarter = 0; quarter < 4; quarter++) {
     const count = Math.floor((N * (quarter + 1)) / 4) - Math.floor((N * quarter) / 4);
-    forkdRuns = merge(forkdRuns, await createAndRun(count, forkdCreate));
-    e2bRuns = merge(e2bRuns, await createAndRun(count, e2bCreate));
+    const runForkd = async () => {
+      forkdRuns = merge(forkdRuns, await createAndRun(count, forkdCreate));
+    };
+    const runE2b = async () => {
+      e2bRuns = merge(e2bRuns, await createAndRun(count, e2bCreate));
+    };
+    for (const run of quarter % 2 === 0 ? [runForkd, runE2b] : [runE2b, runForkd]) await run();
   }
 
   // --- round trips ---
@@ -142,14 +148,15 @@ try {
   // --- fork count=FORKS, rounds alternating; children killed after each ---
   const forkWalls = { e2b: [] as number[], forkd: [] as number[] };
   let forkFailures = 0;
-  for (let round = 0; round < FORK_ROUNDS; round++) {
-    let t0 = performance.now();
+  const forkE2b = async () => {
+    const t0 = performance.now();
     const forks = await E2bSandbox.fork(e2bBox.sandboxId, { count: FORKS, timeoutMs: LIFETIME_MS });
     forkWalls.e2b.push(performance.now() - t0);
     forkFailures += forks.filter((f) => f instanceof Error).length;
     await Promise.all(forks.map((f) => (f instanceof Error ? undefined : f.kill())));
-
-    t0 = performance.now();
+  };
+  const forkForkd = async () => {
+    const t0 = performance.now();
     const ours = await daemon.controller.json<{ children: { sandbox: { id: string } | null }[] }>(
       {
         method: "POST",
@@ -163,6 +170,9 @@ try {
     await Promise.all(
       ours.children.map((c) => (c.sandbox ? daemon.controller.killSandbox(c.sandbox.id) : undefined)),
     );
+  };
+  for (let round = 0; round < FORK_ROUNDS; round++) {
+    for (const fork of round % 2 === 0 ? [forkE2b, forkForkd] : [forkForkd, forkE2b]) await fork();
   }
   await e2bBox.kill();
   await forkdBox.kill();
