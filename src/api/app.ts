@@ -14,11 +14,13 @@ import Fastify, {
   type FastifyRequest,
   type FastifyServerOptions,
   LogController,
+  type RouteOptions,
 } from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import { E2B_ROUTE_TAG, type E2bSettings, registerE2b, surfaceConstraint } from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
@@ -28,10 +30,11 @@ import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerPackRoutes } from "./routes/packs.js";
-import { registerSandboxRoutes } from "./routes/sandboxes.js";
+import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
+import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -79,6 +82,8 @@ export interface ApiOptions {
   audit?: AuditLog;
   logger?: Logger;
   https?: { key: Buffer; cert: Buffer };
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
 }
 
 export interface ApiContext {
@@ -88,6 +93,10 @@ export interface ApiContext {
 }
 
 declare module "fastify" {
+  interface FastifyInstance {
+    /** The E2B control plane's routes, for its OpenAPI document (src/e2b/control/openapi.ts). */
+    e2bControlRoutes: RouteOptions[];
+  }
   interface FastifyRequest {
     /** Who made the request, for the audit log. */
     caller: string;
@@ -132,6 +141,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   if (options.https) fastifyOptions.https = { ...options.https, ...serverTimeouts };
   const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
   app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
+  app.addConstraintStrategy(surfaceConstraint);
 
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
@@ -198,6 +209,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   });
 
   await app.register(swagger, {
+    // The E2B API has its own document (docs/e2b-openapi.json, src/e2b/control/openapi.ts).
+    hiddenTag: E2B_ROUTE_TAG,
     openapi: {
       openapi: "3.0.3",
       info: {
@@ -224,9 +237,17 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSnapshotRoutes(app, context);
   registerSnapshotDiffRoutes(app, context);
   registerSandboxRoutes(app, context);
+  registerForkRoutes(app, context);
+  registerTemplateAliasRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   await app.register(async (scope) => registerPackRoutes(scope, context));
+  const e2b = await registerE2b(app, {
+    services: options.services,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    ...options.e2b,
+  });
+  app.decorate("e2bControlRoutes", e2b.controlRoutes);
   return app;
 }
 
@@ -297,6 +318,8 @@ async function identifyCaller(request: FastifyRequest, options: ApiOptions): Pro
     return caller;
   }
   const address = `${options.transport}:${request.ip}`;
+  // E2B routes check their own credentials (an API key, or a sandbox's access token).
+  if (request.routeOptions.config.e2b) return address;
   if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
     if (request.url === "/healthz" || request.url === "/healthz/") return address;
     // Named before the check so a rejected request is audited with where it came from.

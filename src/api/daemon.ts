@@ -8,6 +8,7 @@ import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
+import type { E2bSettings } from "../e2b/index.js";
 import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
@@ -56,6 +57,8 @@ export interface DaemonConfig {
   snapshotsDir: string;
   /** Host directories redacted from error messages (FORKD_HOME, the image cache, the tmpfs image directory). */
   hostPaths?: readonly HostPathRedaction[];
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
   logger?: Logger;
 }
 
@@ -137,6 +140,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       logger,
       maxConnections: config.maxConnections,
       headersTimeoutMs: config.headersTimeoutMs,
+      e2b: config.e2b,
     };
     const urls: string[] = [];
     if (config.socketPath !== null) {

@@ -15,6 +15,13 @@ import {
   MAX_SANDBOX_TIMEOUT_MS,
   MIN_MEMORY_LIMIT_MIB,
 } from "../controller/sandbox-manager.js";
+import {
+  MAX_ENV_BYTES,
+  MAX_ENV_VARS,
+  MAX_METADATA_ENTRIES,
+  MAX_METADATA_KEY_CHARS,
+  MAX_METADATA_VALUE_CHARS,
+} from "../controller/sandbox-settings.js";
 
 /** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
 export const MAX_SPAWN_N = 1000;
@@ -115,6 +122,12 @@ export const SnapshotInfoWire = Type.Object(
     parent_tag: Nullable(Type.String()),
     bytes: Type.Integer({ description: "Bytes the snapshot's files take (logical sizes)." }),
     error: Nullable(Type.String()),
+    vcpus: Nullable(Type.Integer({ description: "vCPUs of the machine its children run on." })),
+    source_sandbox: Nullable(Type.String({ description: "The sandbox it was BRANCHed from." })),
+    aliases: Type.Array(Type.String(), { description: "Template aliases naming it." }),
+    ephemeral: Type.Boolean({
+      description: "Made by the daemon for a fork (or superseded under its alias): deleted once unused.",
+    }),
   },
   { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
 );
@@ -308,6 +321,12 @@ export const SandboxInfoWire = Type.Object(
           "memory.layer of a diff/live one).",
       }),
     ),
+    metadata: Type.Record(Type.String(), Type.String(), {
+      description: "String metadata given at spawn (forks inherit it).",
+    }),
+    template_alias: Nullable(
+      Type.String({ description: "The template alias it was created by (E2B API), or null." }),
+    ),
     netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
     guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
   },
@@ -351,10 +370,84 @@ export const SpawnBody = Type.Object(
       }),
     ),
     hugepages: NotBuiltFlag("2 MiB pages for memfd RAM"),
+    metadata: Type.Optional(
+      Type.Record(Type.String({ minLength: 1, maxLength: MAX_METADATA_KEY_CHARS }), Type.String(), {
+        description: `String metadata (at most ${MAX_METADATA_ENTRIES} entries, values up to ${MAX_METADATA_VALUE_CHARS} characters).`,
+      }),
+    ),
+    env: Type.Optional(
+      Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String(), {
+        description:
+          "Environment variables every process and cell in the sandboxes gets (a call's own env wins); " +
+          `at most ${MAX_ENV_VARS} variables, ${MAX_ENV_BYTES} bytes as JSON.`,
+      }),
+    ),
   },
   { additionalProperties: false },
 );
 export type SpawnBody = Static<typeof SpawnBody>;
+
+export const ForkBody = Type.Object(
+  {
+    count: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_SPAWN_N, default: 1 })),
+    timeout_ms: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_SANDBOX_TIMEOUT_MS,
+        description:
+          "Lifetime of each child in ms; 0 = no limit. Absent: as for a spawn (no limit unless the daemon was " +
+          "started with --default-timeout-ms).",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const ForkResponse = Type.Object(
+  {
+    snapshot_tag: Type.String({ description: "The BRANCH the children came from (deleted once unused)." }),
+    mode: Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
+    pause_ms: Type.Number({ description: "How long the source was paused." }),
+    children: Type.Array(
+      Type.Object({
+        sandbox: Nullable(SandboxInfoWire),
+        error: Nullable(ErrorBody),
+      }),
+      { description: "One entry per requested child: its sandbox, or why it did not start." },
+    ),
+  },
+  { description: "A fork: the source BRANCHed once, count children restored from it, each on its own." },
+);
+
+export const SandboxMetricsWire = Type.Object({
+  timestamp_unix_ms: Type.Integer(),
+  cpu_count: Type.Integer(),
+  cpu_used_pct: Type.Number({ description: "Host-measured CPU use of the VM over the last window." }),
+  mem_total_bytes: Type.Integer({ description: "Guest /proc/meminfo MemTotal." }),
+  mem_used_bytes: Type.Integer({ description: "MemTotal - MemAvailable." }),
+  mem_cache_bytes: Type.Integer({ description: "Cached + Buffers." }),
+  disk_total_bytes: Type.Integer({ description: "Not measured yet: 0." }),
+  disk_used_bytes: Type.Integer({ description: "Not measured yet: 0." }),
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+// Template aliases
+
+export const TemplateAliasWire = Type.Object({
+  alias: Type.String(),
+  tag: Type.String(),
+  created_at_unix: Type.Integer(),
+});
+export const AliasParams = Type.Object(
+  {
+    alias: Type.String({
+      pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+      description: "An alias; '/' is sent percent-encoded.",
+    }),
+  },
+  { additionalProperties: false },
+);
+export const SetAliasBody = Type.Object({ tag: Tag }, { additionalProperties: false });
 
 export const ListSandboxesQuery = Type.Object(
   { snapshot_tag: Type.Optional(Tag) },
@@ -503,6 +596,13 @@ export const BranchBody = Type.Object(
     measure_diff: Type.Optional(Type.Boolean()),
     parent_tag: Type.Optional(Tag),
     wait: Type.Optional(Type.Boolean()),
+    alias: Type.Optional(
+      Type.String({
+        pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        description:
+          "Also point this template alias at the new snapshot (the one it named before is deleted once unused).",
+      }),
+    ),
   },
   { additionalProperties: false },
 );

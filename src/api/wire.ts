@@ -26,6 +26,8 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     branch_count: info.branch_count,
     last_branch_tag: info.last_branch_tag,
     last_branch_memory_path: info.last_branch_memory_path,
+    metadata: info.metadata,
+    template_alias: info.template_alias,
     netns: null,
     guest_addr: null,
   };

@@ -182,6 +182,11 @@ export async function localSnapshotDetail(
     parent_tag: parentTag,
     bytes: Object.values(s.manifest.files).reduce((n, f) => n + f.size, 0),
     error: problem,
+    vcpus: s.manifest.machine.vcpus,
+    source_sandbox: s.manifest.origin.sourceSandbox,
+    // Aliases and the daemon's own snapshots are the daemon's records; the CLI alone does not read them.
+    aliases: [],
+    ephemeral: false,
     ...chain,
   };
 }

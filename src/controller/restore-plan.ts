@@ -84,18 +84,20 @@ export async function prepareRestore(
   }
   await verifyChainFiles(paths, chain);
   const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
-  await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
   const overlayTemplate = path.join(
     templatesDir(paths),
     `${tag}-${selfOwnerToken()}-${randomBytes(4).toString("hex")}.qcow2`,
   );
-  // Relative backing: the overlay is copied to run/<id>/disk.qcow2, two levels under FORKD_HOME like this
-  // directory, and a branch later hard-links it into snapshots/<tag>/, also two levels down.
-  await createOverlay({
-    backing: path.join("..", "..", "snapshots", snapshot.tag, SNAPSHOT_FILES.disk),
-    backingFormat: "qcow2",
-    overlay: overlayTemplate,
-  });
+  // Plans of this process keep the shared directory: a spawn finishing must not remove it while another is
+  // about to write its template there (two E2B creates at once hit that).
+  plansInProgress++;
+  try {
+    await makeOverlayTemplate(paths, snapshot.tag, overlayTemplate);
+  } catch (err) {
+    plansInProgress--;
+    throw err;
+  }
+  let disposed = false;
   return {
     snapshot,
     chain,
@@ -103,9 +105,12 @@ export async function prepareRestore(
     inMemory: options.inMemory ?? false,
     overlayTemplate,
     dispose: async () => {
+      if (disposed) return;
+      disposed = true;
+      plansInProgress--;
       await rm(overlayTemplate, { force: true });
-      // The directory goes too once no other spawn is using it (rmdir fails while it has entries).
-      await rmdir(templatesDir(paths)).catch(() => {});
+      // The directory goes too once no spawn is using it (rmdir also fails while another process has entries).
+      if (plansInProgress === 0) await rmdir(templatesDir(paths)).catch(() => {});
     },
   };
 }
@@ -139,6 +144,35 @@ export async function trustFreshImage(paths: ForkdPaths, image: BuiltImage): Pro
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
   for (const [name, recorded] of Object.entries(image.manifest.files)) {
     await verifier.remember(path.join(image.dir, name), recorded.sha256);
+  }
+}
+
+/** Restore plans of this process not yet disposed. */
+let plansInProgress = 0;
+
+/**
+ * The empty overlay every child of `tag` copies. Relative backing: the overlay is copied to run/<id>/disk.qcow2,
+ * two levels under FORKD_HOME like this directory, and a branch later hard-links it into snapshots/<tag>/, also
+ * two levels down. Tried once more when the directory vanished under it (another process's spawn removed it).
+ */
+async function makeOverlayTemplate(paths: ForkdPaths, tag: string, overlay: string): Promise<void> {
+  const spec = {
+    backing: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
+    backingFormat: "qcow2",
+    overlay,
+  } as const;
+  for (let attempt = 1; ; attempt++) {
+    await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
+    try {
+      await createOverlay(spec);
+      return;
+    } catch (err) {
+      const vanished = await access(templatesDir(paths)).then(
+        () => false,
+        () => true,
+      );
+      if (!vanished || attempt >= 2) throw err;
+    }
   }
 }
 

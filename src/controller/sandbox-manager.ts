@@ -3,11 +3,13 @@
  * limits, and their state in SQLite so a daemon restart re-attaches to running VMs (their QEMU outlives the
  * daemon) and cleans up after dead ones.
  */
+
+import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { readdir, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
-import type { ExecOptions } from "../agent/host/types.js";
+import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { lockHome } from "../common/home-lock.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
@@ -33,10 +35,29 @@ import {
 } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
+import { MetricsSampler } from "./metrics-sampler.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
+import type {
+  AccessTokens,
+  BranchOutcome,
+  ForkChild,
+  ForkOutcome,
+  SandboxInfo,
+  SandboxMetrics,
+  SandboxService,
+  SpawnRequest,
+} from "./sandbox-service.js";
+import {
+  layerEnv,
+  newAccessToken,
+  parseStringMap,
+  tokenMatches,
+  validateEnvVars,
+  validateMetadata,
+} from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
+import { assertAlias } from "./template-aliases.js";
 
 /**
  * Lifetime of a sandbox spawned without one: none (it lives until killed), as in forkd v0.5. A daemon may set one
@@ -51,6 +72,8 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
 /** How often lifetimes are enforced and dead VMs noticed. */
 export const SWEEP_INTERVAL_MS = 1000;
+/** How often (at most, unless a kill or fork asked sooner) unused fork points are looked for and deleted. */
+export const EPHEMERAL_COLLECTION_INTERVAL_MS = 60_000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 /** meta key: the boot the recorded pids and start times belong to. */
@@ -71,6 +94,8 @@ export interface ManagerOptions {
   defaultTimeoutMs?: number;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /** The snapshot default template names resolve to (default: pyagent when it exists). */
+  defaultSnapshot?: string;
 }
 
 interface Live {
@@ -89,6 +114,9 @@ export class SandboxManager implements SandboxService {
   private readonly defaultTimeoutMs: number;
   private readonly log: ManagerLog;
   private sweeper: NodeJS.Timeout | undefined;
+  private readonly metricsSampler = new MetricsSampler();
+  private collectionRequested = false;
+  private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
 
   private constructor(
@@ -104,10 +132,10 @@ export class SandboxManager implements SandboxService {
       );
     }
     this.log = options.log ?? { info: () => {}, warn: () => {} };
-    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), [
-      paths.images,
-      ...(options.extraImageDirs ?? []),
-    ]);
+    this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
+      defaultSnapshot: options.defaultSnapshot,
+      imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
+    });
     this.brancher = new Brancher(
       this.snapshots.store,
       db,
@@ -139,7 +167,20 @@ export class SandboxManager implements SandboxService {
 
   // ---- spawn ----
 
+  /** All or nothing: every child ready, or none left behind. */
   async spawn(request: SpawnRequest): Promise<SandboxInfo[]> {
+    const children = await this.spawnChildren(request, "all-or-nothing");
+    return children.map((child) => child.sandbox as SandboxInfo);
+  }
+
+  /**
+   * Restores `request.n` children. "all-or-nothing": the first failure destroys the others and is thrown.
+   * "each": every child succeeds or fails on its own (a failed one leaves nothing behind).
+   */
+  private async spawnChildren(
+    request: SpawnRequest,
+    policy: "all-or-nothing" | "each",
+  ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
     const memoryLimit = request.memoryLimitMiB ?? null;
@@ -152,6 +193,8 @@ export class SandboxManager implements SandboxService {
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
+    const metadata = JSON.stringify(validateMetadata(request.metadata));
+    const envVars = JSON.stringify(validateEnvVars(request.env));
     // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
     const reservations = [this.admission.reserveSpawn(n)];
     const releaseAll = () => {
@@ -199,12 +242,23 @@ export class SandboxManager implements SandboxService {
         cgroup: null,
         ready_ms: null,
         error: null,
+        metadata,
+        env_vars: envVars,
+        access_token: newAccessToken(),
+        traffic_token: newAccessToken(),
+        template_alias: request.templateAlias ?? null,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
     for (const row of rows) this.db.insertSandbox(row);
     const started: Sandbox[] = [];
+    const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
+    const forget = async (row: SandboxRow) => {
+      const current = this.db.sandbox(row.id);
+      if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+      this.db.deleteSandbox(row.id);
+    };
     try {
       plan = await prepareRestore(this.paths, snapshot, { inMemory: request.liveFork === true });
       const restorePlan = plan;
@@ -216,7 +270,7 @@ export class SandboxManager implements SandboxService {
       let next = 0;
       const failures: unknown[] = [];
       const worker = async () => {
-        while (next < rows.length && failures.length === 0) {
+        while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
@@ -239,11 +293,15 @@ export class SandboxManager implements SandboxService {
             row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
           } catch (err) {
             failures.push(err);
+            failed.set(row.id, asForkdError(err));
+            // A child that failed on its own leaves nothing behind; all-or-nothing cleans up below.
+            if (policy === "each") await forget(row);
           }
         }
       };
       await Promise.all(Array.from({ length: Math.min(SPAWN_CONCURRENCY, n) }, worker));
-      if (failures.length > 0) throw failures[0];
+      if (policy === "all-or-nothing" && failures.length > 0) throw failures[0];
+      if (policy === "each" && started.length === 0 && request.signal?.aborted) throw failures[0];
       const now = Date.now();
       for (const sandbox of started) {
         const row = rows.find((r) => r.id === sandbox.id) as SandboxRow;
@@ -258,21 +316,53 @@ export class SandboxManager implements SandboxService {
         this.live.set(row.id, { handle: sandbox, killing: false });
         this.watchExit(sandbox);
       }
-      this.log.info({ tag, n, ids: rows.map((r) => r.id) }, "spawned");
-      return rows.map((r) => this.info(this.db.sandbox(r.id) as SandboxRow));
+      this.log.info({ tag, n, ids: started.map((s) => s.id), failed: failed.size }, "spawned");
+      return rows.map((r): ForkChild => {
+        const error = failed.get(r.id);
+        return error ? { error } : { sandbox: this.info(this.db.sandbox(r.id) as SandboxRow) };
+      });
     } catch (err) {
       // All or nothing: a spawn that could not start every child starts none.
       await Promise.all(started.map((s) => s.destroy()));
-      for (const row of rows) {
-        const current = this.db.sandbox(row.id);
-        if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
-        this.db.deleteSandbox(row.id);
-      }
+      for (const row of rows) await forget(row);
       throw err;
     } finally {
       releaseAll();
       await plan?.dispose();
     }
+  }
+
+  /** See SandboxService.fork. */
+  async fork(
+    id: string,
+    request: { count: number; timeoutMs?: number; signal?: AbortSignal },
+  ): Promise<ForkOutcome> {
+    const count = validateChildCount(request.count);
+    const live = this.liveOrThrow(id);
+    const row = this.row(id);
+    // Refused before anything is attempted when the host cannot take that many more (the children's own spawn
+    // reserves them again when it starts).
+    this.admission.reserveSpawn(count).release();
+    const branched = await this.branch(id, {
+      tag: `fork-${randomBytes(6).toString("hex")}`,
+      mode: row.live_fork === 1 ? "live" : "diff",
+      signal: request.signal,
+    });
+    this.snapshots.markEphemeral(branched.tag, `fork of ${live.handle.id}`);
+    const children = await this.spawnChildren(
+      {
+        snapshotTag: branched.tag,
+        n: count,
+        timeoutMs: request.timeoutMs,
+        metadata: parseStringMap(row.metadata),
+        env: parseStringMap(row.env_vars),
+        templateAlias: row.template_alias ?? undefined,
+        signal: request.signal,
+      },
+      "each",
+    );
+    this.requestCollection();
+    return { tag: branched.tag, mode: branched.mode, pause_ms: branched.pause_ms, children };
   }
 
   // ---- queries ----
@@ -334,20 +424,68 @@ export class SandboxManager implements SandboxService {
     return this.get(id);
   }
 
+  extendTimeout(id: string, timeoutMs: number): SandboxInfo {
+    if (!isIntIn(timeoutMs, 1, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 1..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    this.liveOrThrow(id);
+    const current = this.row(id).expires_at_unix_ms;
+    if (current !== null) {
+      this.db.updateSandbox(id, { expires_at_unix_ms: Math.max(current, Date.now() + timeoutMs) });
+    }
+    return this.get(id);
+  }
+
+  accessTokens(id: string): AccessTokens {
+    const row = this.row(id);
+    if (row.access_token !== null && row.traffic_token !== null) {
+      return { envd: row.access_token, traffic: row.traffic_token };
+    }
+    // Sandboxes spawned before the daemon made secrets get theirs on first use.
+    const tokens = {
+      envd: row.access_token ?? newAccessToken(),
+      traffic: row.traffic_token ?? newAccessToken(),
+    };
+    this.db.updateSandbox(id, { access_token: tokens.envd, traffic_token: tokens.traffic });
+    return tokens;
+  }
+
+  verifyAccessToken(id: string, kind: keyof AccessTokens, token: string | undefined): boolean {
+    if (!isValidSandboxId(id)) return false;
+    const row = this.db.sandbox(id);
+    if (!row) return false;
+    return tokenMatches(token, kind === "envd" ? row.access_token : row.traffic_token);
+  }
+
+  envVars(id: string): Record<string, string> {
+    return parseStringMap(this.row(id).env_vars);
+  }
+
+  async metrics(id: string, options: { signal?: AbortSignal } = {}): Promise<SandboxMetrics> {
+    const live = this.liveOrThrow(id);
+    const snapshot = await this.snapshots.get(this.row(id).snapshot_tag).catch(() => null);
+    return this.metricsSampler.sample(live.handle, {
+      vcpus: snapshot?.vcpus ?? 1,
+      readGuestFile: (file) => this.files.read(id, file, { maxBytes: 64 * 1024, signal: options.signal }),
+    });
+  }
+
   // ---- calls into the guest ----
 
   ping(id: string, options: { signal?: AbortSignal } = {}) {
     return this.call(id, (agent) => agent.ping(options));
   }
 
-  exec(id: string, argv: string[], options: ExecOptions = {}) {
+  async exec(id: string, argv: string[], options: ExecOptions = {}) {
     if (!Array.isArray(argv) || argv.length === 0)
       throw invalidArgument("args must be a non-empty array of strings");
-    return this.call(id, (agent) => agent.exec(argv, options));
+    const env = layerEnv(this.envVars(id), options.env);
+    return this.call(id, (agent) => agent.exec(argv, { ...options, env }));
   }
 
-  eval(id: string, code: string, options: { timeoutMs?: number; signal?: AbortSignal } = {}) {
-    return this.call(id, (agent) => agent.eval(code, options));
+  async eval(id: string, code: string, options: EvalOptions = {}) {
+    const env = layerEnv(this.envVars(id), options.env);
+    return this.call(id, (agent) => agent.eval(code, env === undefined ? options : { ...options, env }));
   }
 
   readonly files: SandboxService["files"] = {
@@ -356,6 +494,36 @@ export class SandboxManager implements SandboxService {
     list: (id, file, options = {}) => this.call(id, (agent) => agent.files.list(file, options)),
     stat: (id, file, options = {}) => this.call(id, (agent) => agent.files.stat(file, options)),
     remove: (id, file, options = {}) => this.call(id, (agent) => agent.files.remove(file, options)),
+    mkdir: (id, file, options = {}) => this.call(id, (agent) => agent.files.mkdir(file, options)),
+    move: (id, source, destination, options = {}) =>
+      this.call(id, (agent) => agent.files.move(source, destination, options)),
+    watch: (id, file, options = {}) => this.liveOrThrow(id).handle.agent.files.watch(file, options),
+  };
+
+  readonly procs: SandboxService["procs"] = {
+    start: (id, argv, options = {}) => {
+      const env = layerEnv(this.envVars(id), options.env);
+      return this.liveOrThrow(id).handle.agent.procs.start(argv, { ...options, env });
+    },
+    connect: (id, selector, options = {}) =>
+      this.liveOrThrow(id).handle.agent.procs.connect(selector, options),
+    list: (id, options = {}) => this.call(id, (agent) => agent.procs.list(options)),
+    input: (id, selector, data, options = {}) =>
+      this.call(id, (agent) => agent.procs.input(selector, data, options)),
+    closeStdin: (id, selector, options = {}) =>
+      this.call(id, (agent) => agent.procs.closeStdin(selector, options)),
+    signal: (id, selector, signal, options = {}) =>
+      this.call(id, (agent) => agent.procs.signal(selector, signal, options)),
+    resize: (id, selector, size, options = {}) =>
+      this.call(id, (agent) => agent.procs.resize(selector, size, options)),
+  };
+
+  readonly contexts: SandboxService["contexts"] = {
+    create: (id, options = {}) => this.call(id, (agent) => agent.contexts.create(options)),
+    list: (id, options = {}) => this.call(id, (agent) => agent.contexts.list(options)),
+    restart: (id, context, options = {}) =>
+      this.call(id, (agent) => agent.contexts.restart(context, options)),
+    remove: (id, context, options = {}) => this.call(id, (agent) => agent.contexts.remove(context, options)),
   };
 
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
@@ -468,26 +636,38 @@ export class SandboxManager implements SandboxService {
   }
 
   /** Snapshots running sandbox `id` mid-work; it keeps running. See branch.ts. */
-  async branch(id: string, request: BranchRequest = {}): Promise<BranchOutcome> {
+  async branch(id: string, request: BranchRequest & { alias?: string } = {}): Promise<BranchOutcome> {
     const live = this.liveOrThrow(id);
     const row = this.row(id);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
+    if (request.alias !== undefined) assertAlias(request.alias);
+    const { alias, ...branchRequest } = request;
     // The copy of the source's private pages is held in memory: at most its whole RAM.
     const ramBytes = (await this.snapshots.store.get(row.snapshot_tag)).manifest.memory.ramBytes;
     const buffer = this.admission.reserveMemory(ramBytes / 2 ** 20, `a BRANCH of ${id}`);
+    let result: Awaited<ReturnType<Brancher["branch"]>>;
     try {
-      const result = await this.brancher.branch(
+      result = await this.brancher.branch(
         {
           handle: live.handle,
           lastBranchTag: row.last_branch_tag,
           liveFork: row.live_fork === 1,
         },
-        request,
+        branchRequest,
       );
-      return { ...result, snapshot: await this.snapshots.get(result.tag) };
     } finally {
       buffer.release();
     }
+    if (alias !== undefined) {
+      const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
+      await this.snapshots.aliases.set(alias, result.tag);
+      // The name moved on: its earlier snapshot goes once nothing else needs it.
+      if (previous !== undefined && previous !== result.tag) {
+        this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
+        this.requestCollection();
+      }
+    }
+    return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
 
   private info(row: SandboxRow): SandboxInfo {
@@ -505,6 +685,8 @@ export class SandboxManager implements SandboxService {
       branch_count: branchCount(row),
       last_branch_tag: row.last_branch_tag,
       last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
+      metadata: parseStringMap(row.metadata),
+      template_alias: row.template_alias,
     };
   }
 
@@ -532,6 +714,8 @@ export class SandboxManager implements SandboxService {
       await rm(row.run_dir, { recursive: true, force: true });
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    this.metricsSampler.forget(row.id);
+    this.requestCollection();
     this.log.info({ id: row.id, reason }, "sandbox stopped");
   }
 
@@ -619,6 +803,17 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, "its VM exited");
       }
     }
+    if (this.collectionRequested || now - this.lastCollection > EPHEMERAL_COLLECTION_INTERVAL_MS) {
+      this.collectionRequested = false;
+      this.lastCollection = now;
+      const deleted = await this.snapshots.collectEphemeral();
+      if (deleted.length > 0) this.log.info({ tags: deleted }, "deleted snapshots nothing needs any more");
+    }
+  }
+
+  /** Asks the next sweep to delete the daemon's own snapshots that nothing needs any more. */
+  private requestCollection(): void {
+    this.collectionRequested = true;
   }
 
   private memoryCgroupRoot(): Promise<MemoryCgroupRoot | null> {
@@ -641,6 +836,10 @@ function branchCount(row: SandboxRow): number {
 function tail(text: string): string {
   const t = text.length > 4096 ? `…${text.slice(-4096)}` : text;
   return t && !t.endsWith("\n") ? `${t}\n` : t;
+}
+
+function asForkdError(err: unknown): ForkdError {
+  return err instanceof ForkdError ? err : new ForkdError("internal", errorMessage(err), { cause: err });
 }
 
 function isIntIn(value: unknown, min: number, max: number): value is number {

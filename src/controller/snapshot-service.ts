@@ -22,19 +22,85 @@ import type {
   SnapshotService,
   UnpackRequest,
 } from "./sandbox-service.js";
+import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
+  private readonly templateAliases: TemplateAliases;
+  private readonly imageDirs: readonly string[];
 
   constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
     /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
     private readonly usersOf: (tag: string) => string[],
-    /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
-    private readonly imageDirs: readonly string[] = [paths.images],
+    options: {
+      defaultSnapshot?: string;
+      /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
+      imageDirs?: readonly string[];
+    } = {},
   ) {
     this.store = new SnapshotStore(paths.snapshots);
+    this.imageDirs = options.imageDirs ?? [paths.images];
+    this.templateAliases = new TemplateAliases(db, this.store, options.defaultSnapshot);
+  }
+
+  readonly aliases: SnapshotService["aliases"] = {
+    list: () => this.templateAliases.list(),
+    get: (alias) => this.templateAliases.get(alias),
+    set: (alias, tag) => this.templateAliases.set(alias, tag),
+    delete: (alias) => this.templateAliases.delete(alias),
+  };
+
+  resolveTemplate(name: string, options: { orDefault?: boolean } = {}): Promise<ResolvedTemplate> {
+    return this.templateAliases.resolve(name, options);
+  }
+
+  /**
+   * Retires a snapshot: its aliases go now, the snapshot itself now if nothing needs it, else as soon as nothing
+   * does (a sandbox still runs on it, or another snapshot depends on it). not_found if unknown.
+   */
+  async retire(tag: string): Promise<"deleted" | "deferred"> {
+    await this.get(tag);
+    for (const alias of this.templateAliases.namesOf(tag)) this.templateAliases.delete(alias);
+    try {
+      await this.delete(tag);
+      return "deleted";
+    } catch (err) {
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      this.markEphemeral(tag, "retired while still needed");
+      return "deferred";
+    }
+  }
+
+  /** Marks a snapshot the daemon made for itself: collectEphemeral() deletes it once nothing needs it. */
+  markEphemeral(tag: string, reason: string): void {
+    this.db.markEphemeral({ tag, reason, created_at_unix: Math.floor(Date.now() / 1000) });
+  }
+
+  /**
+   * Deletes the daemon's own snapshots that no sandbox runs on, no alias names and no other snapshot depends
+   * on (newest first, so a chain of them goes leaves first). Returns the tags deleted.
+   */
+  async collectEphemeral(): Promise<string[]> {
+    const deleted: string[] = [];
+    const named = new Set(this.db.aliases().map((a) => a.tag));
+    for (const row of this.db.ephemeralSnapshots()) {
+      if (named.has(row.tag) || this.usersOf(row.tag).length > 0) continue;
+      if (!(await this.store.exists(row.tag))) {
+        this.db.forgetEphemeral(row.tag);
+        continue;
+      }
+      try {
+        await removeSnapshot(this.paths, row.tag, { sandboxesOf: this.usersOf });
+        this.db.forgetEphemeral(row.tag);
+        deleted.push(row.tag);
+      } catch (err) {
+        // Still depended on (another snapshot, a VM outside the daemon): tried again on a later sweep.
+        if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      }
+    }
+    return deleted;
   }
 
   /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
@@ -74,6 +140,10 @@ export class DaemonSnapshots implements SnapshotService {
           parent_tag: null,
           bytes: 0,
           error: j.error,
+          vcpus: null,
+          source_sandbox: null,
+          aliases: [],
+          ephemeral: false,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -244,6 +314,7 @@ export class DaemonSnapshots implements SnapshotService {
 
   private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {
     const problem = await snapshotIsBootable(s);
+    const ephemeral = this.db.ephemeralSnapshots().some((row) => row.tag === s.tag);
     return {
       tag: s.tag,
       created_at_unix: s.manifest.createdAtUnix,
@@ -255,6 +326,10 @@ export class DaemonSnapshots implements SnapshotService {
       parent_tag: s.manifest.parent?.tag ?? null,
       bytes: Object.values(s.manifest.files).reduce((sum, f) => sum + f.size, 0),
       error: problem,
+      vcpus: s.manifest.machine.vcpus,
+      source_sandbox: s.manifest.origin.sourceSandbox,
+      aliases: this.templateAliases.namesOf(s.tag),
+      ephemeral,
     };
   }
 }

@@ -1,7 +1,7 @@
 /**
- * The daemon's state in SQLite (WAL): sandboxes and the snapshots being written. Snapshot contents stay on
- * disk (snapshot-store.ts); the database records what the daemon is doing, so a restart can re-attach to
- * running VMs or clean up after dead ones.
+ * The daemon's state in SQLite (WAL): sandboxes, the snapshots being written, template aliases and the snapshots
+ * the daemon made for itself (fork points). Snapshot contents stay on disk (snapshot-store.ts); the database
+ * records what the daemon is doing, so a restart can re-attach to running VMs or clean up after dead ones.
  */
 import { mkdirSync } from "node:fs";
 import path from "node:path";
@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 2;
+export const SCHEMA_VERSION = 3;
 
 export interface SandboxRow {
   id: string;
@@ -39,6 +39,33 @@ export interface SandboxRow {
   cgroup: string | null;
   ready_ms: number | null;
   error: string | null;
+  /** JSON object of string metadata the caller attached (E2B's sandbox metadata). */
+  metadata: string;
+  /** JSON object of environment variables applied to every process and cell in the sandbox. */
+  env_vars: string;
+  /** Secret presented on the sandbox's data plane (E2B's envd access token); null for rows older than v2. */
+  access_token: string | null;
+  /** Secret for the sandbox's other ports (E2B's traffic access token). */
+  traffic_token: string | null;
+  /** The template name the sandbox was created by when it was an alias (E2B's `alias`), else null. */
+  template_alias: string | null;
+}
+
+/** A name that resolves to a snapshot tag (E2B template names and named snapshots). */
+export interface TemplateAliasRow {
+  alias: string;
+  tag: string;
+  created_at_unix: number;
+}
+
+/**
+ * A snapshot the daemon made for its own use (the BRANCH behind a fork, a superseded named snapshot): deleted
+ * once no sandbox, alias or other snapshot needs it.
+ */
+export interface EphemeralSnapshotRow {
+  tag: string;
+  reason: string;
+  created_at_unix: number;
 }
 
 export interface SnapshotJobRow {
@@ -112,6 +139,25 @@ export class StateDb {
         ALTER TABLE snapshot_jobs ADD COLUMN writer_start_time INTEGER;
       `);
     }
+    if (version < 3) {
+      this.db.exec(`
+        ALTER TABLE sandboxes ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE sandboxes ADD COLUMN env_vars TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE sandboxes ADD COLUMN access_token TEXT;
+        ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
+        ALTER TABLE sandboxes ADD COLUMN template_alias TEXT;
+        CREATE TABLE template_aliases (
+          alias TEXT PRIMARY KEY,
+          tag TEXT NOT NULL,
+          created_at_unix INTEGER NOT NULL
+        );
+        CREATE TABLE ephemeral_snapshots (
+          tag TEXT PRIMARY KEY,
+          reason TEXT NOT NULL,
+          created_at_unix INTEGER NOT NULL
+        );
+      `);
+    }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
@@ -134,9 +180,11 @@ export class StateDb {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
-           expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error)
+           expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
+           metadata, env_vars, access_token, traffic_token, template_alias)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
-           @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error)`,
+           @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias)`,
       )
       .run(row);
   }
@@ -197,6 +245,53 @@ export class StateDb {
 
   snapshotJobs(): SnapshotJobRow[] {
     return this.db.prepare("SELECT * FROM snapshot_jobs ORDER BY tag").all() as SnapshotJobRow[];
+  }
+
+  // ---- template aliases
+
+  setAlias(row: TemplateAliasRow): void {
+    this.db
+      .prepare(
+        `INSERT INTO template_aliases (alias, tag, created_at_unix) VALUES (@alias, @tag, @created_at_unix)
+         ON CONFLICT(alias) DO UPDATE SET tag = excluded.tag, created_at_unix = excluded.created_at_unix`,
+      )
+      .run(row);
+  }
+
+  alias(alias: string): TemplateAliasRow | undefined {
+    return this.db.prepare("SELECT * FROM template_aliases WHERE alias = ?").get(alias) as
+      | TemplateAliasRow
+      | undefined;
+  }
+
+  aliases(): TemplateAliasRow[] {
+    return this.db.prepare("SELECT * FROM template_aliases ORDER BY alias").all() as TemplateAliasRow[];
+  }
+
+  /** Removes the alias; false if there was none. */
+  deleteAlias(alias: string): boolean {
+    return this.db.prepare("DELETE FROM template_aliases WHERE alias = ?").run(alias).changes > 0;
+  }
+
+  // ---- snapshots the daemon made for itself
+
+  markEphemeral(row: EphemeralSnapshotRow): void {
+    this.db
+      .prepare(
+        `INSERT INTO ephemeral_snapshots (tag, reason, created_at_unix) VALUES (@tag, @reason, @created_at_unix)
+         ON CONFLICT(tag) DO NOTHING`,
+      )
+      .run(row);
+  }
+
+  ephemeralSnapshots(): EphemeralSnapshotRow[] {
+    return this.db
+      .prepare("SELECT * FROM ephemeral_snapshots ORDER BY created_at_unix DESC, tag")
+      .all() as EphemeralSnapshotRow[];
+  }
+
+  forgetEphemeral(tag: string): void {
+    this.db.prepare("DELETE FROM ephemeral_snapshots WHERE tag = ?").run(tag);
   }
 
   close(): void {

@@ -33,6 +33,7 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
+import type { TemplateAlias } from "../../src/controller/template-aliases.js";
 
 export class ServicesDouble {
   readonly snapshotsByTag = new Map<string, SnapshotInfo>();
@@ -50,6 +51,7 @@ export class ServicesDouble {
   /** The bytes of the last pack the double received, and the directories of packs it made. */
   lastUnpacked: Buffer | undefined;
   readonly packDirs: string[] = [];
+  readonly aliasesByName = new Map<string, TemplateAlias>();
   private counter = 0;
 
   constructor() {
@@ -68,6 +70,10 @@ export class ServicesDouble {
       parent_tag: null,
       bytes: 1234,
       error: null,
+      vcpus: 1,
+      source_sandbox: null,
+      aliases: [],
+      ephemeral: false,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -168,6 +174,35 @@ export class ServicesDouble {
         ms: 1,
       };
     },
+    aliases: {
+      list: () => [...this.aliasesByName.values()],
+      get: (alias) => {
+        const row = this.aliasesByName.get(alias);
+        if (!row) throw new ForkdError("not_found", `template alias ${alias} not found`);
+        return row;
+      },
+      set: async (alias, tag) => {
+        this.snapshot(tag);
+        const row = { alias, tag, created_at_unix: 1_700_000_000 };
+        this.aliasesByName.set(alias, row);
+        return row;
+      },
+      delete: (alias) => {
+        if (!this.aliasesByName.delete(alias)) {
+          throw new ForkdError("not_found", `template alias ${alias} not found`);
+        }
+      },
+    },
+    retire: async (tag) => {
+      this.snapshot(tag);
+      this.snapshotsByTag.delete(tag);
+      return "deleted";
+    },
+    resolveTemplate: async (name) => {
+      const row = this.aliasesByName.get(name);
+      if (row) return { tag: row.tag, alias: name };
+      return { tag: this.snapshot(name).tag, alias: null };
+    },
   };
 
   private dependentsOf(tag: string): string[] {
@@ -215,6 +250,8 @@ export class ServicesDouble {
           branch_count: 0,
           last_branch_tag: null,
           last_branch_memory_path: null,
+          metadata: request.metadata ?? {},
+          template_alias: request.templateAlias ?? null,
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
@@ -276,6 +313,10 @@ export class ServicesDouble {
           parent_tag: parentTag,
           bytes: 16384,
           error: null,
+          vcpus: 1,
+          source_sandbox: id,
+          aliases: request.alias === undefined ? [] : [request.alias],
+          ephemeral: false,
         },
       };
     },
@@ -349,6 +390,40 @@ export class ServicesDouble {
         this.file(id, path);
         this.filesByPath.delete(`${id}:${path}`);
       },
+      mkdir: async () => notInDouble("files.mkdir"),
+      move: async () => notInDouble("files.move"),
+      watch: () => notInDouble("files.watch"),
+    },
+    extendTimeout: (id, timeoutMs) => {
+      const sb = this.sandbox(id);
+      sb.expires_at_unix_ms = Math.max(sb.expires_at_unix_ms ?? 0, 1_700_000_000_000 + timeoutMs);
+      return sb;
+    },
+    accessTokens: (id) => {
+      this.sandbox(id);
+      return { envd: `envd-${id}`, traffic: `traffic-${id}` };
+    },
+    verifyAccessToken: (id, kind, token) => this.sandboxesById.has(id) && token === `${kind}-${id}`,
+    envVars: (id) => {
+      this.sandbox(id);
+      return {};
+    },
+    metrics: async () => notInDouble("metrics"),
+    fork: async () => notInDouble("fork"),
+    procs: {
+      start: () => notInDouble("procs.start"),
+      connect: () => notInDouble("procs.connect"),
+      list: async () => notInDouble("procs.list"),
+      input: async () => notInDouble("procs.input"),
+      closeStdin: async () => notInDouble("procs.closeStdin"),
+      signal: async () => notInDouble("procs.signal"),
+      resize: async () => notInDouble("procs.resize"),
+    },
+    contexts: {
+      create: async () => notInDouble("contexts.create"),
+      list: async () => notInDouble("contexts.list"),
+      restart: async () => notInDouble("contexts.restart"),
+      remove: async () => notInDouble("contexts.remove"),
     },
   };
 
@@ -455,4 +530,9 @@ export class ServicesDouble {
       durationMs: performance.now() - started,
     };
   }
+}
+
+/** What the HTTP tests never reach: the real manager serves it (test/e2b, test/api/e2e.test.ts). */
+function notInDouble(what: string): never {
+  throw new ForkdError("not_implemented", `${what} is not part of the HTTP test double`);
 }

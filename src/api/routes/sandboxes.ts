@@ -16,12 +16,15 @@ import {
   ExecBody,
   ExecResponse,
   errorResponses,
+  ForkBody,
+  ForkResponse,
   KillManyQuery,
   KillManyResponse,
   ListSandboxesQuery,
   MAX_EXEC_REQUEST_BYTES,
   PingResponse,
   SandboxInfoWire,
+  SandboxMetricsWire,
   SandboxParams,
   SetTimeoutBody,
   SpawnBody,
@@ -68,6 +71,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
           timeoutMs: body.timeout_ms,
           liveFork: body.live_fork === true,
+          metadata: body.metadata,
+          env: body.env,
           signal: clientSignal(request, reply),
         });
         stop({ outcome: "ok" });
@@ -272,6 +277,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         mode,
         wait: body.wait,
         parentTag: body.parent_tag,
+        alias: body.alias,
         signal: clientSignal(request, reply),
       });
       request.auditIds.push(outcome.tag);
@@ -281,6 +287,60 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         }),
       );
     },
+  );
+}
+
+/** Fork, metrics: the lifecycle routes the E2B API also uses. */
+export function registerForkRoutes(app: FastifyInstance, context: ApiContext): void {
+  const { sandboxes } = context.services;
+
+  app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
+    "/v1/sandboxes/:id/fork",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Fork a running sandbox: BRANCH it once, restore count children from the snapshot",
+        description:
+          "The source keeps running (paused briefly: live when it was spawned with live_fork, else diff). Each " +
+          "child succeeds or fails on its own: 201 with one entry per child. Children inherit the source's " +
+          "metadata and env. The fork's snapshot is deleted once nothing uses it.",
+        params: SandboxParams,
+        body: ForkBody,
+        response: { 201: ForkResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const outcome = await sandboxes.fork(request.params.id, {
+        count: request.body?.count ?? 1,
+        timeoutMs: request.body?.timeout_ms,
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(outcome.tag);
+      for (const child of outcome.children) if (child.sandbox) request.auditIds.push(child.sandbox.id);
+      return reply.status(201).send({
+        snapshot_tag: outcome.tag,
+        mode: outcome.mode,
+        pause_ms: outcome.pause_ms,
+        children: outcome.children.map((child) =>
+          child.sandbox
+            ? { sandbox: sandboxToWire(child.sandbox), error: null }
+            : { sandbox: null, error: { error: child.error.message, code: child.error.code } },
+        ),
+      });
+    },
+  );
+
+  app.get<IdRequest>(
+    "/v1/sandboxes/:id/metrics",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "What the sandbox uses now (CPU from the host, memory from the guest)",
+        params: SandboxParams,
+        response: { 200: SandboxMetricsWire, ...errorResponses },
+      },
+    },
+    async (request, reply) => sandboxes.metrics(request.params.id, { signal: clientSignal(request, reply) }),
   );
 }
 

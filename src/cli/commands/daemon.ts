@@ -7,12 +7,16 @@ import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
+
+const DOMAIN =
+  /^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
 
 interface DaemonOptions {
   socket: string | false;
@@ -35,6 +39,9 @@ interface DaemonOptions {
   state?: string;
   snapshotRoot?: string;
   allowImageDir: string[];
+  defaultSnapshot?: string;
+  e2bDomain?: string;
+  e2bMaxUploadMib?: number;
 }
 
 export function registerDaemon(program: Command): void {
@@ -113,9 +120,23 @@ export function registerDaemon(program: Command): void {
       "--snapshot-root <dir>",
       "forkd v0.5 flag: where snapshots live; must be <FORKD_HOME>/snapshots (FORKD_HOME = its parent)",
     )
+    .option(
+      "--default-snapshot <tag>",
+      "snapshot E2B's default template names (base, code-interpreter-v1) mean (default: pyagent when present)",
+    )
+    .option(
+      "--e2b-domain <domain>",
+      "base domain of E2B sandbox host names <port>-<sandboxId>.<domain> (returned to E2B clients)",
+    )
+    .option(
+      "--e2b-max-upload-mib <mib>",
+      "largest upload one E2B POST /files may carry (default 1024)",
+      parseIntOption("--e2b-max-upload-mib", 1, 1 << 20),
+    )
     .addHelpText(
       "after",
-      "\nEnvironment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
+      "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
+        "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
         "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
         "SIGHUP reopens the audit log.\n",
     )
@@ -131,13 +152,20 @@ export function registerDaemon(program: Command): void {
           pino.destination({ dest: 2, sync: true }),
         );
         const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
+        if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
+        if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
+          throw invalidArgument(
+            `invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`,
+          );
+        }
         await runDaemon(
           {
             socketPath: opts.socket === false ? null : opts.socket,
             socketGroup: opts.socketGroup,
             bind: opts.bind,
             tokenFile: opts.tokenFile,
-            allowedHosts: opts.allowedHost,
+            // E2B clients reach sandboxes as <port>-<id>.<domain>: names of this listener too.
+            allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
             allowedOrigins: opts.allowedOrigin,
             maxConnections: opts.maxConnections,
             tlsCert: opts.tlsCert,
@@ -150,6 +178,12 @@ export function registerDaemon(program: Command): void {
               { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
               { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
             ],
+            e2b: {
+              domain: opts.e2bDomain,
+              ...(opts.e2bMaxUploadMib === undefined
+                ? {}
+                : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
+            },
             logger,
           },
           async () => {
@@ -167,6 +201,7 @@ export function registerDaemon(program: Command): void {
               branchConcurrency: opts.branchConcurrency,
               extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
               log: logger.child({ component: "manager" }),
+              defaultSnapshot: opts.defaultSnapshot,
             });
             return { ...services, close: () => services.close() };
           },
