@@ -1,0 +1,3 @@
+module forkd
+
+go 1.19
