@@ -27,6 +27,8 @@ export interface CreateSnapshotOptions {
   /** Template name or path to a template file; defaults to the tag. */
   template?: string;
   replace?: boolean;
+  /** Give the parent (and so every child) a NIC; default: the template's `network`. */
+  network?: boolean;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -76,6 +78,7 @@ export async function createSnapshot(
       runDir,
       memoryFile: writer.file(SNAPSHOT_FILES.memory),
       disk: writer.file(SNAPSHOT_FILES.disk),
+      network: options.network,
       signal,
       onProgress: (step, message) => progress({ step, message }),
     });
@@ -108,6 +111,7 @@ export async function createSnapshot(
           cmdline: shape.kernelCmdline,
           tscKhz: shape.tscKhz ?? null,
           compatKey: restoreCompatibilityKey(booted.vm.spec),
+          nic: shape.nic ?? null,
           qemuVersion: version.version,
         },
         timings: {

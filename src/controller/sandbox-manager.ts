@@ -4,6 +4,8 @@
  * daemon) and cleans up after dead ones.
  */
 import { readdir, rm, rmdir } from "node:fs/promises";
+import type http from "node:http";
+import type net from "node:net";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { ExecOptions } from "../agent/host/types.js";
@@ -16,6 +18,8 @@ import {
   type MemoryCgroupRoot,
   removeCgroup,
 } from "../isolation/cgroup.js";
+import type { EgressPolicyInput } from "../net/policy.js";
+import { PortProxy } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import { type AdmissionLimits, admitSpawn, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
@@ -25,7 +29,14 @@ import { isOurProcess, killAndWait, processesMentioning, processStartTime } from
 import { newSandboxId } from "./ids.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import type { BranchOutcome, SandboxInfo, SandboxService, SpawnRequest } from "./sandbox-service.js";
+import { SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
+import type {
+  BranchOutcome,
+  NetworkStatus,
+  SandboxInfo,
+  SandboxService,
+  SpawnRequest,
+} from "./sandbox-service.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 
 /** Default lifetime of a sandbox, as in the SDKs agents already use; extendable. 0 = no limit. */
@@ -50,6 +61,8 @@ export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
+  network?: Omit<SandboxNetworksOptions, "log">;
 }
 
 interface Live {
@@ -69,10 +82,12 @@ export class SandboxManager implements SandboxService {
   private spawning = 0;
   private sweeper: NodeJS.Timeout | undefined;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
+  private readonly portProxy = new PortProxy();
 
   private constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
+    private readonly networks: SandboxNetworks,
     options: ManagerOptions,
   ) {
     this.limits = { ...DEFAULT_ADMISSION_LIMITS, ...options.limits };
@@ -91,7 +106,8 @@ export class SandboxManager implements SandboxService {
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
   static async open(paths: ForkdPaths, db: StateDb, options: ManagerOptions = {}): Promise<SandboxManager> {
-    const manager = new SandboxManager(paths, db, options);
+    const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
+    const manager = new SandboxManager(paths, db, networks, options);
     await manager.snapshots.reconcile();
     await manager.reconcile();
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
@@ -118,6 +134,14 @@ export class SandboxManager implements SandboxService {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
     const snapshot = await this.snapshots.bootable(tag);
+    const snapshotNic = snapshot.manifest.machine.nic ?? null;
+    if (!snapshotNic && request.network !== undefined && request.network !== "none") {
+      throw conflict(
+        `snapshot ${tag} has no NIC (its template says network = "none"), so its sandboxes cannot have a network policy`,
+      );
+    }
+    const network = this.networks.resolvePolicy(request.network);
+    const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
     const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
     if (memoryLimit !== null && cgroupRoot === null) {
       throw new ForkdError(
@@ -149,6 +173,7 @@ export class SandboxManager implements SandboxService {
         cgroup: null,
         ready_ms: null,
         error: null,
+        network: networkKind,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -169,10 +194,12 @@ export class SandboxManager implements SandboxService {
         while (next < rows.length && failures.length === 0) {
           const row = rows[next++] as SandboxRow;
           try {
+            const nic = await this.networks.attach(row.id, network, snapshotNic);
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
               outliveHost: true,
               signal: request.signal,
+              nic,
               onSpawned: async (pid) => {
                 const startTime = await processStartTime(pid);
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
@@ -216,6 +243,12 @@ export class SandboxManager implements SandboxService {
       for (const row of rows) {
         const current = this.db.sandbox(row.id);
         if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+        // A restore that failed killed its QEMU; what remains of the network is the namespace and veth.
+        await this.networks
+          .detach(row.id)
+          .catch((e: unknown) =>
+            this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox network"),
+          );
         this.db.deleteSandbox(row.id);
       }
       throw err;
@@ -313,12 +346,60 @@ export class SandboxManager implements SandboxService {
     if (this.sweeper) clearInterval(this.sweeper);
     for (const { handle } of this.live.values()) handle.agent.close();
     this.live.clear();
+    this.portProxy.close();
+    await this.networks.close();
   }
 
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
     if (this.sweeper) clearInterval(this.sweeper);
     await this.killAll();
+    this.portProxy.close();
+    await this.networks.close();
+  }
+
+  // ---- network ----
+
+  /** How this daemon networks its sandboxes (for status and doctor). */
+  networkStatus(): NetworkStatus {
+    const { config } = this.networks;
+    return {
+      mode: this.networks.mode,
+      reason: this.networks.reason,
+      bridge: this.networks.mode === "netns" ? config.bridge : null,
+      subnet: this.networks.mode === "netns" ? `${config.subnet.address}/${config.subnet.prefix}` : null,
+      dns: this.networks.mode === "netns" ? `${config.bridgeAddress}:${config.dnsPort}` : null,
+      dns_upstreams: config.dnsUpstreams.map((u) => `${u.address}:${u.port}`),
+      default_egress: this.networks.mode === "netns" ? this.networks.defaultEgress : "deny",
+    };
+  }
+
+  /** Replaces sandbox `id`'s egress policy while it runs. */
+  async setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo> {
+    this.liveOrThrow(id);
+    await this.networks.setPolicy(id, policy);
+    return this.get(id);
+  }
+
+  /** Proxies one HTTP request (`req.url` is the path in the guest) to TCP port `port` of sandbox `id`. */
+  async proxyHttp(
+    id: string,
+    port: number,
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+  ): Promise<void> {
+    await this.portProxy.web(req, res, this.portTarget(id, port));
+  }
+
+  /** Proxies a WebSocket (HTTP upgrade) to TCP port `port` of sandbox `id`. */
+  proxyUpgrade(id: string, port: number, req: http.IncomingMessage, socket: net.Socket, head: Buffer): void {
+    this.portProxy.upgrade(req, socket, head, this.portTarget(id, port));
+  }
+
+  private portTarget(id: string, port: number) {
+    if (!isIntIn(port, 1, 65535)) throw invalidArgument(`port must be an integer in 1..65535, got ${port}`);
+    this.liveOrThrow(id);
+    return this.networks.portTarget(id, port);
   }
 
   // ---- internals ----
@@ -445,6 +526,10 @@ export class SandboxManager implements SandboxService {
       ready_ms: row.ready_ms,
       accelerator: row.accelerator,
       live_fork: row.live_fork === 1,
+      network:
+        row.status === "dead"
+          ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }
+          : this.networks.info(row.id, row.network !== "none"),
     };
   }
 
@@ -461,6 +546,7 @@ export class SandboxManager implements SandboxService {
       await rm(row.run_dir, { recursive: true, force: true });
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    await this.networks.detach(row.id);
     this.log.info({ id: row.id, reason }, "sandbox stopped");
   }
 
@@ -506,6 +592,8 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
       }
     }
+    // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
+    await this.networks.reconcile(new Set(this.live.keys()));
   }
 
   /**
@@ -567,7 +655,13 @@ function isIntIn(value: unknown, min: number, max: number): value is number {
 /** Opens everything the daemon serves: state database, snapshots, sandboxes (re-attaching survivors). */
 export async function openServices(paths: ForkdPaths, options: ManagerOptions = {}) {
   const db = new StateDb(path.join(paths.home, "state.db"));
-  const sandboxes = await SandboxManager.open(paths, db, options);
+  let sandboxes: SandboxManager;
+  try {
+    sandboxes = await SandboxManager.open(paths, db, options);
+  } catch (err) {
+    db.close();
+    throw err;
+  }
   return {
     sandboxes,
     snapshots: sandboxes.snapshots,

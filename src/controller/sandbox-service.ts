@@ -3,6 +3,9 @@
  * can do. Implemented by SandboxManager (sandbox-manager.ts) and SnapshotService (snapshot-service.ts).
  * Errors are ForkdErrors whose code maps to an HTTP status (src/common/errors.ts).
  */
+
+import type http from "node:http";
+import type net from "node:net";
 import type {
   EvalOutcome,
   ExecOptions,
@@ -12,7 +15,25 @@ import type {
   FileListing,
   PingInfo,
 } from "../agent/host/types.js";
+import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { ChainDetail } from "./chains.js";
+import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
+
+export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
+
+/** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
+export interface NetworkStatus {
+  mode: "netns" | "isolated";
+  /** Why the mode is isolated; null in netns mode. */
+  reason: string | null;
+  bridge: string | null;
+  subnet: string | null;
+  /** The DNS forwarder's address:port on the bridge. */
+  dns: string | null;
+  dns_upstreams: string[];
+  /** Egress of a sandbox whose spawn names no policy. */
+  default_egress: "allow" | "deny";
+}
 
 export interface BranchOutcome {
   tag: string;
@@ -41,6 +62,7 @@ export interface SandboxInfo {
   accelerator: "kvm" | "tcg";
   /** Spawned with live_fork (RAM on tmpfs): can be BRANCHed in live mode. */
   live_fork: boolean;
+  network: SandboxNetworkInfo;
 }
 
 export interface SpawnRequest {
@@ -51,6 +73,8 @@ export interface SpawnRequest {
   timeoutMs?: number;
   /** Map RAM from a tmpfs copy of the snapshot's image, so the sandbox can be live-BRANCHed. */
   liveFork?: boolean;
+  /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
+  network?: NetworkRequest;
   signal?: AbortSignal;
 }
 
@@ -64,6 +88,16 @@ export interface SandboxService {
   killAll(filter?: { snapshotTag?: string }): Promise<string[]>;
   /** Sets the remaining lifetime to `timeoutMs` from now (0 = no limit). */
   setTimeout(id: string, timeoutMs: number): SandboxInfo;
+  networkStatus(): NetworkStatus;
+  /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
+  setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;
+  /**
+   * Proxies one HTTP request to TCP `port` in sandbox `id` (`req.url` is the path in the guest); a port nothing
+   * listens on answers 502. Rejects (before writing anything) for an unknown or unreachable sandbox.
+   */
+  proxyHttp(id: string, port: number, req: http.IncomingMessage, res: http.ServerResponse): Promise<void>;
+  /** Proxies an HTTP upgrade (WebSocket) to TCP `port` in sandbox `id`; throws like proxyHttp. */
+  proxyUpgrade(id: string, port: number, req: http.IncomingMessage, socket: net.Socket, head: Buffer): void;
   ping(id: string, options?: { signal?: AbortSignal }): Promise<PingInfo>;
   exec(id: string, argv: string[], options?: ExecOptions): Promise<ExecOutcome>;
   eval(

@@ -15,6 +15,7 @@ import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
+import { type NicAttachment, privateNic } from "./sandbox-network.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -50,6 +51,11 @@ export interface RestoreOptions {
   outliveHost?: boolean;
   /** Called with the QEMU pid as soon as it is spawned, before the guest is ready (to record or limit it). */
   onSpawned?: (pid: number) => Promise<void>;
+  /**
+   * What the child's NIC (if its snapshot has one) is attached to; default: a tap in a private namespace with
+   * no uplink (SandboxNetworks.attach gives a sandbox its own network).
+   */
+  nic?: NicAttachment;
 }
 
 export class Sandbox implements SandboxHandle {
@@ -90,6 +96,8 @@ export class Sandbox implements SandboxHandle {
       await mkdir(runDir, { recursive: true, mode: 0o700 });
       const disk = path.join(runDir, RUN_FILES.disk);
       await copyFile(plan.overlayTemplate, disk);
+      const snapshotNic = manifest.machine.nic;
+      const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
       vm = await launchVm(
         childSpec(manifest, {
           runDir,
@@ -97,8 +105,9 @@ export class Sandbox implements SandboxHandle {
           shared: false,
           disk,
           restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+          nicBackend: nic?.backend,
         }),
-        { runDir, signal, outliveHost: options.outliveHost },
+        { runDir, signal, outliveHost: options.outliveHost, prefix: nic?.prefix },
       );
       const launched = vm;
       await options.onSpawned?.(launched.pid);

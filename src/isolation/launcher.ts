@@ -4,6 +4,7 @@
  * program keeps the launcher's pid. Everything is validated here too, so a bad plan fails with a clear
  * `invalid_argument` before anything is spawned.
  */
+import { execFile } from "node:child_process";
 import path from "node:path";
 import { invalidArgument } from "../common/errors.js";
 import { packageRoot } from "../common/package-root.js";
@@ -53,4 +54,23 @@ export function launcherPrefix(plan: LaunchPlan, binary = launcherBinary()): str
   }
   args.push("--");
   return args;
+}
+
+let privateNetnsProbe: Promise<string | null> | undefined;
+
+/**
+ * Whether the launcher can give a program a fresh network namespace with a tap (root, a kernel with network
+ * namespaces, /dev/net/tun, the launcher built): null if it can, else why not. Tried once per process.
+ */
+export function privateNetnsUnavailable(): Promise<string | null> {
+  privateNetnsProbe ??= new Promise((resolve) => {
+    const [binary, ...args] = launcherPrefix({ netns: "new", tap: { name: "tap0", fd: 4, vnetHdr: true } });
+    execFile(binary as string, [...args, "true"], { timeout: 30_000 }, (err, _stdout, stderr) => {
+      if (!err) resolve(null);
+      else if ((err as NodeJS.ErrnoException).code === "ENOENT")
+        resolve(`${binary} is missing (npm run build)`);
+      else resolve(String(stderr).trim() || err.message);
+    });
+  });
+  return privateNetnsProbe;
 }

@@ -26,6 +26,9 @@ export interface EgressPolicy {
   denyOut: string[];
 }
 
+/** What callers send: any field may be left out (`default` then comes from the daemon's --egress). */
+export type EgressPolicyInput = Partial<EgressPolicy>;
+
 /** A policy with every entry checked and sorted into what enforces it. */
 export interface CompiledPolicy {
   default: EgressDefault;

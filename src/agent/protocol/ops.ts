@@ -304,10 +304,7 @@ export const FsOp = Type.Union([
   Type.Literal("rename"),
   Type.Literal("chmod"),
 ]);
-export const WatchArgs = Type.Object(
-  { path: GuestPath, recursive: Type.Optional(Type.Boolean()) },
-  strict,
-);
+export const WatchArgs = Type.Object({ path: GuestPath, recursive: Type.Optional(Type.Boolean()) }, strict);
 /** Sent when the watch ends (cancelled, or the watched directory went away). */
 export const WatchResult = Type.Object({
   events: Count,
