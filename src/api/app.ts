@@ -25,6 +25,7 @@ import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
+import { portUpgradeHandler, registerNetworkRoutes, registerPortProxyRoutes } from "./routes/network.js";
 import { registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
@@ -167,6 +168,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
         { name: "snapshots", description: "Warm parent VMs children fork from" },
         { name: "sandboxes", description: "Child VMs" },
         { name: "files", description: "Files inside a sandbox" },
+        { name: "network", description: "Egress policies and the port proxy" },
       ],
     },
   });
@@ -177,6 +179,17 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSandboxRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
+  registerNetworkRoutes(app, context);
+  await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+  // WebSocket upgrades never reach a route: the same authentication, then the port proxy.
+  app.server.on(
+    "upgrade",
+    portUpgradeHandler(context, async (req) => {
+      if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+        authenticate(req.headers.authorization, options.tokens);
+      }
+    }),
+  );
   return app;
 }
 

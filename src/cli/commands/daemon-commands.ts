@@ -8,7 +8,9 @@ import { registerFiles } from "./files.js";
 import { registerImages } from "./images.js";
 import { registerKill } from "./kill.js";
 import { registerLs } from "./ls.js";
+import { registerNetwork } from "./network.js";
 import { registerPing } from "./ping.js";
+import { registerPort } from "./port.js";
 import { registerSetTimeout } from "./set-timeout.js";
 import { registerSpawn } from "./spawn.js";
 
@@ -23,5 +25,7 @@ export function registerDaemonCommands(program: Command): void {
   registerPing(program);
   registerSetTimeout(program);
   registerFiles(program);
+  registerNetwork(program);
+  registerPort(program);
   registerImages(program);
 }

@@ -23,6 +23,11 @@ interface DaemonOptions {
   maxSandboxes?: number;
   maxConcurrentSpawns?: number;
   memoryReserveMib?: number;
+  egress: string;
+  netBridge?: string;
+  netSubnet?: string;
+  dnsUpstream?: string[];
+  dnsPort?: number;
 }
 
 export function registerDaemon(program: Command): void {
@@ -57,6 +62,26 @@ export function registerDaemon(program: Command): void {
       "host memory that must stay available after a spawn",
       parseIntOption("--memory-reserve-mib", 0, 1 << 30),
     )
+    .option(
+      "--egress <allow|deny>",
+      "egress of sandboxes whose spawn names no policy (deny: the stricter default for multi-tenant hosts)",
+      "allow",
+    )
+    .option(
+      "--net-bridge <name>",
+      "host bridge for the sandboxes' networks (default forkd0; env FORKD_NET_BRIDGE)",
+    )
+    .option("--net-subnet <cidr>", "the bridge's subnet (default 10.43.0.0/16; env FORKD_NET_SUBNET)")
+    .option(
+      "--dns-upstream <ip[:port]>",
+      "resolver the sandboxes' DNS forwarder asks (repeatable; default: /etc/resolv.conf; env FORKD_DNS_UPSTREAM)",
+      (value: string, previous: string[] = []) => [...previous, value],
+    )
+    .option(
+      "--dns-port <port>",
+      "the DNS forwarder's port on the bridge (default 53)",
+      parseIntOption("--dns-port", 1, 65535),
+    )
     .addHelpText(
       "after",
       "\nEnvironment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
@@ -74,6 +99,18 @@ export function registerDaemon(program: Command): void {
           { name: "forkd", level: opts.logLevel },
           pino.destination({ dest: 2, sync: true }),
         );
+        if (opts.egress !== "allow" && opts.egress !== "deny") {
+          throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
+        }
+        const network = {
+          defaultEgress: opts.egress,
+          network: {
+            bridge: opts.netBridge,
+            subnet: opts.netSubnet,
+            dnsUpstreams: opts.dnsUpstream,
+            dnsPort: opts.dnsPort,
+          },
+        } as const;
         const paths = resolvePaths();
         await runDaemon(
           {
@@ -99,6 +136,7 @@ export function registerDaemon(program: Command): void {
             // close() without killing: sandboxes outlive a daemon restart and are re-attached on the next start.
             const services = await openServices(paths, {
               limits,
+              network,
               log: logger.child({ component: "manager" }),
             });
             return { ...services, close: () => services.close() };
