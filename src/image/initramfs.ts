@@ -3,7 +3,8 @@
  * is noticeably faster under TCG), written by Debian's GNU cpio from a staged tree.
  *
  * The boot initramfs is busybox + the driver modules + /init; /init configures the NIC (if any), mounts the
- * root disk and switch_roots to the guest agent under tini. It never drops to a shell: on failure it prints a marker line and powers off,
+ * root disk and switch_roots to the guest agent, which becomes PID 1 (and reaps orphans). It never drops to a
+ * shell: on failure it prints a marker line and powers off,
  * so the host sees a clear reason instead of a VM that hangs.
  */
 import { createHash } from "node:crypto";
@@ -34,20 +35,8 @@ export const INIT_FAILED_MARKER = "FORKD-INIT-FAILED";
  */
 export const KERNEL_CMDLINE = "console=ttyS0 loglevel=4 panic=-1 root=/dev/vda nowatchdog";
 
-/**
- * V8 flags for the guest agent: no memory reducer (a GC timer that fires again in every restored child) and no
- * V8 worker threads (their background tasks also resume in each child). The agent is I/O-bound and small.
- */
-export const GUEST_NODE_FLAGS = ["--no-memory-reducer", "--single-threaded"];
-
-export const GUEST_AGENT_COMMAND = [
-  "/usr/bin/tini",
-  "-s",
-  "--",
-  "/usr/bin/node",
-  ...GUEST_NODE_FLAGS,
-  "/opt/forkd/agent.mjs",
-];
+/** PID 1 of every guest: the static Go agent (no interpreter, no init in between; it reaps orphans itself). */
+export const GUEST_AGENT_COMMAND = ["/opt/forkd/forkd-agent"];
 
 /**
  * Kernel tunables /init sets before the agent starts, for the same reason as `nowatchdog`: periodic kernel
@@ -80,7 +69,7 @@ export function bootInitScript(moduleNames: string[]): string {
   }
   const [agentBinary] = GUEST_AGENT_COMMAND;
   return `#!${BUSYBOX} sh
-# forkd boot initramfs: load drivers, mount the root disk, hand over to the guest agent.
+# forkd boot initramfs: load drivers, configure the NIC, mount the root disk, hand over to the guest agent.
 # Never falls back to a shell: a failure prints a marker line on the console and powers off.
 bb=${BUSYBOX}
 $bb mount -t devtmpfs devtmpfs /dev
@@ -128,9 +117,7 @@ while [ ! -b "$root" ] && [ $i -lt 300 ]; do $bb usleep 10000; i=$((i + 1)); don
 [ -b "$root" ] || die ${ROOT_MOUNT_FAILED_MARKER} "no block device $root"
 $bb mount -t ext4 -o rw "$root" /newroot || die ${ROOT_MOUNT_FAILED_MARKER} "cannot mount $root (ext4, rw) at /newroot"
 
-for f in ${agentBinary} /usr/bin/node /opt/forkd/agent.mjs; do
-  [ -e "/newroot$f" ] || die ${INIT_FAILED_MARKER} "root filesystem on $root has no $f"
-done
+[ -x "/newroot${agentBinary}" ] || die ${INIT_FAILED_MARKER} "root filesystem on $root has no ${agentBinary}"
 
 if [ -n "$nic" ]; then
   $bb rm -f /newroot/etc/resolv.conf &&

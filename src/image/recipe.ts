@@ -13,7 +13,7 @@ import { ForkdError } from "../common/errors.js";
 import type { Interpreter, Template } from "./template.js";
 
 /** Bump whenever the builder's output changes for the same inputs (init script, trimming, mkfs options...). */
-export const BUILDER_VERSION = 1;
+export const BUILDER_VERSION = 2;
 
 /** The template as it enters the recipe and the image manifest: values only, no host paths. */
 export interface ImageTemplate {
@@ -69,6 +69,9 @@ export async function imageTemplate(template: Template): Promise<ImageTemplate> 
 
 const MAX_PAYLOAD_ENTRIES = 100_000;
 
+/** The agent binary in the payload directory (dist/guest), copied to /opt/forkd/ in every image. */
+export const GUEST_AGENT_FILE = "forkd-agent";
+
 /**
  * A hash over a directory tree: every entry's relative path, type, permission bits and content (or link
  * target), in sorted order. Fails clearly when the payload is missing, since a build without it would
@@ -82,11 +85,11 @@ export async function hashPayloadDir(dir: string): Promise<string> {
       `guest agent payload not found at ${dir} (run \`npm run build\` to produce dist/guest)`,
     );
   }
-  const agent = await fs.stat(path.join(dir, "agent.mjs")).catch(() => undefined);
+  const agent = await fs.stat(path.join(dir, GUEST_AGENT_FILE)).catch(() => undefined);
   if (!agent?.isFile()) {
     throw new ForkdError(
       "unavailable",
-      `guest agent payload ${dir} has no agent.mjs (run \`npm run build\`)`,
+      `guest agent payload ${dir} has no ${GUEST_AGENT_FILE} (run \`npm run build\`)`,
     );
   }
   const hash = createHash("sha256");

@@ -9,8 +9,11 @@ import { ForkdError } from "../common/errors.js";
 import { run, runText } from "./run.js";
 import type { Template } from "./template.js";
 
-/** Packages every image has: the agent runs on Node.js under tini as PID 1. */
-export const BASE_PACKAGES = ["nodejs", "tini"];
+/**
+ * Packages every image has on top of minbase: none. The agent is one static binary (/opt/forkd/forkd-agent)
+ * that /init hands over to as PID 1; it needs nothing from the image's userland.
+ */
+export const BASE_PACKAGES: readonly string[] = [];
 export const PYTHON_PACKAGES = ["python3"];
 
 /** Content no guest needs; dpkg never unpacks it, which also makes the build faster. */
@@ -101,7 +104,7 @@ export async function debootstrap(options: DebootstrapOptions): Promise<void> {
     "--mode=root",
     "--variant=minbase",
     "--format=directory",
-    `--include=${options.packages.join(",")}`,
+    ...(options.packages.length > 0 ? [`--include=${options.packages.join(",")}`] : []),
     // No fsync per unpacked file: a build that dies is thrown away anyway, and mkfs writes the real image.
     "--dpkgopt=force-unsafe-io",
     ...DPKG_EXCLUDES.map((p) => `--dpkgopt=path-exclude=${p}`),
@@ -198,6 +201,7 @@ export async function customizeTree({ root, template, payloadDir }: CustomizeOpt
     }
   }
 
+  await addDefaultUser(root);
   await writeGuestFile(root, "/etc/hostname", `${GUEST_HOSTNAME}\n`, 0o644);
   const hosts = `127.0.0.1\tlocalhost\n127.0.1.1\t${GUEST_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n`;
   await writeGuestFile(root, "/etc/hosts", hosts, 0o644);
@@ -208,10 +212,71 @@ export async function customizeTree({ root, template, payloadDir }: CustomizeOpt
     for (const entry of entries) await fs.rm(path.join(dir, entry), { recursive: true, force: true });
   }
 
-  for (const required of ["/usr/bin/tini", "/usr/bin/node", "/opt/forkd/agent.mjs"]) {
+  for (const required of [GUEST_AGENT_PATH]) {
     const st = await fs.lstat(await resolveInRoot(root, required, true)).catch(() => undefined);
     if (!st?.isFile()) throw new ForkdError("internal", `root filesystem tree lacks ${required}`);
   }
+  await fs.chmod(await resolveInRoot(root, GUEST_AGENT_PATH, true), 0o755);
+}
+
+/** The guest agent binary in every image (GUEST_AGENT_COMMAND of initramfs.ts starts it). */
+export const GUEST_AGENT_PATH = "/opt/forkd/forkd-agent";
+
+/** E2B's default user, which every image has: processes and files of the E2B surface act as it. */
+export const DEFAULT_USER = { name: "user", uid: 1000, gid: 1000, home: "/home/user" } as const;
+
+/**
+ * Adds DEFAULT_USER to the tree's /etc/passwd, /etc/group and /etc/shadow (and /etc/gshadow when the image
+ * has one) by editing the files directly: no useradd, no userland tools assumed. Shell: /bin/bash when the
+ * image has it, else /bin/sh. A tree that already has the user keeps its own entry; a taken uid or gid moves
+ * to the next free number.
+ */
+export async function addDefaultUser(root: string): Promise<{ uid: number; gid: number }> {
+  const read = async (guestPath: string) =>
+    fs.readFile(await resolveInRoot(root, guestPath), "utf8").catch(() => "");
+  const passwd = await read("/etc/passwd");
+  const group = await read("/etc/group");
+  const lines = (text: string) => text.split("\n").filter((l) => l !== "");
+  const existing = lines(passwd).find((l) => l.split(":")[0] === DEFAULT_USER.name);
+  if (existing !== undefined) {
+    const [, , uid, gid] = existing.split(":");
+    return { uid: Number(uid), gid: Number(gid) };
+  }
+  const takenUids = new Set(lines(passwd).map((l) => Number(l.split(":")[2])));
+  const takenGids = new Set(lines(group).map((l) => Number(l.split(":")[2])));
+  let uid: number = DEFAULT_USER.uid;
+  while (takenUids.has(uid)) uid++;
+  const groupLine = lines(group).find((l) => l.split(":")[0] === DEFAULT_USER.name);
+  let gid: number = DEFAULT_USER.gid;
+  if (groupLine !== undefined) gid = Number(groupLine.split(":")[2]);
+  else while (takenGids.has(gid)) gid++;
+  const bash = await fs.lstat(await resolveInRoot(root, "/bin/bash", true)).catch(() => undefined);
+  const shell = bash ? "/bin/bash" : "/bin/sh";
+  const append = (text: string, line: string) =>
+    `${text}${text === "" || text.endsWith("\n") ? "" : "\n"}${line}\n`;
+  await writeGuestFile(
+    root,
+    "/etc/passwd",
+    append(passwd, `${DEFAULT_USER.name}:x:${uid}:${gid}::${DEFAULT_USER.home}:${shell}`),
+    0o644,
+  );
+  if (groupLine === undefined)
+    await writeGuestFile(root, "/etc/group", append(group, `${DEFAULT_USER.name}:x:${gid}:`), 0o644);
+  // A locked password ("*"): E2B's user logs in through the agent, never with a password.
+  await writeGuestFile(
+    root,
+    "/etc/shadow",
+    append(await read("/etc/shadow"), `${DEFAULT_USER.name}:*::0:99999:7:::`),
+    0o640,
+  );
+  const gshadow = await read("/etc/gshadow");
+  if (gshadow !== "" && groupLine === undefined) {
+    await writeGuestFile(root, "/etc/gshadow", append(gshadow, `${DEFAULT_USER.name}:!::`), 0o640);
+  }
+  const home = await resolveInRoot(root, DEFAULT_USER.home);
+  await fs.mkdir(home, { recursive: true, mode: 0o750 });
+  await fs.chown(home, uid, gid);
+  return { uid, gid };
 }
 
 async function treeSizeMib(root: string, signal?: AbortSignal): Promise<number> {

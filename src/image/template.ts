@@ -27,7 +27,7 @@ export interface TemplateFile {
 export interface Template {
   name: string;
   description: string;
-  /** Debian packages installed on top of minbase, nodejs and tini (python3 is added for interpreter "python"). */
+  /** Debian packages installed on top of minbase (python3 is added for interpreter "python"). */
   packages: string[];
   memoryMib: number;
   vcpus: number;

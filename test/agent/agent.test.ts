@@ -9,7 +9,7 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { ForkdError } from "../../src/common/errors.js";
-import { bundleAgent, processesMatching, type RunningAgent, startAgent } from "./harness.js";
+import { buildAgent, processesMatching, type RunningAgent, startAgent } from "./harness.js";
 
 const isForkdError = (code: string, pattern?: RegExp) => (err: unknown) =>
   err instanceof ForkdError && err.code === code && (pattern === undefined || pattern.test(err.message));
@@ -18,7 +18,7 @@ let bundle: string;
 let agent: RunningAgent;
 
 before(async () => {
-  bundle = await bundleAgent();
+  bundle = await buildAgent();
   agent = await startAgent(bundle);
 });
 
@@ -30,7 +30,7 @@ after(async () => {
 describe("hello and ping", () => {
   it("announces itself with the protocol version, template and warm state", async () => {
     const hello = await agent.client.waitHello({ signal: AbortSignal.timeout(10_000) });
-    assert.equal(hello.protocol, 1);
+    assert.equal(hello.protocol, 2);
     assert.equal(hello.template, "test");
     assert.equal(hello.interpreter, "python");
     assert.ok(["cold", "warm"].includes(hello.warm));

@@ -182,7 +182,7 @@ describe("header validation", () => {
 
   it("rejects unknown op arguments and paths that are not absolute", () => {
     assert.throws(() =>
-      opValidators.exec.args.assert({ argv: ["ls"], stdin: "none", timeout_ms: 1, user: "x" }, "exec"),
+      opValidators.exec.args.assert({ argv: ["ls"], stdin: "none", timeout_ms: 1, shell: true }, "exec"),
     );
     assert.throws(
       () => opValidators["file.read"].args.assert({ path: "etc/passwd", max_bytes: 1 }, "x"),

@@ -1,6 +1,6 @@
 /**
- * Runs the real guest agent bundle as a child process speaking the protocol on stdin/stdout (--stdio), with
- * dry-run fix-ups, so host tests exercise the same code a guest runs.
+ * Runs the real guest agent (the static Go binary) as a child process speaking the protocol on stdin/stdout
+ * (--stdio), with dry-run fix-ups, so host tests exercise the same program a guest runs.
  */
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
@@ -24,12 +24,12 @@ export function repoRoot(): string {
   }
 }
 
-/** Bundles the current sources into a fresh temp dir (as `npm run build` would into dist/guest). */
-export async function bundleAgent(): Promise<string> {
-  const out = await mkdtemp(path.join(os.tmpdir(), "forkd-agent-bundle-"));
+/** Builds the current sources into a fresh temp dir (as `npm run build` does into dist/guest). */
+export async function buildAgent(): Promise<string> {
+  const out = await mkdtemp(path.join(os.tmpdir(), "forkd-agent-build-"));
   try {
     await promisify(execFile)(process.execPath, [
-      path.join(repoRoot(), "scripts/bundle-guest.mjs"),
+      path.join(repoRoot(), "scripts/build-guest.mjs"),
       "--out",
       path.join(out, "guest"),
     ]);
@@ -47,21 +47,21 @@ export interface RunningAgent {
   stop(): Promise<void>;
 }
 
+/** The agent binary inside a directory made by buildAgent (or dist/guest). */
+export const agentBinary = (guestDir: string) => path.join(guestDir, "forkd-agent");
+
 export async function startAgent(
-  bundleDir: string,
+  guestDir: string,
   template: { name: string; interpreter: "python" | "none" } = { name: "test", interpreter: "python" },
   clientOptions: AgentClientOptions = {},
+  extraArgs: string[] = [],
 ): Promise<RunningAgent> {
   const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-agent-run-"));
   const templatePath = path.join(dir, "template.json");
   await writeFile(templatePath, JSON.stringify(template));
-  const child = spawn(
-    process.execPath,
-    [path.join(bundleDir, "agent.mjs"), "--stdio", "--template", templatePath],
-    {
-      stdio: ["pipe", "pipe", "pipe"],
-    },
-  );
+  const child = spawn(agentBinary(guestDir), ["--stdio", "--template", templatePath, ...extraArgs], {
+    stdio: ["pipe", "pipe", "pipe"],
+  });
   let stderr = "";
   child.stderr?.on("data", (chunk: Buffer) => {
     stderr = (stderr + chunk.toString()).slice(-64 * 1024);

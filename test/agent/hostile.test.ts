@@ -20,7 +20,7 @@ import {
   PROTOCOL_VERSION,
 } from "../../src/agent/protocol/index.js";
 import { ForkdError } from "../../src/common/errors.js";
-import { bundleAgent } from "./harness.js";
+import { agentBinary, buildAgent, processesMatching } from "./harness.js";
 
 describe("the agent under malformed input", () => {
   let bundle: string;
@@ -30,19 +30,15 @@ describe("the agent under malformed input", () => {
   let waiters: (() => void)[] = [];
 
   before(async () => {
-    bundle = await bundleAgent();
+    bundle = await buildAgent();
     workDir = await mkdtemp(path.join(os.tmpdir(), "forkd-hostile-"));
     await writeFile(
       path.join(workDir, "template.json"),
       JSON.stringify({ name: "raw", interpreter: "python" }),
     );
-    child = spawn(
-      process.execPath,
-      [path.join(bundle, "agent.mjs"), "--stdio", "--template", path.join(workDir, "template.json")],
-      {
-        stdio: ["pipe", "pipe", "ignore"],
-      },
-    );
+    child = spawn(agentBinary(bundle), ["--stdio", "--template", path.join(workDir, "template.json")], {
+      stdio: ["pipe", "pipe", "ignore"],
+    });
     const decoder = new FrameDecoder({
       onFrame: (frame) => {
         frames.push(frame);
@@ -162,6 +158,61 @@ describe("the agent under malformed input", () => {
     send(encodeFrame({ t: "req", id: 12, op: "ping", args: {} }));
     assert.equal(((await response(12)).header as unknown as { ok: boolean }).ok, true);
   });
+
+  it("starts a new host epoch on restore: other calls are detached, exec killed, proc.* kept", async () => {
+    const execArgs = { argv: ["sh", "-c", "sleep 31350"], stdin: "none", timeout_ms: 60_000 };
+    send(encodeFrame({ t: "req", id: 500, op: "exec", args: execArgs }));
+    send(
+      encodeFrame({ t: "req", id: 501, op: "proc.start", args: { argv: ["sleep", "31351"], tag: "epoch" } }),
+    );
+    const started = await (async () => {
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        const found = frames.find(
+          (f) => f.header.t === "evt" && f.header.id === 501 && f.header.ev === "started",
+        );
+        if (found) return found;
+        if (Date.now() > deadline) assert.fail("no started event");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    const pid = started.header.pid as number;
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok((await processesMatching("sleep 31350")).length > 0);
+    const restoreArgs = { time_ns: "1", hostname: "epoch", sandbox_id: "sb-00000000e0c0" };
+    send(encodeFrame({ t: "req", id: 502, op: "restore", args: restoreArgs }, Buffer.alloc(32)));
+    assert.equal(((await response(502)).header as unknown as { ok: boolean }).ok, true);
+    await new Promise((r) => setTimeout(r, 500));
+    assert.deepEqual(await processesMatching("sleep 31350"), [], "the old epoch's exec was killed");
+    assert.equal(
+      frames.filter((f) => f.header.t === "res" && (f.header.id === 500 || f.header.id === 501)).length,
+      0,
+    );
+    send(encodeFrame({ t: "req", id: 503, op: "proc.list", args: {} }));
+    const list = (await response(503)).header as unknown as { result: { processes: { pid: number }[] } };
+    assert.ok(
+      list.result.processes.some((p) => p.pid === pid),
+      "the proc.start process kept running",
+    );
+    send(encodeFrame({ t: "req", id: 504, op: "proc.signal", args: { pid, signal: "SIGKILL" } }));
+    assert.equal(((await response(504)).header as unknown as { ok: boolean }).ok, true);
+  });
+
+  it("cancels a call whose host sends stdin beyond the send window", async () => {
+    send(
+      encodeFrame({
+        t: "req",
+        id: 600,
+        op: "exec",
+        args: { argv: ["sleep", "31352"], stdin: "stream", timeout_ms: 60_000 },
+      }),
+    );
+    const chunk = Buffer.alloc(256 * 1024);
+    for (let i = 0; i < 12; i++) send(encodeFrame({ t: "in", id: 600 }, chunk));
+    const res = (await response(600)).header as unknown as { ok: boolean; error?: { message: string } };
+    assert.equal(res.ok, false);
+    assert.match(res.error?.message ?? "", /cancelled/);
+  });
 });
 
 describe("AgentClient against a hostile guest", () => {
@@ -274,6 +325,44 @@ describe("AgentClient against a hostile guest", () => {
     const cancel = await nextRequest(requests, 2);
     assert.equal(cancel.header.t, "cancel");
     assert.equal(cancel.header.id, requests[0]?.header.id);
+    client.close();
+    guest.destroy();
+  });
+
+  it("refuses stdin acknowledgements beyond the bytes sent (they must not widen the window)", async () => {
+    const { client, guest, requests } = await connect("ack");
+    async function* stdin() {
+      yield Buffer.alloc(1000);
+      await new Promise((r) => setTimeout(r, 5000));
+    }
+    const exec = client.exec(["cat"], { stdin: stdin() });
+    const request = await nextRequest(requests, 1);
+    await nextRequest(requests, 2); // the first `in` frame
+    guest.write(encodeFrame({ t: "evt", id: request.header.id, ev: "stdin_ack", bytes: 5_000_000 }));
+    await assert.rejects(
+      exec,
+      (err: unknown) =>
+        err instanceof ForkdError && err.code === "internal" && /acknowledged/.test(err.message),
+    );
+    const cancel = await nextRequest(requests, 3);
+    assert.equal(cancel.header.t, "cancel");
+    client.close();
+    guest.destroy();
+  });
+
+  it("fails a proc.connect whose started event names another pid, and ignores output before it", async () => {
+    const { client, guest, requests } = await connect("proc");
+    const seen: Buffer[] = [];
+    const handle = client.procs.connect({ pid: 42 }, { onStdout: (d) => seen.push(d) });
+    const request = await nextRequest(requests, 1);
+    const id = request.header.id;
+    guest.write(encodeFrame({ t: "evt", id, ev: "stdout" }, Buffer.from("too early")));
+    guest.write(encodeFrame({ t: "evt", id, ev: "started", pid: 43 }));
+    await assert.rejects(
+      handle.done,
+      (err: unknown) => err instanceof ForkdError && err.code === "internal" && /pid/.test(err.message),
+    );
+    assert.deepEqual(seen, []);
     client.close();
     guest.destroy();
   });

@@ -28,9 +28,11 @@ const execFileAsync = promisify(execFile);
 const isRoot = process.geteuid?.() === 0;
 
 const AGENT_MARKER = "FORKD-TEST-AGENT-UP";
-const PLACEHOLDER_AGENT = `import fs from "node:fs";
-const info = JSON.parse(fs.readFileSync("/opt/forkd/template.json", "utf8"));
-fs.writeFileSync("/dev/console", "${AGENT_MARKER} " + JSON.stringify(info) + "\\n");
+/** Runs as PID 1 in the minbase image (its /bin/sh), announces itself, then powers the VM off. */
+const PLACEHOLDER_AGENT = `#!/bin/sh
+echo "${AGENT_MARKER} $(tr -d ' \\n' < /opt/forkd/template.json)" > /dev/console
+echo o > /proc/sysrq-trigger
+sleep 3600
 `;
 
 let dir: string;
@@ -46,9 +48,9 @@ before(async () => {
   savedCacheEnv = process.env.FORKD_IMAGE_CACHE;
   process.env.FORKD_IMAGE_CACHE = cacheDir;
   payloadDir = path.join(dir, "payload");
-  await fs.mkdir(path.join(payloadDir, "node_modules", "koffi"), { recursive: true });
-  await fs.writeFile(path.join(payloadDir, "agent.mjs"), PLACEHOLDER_AGENT);
-  await fs.writeFile(path.join(payloadDir, "node_modules", "koffi", "index.js"), "// placeholder\n");
+  await fs.mkdir(payloadDir, { recursive: true });
+  await fs.writeFile(path.join(payloadDir, "forkd-agent"), PLACEHOLDER_AGENT);
+  await fs.writeFile(path.join(payloadDir, "worker.py"), "# placeholder\n");
   template = await loadTemplate("minimal");
 });
 
@@ -234,15 +236,21 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
     assert.equal((await fs.stat(built.rootfs)).size, template.diskMib * 1024 * 1024);
     await execFileAsync("e2fsck", ["-f", "-n", built.rootfs]);
 
-    assert.equal(await debugfsCat(built.rootfs, "/opt/forkd/agent.mjs"), PLACEHOLDER_AGENT);
+    assert.equal(await debugfsCat(built.rootfs, "/opt/forkd/forkd-agent"), PLACEHOLDER_AGENT);
+    assert.equal((await debugfsStat(built.rootfs, "/opt/forkd/forkd-agent")).mode & 0o111, 0o111);
+    assert.match(
+      await debugfsCat(built.rootfs, "/etc/passwd"),
+      /^user:x:1000:1000::\/home\/user:\/bin\/bash$/m,
+    );
+    assert.equal((await debugfsStat(built.rootfs, "/home/user")).uid, 1000);
     assert.deepEqual(JSON.parse(await debugfsCat(built.rootfs, "/opt/forkd/template.json")), {
       name: "minimal",
       interpreter: "none",
     });
     assert.equal(await debugfsCat(built.rootfs, "/etc/hostname"), "forkd\n");
     assert.equal((await debugfsStat(built.rootfs, "/")).uid, 0);
-    assert.equal((await debugfsStat(built.rootfs, "/usr/bin/tini")).mode & 0o111, 0o111);
-    assert.ok((await debugfsStat(built.rootfs, "/usr/bin/node")).mode & 0o100);
+    await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/node"), "minimal has no Node.js");
+    await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/tini"), "minimal has no tini");
     await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/python3"), "minimal has no Python");
 
     const m = built.manifest;
@@ -271,7 +279,7 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
 
     const otherPayload = path.join(dir, "payload2");
     await fs.cp(payloadDir, otherPayload, { recursive: true });
-    await fs.appendFile(path.join(otherPayload, "agent.mjs"), "// changed\n");
+    await fs.appendFile(path.join(otherPayload, "forkd-agent"), "// changed\n");
     assert.equal(
       await findCachedImage(template, { payloadDir: otherPayload }),
       undefined,

@@ -136,10 +136,10 @@ describe("recipe hash", () => {
 describe("guest payload hash", () => {
   test("covers names, contents, modes and links, and fails clearly without a payload", async () => {
     const payload = path.join(dir, "payload");
-    await fs.mkdir(path.join(payload, "node_modules", "koffi"), { recursive: true });
-    await fs.writeFile(path.join(payload, "agent.mjs"), "console.log(1)\n");
+    await fs.mkdir(path.join(payload, "sub"), { recursive: true });
+    await fs.writeFile(path.join(payload, "forkd-agent"), "\x7fELF\n");
     await fs.writeFile(path.join(payload, "worker.py"), "pass\n");
-    await fs.writeFile(path.join(payload, "node_modules", "koffi", "index.js"), "module.exports = {}\n");
+    await fs.writeFile(path.join(payload, "sub", "data"), "nested\n");
     const base = await hashPayloadDir(payload);
     assert.equal(await hashPayloadDir(payload), base);
 
@@ -157,7 +157,11 @@ describe("guest payload hash", () => {
         () => fs.rename(path.join(payload, "worker2.py"), path.join(payload, "worker.py")),
       ],
       [() => fs.writeFile(path.join(payload, "extra"), ""), () => fs.rm(path.join(payload, "extra"))],
-      [() => fs.symlink("agent.mjs", path.join(payload, "link")), () => fs.rm(path.join(payload, "link"))],
+      [() => fs.symlink("forkd-agent", path.join(payload, "link")), () => fs.rm(path.join(payload, "link"))],
+      [
+        () => fs.writeFile(path.join(payload, "sub", "data"), "changed\n"),
+        () => fs.writeFile(path.join(payload, "sub", "data"), "nested\n"),
+      ],
     ];
     for (const [change, undo] of changes) {
       await change();
@@ -169,8 +173,8 @@ describe("guest payload hash", () => {
     await assert.rejects(hashPayloadDir(path.join(dir, "no-such-payload")), (err: unknown) => {
       return err instanceof ForkdError && err.code === "unavailable" && /npm run build/.test(err.message);
     });
-    await fs.rm(path.join(payload, "agent.mjs"));
-    await assert.rejects(hashPayloadDir(payload), /has no agent\.mjs/);
+    await fs.rm(path.join(payload, "forkd-agent"));
+    await assert.rejects(hashPayloadDir(payload), /has no forkd-agent/);
   });
 });
 

@@ -6,7 +6,13 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
 import { parseTemplate } from "../../src/image/index.js";
-import { customizeTree, makeExt4, resolveInRoot, rootfsPackages } from "../../src/image/rootfs.js";
+import {
+  addDefaultUser,
+  customizeTree,
+  makeExt4,
+  resolveInRoot,
+  rootfsPackages,
+} from "../../src/image/rootfs.js";
 import { debugfsCat, debugfsStat } from "./helpers.js";
 
 const isRoot = process.geteuid?.() === 0;
@@ -30,8 +36,13 @@ async function makeTree(): Promise<void> {
     await fs.mkdir(path.join(root, d), { recursive: true });
   }
   await fs.symlink("usr/bin", path.join(root, "bin"));
-  await fs.writeFile(path.join(root, "usr/bin/tini"), "tini");
-  await fs.writeFile(path.join(root, "usr/bin/node"), "node");
+  await fs.writeFile(path.join(root, "usr/bin/bash"), "bash");
+  await fs.writeFile(
+    path.join(root, "etc/passwd"),
+    "root:x:0:0:root:/root:/bin/bash\ntaken:x:1000:1000::/home/taken:/bin/sh\n",
+  );
+  await fs.writeFile(path.join(root, "etc/group"), "root:x:0:\ntaken:x:1000:\n");
+  await fs.writeFile(path.join(root, "etc/shadow"), "root:*:19000:0:99999:7:::\n");
   await fs.writeFile(path.join(root, "var/cache/apt/archives/x.deb"), "deb");
   await fs.writeFile(path.join(root, "var/log/apt/history.log"), "log");
   await fs.writeFile(path.join(root, "var/lib/apt/lists/index"), "index");
@@ -46,10 +57,9 @@ before(async () => {
   await fs.mkdir(outside);
   await fs.writeFile(path.join(outside, "target.txt"), "host file\n");
   await makeTree();
-  await fs.mkdir(path.join(dir, "payload", "node_modules", "koffi"), { recursive: true });
-  await fs.writeFile(path.join(dir, "payload", "agent.mjs"), "// agent\n");
+  await fs.mkdir(path.join(dir, "payload"), { recursive: true });
+  await fs.writeFile(path.join(dir, "payload", "forkd-agent"), "#!agent\n");
   await fs.writeFile(path.join(dir, "payload", "worker.py"), "# worker\n");
-  await fs.writeFile(path.join(dir, "payload", "node_modules", "koffi", "index.js"), "// koffi\n");
   await fs.mkdir(path.join(dir, "tpl"));
   await fs.writeFile(path.join(dir, "tpl", "motd"), "welcome\n");
   await fs.writeFile(path.join(dir, "tpl", "tool"), "#!/bin/sh\n");
@@ -59,7 +69,7 @@ after(() => fs.rm(dir, { recursive: true, force: true }));
 
 describe("resolveInRoot", () => {
   test("resolves links as the guest would and never leaves the root", async () => {
-    assert.equal(await resolveInRoot(root, "/bin/tini", true), path.join(root, "usr/bin/tini"));
+    assert.equal(await resolveInRoot(root, "/bin/bash", true), path.join(root, "usr/bin/bash"));
     assert.equal(await resolveInRoot(root, "/etc/escape/x"), path.join(root, outside, "x"));
     assert.equal(
       await resolveInRoot(root, "/etc/motd"),
@@ -96,11 +106,19 @@ describe("customizeTree", () => {
     );
     await customizeTree({ root, template, payloadDir: path.join(dir, "payload") });
 
-    assert.equal(await fs.readFile(path.join(root, "opt/forkd/agent.mjs"), "utf8"), "// agent\n");
-    assert.equal(
-      await fs.readFile(path.join(root, "opt/forkd/node_modules/koffi/index.js"), "utf8"),
-      "// koffi\n",
+    assert.equal(await fs.readFile(path.join(root, "opt/forkd/forkd-agent"), "utf8"), "#!agent\n");
+    assert.equal((await fs.stat(path.join(root, "opt/forkd/forkd-agent"))).mode & 0o777, 0o755);
+    assert.equal(await fs.readFile(path.join(root, "opt/forkd/worker.py"), "utf8"), "# worker\n");
+    // E2B's default user, with the next free uid/gid because 1000 is taken in this tree, and bash found.
+    assert.match(
+      await fs.readFile(path.join(root, "etc/passwd"), "utf8"),
+      /\nuser:x:1001:1001::\/home\/user:\/bin\/bash\n$/,
     );
+    assert.match(await fs.readFile(path.join(root, "etc/group"), "utf8"), /\nuser:x:1001:\n$/);
+    assert.match(await fs.readFile(path.join(root, "etc/shadow"), "utf8"), /\nuser:\*::0:99999:7:::\n$/);
+    const home = await fs.stat(path.join(root, "home/user"));
+    assert.ok(home.isDirectory());
+    assert.equal(home.uid, 1001);
     const templateJson = JSON.parse(await fs.readFile(path.join(root, "opt/forkd/template.json"), "utf8"));
     assert.deepEqual(templateJson, { name: "custom", interpreter: "none" });
     assert.equal(await fs.readFile(path.join(root, "etc/hostname"), "utf8"), "forkd\n");
@@ -122,21 +140,36 @@ describe("customizeTree", () => {
     }
   });
 
-  test("refuses a tree without the agent's runtime", async () => {
+  test("refuses a payload without the agent binary", async () => {
     const bare = path.join(dir, "bare");
     await fs.mkdir(path.join(bare, "etc"), { recursive: true });
+    const emptyPayload = path.join(dir, "empty-payload");
+    await fs.mkdir(emptyPayload, { recursive: true });
     const template = await parseTemplate('name = "x"', path.join(dir, "tpl", "t.toml"));
     await assert.rejects(
-      customizeTree({ root: bare, template, payloadDir: path.join(dir, "payload") }),
-      /lacks \/usr\/bin\/tini/,
+      customizeTree({ root: bare, template, payloadDir: emptyPayload }),
+      /lacks \/opt\/forkd\/forkd-agent/,
     );
   });
 
-  test("package list: nodejs and tini always, python3 for interpreter python", () => {
-    assert.deepEqual(rootfsPackages({ packages: ["git"], interpreter: "none" }), ["nodejs", "tini", "git"]);
-    assert.deepEqual(rootfsPackages({ packages: ["python3-numpy", "nodejs"], interpreter: "python" }), [
-      "nodejs",
-      "tini",
+  test("adds the default user with uid 1000 and /bin/sh to a tree without bash or any passwd", async () => {
+    const tree = path.join(dir, "nobash");
+    await fs.mkdir(path.join(tree, "etc"), { recursive: true });
+    assert.deepEqual(await addDefaultUser(tree), { uid: 1000, gid: 1000 });
+    assert.equal(
+      await fs.readFile(path.join(tree, "etc/passwd"), "utf8"),
+      "user:x:1000:1000::/home/user:/bin/sh\n",
+    );
+    assert.equal(await fs.readFile(path.join(tree, "etc/group"), "utf8"), "user:x:1000:\n");
+    // Again: the existing entry is kept, nothing is duplicated.
+    assert.deepEqual(await addDefaultUser(tree), { uid: 1000, gid: 1000 });
+    assert.equal((await fs.readFile(path.join(tree, "etc/passwd"), "utf8")).match(/^user:/gm)?.length, 1);
+  });
+
+  test("package list: nothing for the agent itself, python3 for interpreter python", () => {
+    assert.deepEqual(rootfsPackages({ packages: ["git"], interpreter: "none" }), ["git"]);
+    assert.deepEqual(rootfsPackages({ packages: [], interpreter: "none" }), []);
+    assert.deepEqual(rootfsPackages({ packages: ["python3-numpy", "python3"], interpreter: "python" }), [
       "python3",
       "python3-numpy",
     ]);
@@ -151,7 +184,8 @@ describe("makeExt4", () => {
     const result = await makeExt4(root, image, 256, "/x/t.toml");
     assert.match(result.uuid, /^[0-9a-f-]{36}$/);
     assert.equal((await fs.stat(image)).size, 256 * 1024 * 1024);
-    assert.equal(await debugfsCat(image, "/opt/forkd/agent.mjs"), "// agent\n");
+    assert.equal(await debugfsCat(image, "/opt/forkd/forkd-agent"), "#!agent\n");
+    assert.equal((await debugfsStat(image, "/home/user")).uid, 1001, "ownership survives mkfs.ext4 -d");
     assert.equal(await debugfsCat(image, "/etc/motd"), "welcome\n");
     const rootDir = await debugfsStat(image, "/");
     assert.equal(rootDir.uid, 0);

@@ -4,18 +4,30 @@ One long-lived interpreter per sandbox, started by the guest agent before the pa
 every child inherits it warm (modules imported, warm-up state in its namespace). The agent talks to it over
 fd 3 (a socketpair): each message is a 4-byte big-endian length and UTF-8 JSON.
 
-agent -> worker: {"id": n, "code": str, "max_chars": n, "max_traceback": n, "reseed": bool}
-worker -> agent: {"ready": true, "pid": n, "python": "3.11.2"} once at start, then per request
-                 {"id": n, "result": str|null, "result_truncated": bool, "stdout": str, "stderr": str,
-                  "stdout_truncated": bool, "stderr_truncated": bool, "error": {type, message, traceback}|null}
+agent -> worker:
+  {"id", "op": "cell", "code", "context"?, "cwd"?, "env"?, "stream", "warmup", "max_chars", "max_traceback",
+   "reseed"}
+  {"id", "op": "context.create", "context"?, "cwd"?} | {"id", "op": "context.list"}
+  {"id", "op": "context.restart" | "context.remove", "context"}
+worker -> agent:
+  {"ready": true, "pid", "python"} once at start;
+  {"id", "stream": "stdout" | "stderr", "text"} while a streaming cell runs;
+  {"id", "result", "result_truncated", "formats"?, "stdout", "stderr", "stdout_truncated", "stderr_truncated",
+   "error": {type, message, traceback} | null, "execution_count"} when a cell ends;
+  {"id", "context": {id, cwd, language}} | {"id", "contexts": [...]} | {"id"} for context ops;
+  {"id", "fail": {"code", "message"}} when a request cannot be served (e.g. an unknown context).
+
+Contexts are namespaces: `default` is the warm namespace the template's warm-up ran in; a new context starts
+as a shallow copy of the namespace as it was right after the warm-up, so nothing is imported again.
 
 The request path is kept lean on purpose (a restored child pays for every step under TCG): no imports, no
-process spawn, one read and one write per cell. A cell runs like a notebook cell: statements execute in one
-persistent namespace and the repr of a trailing expression is the result. SIGINT interrupts a running cell
-(KeyboardInterrupt) and is ignored between cells.
+process spawn, one read and one write per cell (plus one write per streamed print). A cell runs like a notebook
+cell: statements execute in the context's namespace and the repr of a trailing expression is the result.
+SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored between cells.
 """
 
 import ast
+import base64
 import io
 import json
 import linecache
@@ -28,28 +40,65 @@ import traceback
 CHANNEL = 3
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_REMEMBERED_CELLS = 200
+MAX_CONTEXTS = 1024
+DEFAULT = "default"
 
-namespace = {"__name__": "__main__", "__doc__": None}
+# IPython's display protocol: method -> key of the result's formats; binary ones are base64.
+REPR_METHODS = (
+    ("_repr_html_", "html", False),
+    ("_repr_markdown_", "markdown", False),
+    ("_repr_svg_", "svg", False),
+    ("_repr_png_", "png", True),
+    ("_repr_jpeg_", "jpeg", True),
+    ("_repr_pdf_", "pdf", True),
+    ("_repr_latex_", "latex", False),
+    ("_repr_json_", "json", False),
+    ("_repr_javascript_", "javascript", False),
+)
+
+
+class Context:
+    def __init__(self, cid, namespace, cwd):
+        self.id = cid
+        self.namespace = namespace
+        self.cwd = cwd
+        self.count = 0
+
+    def info(self):
+        return {"id": self.id, "cwd": self.cwd, "language": "python"}
+
+
+def fresh_namespace():
+    return {"__name__": "__main__", "__doc__": None}
 
 
 class State:
     running = False
+    # A SIGINT that arrived while a streaming cell was writing to the agent (delivered right after).
+    pending_interrupt = False
     cells = 0
+    # The namespace as it was right after the warm-up: what new and restarted contexts start from.
+    warm_names = fresh_namespace()
+    contexts = {DEFAULT: Context(DEFAULT, fresh_namespace(), "/")}
+    next_context = 0
 
 
 def on_sigint(signum, frame):
     if State.running:
         raise KeyboardInterrupt
+    State.pending_interrupt = True
 
 
 class Capture(io.TextIOBase):
-    """A bounded replacement for sys.stdout/sys.stderr while a cell runs."""
+    """A bounded replacement for sys.stdout/sys.stderr while a cell runs; streams when `stream` is set."""
 
-    def __init__(self, limit):
+    def __init__(self, limit, stream=None, request_id=None):
         self.parts = []
         self.size = 0
         self.limit = limit
         self.truncated = False
+        self.stream = stream
+        self.request_id = request_id
 
     @property
     def encoding(self):
@@ -64,6 +113,20 @@ class Capture(io.TextIOBase):
     def write(self, text):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self.stream is not None:
+            if text:
+                # An interrupt must not cut a message to the agent in half: it is held until the write is done.
+                was_running = State.running
+                State.running = False
+                State.pending_interrupt = False
+                try:
+                    send({"id": self.request_id, "stream": self.stream, "text": text})
+                finally:
+                    State.running = was_running
+                if was_running and State.pending_interrupt:
+                    State.pending_interrupt = False
+                    raise KeyboardInterrupt
+            return len(text)
         room = self.limit - self.size
         if room > 0:
             part = text[:room]
@@ -89,7 +152,7 @@ def read_exact(count):
 
 
 def send(message):
-    data = json.dumps(message).encode("utf-8")
+    data = json.dumps(message).encode("utf-8", "surrogatepass")
     view = memoryview(len(data).to_bytes(4, "big") + data)
     while view:
         written = os.write(CHANNEL, view)
@@ -130,12 +193,66 @@ def reseed():
         module.seed()
 
 
-def run_cell(request):
+def rich_formats(value, limit):
+    """What the value offers through the display protocol, each bounded (a failing method is skipped)."""
+    formats = {}
+    for method, key, binary in REPR_METHODS:
+        fn = getattr(type(value), method, None)
+        if fn is None:
+            continue
+        try:
+            data = fn(value)
+        except Exception:  # noqa: BLE001 - a broken repr must not fail the cell
+            continue
+        if isinstance(data, tuple) and data:
+            data = data[0]  # (data, metadata)
+        if data is None:
+            continue
+        if binary and isinstance(data, (bytes, bytearray)):
+            data = base64.b64encode(data).decode("ascii")
+        elif key == "json" and not isinstance(data, str):
+            try:
+                data = json.dumps(data)
+            except (TypeError, ValueError):
+                continue
+        if not isinstance(data, str) or len(data) > limit:
+            continue
+        formats[key] = data
+    return formats
+
+
+def with_cwd_env(request, context, run):
+    """Runs `run` in the context's working directory with the request's extra environment laid over it."""
+    cwd = request.get("cwd")
+    if cwd is not None:
+        context.cwd = cwd
+    try:
+        os.chdir(context.cwd)
+    except OSError:
+        pass
+    extra = request.get("env") or {}
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        return run()
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def run_cell(request, context):
     State.cells += 1
+    context.count += 1
     name = f"<cell-{State.cells}>"
     code = request["code"]
     limit = request["max_chars"]
-    out, err = Capture(limit), Capture(limit)
+    streaming = request.get("stream") is True
+    out = Capture(limit, "stdout" if streaming else None, request["id"])
+    err = Capture(limit, "stderr" if streaming else None, request["id"])
+    namespace = context.namespace
     reply = {"id": request["id"], "result": None, "result_truncated": False, "error": None}
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
@@ -155,6 +272,7 @@ def run_cell(request):
             State.running = True
             exec(body, namespace)
             value = eval(tail, namespace) if tail is not None else None
+            State.running = False
             if value is not None:
                 namespace["_"] = value
                 text = repr(value)
@@ -162,7 +280,9 @@ def run_cell(request):
                     text = text[:limit]
                     reply["result_truncated"] = True
                 reply["result"] = text
-            State.running = False
+                formats = rich_formats(value, limit)
+                if formats:
+                    reply["formats"] = formats
         except BaseException as error:  # noqa: BLE001 - user code may raise anything, SystemExit included
             State.running = False
             reply["error"] = describe(error, error.__traceback__, request["max_traceback"])
@@ -173,18 +293,76 @@ def run_cell(request):
         reply["stderr"] = err.getvalue()
         reply["stdout_truncated"] = out.truncated
         reply["stderr_truncated"] = err.truncated
+        reply["execution_count"] = context.count
     return reply
 
 
+def failure(request, code, message):
+    return {"id": request.get("id"), "fail": {"code": code, "message": message}}
+
+
+def context_of(request):
+    cid = request.get("context") or DEFAULT
+    return State.contexts.get(cid), cid
+
+
+def serve_cell(request):
+    context, cid = context_of(request)
+    if context is None:
+        return failure(request, "not_found", f"no context {cid!r} (create it with context.create)")
+    if request.get("reseed"):
+        reseed()
+    reply = with_cwd_env(request, context, lambda: run_cell(request, context))
+    if request.get("warmup") and reply["error"] is None:
+        State.warm_names = dict(context.namespace)
+    return reply
+
+
+def serve_context(request):
+    op = request["op"]
+    if op == "context.list":
+        return {"id": request["id"], "contexts": [c.info() for c in State.contexts.values()]}
+    if op == "context.create":
+        cid = request.get("context")
+        if cid is None:
+            State.next_context += 1
+            cid = f"ctx-{State.next_context}"
+            while cid in State.contexts:
+                State.next_context += 1
+                cid = f"ctx-{State.next_context}"
+        if cid in State.contexts:
+            return failure(request, "conflict", f"context {cid!r} already exists")
+        if len(State.contexts) >= MAX_CONTEXTS:
+            return failure(request, "too_many_requests", f"at most {MAX_CONTEXTS} contexts")
+        context = Context(cid, dict(State.warm_names), request.get("cwd") or "/")
+        State.contexts[cid] = context
+        return {"id": request["id"], "context": context.info()}
+    context, cid = context_of(request)
+    if context is None:
+        return failure(request, "not_found", f"no context {cid!r}")
+    if op == "context.restart":
+        context.namespace = dict(State.warm_names)
+        context.count = 0
+        return {"id": request["id"], "context": context.info()}
+    if op == "context.remove":
+        if cid == DEFAULT:
+            return failure(request, "invalid_argument", "the default context cannot be removed")
+        del State.contexts[cid]
+        return {"id": request["id"]}
+    return failure(request, "not_implemented", f"unknown worker op {op!r}")
+
+
 def prime():
-    # Runs the cell path (value, print capture, exception and traceback) once before the parent VM is
-    # snapshotted, so a restored child's first cell does not pay for first use. Leaves no trace.
+    # Runs the cell path (value, print capture, streaming, rich formats, exception and traceback) once before
+    # the parent VM is snapshotted, so a restored child's first cell does not pay for first use.
+    context = State.contexts[DEFAULT]
     for code in ("None", "print(1)\n2", "1/0"):
-        run_cell({"id": 0, "code": code, "max_chars": 64, "max_traceback": 4096})
+        run_cell({"id": 0, "code": code, "max_chars": 64, "max_traceback": 4096}, context)
     for cell in range(1, State.cells + 1):
         linecache.cache.pop(f"<cell-{cell}>", None)
     State.cells = 0
-    namespace.pop("_", None)
+    context.count = 0
+    context.namespace = fresh_namespace()
 
 
 def main():
@@ -199,9 +377,10 @@ def main():
         request = json.loads(read_exact(size))
         started = time.monotonic()
         try:
-            if request.get("reseed"):
-                reseed()
-            reply = run_cell(request)
+            if request.get("op") == "cell":
+                reply = serve_cell(request)
+            else:
+                reply = serve_context(request)
         except BaseException as error:  # noqa: BLE001 - e.g. an interrupt racing the end of a cell
             reply = {
                 "id": request.get("id"),

@@ -17,6 +17,8 @@ import {
   MAX_ENTROPY_BYTES,
   MAX_FILE_BYTES,
   MAX_ID,
+  MAX_QUEUED_OUTPUT_BYTES,
+  MAX_QUEUED_WATCH_EVENTS,
   MIN_ENTROPY_BYTES,
   type OpArgs,
   type OpName,
@@ -30,19 +32,35 @@ import {
   STDIN_WINDOW_BYTES,
   wireErrorCode,
 } from "../protocol/index.js";
+import { AsyncQueue } from "./async-queue.js";
 import type {
+  AgentContexts,
   AgentFiles,
+  AgentProcesses,
   CallOptions,
+  ContextInfo,
   EvalOptions,
   EvalOutcome,
   ExecOptions,
   ExecOutcome,
   FileInfo,
+  FileWriteOptions,
+  FsEvent,
   Hello,
   PingInfo,
+  ProcAttachOptions,
+  ProcEnd,
+  ProcHandle,
+  ProcInfo,
+  ProcOutput,
+  ProcSelector,
+  ProcStartOptions,
   RestoreInfo,
   RestoreRequest,
   WarmupOutcome,
+  WatchEnd,
+  WatchHandle,
+  WatchOptions,
 } from "./types.js";
 
 export * from "./types.js";
@@ -85,6 +103,15 @@ interface Pending {
   resolve(answer: Answer): void;
   reject(error: Error): void;
   onEvent?: (event: EventHeader, body: Buffer) => void;
+  /** Replaces the host-side deadline (null: none) from now on. */
+  setDeadline(ms: number | null): void;
+}
+
+/** Options of one call's start (see AgentClient.start). */
+interface StartExtra {
+  /** Host-side deadline; null = none (streaming calls that may run for ever). Default callTimeoutMs. */
+  deadlineMs?: number | null;
+  onEvent?: Pending["onEvent"];
 }
 
 interface HelloWaiter {
@@ -119,11 +146,51 @@ function toFileInfo(info: OpResult<"file.stat">): FileInfo {
     mtimeMs: info.mtime_ms,
   };
   if (info.link_target !== undefined) out.linkTarget = info.link_target;
+  if (info.path !== undefined) out.path = info.path;
+  if (info.uid !== undefined) out.uid = info.uid;
+  if (info.gid !== undefined) out.gid = info.gid;
+  if (info.owner !== undefined) out.owner = info.owner;
+  if (info.group !== undefined) out.group = info.group;
   return out;
 }
 
-function toEvalOutcome(r: OpResult<"eval">): EvalOutcome {
+function toProcEnd(r: OpResult<"proc.start">): ProcEnd {
   return {
+    pid: r.pid,
+    exitCode: r.exit_code,
+    signal: r.signal,
+    timedOut: r.timed_out,
+    error: r.error,
+    durationMs: r.duration_ms,
+  };
+}
+
+function toProcInfo(p: OpResult<"proc.list">["processes"][number]): ProcInfo {
+  return {
+    pid: p.pid,
+    tag: p.tag,
+    argv: p.argv,
+    env: p.env,
+    cwd: p.cwd,
+    user: p.user,
+    pty: p.pty,
+    running: p.running,
+    exitCode: p.exit_code,
+  };
+}
+
+/** The wire form of a selector; refuses anything but exactly one of pid and tag before it is sent. */
+function selectorArgs(selector: ProcSelector, op: string): { pid?: number; tag?: string } {
+  const hasPid = selector.pid !== undefined;
+  const hasTag = selector.tag !== undefined;
+  if (hasPid === hasTag) throw invalidArgument(`${op}: give exactly one of pid and tag`);
+  return hasPid ? { pid: selector.pid } : { tag: selector.tag };
+}
+
+const utf8Strict = new TextDecoder("utf-8", { fatal: true });
+
+function toEvalOutcome(r: OpResult<"eval">): EvalOutcome {
+  const out: EvalOutcome = {
     result: r.result,
     resultTruncated: r.result_truncated,
     stdout: r.stdout,
@@ -134,6 +201,9 @@ function toEvalOutcome(r: OpResult<"eval">): EvalOutcome {
     timedOut: r.timed_out,
     durationMs: r.duration_ms,
   };
+  if (r.formats !== undefined) out.formats = r.formats;
+  if (r.execution_count !== undefined) out.executionCount = r.execution_count;
+  return out;
 }
 
 /** Keeps at most `limit` bytes of a stream, remembering whether more came. */
@@ -162,6 +232,8 @@ class Capture {
 
 export class AgentClient {
   readonly files: AgentFiles;
+  readonly contexts: AgentContexts;
+  readonly procs: AgentProcesses;
   private readonly socket: Duplex;
   private readonly log: AgentClientLog | undefined;
   private readonly callTimeoutMs: number;
@@ -213,6 +285,7 @@ export class AgentClient {
       list: async (path, options = {}) => {
         const args: OpArgs<"file.list"> = { path };
         if (options.maxEntries !== undefined) args.max_entries = options.maxEntries;
+        if (options.depth !== undefined) args.depth = options.depth;
         const { result } = await this.call("file.list", args, undefined, options.signal);
         return { entries: result.entries.map(toFileInfo), truncated: result.truncated };
       },
@@ -225,6 +298,73 @@ export class AgentClient {
           undefined,
           options.signal,
         );
+      },
+      mkdir: async (path, options = {}) => {
+        const args: OpArgs<"file.mkdir"> = { path };
+        if (options.parents !== undefined) args.parents = options.parents;
+        if (options.mode !== undefined) args.mode = options.mode;
+        if (options.user !== undefined) args.user = options.user;
+        const { result } = await this.call("file.mkdir", args, undefined, options.signal);
+        return { created: result.created, entry: toFileInfo(result.entry) };
+      },
+      move: async (source, destination, options = {}) => {
+        const args: OpArgs<"file.move"> = { source, destination };
+        if (options.user !== undefined) args.user = options.user;
+        return toFileInfo((await this.call("file.move", args, undefined, options.signal)).result);
+      },
+      watch: (path, options = {}) => this.watch(path, options),
+    };
+    this.contexts = {
+      create: async (options = {}) => {
+        const args: OpArgs<"context.create"> = {};
+        if (options.id !== undefined) args.id = options.id;
+        if (options.cwd !== undefined) args.cwd = options.cwd;
+        return (await this.call("context.create", args, undefined, options.signal)).result;
+      },
+      list: async (options = {}) =>
+        (await this.call("context.list", {}, undefined, options.signal)).result.contexts,
+      restart: async (id, options = {}): Promise<ContextInfo> =>
+        (await this.call("context.restart", { id }, undefined, options.signal)).result,
+      remove: async (id, options = {}) => {
+        await this.call("context.remove", { id }, undefined, options.signal);
+      },
+    };
+    this.procs = {
+      start: (argv, options = {}) => this.procStart(argv, options),
+      connect: (selector, options = {}) => this.procAttach("proc.connect", null, selector, options),
+      list: async (options = {}) =>
+        (await this.call("proc.list", {}, undefined, options.signal)).result.processes.map(toProcInfo),
+      input: async (selector, data, options = {}) => {
+        const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : data;
+        if (bytes.length > MAX_FILE_BYTES) {
+          throw new ForkdError(
+            "payload_too_large",
+            `proc.input: ${bytes.length} bytes exceeds the ${MAX_FILE_BYTES}-byte limit of one input`,
+          );
+        }
+        const args: OpArgs<"proc.input"> = selectorArgs(selector, "proc.input");
+        if (options.eof === true) args.eof = true;
+        await this.call("proc.input", args, bytes, options.signal);
+      },
+      closeStdin: async (selector, options = {}) => {
+        await this.call(
+          "proc.input",
+          { ...selectorArgs(selector, "proc.input"), eof: true },
+          undefined,
+          options.signal,
+        );
+      },
+      signal: async (selector, signal, options = {}) => {
+        await this.call(
+          "proc.signal",
+          { ...selectorArgs(selector, "proc.signal"), signal },
+          undefined,
+          options.signal,
+        );
+      },
+      resize: async (selector, size, options = {}) => {
+        const args = { ...selectorArgs(selector, "proc.resize"), cols: size.cols, rows: size.rows };
+        await this.call("proc.resize", args, undefined, options.signal);
       },
     };
   }
@@ -327,18 +467,36 @@ export class AgentClient {
     return { ...toEvalOutcome(result), warm: result.warm };
   }
 
-  /** Runs a notebook-style cell in the sandbox's persistent Python namespace. */
+  /** Runs a notebook-style cell in a persistent Python namespace (a context; default `default`). */
   async eval(code: string, options: EvalOptions = {}): Promise<EvalOutcome> {
     const timeoutMs = options.timeoutMs ?? DEFAULT_GUEST_TIMEOUT_MS;
-    const { result } = await this.call(
-      "eval",
-      { timeout_ms: timeoutMs },
-      Buffer.from(code, "utf8"),
-      options.signal,
-      {
-        deadlineMs: timeoutMs + this.graceMs,
-      },
-    );
+    const args: OpArgs<"eval"> = { timeout_ms: timeoutMs };
+    if (options.context !== undefined) args.context = options.context;
+    if (options.cwd !== undefined) args.cwd = options.cwd;
+    if (options.env !== undefined) args.env = options.env;
+    const streaming = options.onStdout !== undefined || options.onStderr !== undefined;
+    if (streaming) args.stream = true;
+    let failure: ForkdError | undefined;
+    const onEvent = (event: EventHeader, body: Buffer) => {
+      if (!streaming || (event.ev !== "stdout" && event.ev !== "stderr")) {
+        this.violation("unexpected event for an eval call", { ev: event.ev });
+        return;
+      }
+      let text: string;
+      try {
+        text = utf8Strict.decode(body);
+      } catch {
+        failure ??= new ForkdError("internal", "eval: the guest streamed output that is not valid UTF-8");
+        return;
+      }
+      if (event.ev === "stdout") options.onStdout?.(text);
+      else options.onStderr?.(text);
+    };
+    const { result } = await this.call("eval", args, Buffer.from(code, "utf8"), options.signal, {
+      deadlineMs: timeoutMs + this.graceMs,
+      onEvent,
+    });
+    if (failure) throw failure;
     return toEvalOutcome(result);
   }
 
@@ -358,9 +516,14 @@ export class AgentClient {
     const args: OpArgs<"exec"> = { argv, stdin: mode, timeout_ms: timeoutMs };
     if (options.env !== undefined) args.env = options.env;
     if (options.cwd !== undefined) args.cwd = options.cwd;
+    if (options.user !== undefined) args.user = options.user;
 
     let acked = 0;
+    let sent = 0;
     let ackWaiter: (() => void) | undefined;
+    let streamFailure: Error | undefined;
+    // Set once the call exists: a refused acknowledgement cancels it.
+    let callId = 0;
     const onEvent = (event: EventHeader, body: Buffer) => {
       if (event.ev === "stdout") {
         stdout.add(body);
@@ -369,15 +532,31 @@ export class AgentClient {
         stderr.add(body);
         options.onStderr?.(body);
       } else if (event.ev === "stdin_ack") {
-        acked += event.bytes ?? 0;
+        const bytes = event.bytes ?? 0;
+        // A hostile guest acknowledging bytes it never received would open the window past its bound.
+        if (mode !== "stream" || acked + bytes > sent) {
+          this.violation("stdin_ack beyond the bytes sent", { acked, bytes, sent });
+          streamFailure ??= new ForkdError(
+            "internal",
+            `exec: the guest acknowledged ${acked + bytes} stdin bytes but only ${sent} were sent`,
+          );
+          // Fail now: the guest's answer to a call it has lied about means nothing.
+          this.pending.get(callId)?.reject(streamFailure);
+          this.cancel(callId);
+          ackWaiter?.();
+          return;
+        }
+        acked += bytes;
         ackWaiter?.();
+      } else {
+        this.violation("unexpected event for an exec call", { ev: event.ev });
       }
     };
-    let streamFailure: Error | undefined;
     const { id, answer: call } = this.start("exec", args, inline, options.signal, {
       deadlineMs: timeoutMs + this.graceMs,
       onEvent,
     });
+    callId = id;
     if (mode === "stream" && input !== undefined) {
       let settled = false;
       const settle = () => {
@@ -386,14 +565,18 @@ export class AgentClient {
       };
       call.then(settle, settle);
       const stream = {
-        settled: () => settled,
+        settled: () => settled || streamFailure !== undefined,
         acked: () => acked,
+        sent: (bytes: number) => {
+          sent += bytes;
+        },
         onAck: (wake: () => void) => {
           ackWaiter = wake;
         },
       };
       this.streamStdin(id, input, stream).catch((err: unknown) => {
-        streamFailure = err instanceof Error ? err : new Error(String(err));
+        const message = err instanceof Error ? err.message : String(err);
+        streamFailure ??= new ForkdError("invalid_argument", `exec: reading stdin failed: ${message}`);
         this.cancel(id);
       });
     }
@@ -401,10 +584,10 @@ export class AgentClient {
     try {
       answer = await call;
     } catch (err) {
-      if (streamFailure)
-        throw new ForkdError("invalid_argument", `exec: reading stdin failed: ${streamFailure.message}`);
+      if (streamFailure) throw streamFailure;
       throw err;
     }
+    if (streamFailure) throw streamFailure;
     const r = answer.result;
     return {
       exitCode: r.exit_code,
@@ -441,7 +624,7 @@ export class AgentClient {
     args: OpArgs<O>,
     body: Buffer | undefined,
     signal: AbortSignal | undefined,
-    extra: { deadlineMs?: number; onEvent?: Pending["onEvent"] } = {},
+    extra: StartExtra = {},
   ): Promise<{ result: OpResult<O>; body: Buffer }> {
     return this.start(op, args, body, signal, extra).answer;
   }
@@ -452,7 +635,7 @@ export class AgentClient {
     args: OpArgs<O>,
     body: Buffer | undefined,
     signal: AbortSignal | undefined,
-    extra: { deadlineMs?: number; onEvent?: Pending["onEvent"] },
+    extra: StartExtra,
   ): { id: number; answer: Promise<{ result: OpResult<O>; body: Buffer }> } {
     const id = this.allocateId();
     if (this.closedWith) return { id, answer: Promise.reject(this.closedWith) };
@@ -465,18 +648,26 @@ export class AgentClient {
     } catch (err) {
       return { id, answer: Promise.reject(err) };
     }
-    const deadlineMs = extra.deadlineMs ?? this.callTimeoutMs;
+    const firstDeadlineMs = extra.deadlineMs === undefined ? this.callTimeoutMs : extra.deadlineMs;
     const answer = new Promise<{ result: OpResult<O>; body: Buffer }>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
       const finish = () => {
         clearTimeout(timer);
         signal?.removeEventListener("abort", onAbort);
         this.pending.delete(id);
       };
-      const timer = setTimeout(() => {
-        finish();
-        this.cancel(id);
-        reject(new ForkdError("timeout", `${what}: the guest agent did not answer within ${deadlineMs} ms`));
-      }, deadlineMs);
+      const setDeadline = (ms: number | null) => {
+        clearTimeout(timer);
+        timer =
+          ms === null
+            ? undefined
+            : setTimeout(() => {
+                finish();
+                this.cancel(id);
+                reject(new ForkdError("timeout", `${what}: the guest agent did not answer within ${ms} ms`));
+              }, ms);
+      };
+      setDeadline(firstDeadlineMs);
       const onAbort = () => {
         finish();
         this.cancel(id);
@@ -487,6 +678,7 @@ export class AgentClient {
         id,
         op,
         onEvent: extra.onEvent,
+        setDeadline,
         resolve: (answer) => {
           finish();
           try {
@@ -514,7 +706,12 @@ export class AgentClient {
   private async streamStdin(
     id: number,
     source: Buffer | string | AsyncIterable<Buffer | Uint8Array | string>,
-    stream: { settled: () => boolean; acked: () => number; onAck: (wake: () => void) => void },
+    stream: {
+      settled: () => boolean;
+      acked: () => number;
+      sent: (bytes: number) => void;
+      onAck: (wake: () => void) => void;
+    },
   ): Promise<void> {
     const { settled, acked, onAck } = stream;
     // Over once the call was answered, failed before it was sent, or the connection went away.
@@ -540,17 +737,225 @@ export class AgentClient {
         const piece = bytes.subarray(at, at + STDIN_CHUNK_BYTES);
         await waitForWindow(piece.length);
         if (over()) return;
-        this.socket.write(encodeFrame({ t: "in", id }, piece));
+        // Counted before the write: an acknowledgement can only follow the bytes it acknowledges.
         sent += piece.length;
+        stream.sent(piece.length);
+        this.socket.write(encodeFrame({ t: "in", id }, piece));
       }
     }
     if (!over()) this.socket.write(encodeFrame({ t: "in", id, eof: true }));
   }
 
+  private watch(path: string, options: WatchOptions): WatchHandle {
+    const limit = options.maxBufferedEvents ?? MAX_QUEUED_WATCH_EVENTS;
+    const queue = new AsyncQueue<FsEvent>();
+    let buffered = 0;
+    let overflowed = false;
+    let callId = 0;
+    const onEvent = (event: EventHeader) => {
+      if (event.ev !== "fs" || event.fs === undefined) {
+        this.violation("unexpected event for a watch call", { ev: event.ev });
+        return;
+      }
+      const fsEvent: FsEvent = { name: event.fs.name, op: event.fs.op };
+      options.onEvent?.(fsEvent);
+      if (queue.abandoned || overflowed) return;
+      if (++buffered > limit) {
+        const error = new ForkdError("unavailable", `watch ${path}: more than ${limit} events were not read`);
+        if (queue.active) {
+          // A reader fell behind: the watch ends rather than buffering without bound.
+          queue.fail(error);
+          this.cancel(callId);
+        } else {
+          // Nobody iterates (callbacks only): stop buffering for an iterator that may never come.
+          overflowed = true;
+          queue.discard(error);
+        }
+        return;
+      }
+      queue.push(fsEvent, () => {
+        buffered--;
+      });
+    };
+    const args: OpArgs<"watch"> = { path };
+    if (options.recursive !== undefined) args.recursive = options.recursive;
+    const { id, answer } = this.start("watch", args, undefined, options.signal, {
+      deadlineMs: null,
+      onEvent,
+    });
+    callId = id;
+    const done: Promise<WatchEnd> = answer.then(
+      ({ result }) => {
+        queue.end();
+        return result;
+      },
+      (err: unknown) => {
+        queue.fail(err instanceof Error ? err : new Error(String(err)));
+        throw err;
+      },
+    );
+    done.catch(() => {});
+    let stopped = false;
+    return {
+      events: queue,
+      done,
+      stop: () => {
+        if (!stopped && !this.closedWith && this.pending.has(id)) {
+          stopped = true;
+          // After the cancel the guest owes the summary promptly.
+          this.pending.get(id)?.setDeadline(this.callTimeoutMs);
+          this.cancel(id);
+        }
+        return done;
+      },
+    };
+  }
+
+  private procStart(argv: string[], options: ProcStartOptions): ProcHandle {
+    const args: OpArgs<"proc.start"> = { argv };
+    if (options.env !== undefined) args.env = options.env;
+    if (options.cwd !== undefined) args.cwd = options.cwd;
+    if (options.user !== undefined) args.user = options.user;
+    if (options.tag !== undefined) args.tag = options.tag;
+    if (options.pty !== undefined) args.pty = { cols: options.pty.cols, rows: options.pty.rows };
+    if (options.stdin !== undefined) args.stdin = options.stdin;
+    if (options.timeoutMs !== undefined) args.timeout_ms = options.timeoutMs;
+    return this.procAttach("proc.start", args, null, options);
+  }
+
+  /**
+   * A proc.start or proc.connect call as a handle. Deadlines: the `started` event must come within the call
+   * timeout; after it the call runs as long as the process (or timeout_ms plus the grace period).
+   */
+  private procAttach(
+    op: "proc.start" | "proc.connect",
+    startArgs: OpArgs<"proc.start"> | null,
+    selector: ProcSelector | null,
+    options: ProcAttachOptions,
+  ): ProcHandle {
+    const limit = options.maxBufferedBytes ?? MAX_QUEUED_OUTPUT_BYTES;
+    const queue = new AsyncQueue<ProcOutput>();
+    let buffered = 0;
+    let overflowed = false;
+    let callId = 0;
+    let startedPid: number | undefined;
+    let resolvePid!: (pid: number) => void;
+    let rejectPid!: (err: Error) => void;
+    const pid = new Promise<number>((resolve, reject) => {
+      resolvePid = resolve;
+      rejectPid = reject;
+    });
+    pid.catch(() => {});
+    let detached = false;
+    let failure: ForkdError | undefined;
+    const fail = (err: ForkdError) => {
+      failure ??= err;
+      this.pending.get(callId)?.reject(err);
+      this.cancel(callId);
+    };
+    const onEvent = (event: EventHeader, body: Buffer) => {
+      if (event.ev === "started") {
+        const wanted = selector?.pid;
+        if (
+          startedPid !== undefined ||
+          event.pid === undefined ||
+          (wanted !== undefined && event.pid !== wanted)
+        ) {
+          this.violation(`bad started event for a ${op} call`, { pid: event.pid, startedPid });
+          fail(new ForkdError("internal", `${op}: the guest reported an inconsistent pid (${event.pid})`));
+          return;
+        }
+        startedPid = event.pid;
+        resolvePid(event.pid);
+        const timeoutMs = startArgs?.timeout_ms;
+        this.pending.get(callId)?.setDeadline(timeoutMs === undefined ? null : timeoutMs + this.graceMs);
+        return;
+      }
+      if (
+        (event.ev !== "stdout" && event.ev !== "stderr" && event.ev !== "pty") ||
+        startedPid === undefined
+      ) {
+        this.violation(`unexpected event for a ${op} call`, {
+          ev: event.ev,
+          started: startedPid !== undefined,
+        });
+        return;
+      }
+      if (event.ev === "stdout") options.onStdout?.(body);
+      else if (event.ev === "stderr") options.onStderr?.(body);
+      else options.onPty?.(body);
+      if (queue.abandoned || detached || overflowed) return;
+      buffered += body.length;
+      if (buffered > limit) {
+        const error = new ForkdError("unavailable", `${op}: more than ${limit} output bytes were not read`);
+        if (queue.active) {
+          // A reader fell behind: detach (the process keeps running) rather than buffer without bound.
+          queue.fail(error);
+          detached = true;
+          failure ??= error;
+          this.pending.get(callId)?.reject(error);
+          this.cancel(callId);
+        } else {
+          overflowed = true;
+          queue.discard(error);
+        }
+        return;
+      }
+      queue.push({ stream: event.ev, data: body }, () => {
+        buffered -= body.length;
+      });
+    };
+    let args: OpArgs<"proc.start"> | OpArgs<"proc.connect">;
+    try {
+      args = startArgs ?? selectorArgs(selector as ProcSelector, op);
+    } catch (err) {
+      const error = err as Error;
+      rejectPid(error);
+      queue.fail(error);
+      const done = Promise.reject(error);
+      done.catch(() => {});
+      return { pid, done, output: queue, detach: () => {} };
+    }
+    const { id, answer } = this.start(op, args, undefined, options.signal, { onEvent });
+    callId = id;
+    const done: Promise<ProcEnd> = answer.then(
+      ({ result }) => {
+        if (failure) throw failure;
+        if (startedPid !== undefined && result.pid !== startedPid) {
+          throw new ForkdError("internal", `${op}: the guest ended pid ${result.pid}, not ${startedPid}`);
+        }
+        // proc.connect to a process that already ended answers without a started event.
+        if (startedPid === undefined) resolvePid(result.pid);
+        queue.end();
+        return toProcEnd(result);
+      },
+      (err: unknown) => {
+        const error = failure ?? (err instanceof Error ? err : new Error(String(err)));
+        rejectPid(error);
+        queue.fail(error);
+        throw error;
+      },
+    );
+    done.catch(() => {});
+    return {
+      pid,
+      done,
+      output: queue,
+      detach: () => {
+        if (detached) return;
+        detached = true;
+        failure ??= new ForkdError("unavailable", `${op}: detached (the process keeps running in the guest)`);
+        const pending = this.pending.get(id);
+        if (pending) pending.reject(failure);
+        this.cancel(id);
+      },
+    };
+  }
+
   private async fileWrite(
     path: string,
     data: Buffer | string,
-    options: CallOptions & { mode?: number; parents?: boolean },
+    options: FileWriteOptions,
   ): Promise<{ bytes: number }> {
     const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : data;
     if (bytes.length > MAX_FILE_BYTES) {
@@ -562,6 +967,8 @@ export class AgentClient {
     const args: OpArgs<"file.write"> = { path };
     if (options.mode !== undefined) args.mode = options.mode;
     if (options.parents !== undefined) args.parents = options.parents;
+    if (options.user !== undefined) args.user = options.user;
+    if (options.append !== undefined) args.append = options.append;
     const { result } = await this.call("file.write", args, bytes, options.signal);
     return { bytes: result.bytes };
   }

@@ -1,0 +1,57 @@
+#!/usr/bin/env node
+/**
+ * Builds the guest payload that the image builder copies verbatim to /opt/forkd/ in every guest:
+ *
+ *   forkd-agent   the Go agent (src/agent/guest), static: CGO_ENABLED=0, standard library only
+ *   worker.py     the warm Python worker
+ *
+ * Usage: node scripts/build-guest.mjs [--out <dir>]   (default dist/guest). The directory is built beside the
+ * target and renamed into place, so a failed build never leaves a half-written payload behind.
+ */
+import { execFileSync } from "node:child_process";
+import { realpathSync } from "node:fs";
+import { cp, mkdir, rename, rm } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+export async function buildGuest(outDir) {
+  const target = path.resolve(outDir);
+  const staging = `${target}.tmp-${process.pid}`;
+  await rm(staging, { recursive: true, force: true });
+  await mkdir(staging, { recursive: true });
+  try {
+    execFileSync(
+      "go",
+      [
+        "build",
+        "-trimpath",
+        "-ldflags",
+        "-s -w",
+        "-o",
+        path.join(staging, "forkd-agent"),
+        "./src/agent/guest",
+      ],
+      { cwd: root, stdio: "inherit", env: { ...process.env, CGO_ENABLED: "0", GOFLAGS: "-mod=mod" } },
+    );
+    await cp(path.join(root, "src/agent/guest/worker.py"), path.join(staging, "worker.py"));
+    await rm(target, { recursive: true, force: true });
+    await mkdir(path.dirname(target), { recursive: true });
+    await rename(staging, target);
+  } catch (err) {
+    await rm(staging, { recursive: true, force: true });
+    throw err;
+  }
+  return target;
+}
+
+// realpath: when run through a symlink, argv[1] is the link while import.meta.url is the target.
+if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const { values } = parseArgs({
+    options: { out: { type: "string", default: path.join(root, "dist/guest") } },
+  });
+  const target = await buildGuest(values.out);
+  console.log(`guest agent built into ${path.relative(process.cwd(), target) || "."}`);
+}

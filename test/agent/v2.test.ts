@@ -1,0 +1,421 @@
+/**
+ * The protocol v2 ops against the real Go agent (--stdio): processes that outlive their call, ptys, users,
+ * watches, file.mkdir/move/list depth, interpreter contexts, streamed eval output and rich formats.
+ */
+import assert from "node:assert/strict";
+import { mkdir, rm, stat, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { FsEvent, ProcOutput } from "../../src/agent/host/types.js";
+import { ForkdError } from "../../src/common/errors.js";
+import { buildAgent, processesMatching, type RunningAgent, startAgent } from "./harness.js";
+
+const isForkdError = (code: string, pattern?: RegExp) => (err: unknown) =>
+  err instanceof ForkdError && err.code === code && (pattern === undefined || pattern.test(err.message));
+
+let guest: string;
+let agent: RunningAgent;
+const dir = `/tmp/forkd-agent-v2-${process.pid}`;
+
+before(async () => {
+  guest = await buildAgent();
+  agent = await startAgent(guest);
+  await agent.client.waitHello({ signal: AbortSignal.timeout(10_000) });
+  await mkdir(dir, { recursive: true });
+});
+
+after(async () => {
+  await agent?.stop();
+  await rm(dir, { recursive: true, force: true });
+  if (guest) await rm(path.dirname(guest), { recursive: true, force: true });
+});
+
+async function until<T>(what: string, probe: () => Promise<T | undefined>, ms = 5000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+describe("users", () => {
+  it("runs exec as a user of /etc/passwd with its identity and environment", async () => {
+    const out = await agent.client.exec(
+      ["sh", "-c", 'echo "$(id -u) $(id -g) $HOME $USER $LOGNAME $(pwd)"'],
+      {
+        user: "nobody",
+        cwd: "/tmp",
+      },
+    );
+    assert.equal(out.stdout.toString(), "65534 65534 /nonexistent nobody nobody /tmp\n");
+    const root = await agent.client.exec(["id", "-u"]);
+    assert.equal(root.stdout.toString(), "0\n");
+  });
+
+  it("defaults the working directory to the user's home, and names an unknown user", async () => {
+    // nobody's home does not exist on Debian: the error names the directory.
+    await assert.rejects(
+      agent.client.exec(["true"], { user: "nobody" }),
+      isForkdError("not_found", /working directory \/nonexistent/),
+    );
+    await assert.rejects(
+      agent.client.exec(["true"], { user: "no_such_user" }),
+      isForkdError("not_found", /no user "no_such_user"/),
+    );
+    await assert.rejects(
+      agent.client.exec(["true"], { user: "Bad User" }),
+      isForkdError("invalid_argument", /user/),
+    );
+  });
+
+  it("chowns written files and created parents to the user", async () => {
+    await agent.client.files.write(`${dir}/owned/deep/f.txt`, "x", { user: "nobody" });
+    for (const p of [`${dir}/owned`, `${dir}/owned/deep`, `${dir}/owned/deep/f.txt`]) {
+      assert.equal((await stat(p)).uid, 65534, p);
+    }
+    const info = await agent.client.files.stat(`${dir}/owned/deep/f.txt`);
+    assert.equal(info.owner, "nobody");
+    assert.equal(info.uid, 65534);
+    assert.equal(info.path, `${dir}/owned/deep/f.txt`);
+  });
+});
+
+describe("files v2", () => {
+  it("appends", async () => {
+    await agent.client.files.write(`${dir}/log.txt`, "a");
+    await agent.client.files.write(`${dir}/log.txt`, "bc", { append: true });
+    await agent.client.files.write(`${dir}/new-by-append.txt`, "z", { append: true });
+    assert.equal((await agent.client.files.read(`${dir}/log.txt`)).data.toString(), "abc");
+    assert.equal((await agent.client.files.read(`${dir}/new-by-append.txt`)).data.toString(), "z");
+  });
+
+  it("makes directories and says whether it created them", async () => {
+    const made = await agent.client.files.mkdir(`${dir}/m/a/b`, { mode: 0o750 });
+    assert.equal(made.created, true);
+    assert.equal(made.entry.type, "dir");
+    assert.equal(made.entry.mode, 0o750);
+    assert.equal((await agent.client.files.mkdir(`${dir}/m/a/b`)).created, false);
+    await assert.rejects(
+      agent.client.files.mkdir(`${dir}/missing/x`, { parents: false }),
+      isForkdError("not_found"),
+    );
+    await agent.client.files.write(`${dir}/m/file`, "f");
+    await assert.rejects(agent.client.files.mkdir(`${dir}/m/file/sub`), isForkdError("conflict"));
+  });
+
+  it("moves, creating the destination's parents", async () => {
+    await agent.client.files.write(`${dir}/mv/src.txt`, "moved");
+    const info = await agent.client.files.move(`${dir}/mv/src.txt`, `${dir}/mv/new/parent/dst.txt`);
+    assert.equal(info.name, "dst.txt");
+    assert.equal(info.path, `${dir}/mv/new/parent/dst.txt`);
+    assert.equal((await agent.client.files.read(`${dir}/mv/new/parent/dst.txt`)).data.toString(), "moved");
+    await assert.rejects(agent.client.files.move(`${dir}/mv/src.txt`, `${dir}/x`), isForkdError("not_found"));
+  });
+
+  it("lists to a depth with absolute paths", async () => {
+    await agent.client.files.write(`${dir}/tree/a/b/c.txt`, "c");
+    await agent.client.files.write(`${dir}/tree/top.txt`, "t");
+    const one = await agent.client.files.list(`${dir}/tree`);
+    assert.deepEqual(
+      one.entries.map((e) => e.path),
+      [`${dir}/tree/a`, `${dir}/tree/top.txt`],
+    );
+    const deep = await agent.client.files.list(`${dir}/tree`, { depth: 3 });
+    assert.deepEqual(
+      deep.entries.map((e) => e.path),
+      [`${dir}/tree/a`, `${dir}/tree/a/b`, `${dir}/tree/a/b/c.txt`, `${dir}/tree/top.txt`],
+    );
+    const capped = await agent.client.files.list(`${dir}/tree`, { depth: 3, maxEntries: 2 });
+    assert.equal(capped.entries.length, 2);
+    assert.equal(capped.truncated, true);
+    await assert.rejects(
+      agent.client.files.list(`${dir}/tree`, { depth: 0 }),
+      isForkdError("invalid_argument", /depth/),
+    );
+  });
+});
+
+describe("processes that outlive their call", () => {
+  it("streams a started event, output and the end", async () => {
+    const seen: ProcOutput[] = [];
+    const handle = agent.client.procs.start(["sh", "-c", "echo out; echo err >&2; exit 4"], { tag: "basic" });
+    const pid = await handle.pid;
+    for await (const chunk of handle.output) seen.push(chunk);
+    const end = await handle.done;
+    assert.equal(end.pid, pid);
+    assert.equal(end.exitCode, 4);
+    assert.equal(end.signal, null);
+    assert.equal(
+      Buffer.concat(seen.filter((c) => c.stream === "stdout").map((c) => c.data)).toString(),
+      "out\n",
+    );
+    assert.equal(
+      Buffer.concat(seen.filter((c) => c.stream === "stderr").map((c) => c.data)).toString(),
+      "err\n",
+    );
+    // Its end was seen: the table forgets it.
+    assert.equal(
+      (await agent.client.procs.list()).some((p) => p.pid === pid),
+      false,
+    );
+  });
+
+  it("keeps running when its call is detached, and proc.connect continues it by tag", async () => {
+    const marker = `sleep 3133${process.pid % 10}`;
+    const handle = agent.client.procs.start(
+      [
+        "sh",
+        "-c",
+        `i=0; while [ $i -lt 100 ]; do echo tick$i; i=$((i+1)); read line; echo "got $line"; done`,
+      ],
+      { tag: "survivor", stdin: true },
+    );
+    const pid = await handle.pid;
+    handle.detach();
+    await assert.rejects(handle.done, isForkdError("unavailable", /detached/));
+    const listed = await agent.client.procs.list();
+    const info = listed.find((p) => p.pid === pid);
+    assert.ok(info, "the detached process is still in the table");
+    assert.equal(info.running, true);
+    assert.equal(info.tag, "survivor");
+    assert.equal(info.user, "root");
+
+    let text = "";
+    const again = agent.client.procs.connect(
+      { tag: "survivor" },
+      { onStdout: (d) => (text += d.toString()) },
+    );
+    assert.equal(await again.pid, pid);
+    await agent.client.procs.input({ pid }, "hello\n");
+    await until("the reconnected output", async () => (text.includes("got hello") ? true : undefined));
+    await agent.client.procs.signal({ tag: "survivor" }, "SIGTERM");
+    const end = await again.done;
+    assert.equal(end.signal, "SIGTERM");
+    assert.equal(end.exitCode, null);
+    await assert.rejects(agent.client.procs.signal({ pid }, "SIGKILL"), isForkdError("not_found"));
+    void marker;
+  });
+
+  it("keeps an exit record nobody saw until proc.connect reads it", async () => {
+    const handle = agent.client.procs.start(["sh", "-c", "sleep 0.3; exit 3"], { tag: "record" });
+    const pid = await handle.pid;
+    handle.detach();
+    const record = await until("the exit record", async () =>
+      (await agent.client.procs.list()).find((p) => p.pid === pid && !p.running),
+    );
+    assert.equal(record.exitCode, 3);
+    const end = await agent.client.procs.connect({ pid }).done;
+    assert.equal(end.exitCode, 3);
+    assert.equal(
+      (await agent.client.procs.list()).some((p) => p.pid === pid),
+      false,
+    );
+    await assert.rejects(agent.client.procs.connect({ pid }).done, isForkdError("not_found"));
+  });
+
+  it("takes stdin, closes it on eof, and refuses input to a process without stdin", async () => {
+    const cat = agent.client.procs.start(["cat"], { stdin: true });
+    let out = "";
+    const pid = await cat.pid;
+    const collect = (async () => {
+      for await (const chunk of cat.output) out += chunk.data.toString();
+    })();
+    await agent.client.procs.input({ pid }, "first ");
+    await agent.client.procs.input({ pid }, "second", { eof: true });
+    const end = await cat.done;
+    await collect;
+    assert.equal(end.exitCode, 0);
+    assert.equal(out, "first second");
+    const noStdin = agent.client.procs.start(["sleep", "5"]);
+    const quiet = await noStdin.pid;
+    await assert.rejects(
+      agent.client.procs.input({ pid: quiet }, "x"),
+      isForkdError("invalid_argument", /stdin/),
+    );
+    await agent.client.procs.signal({ pid: quiet }, "SIGKILL");
+    assert.equal((await noStdin.done).signal, "SIGKILL");
+  });
+
+  it("kills the process group after timeout_ms", async () => {
+    const handle = agent.client.procs.start(["sh", "-c", "sleep 31341 & sleep 31342"], { timeoutMs: 300 });
+    const end = await handle.done;
+    assert.equal(end.timedOut, true);
+    assert.equal(end.signal, "SIGKILL");
+    await sleep(100);
+    assert.deepEqual(await processesMatching("sleep 3134"), []);
+  });
+
+  it("refuses bad selectors and missing programs clearly", async () => {
+    await assert.rejects(
+      agent.client.procs.connect({ pid: 4_000_000 }).done,
+      isForkdError("not_found", /pid/),
+    );
+    await assert.rejects(agent.client.procs.connect({ tag: "nope" }).done, isForkdError("not_found", /tag/));
+    await assert.rejects(
+      agent.client.procs.signal({ pid: 1, tag: "x" } as never, "SIGTERM"),
+      isForkdError("invalid_argument", /exactly one/),
+    );
+    await assert.rejects(
+      agent.client.procs.start(["/no/such/prog"]).done,
+      isForkdError("not_found", /no such file/),
+    );
+    await assert.rejects(
+      agent.client.procs.resize({ tag: "nope" }, { cols: 1, rows: 1 }),
+      isForkdError("not_found"),
+    );
+  });
+});
+
+describe("pty", () => {
+  it("runs a shell on a terminal: input, output, resize, TERM and a controlling terminal", async () => {
+    let screen = "";
+    const shell = agent.client.procs.start(["sh"], {
+      pty: { cols: 80, rows: 24 },
+      onPty: (d) => (screen += d.toString()),
+    });
+    const pid = await shell.pid;
+    await agent.client.procs.input({ pid }, "stty size; echo T=$TERM; tty\n");
+    await until("stty output", async () =>
+      /24 80/.test(screen) && /T=xterm-256color/.test(screen) ? true : undefined,
+    );
+    assert.match(screen, /\/dev\/pts\/\d+/);
+    await agent.client.procs.resize({ pid }, { cols: 120, rows: 40 });
+    await agent.client.procs.input({ pid }, "stty size\n");
+    await until("resized", async () => (/40 120/.test(screen) ? true : undefined));
+    await agent.client.procs.input({ pid }, "exit 5\n");
+    const end = await shell.done;
+    assert.equal(end.exitCode, 5);
+  });
+});
+
+describe("watch", () => {
+  it("streams create, write, chmod, rename and remove with names relative to the watched path", async () => {
+    const root = `${dir}/watched`;
+    await mkdir(`${root}`, { recursive: true });
+    const events: FsEvent[] = [];
+    const watch = agent.client.files.watch(root, { recursive: true, onEvent: (e) => events.push(e) });
+    await sleep(200);
+    await writeFile(`${root}/a.txt`, "1");
+    await agent.client.exec(["chmod", "600", `${root}/a.txt`]);
+    await agent.client.exec(["mv", `${root}/a.txt`, `${root}/b.txt`]);
+    await mkdir(`${root}/sub`);
+    await sleep(200);
+    await writeFile(`${root}/sub/deep.txt`, "2");
+    await rm(`${root}/b.txt`);
+    await until("the deep event", async () =>
+      events.some((e) => e.name === "sub/deep.txt") ? true : undefined,
+    );
+    const end = await watch.stop();
+    assert.equal(end.reason, "cancelled");
+    assert.equal(end.events, events.length);
+    assert.equal(end.dropped, 0);
+    const has = (name: string, op: string) => events.some((e) => e.name === name && e.op === op);
+    assert.ok(has("a.txt", "create"), JSON.stringify(events));
+    assert.ok(has("a.txt", "write"), JSON.stringify(events));
+    assert.ok(has("a.txt", "chmod"), JSON.stringify(events));
+    assert.ok(has("a.txt", "rename"), JSON.stringify(events));
+    assert.ok(has("b.txt", "create"), JSON.stringify(events));
+    assert.ok(has("b.txt", "remove"), JSON.stringify(events));
+    assert.ok(has("sub", "create"), JSON.stringify(events));
+    assert.ok(has("sub/deep.txt", "create"), JSON.stringify(events));
+  });
+
+  it("ends with reason removed when the directory goes away, and refuses what is not a directory", async () => {
+    const root = `${dir}/doomed`;
+    await mkdir(root, { recursive: true });
+    const watch = agent.client.files.watch(root);
+    const names: string[] = [];
+    const iterate = (async () => {
+      for await (const e of watch.events) names.push(e.name);
+    })();
+    await sleep(200);
+    await writeFile(`${root}/x`, "x");
+    await sleep(100);
+    await rm(root, { recursive: true });
+    const end = await watch.done;
+    await iterate;
+    assert.equal(end.reason, "removed");
+    assert.ok(names.includes("x"));
+    await writeFile(`${dir}/plain-file`, "p");
+    await assert.rejects(
+      agent.client.files.watch(`${dir}/plain-file`).done,
+      isForkdError("invalid_argument"),
+    );
+    await assert.rejects(agent.client.files.watch(`${dir}/nope`).done, isForkdError("not_found"));
+  });
+});
+
+describe("contexts and eval v2", () => {
+  it("starts new contexts from the warm-up's names, isolated from each other", async () => {
+    await agent.client.warmup("import json\nWARM_NAME = 'warm'");
+    await agent.client.eval("only_default = 1");
+    const ctx = await agent.client.contexts.create({ id: "c1", cwd: "/tmp" });
+    assert.deepEqual(ctx, { id: "c1", cwd: "/tmp", language: "python" });
+    assert.equal(
+      (await agent.client.eval("WARM_NAME, json.dumps(1)", { context: "c1" })).result,
+      "('warm', '1')",
+    );
+    assert.equal((await agent.client.eval("'only_default' in globals()", { context: "c1" })).result, "False");
+    assert.equal((await agent.client.eval("import os; os.getcwd()", { context: "c1" })).result, "'/tmp'");
+    await agent.client.eval("mine = 2", { context: "c1" });
+    assert.equal((await agent.client.eval("'mine' in globals()")).result, "False");
+    const ids = (await agent.client.contexts.list()).map((c) => c.id);
+    assert.deepEqual(ids, ["default", "c1"]);
+    const auto = await agent.client.contexts.create();
+    assert.match(auto.id, /^ctx-\d+$/);
+    await assert.rejects(agent.client.contexts.create({ id: "c1" }), isForkdError("conflict"));
+  });
+
+  it("counts executions per context, restarts and removes", async () => {
+    await agent.client.contexts.create({ id: "counted" });
+    const first = await agent.client.eval("x = 1", { context: "counted" });
+    const second = await agent.client.eval("x", { context: "counted" });
+    assert.equal(first.executionCount, 1);
+    assert.equal(second.executionCount, 2);
+    await agent.client.contexts.restart("counted");
+    const after = await agent.client.eval("'x' in globals()", { context: "counted" });
+    assert.equal(after.result, "False");
+    assert.equal(after.executionCount, 1);
+    await agent.client.contexts.remove("counted");
+    await assert.rejects(
+      agent.client.eval("1", { context: "counted" }),
+      isForkdError("not_found", /counted/),
+    );
+    await assert.rejects(agent.client.contexts.remove("default"), isForkdError("invalid_argument"));
+    await assert.rejects(agent.client.contexts.restart("never"), isForkdError("not_found"));
+  });
+
+  it("streams prints while the cell runs", async () => {
+    const seen: { text: string; at: number }[] = [];
+    const started = Date.now();
+    const out = await agent.client.eval(
+      "import time\nfor i in range(3):\n    print('line', i)\n    time.sleep(0.3)\n'done'",
+      {
+        onStdout: (text) => seen.push({ text, at: Date.now() - started }),
+      },
+    );
+    assert.equal(out.result, "'done'");
+    assert.equal(out.stdout, "");
+    assert.equal(seen.map((s) => s.text).join(""), "line 0\nline 1\nline 2\n");
+    assert.ok((seen[0]?.at ?? 0) < out.durationMs - 400, JSON.stringify(seen));
+  });
+
+  it("returns rich formats from the display protocol, and per-cell cwd and env", async () => {
+    const out = await agent.client.eval(
+      "class Pretty:\n    def __repr__(self): return 'Pretty()'\n    def _repr_html_(self): return '<b>hi</b>'\n    def _repr_png_(self): return b'\\x89PNG'\n    def _repr_json_(self): return {'a': 1}\nPretty()",
+    );
+    assert.equal(out.result, "Pretty()");
+    assert.equal(out.formats?.html, "<b>hi</b>");
+    assert.equal(Buffer.from(out.formats?.png ?? "", "base64").toString("latin1"), "\x89PNG");
+    assert.equal(out.formats?.json, '{"a": 1}');
+    const env = await agent.client.eval("import os\n(os.getcwd(), os.environ.get('CELL_VAR'))", {
+      cwd: "/tmp",
+      env: { CELL_VAR: "v" },
+    });
+    assert.equal(env.result, "('/tmp', 'v')");
+    assert.equal((await agent.client.eval("os.environ.get('CELL_VAR')")).result, null);
+  });
+});
