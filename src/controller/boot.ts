@@ -13,7 +13,7 @@ import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
-import { type NicAttachment, privateNic } from "./sandbox-network.js";
+import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
 
 /**
  * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
@@ -96,7 +96,7 @@ export async function bootWarmVm(options: {
       disk: options.disk,
       nicBackend: nic?.attachment.backend,
     }),
-    { runDir, signal: bootSignal, prefix: nic?.attachment.prefix },
+    { runDir, signal: bootSignal, prefix: nicLaunchPrefix(nic?.attachment) },
   ).catch((err: unknown) => {
     bootDeadline.dispose();
     throw err;

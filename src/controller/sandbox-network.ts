@@ -15,7 +15,7 @@ import { randomInt } from "node:crypto";
 import { conflict, errorMessage, ForkdError } from "../common/errors.js";
 import { GUEST_IP } from "../common/guest-network.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { launcherPrefix, privateNetnsUnavailable } from "../isolation/launcher.js";
+import { type LaunchPlan, launcherPrefix, privateNetnsUnavailable } from "../isolation/launcher.js";
 import {
   type HostNetworkConfig,
   type NetworkConfigInput,
@@ -51,10 +51,10 @@ export type NetworkMode = "netns" | "isolated";
 /** A spawn's network: the daemon's default egress (undefined), a policy, or "none" (a NIC with no uplink). */
 export type NetworkRequest = EgressPolicyInput | "none" | undefined;
 
-/** How a VM's NIC is attached, for launchVm: the backend and, for a tap, the launcher that opens it. */
+/** How a VM's NIC is attached: the backend and, for a tap, what the launcher does to open it. */
 export interface NicAttachment {
   backend: "tap" | "none";
-  prefix?: readonly string[];
+  launch?: LaunchPlan;
 }
 
 export interface SandboxNetworkInfo {
@@ -103,7 +103,7 @@ export class SandboxNetworks {
     options: SandboxNetworksOptions = {},
   ): Promise<SandboxNetworks> {
     const log = options.log ?? { info: () => {}, warn: () => {} };
-    const config = resolveNetworkConfig(options.network);
+    const config = resolveNetworkConfig(options.network, process.env, paths.home);
     let reason = await netnsModeUnavailable();
     if (reason === null) {
       try {
@@ -193,10 +193,10 @@ export class SandboxNetworks {
     this.register(sandboxId, address, policy);
     return {
       backend: "tap",
-      prefix: launcherPrefix({
+      launch: {
         netns: { join: netnsPath(names.netns) },
         tap: { name: TAP_IFNAME, fd: TAP_FD, vnetHdr: nic.vnetHdr },
-      }),
+      },
     };
   }
 
@@ -330,10 +330,7 @@ export class SandboxNetworks {
 export async function privateNic(vnetHdr: boolean): Promise<NicAttachment> {
   const unavailable = await privateNetnsUnavailable();
   if (unavailable === null) {
-    return {
-      backend: "tap",
-      prefix: launcherPrefix({ netns: "new", tap: { name: TAP_IFNAME, fd: TAP_FD, vnetHdr } }),
-    };
+    return { backend: "tap", launch: { netns: "new", tap: { name: TAP_IFNAME, fd: TAP_FD, vnetHdr } } };
   }
   if (vnetHdr) {
     throw new ForkdError(
@@ -343,6 +340,11 @@ export async function privateNic(vnetHdr: boolean): Promise<NicAttachment> {
     );
   }
   return { backend: "none" };
+}
+
+/** The launcher argv prefix that starts a VM with `nic` attached; `keepFds` are fds QEMU must inherit. */
+export function nicLaunchPrefix(nic: NicAttachment | undefined, keepFds: readonly number[] = []): string[] | undefined {
+  return nic?.launch ? launcherPrefix({ ...nic.launch, keepFds }) : undefined;
 }
 
 /** Why sandboxes cannot have namespaces of their own here (null when they can). */

@@ -10,12 +10,13 @@ import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
+import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
-import { type NicAttachment, privateNic } from "./sandbox-network.js";
+import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -107,7 +108,12 @@ export class Sandbox implements SandboxHandle {
           restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
           nicBackend: nic?.backend,
         }),
-        { runDir, signal, outliveHost: options.outliveHost, prefix: nic?.prefix },
+        {
+          runDir,
+          signal,
+          outliveHost: options.outliveHost,
+          prefix: nicLaunchPrefix(nic, [DEVICE_STATE_FD]),
+        },
       );
       const launched = vm;
       await options.onSpawned?.(launched.pid);

@@ -16,6 +16,8 @@ export interface LaunchPlan {
   sysctls?: Readonly<Record<string, string | number>>;
   /** Attach to (or create) tap `name` in the namespace and leave it open at `fd` for the program. */
   tap?: { name: string; fd: number; vnetHdr: boolean };
+  /** Inherited fds (besides 0-2) the program keeps; the launcher closes every other one at exec. */
+  keepFds?: readonly number[];
 }
 
 /** $FORKD_LAUNCHER, or the binary `npm run build` puts into dist/. */
@@ -51,6 +53,12 @@ export function launcherPrefix(plan: LaunchPlan, binary = launcherBinary()): str
     if (!plan.netns) throw invalidArgument("launcher: a tap needs a network namespace");
     args.push("--tap", plan.tap.name, "--tap-fd", String(plan.tap.fd));
     if (plan.tap.vnetHdr) args.push("--tap-vnet-hdr");
+  }
+  for (const fd of plan.keepFds ?? []) {
+    if (!Number.isInteger(fd) || fd < 3 || fd > 1023 || fd === plan.tap?.fd) {
+      throw invalidArgument(`launcher: keep fd ${fd} must be an integer in 3..1023 other than the tap's`);
+    }
+    args.push("--keep-fd", String(fd));
   }
   args.push("--");
   return args;

@@ -4,11 +4,13 @@
  * the resolvers it forwards to. Defaults suit one daemon per host; every value can be changed (daemon flags
  * or FORKD_NET_* variables), e.g. to run a second daemon with its own bridge.
  */
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { invalidArgument } from "../common/errors.js";
 import { GATEWAY_IP, GUEST_PREFIX_LENGTH } from "../common/guest-network.js";
 import { type Cidr, cidrsOverlap, formatCidr, fromUint32, isIPv4, parseCidr, toUint32 } from "./ipv4.js";
 
+export const DEFAULT_HOME = "/var/lib/forkd";
 export const DEFAULT_BRIDGE = "forkd0";
 export const DEFAULT_SUBNET = "10.43.0.0/16";
 export const DEFAULT_DNS_PORT = 53;
@@ -40,16 +42,30 @@ export interface NetworkConfigInput {
   dnsUpstreams?: string[];
 }
 
+/**
+ * The default bridge and subnet of a forkd home: forkd0 and 10.43.0.0/16 for the default home; for any other
+ * home (tests, benchmarks, a second daemon) a bridge and a /20 in 10.64.0.0/10 derived from its path, so homes
+ * never share a bridge (an overlap with an existing route is refused at setup, not guessed around).
+ */
+export function homeNetworkDefaults(home: string): { bridge: string; subnet: string } {
+  if (home === DEFAULT_HOME) return { bridge: DEFAULT_BRIDGE, subnet: DEFAULT_SUBNET };
+  const digest = createHash("sha256").update(`forkd-home:${home}`).digest();
+  const bridge = `fk${digest.subarray(0, 4).toString("hex")}`;
+  return { bridge, subnet: `10.${64 + ((digest[4] as number) % 64)}.${((digest[5] as number) % 16) * 16}.0/20` };
+}
+
 /** Flags win over FORKD_NET_BRIDGE / FORKD_NET_SUBNET / FORKD_DNS_PORT / FORKD_DNS_UPSTREAM, which win over defaults. */
 export function resolveNetworkConfig(
   input: NetworkConfigInput = {},
   env: NodeJS.ProcessEnv = process.env,
+  home = DEFAULT_HOME,
 ): HostNetworkConfig {
-  const bridge = input.bridge ?? env.FORKD_NET_BRIDGE ?? DEFAULT_BRIDGE;
+  const defaults = homeNetworkDefaults(home);
+  const bridge = input.bridge ?? env.FORKD_NET_BRIDGE ?? defaults.bridge;
   if (!BRIDGE_NAME.test(bridge)) {
     throw invalidArgument(`bridge name ${JSON.stringify(bridge)} must match [a-z][a-z0-9]{0,14}`);
   }
-  const subnetText = input.subnet ?? env.FORKD_NET_SUBNET ?? DEFAULT_SUBNET;
+  const subnetText = input.subnet ?? env.FORKD_NET_SUBNET ?? defaults.subnet;
   const subnet = parseCidr(subnetText);
   if (!subnet || !subnetText.includes("/") || subnet.prefix < MIN_PREFIX || subnet.prefix > MAX_PREFIX) {
     throw invalidArgument(

@@ -24,6 +24,8 @@ type Plan struct {
 	TapFd   int
 	// TapVnetHdr opens the tap with IFF_VNET_HDR (virtio-net offloads).
 	TapVnetHdr bool
+	// KeepFds are the inherited fds (besides 0-2) the program gets; every other inherited fd is closed at exec.
+	KeepFds []int
 	// Program and Args are exec'd last; Program is an absolute path or a name looked up in PATH.
 	Program string
 	Args    []string
@@ -32,7 +34,7 @@ type Plan struct {
 type Sysctl struct{ Key, Value string }
 
 const usage = `usage: forkd-launcher [--netns /run/netns/NAME | --new-netns] [--sysctl net.KEY=N ...]
-                      [--tap NAME --tap-fd N [--tap-vnet-hdr]] -- PROGRAM [ARG ...]`
+                      [--tap NAME --tap-fd N [--tap-vnet-hdr]] [--keep-fd N ...] -- PROGRAM [ARG ...]`
 
 var (
 	netnsPathPattern = regexp.MustCompile(`^/run/netns/[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -89,6 +91,14 @@ func ParsePlan(argv []string) (*Plan, error) {
 				}
 				plan.TapName = v
 			}
+		case "--keep-fd":
+			if v, err = value(arg); err == nil {
+				n, convErr := strconv.Atoi(v)
+				if convErr != nil || n < minTapFd || n > maxFd {
+					return nil, fmt.Errorf("--keep-fd %q: must be an integer in %d..%d", v, minTapFd, maxFd)
+				}
+				plan.KeepFds = append(plan.KeepFds, n)
+			}
 		case "--tap-vnet-hdr":
 			plan.TapVnetHdr = true
 		case "--tap-fd":
@@ -119,6 +129,11 @@ func (p *Plan) validate() error {
 	}
 	if (p.TapName == "") != (p.TapFd < 0) {
 		return errors.New("--tap and --tap-fd go together")
+	}
+	for _, fd := range p.KeepFds {
+		if fd == p.TapFd {
+			return fmt.Errorf("--tap-fd %d is also a --keep-fd", fd)
+		}
 	}
 	if p.TapVnetHdr && p.TapName == "" {
 		return errors.New("--tap-vnet-hdr needs --tap")

@@ -15,6 +15,7 @@ type step struct {
 }
 
 var steps = []step{
+	{"fds", func(*Plan) bool { return false }, closeInheritedFds},
 	{"netns", func(p *Plan) bool { return p.NetnsPath == "" && !p.NewNetns }, enterNetns},
 	{"sysctl", func(p *Plan) bool { return len(p.Sysctls) == 0 }, writeSysctls},
 	{"tap", func(p *Plan) bool { return p.TapName == "" }, openTap},

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"syscall"
 	"unsafe"
@@ -35,11 +34,6 @@ func ioctl(fd int, request uintptr, req *ifreq) error {
 // checksum and segmentation offloads; QEMU saves whether it had them, so a restored child must match its
 // parent.
 func openTap(p *Plan) error {
-	if _, err := fcntl(p.TapFd, syscall.F_GETFD, 0); err == nil {
-		return fmt.Errorf("fd %d is already open in the launcher; choose another --tap-fd", p.TapFd)
-	} else if !errors.Is(err, syscall.EBADF) {
-		return fmt.Errorf("checking fd %d: %w", p.TapFd, err)
-	}
 	// The tun driver binds the device to the network namespace of the task that opens /dev/net/tun.
 	fd, err := syscall.Open("/dev/net/tun", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
 	if err != nil {
@@ -59,7 +53,8 @@ func openTap(p *Plan) error {
 		_, err = fcntl(fd, syscall.F_SETFD, 0)
 		return err
 	}
-	// dup3 without O_CLOEXEC: the copy at TapFd is inherited by the program, the original is not.
+	// dup3 without O_CLOEXEC: the copy at TapFd is inherited by the program, the original is not. Whatever was
+	// inherited at TapFd (not a --keep-fd: validated) is replaced.
 	if err := syscall.Dup3(fd, p.TapFd, 0); err != nil {
 		syscall.Close(fd)
 		return fmt.Errorf("dup3 to fd %d: %w", p.TapFd, err)
