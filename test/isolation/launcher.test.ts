@@ -42,7 +42,10 @@ describe("forkd-launcher", () => {
 
   it("the TypeScript side validates the same way", () => {
     assert.throws(() => launcherPrefix({ netns: { join: "/tmp/x" } }), /not \/run\/netns/);
-    assert.throws(() => launcherPrefix({ tap: { name: "tap0", fd: 4, vnetHdr: false } }), /needs a network namespace/);
+    assert.throws(
+      () => launcherPrefix({ tap: { name: "tap0", fd: 4, vnetHdr: false } }),
+      /needs a network namespace/,
+    );
     assert.throws(() => launcherPrefix({ netns: "new", sysctls: { "kernel.x": 1 } }), /net\.\* key/);
     assert.deepEqual(
       launcherPrefix({ netns: "new", tap: { name: "tap0", fd: 4, vnetHdr: true } }, "/l").slice(1),
@@ -78,7 +81,9 @@ describe("forkd-launcher", () => {
     assert.notEqual(ownNs, hostNs, "the program runs in a namespace of its own");
   });
 
-  it("passes on only the fds it keeps (and the tap), whatever it inherited", { skip: !root && "needs root" }, () => {
+  it("passes on only the fds it keeps (and the tap), whatever it inherited", {
+    skip: !root && "needs root",
+  }, () => {
     // fds 3, 4 and 5 are open pipes in the launcher; 3 is kept, 4 is replaced by the tap, 5 is closed at exec.
     const result = spawnSync(
       launcherBinary(),
@@ -109,7 +114,14 @@ describe("forkd-launcher", () => {
     await run("ip", ["netns", "add", name]);
     try {
       await run("ip", ["-n", name, "link", "add", "probe0", "type", "bridge"]);
-      const { stdout } = await run(launcherBinary(), ["--netns", `/run/netns/${name}`, "--", "ip", "-o", "link"]);
+      const { stdout } = await run(launcherBinary(), [
+        "--netns",
+        `/run/netns/${name}`,
+        "--",
+        "ip",
+        "-o",
+        "link",
+      ]);
       assert.match(stdout, /probe0/);
       const missing = launch(["--netns", "/run/netns/fkt-no-such-ns", "--", "true"]);
       assert.equal(missing.status, 125);

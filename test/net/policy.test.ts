@@ -29,17 +29,33 @@ describe("egress policy", () => {
   });
 
   it("treats 0.0.0.0/0 in denyOut as default deny (E2B's ALL_TRAFFIC)", () => {
-    const policy = parseEgressPolicy({ default: "allow", allowOut: ["1.1.1.1"], denyOut: ["0.0.0.0/0", "8.8.8.8"] });
+    const policy = parseEgressPolicy({
+      default: "allow",
+      allowOut: ["1.1.1.1"],
+      denyOut: ["0.0.0.0/0", "8.8.8.8"],
+    });
     assert.deepEqual(policy, { default: "deny", allowOut: ["1.1.1.1"], denyOut: ["8.8.8.8"] });
   });
 
   it("refuses what it cannot enforce, naming the entry", () => {
-    assert.throws(() => parseEgressPolicy({ default: "maybe" }), invalid(/default must be "allow" or "deny"/));
+    assert.throws(
+      () => parseEgressPolicy({ default: "maybe" }),
+      invalid(/default must be "allow" or "deny"/),
+    );
     assert.throws(() => parseEgressPolicy({ default: "deny", allowOut: ["2001:db8::/32"] }), invalid(/IPv6/));
-    assert.throws(() => parseEgressPolicy({ default: "deny", allowOut: ["example.org:443"] }), invalid(/port/));
-    assert.throws(() => parseEgressPolicy({ default: "deny", allowOut: ["10.0.0.0/33"] }), invalid(/10\.0\.0\.0\/33/));
+    assert.throws(
+      () => parseEgressPolicy({ default: "deny", allowOut: ["example.org:443"] }),
+      invalid(/port/),
+    );
+    assert.throws(
+      () => parseEgressPolicy({ default: "deny", allowOut: ["10.0.0.0/33"] }),
+      invalid(/10\.0\.0\.0\/33/),
+    );
     assert.throws(() => parseEgressPolicy({ default: "deny", allowOut: ["1.2.3"] }), invalid(/not an IPv4/));
-    assert.throws(() => parseEgressPolicy({ default: "deny", denyOut: ["bad_name!.org"] }), invalid(/bad_name/));
+    assert.throws(
+      () => parseEgressPolicy({ default: "deny", denyOut: ["bad_name!.org"] }),
+      invalid(/bad_name/),
+    );
     assert.throws(() => parseEgressPolicy({ default: "deny", denyOut: ["a.*.org"] }), invalid(/a\.\*\.org/));
     assert.throws(() => parseEgressPolicy({ default: "deny", allowOut: "example.org" }), invalid(/array/));
     assert.throws(() => parseEgressPolicy({ default: "deny", extra: 1 }), invalid(/unknown field "extra"/));
@@ -58,7 +74,11 @@ describe("egress policy", () => {
 
   it("lets an allow entry win over a deny entry, and the default decide the rest", () => {
     const deny = compilePolicy(
-      parseEgressPolicy({ default: "deny", allowOut: ["api.example.org", "10.0.0.0/8"], denyOut: ["*.example.org"] }),
+      parseEgressPolicy({
+        default: "deny",
+        allowOut: ["api.example.org", "10.0.0.0/8"],
+        denyOut: ["*.example.org"],
+      }),
     );
     assert.equal(nameIsAllowed(deny, "api.example.org"), true, "allow wins over the deny wildcard");
     assert.equal(nameIsAllowed(deny, "www.example.org"), false);
