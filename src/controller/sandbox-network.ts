@@ -343,7 +343,10 @@ export async function privateNic(vnetHdr: boolean): Promise<NicAttachment> {
 }
 
 /** The launcher argv prefix that starts a VM with `nic` attached; `keepFds` are fds QEMU must inherit. */
-export function nicLaunchPrefix(nic: NicAttachment | undefined, keepFds: readonly number[] = []): string[] | undefined {
+export function nicLaunchPrefix(
+  nic: NicAttachment | undefined,
+  keepFds: readonly number[] = [],
+): string[] | undefined {
   return nic?.launch ? launcherPrefix({ ...nic.launch, keepFds }) : undefined;
 }
 

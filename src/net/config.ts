@@ -51,7 +51,10 @@ export function homeNetworkDefaults(home: string): { bridge: string; subnet: str
   if (home === DEFAULT_HOME) return { bridge: DEFAULT_BRIDGE, subnet: DEFAULT_SUBNET };
   const digest = createHash("sha256").update(`forkd-home:${home}`).digest();
   const bridge = `fk${digest.subarray(0, 4).toString("hex")}`;
-  return { bridge, subnet: `10.${64 + ((digest[4] as number) % 64)}.${((digest[5] as number) % 16) * 16}.0/20` };
+  return {
+    bridge,
+    subnet: `10.${64 + ((digest[4] as number) % 64)}.${((digest[5] as number) % 16) * 16}.0/20`,
+  };
 }
 
 /** Flags win over FORKD_NET_BRIDGE / FORKD_NET_SUBNET / FORKD_DNS_PORT / FORKD_DNS_UPSTREAM, which win over defaults. */
