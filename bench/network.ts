@@ -32,6 +32,7 @@ const DOWNLOAD_MIB = Number(process.env.BENCH_DOWNLOAD_MIB ?? 32);
 const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
 const WITHOUT_NIC = `${WITH_NIC}-nonet`;
 
+let clockTicks: number | undefined;
 const paths = resolvePaths();
 const existing = new Set((await listSnapshots(paths)).map((s) => s.tag));
 for (const [tag, network] of [
@@ -194,7 +195,6 @@ async function ownCpuMs(): Promise<number> {
   clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
   return (ticks * 1000) / clockTicks;
 }
-let clockTicks: number | undefined;
 
 async function evalJson<T>(id: string, code: string): Promise<T> {
   const out = await services.sandboxes.eval(id, code, { timeoutMs: 900_000 });
