@@ -51,6 +51,8 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 export const SWEEP_INTERVAL_MS = 1000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
+/** Sandbox networks created at once within one spawn request. */
+export const NETWORK_SETUP_CONCURRENCY = 8;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -188,18 +190,35 @@ export class SandboxManager implements SandboxService {
         row.layer_tags = layerTags;
         this.db.updateSandbox(row.id, { layer_tags: layerTags });
       }
-      let next = 0;
+      // Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace
+      // and device setup), not CPU, so overlapping them hides that latency.
+      // Every setup is waited for, failed or not, so the cleanup below never races one still creating.
+      const nics = new Map<string, Awaited<ReturnType<SandboxNetworks["attach"]>>>();
       const failures: unknown[] = [];
+      let nextNetwork = 0;
+      await Promise.all(
+        Array.from({ length: Math.min(NETWORK_SETUP_CONCURRENCY, n) }, async () => {
+          while (nextNetwork < rows.length && failures.length === 0) {
+            const row = rows[nextNetwork++] as SandboxRow;
+            try {
+              nics.set(row.id, await this.networks.attach(row.id, network, snapshotNic));
+            } catch (err) {
+              failures.push(err);
+            }
+          }
+        }),
+      );
+      if (failures.length > 0) throw failures[0];
+      let next = 0;
       const worker = async () => {
         while (next < rows.length && failures.length === 0) {
           const row = rows[next++] as SandboxRow;
           try {
-            const nic = await this.networks.attach(row.id, network, snapshotNic);
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
               outliveHost: true,
               signal: request.signal,
-              nic,
+              nic: nics.get(row.id),
               onSpawned: async (pid) => {
                 const startTime = await processStartTime(pid);
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
