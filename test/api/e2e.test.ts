@@ -291,8 +291,10 @@ describe("REST API end to end on real VMs", { timeout: 40 * 60_000 }, () => {
   it("a daemon SIGKILLed mid-spawn: the restart leaves no orphan QEMU and keeps the records", async () => {
     assert.ok(daemon);
     const crashing = daemon;
+    // Enough children that the spawn is still running when the first QEMU appears and the daemon dies (with
+    // the Go agent, 3 children could all be ready before the crash landed).
     const spawnRequest = send(crashing.socket, "POST", "/v1/sandboxes", {
-      json: { snapshot_tag: tag, n: 3 },
+      json: { snapshot_tag: tag, n: 10 },
     }).catch((err: Error) => err);
     await waitFor("a child QEMU", 120_000, async () =>
       (await qemusMentioning(home.run)).length > 0 ? true : undefined,

@@ -227,7 +227,7 @@ describe("validation errors name the file, the field and the rule", () => {
     await rejects(entry("/etc/../root/x"), 'field "files[0].dest"', "normalized");
     await rejects(entry("/etc//x"), 'field "files[0].dest"', "normalized");
     await rejects(entry("/etc/"), 'field "files[0].dest"', "trailing");
-    await rejects(entry("/opt/forkd/agent.mjs"), 'field "files[0].dest"', "/opt/forkd");
+    await rejects(entry("/opt/forkd/forkd-agent"), 'field "files[0].dest"', "/opt/forkd");
     await rejects(entry("/tmp/x"), 'field "files[0].dest"', "/tmp");
     await rejects(entry("/proc"), 'field "files[0].dest"', "/proc");
     const twice =

@@ -244,9 +244,9 @@ describe("sandbox networks on real VMs", { timeout: 40 * 60_000, skip: !root && 
         return fetchIn(c.id, `http://${INTERNET_HOSTS.other}/echo/${c.id}`, 30);
       }),
     );
-    children.forEach((c, i) =>
-      assert.match(answers[i] as string, new RegExp(`"path":"/echo/${c.id}"`), c.id),
-    );
+    for (const [i, c] of children.entries()) {
+      assert.match(answers[i] as string, new RegExp(`"path":"/echo/${c.id}"`), c.id);
+    }
     await services.sandboxes.killAll();
   });
 

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -396,5 +395,3 @@ func (a *Agent) FileMove(c *Call, args *protocol.FileMoveArgs, body []byte) (*pr
 	}
 	return &info, nil, nil
 }
-
-var _ = io.EOF

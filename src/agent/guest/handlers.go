@@ -172,6 +172,11 @@ func (a *Agent) Eval(c *Call, args *protocol.EvalArgs, body []byte) (*protocol.E
 	if err != nil {
 		return nil, nil, err
 	}
+	if args.Cwd != nil {
+		if st, err := os.Stat(*args.Cwd); err != nil || !st.IsDir() {
+			return nil, nil, notFound("eval: working directory %s does not exist", *args.Cwd)
+		}
+	}
 	r, err := a.python.Cell(c, code, args, args.TimeoutMs, false)
 	return r, nil, err
 }

@@ -108,7 +108,7 @@ func main() {
 
 	var tr *Transport
 	if *stdio {
-		tr = newTransport(log, 0, 1, false)
+		tr = newTransport(log, os.Stdin, os.Stdout, false)
 	} else {
 		tr = openPort(log, *port)
 	}

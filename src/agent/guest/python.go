@@ -137,7 +137,14 @@ func (p *Python) spawnLocked() {
 		// fd 1 and 2 of the worker (output of processes its cells spawn, C-level writes) go to the agent's
 		// stderr: the guest console. Cell output through sys.stdout/sys.stderr is captured by the worker.
 		attr := &syscall.ProcAttr{Dir: "/", Env: l.env, Files: []uintptr{stdinR.Fd(), 2, 2, uintptr(theirs)}}
-		pid, err = p.agent.reaper.Spawn(l.path, l.argv, attr, func(ws syscall.WaitStatus) { p.onExit(pid, ws) })
+		// The callback locks p.mu before it reads pid: this function holds p.mu until pid is recorded.
+		pid, err = p.agent.reaper.Spawn(l.path, l.argv, attr, func(ws syscall.WaitStatus) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if pid == p.pid {
+				p.exitedLocked(pid, &ws)
+			}
+		})
 	}
 	stdinR.Close()
 	syscall.Close(theirs)
@@ -348,15 +355,6 @@ func (p *Python) interruptLocked(j *job) {
 			}
 		})
 	}
-}
-
-func (p *Python) onExit(pid int, ws syscall.WaitStatus) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pid != p.pid {
-		return
-	}
-	p.exitedLocked(pid, &ws)
 }
 
 func (p *Python) exitedLocked(pid int, ws *syscall.WaitStatus) {

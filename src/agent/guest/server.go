@@ -163,7 +163,7 @@ func usableRequestID(frame protocol.Frame) (int64, bool) {
 }
 
 // inlineOps answer at once without blocking, so they run on the reader goroutine (no goroutine per call).
-var inlineOps = map[string]bool{"ping": true, "restore": true, "proc.list": true, "proc.signal": true, "proc.resize": true, "context.list": false}
+var inlineOps = map[string]bool{"ping": true, "restore": true, "proc.list": true, "proc.signal": true, "proc.resize": true}
 
 func (s *Server) startCall(req *protocol.RequestHeader, body []byte) {
 	s.mu.Lock()

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"forkd/src/agent/guest/protocol"
 )
 
 // TransportEvents are what a transport reports to the server, all from its reader goroutine.
@@ -18,15 +21,16 @@ type TransportEvents struct {
 	End func()
 }
 
-// highWaterBytes: output producers pause while more than this is queued for the host.
-const highWaterBytes = 4 << 20
+// highWaterBytes: output producers (exec, proc.*, watch, streamed eval) pause while more than this is
+// queued for the host.
+const highWaterBytes = protocol.MaxQueuedOutputBytes
 
 // Transport is the byte stream the agent speaks the protocol on: one reader goroutine, one writer goroutine
 // with a FIFO of whole frames.
 type Transport struct {
 	log      *Log
-	readFd   int
-	writeFd  int
+	in       io.Reader
+	out      io.Writer
 	isPort   bool
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -37,8 +41,8 @@ type Transport struct {
 	events   TransportEvents
 }
 
-func newTransport(log *Log, readFd, writeFd int, isPort bool) *Transport {
-	t := &Transport{log: log, readFd: readFd, writeFd: writeFd, isPort: isPort, drained: make(chan struct{})}
+func newTransport(log *Log, in io.Reader, out io.Writer, isPort bool) *Transport {
+	t := &Transport{log: log, in: in, out: out, isPort: isPort, drained: make(chan struct{})}
 	t.cond = sync.NewCond(&t.mu)
 	close(t.drained)
 	return t
@@ -71,7 +75,7 @@ func openPort(log *Log, name string) *Transport {
 			fd, err := syscall.Open(dev, syscall.O_RDWR|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
 			if err == nil {
 				log.Info("serving on virtio-serial port", Fields{"device": dev, "name": name})
-				return newTransport(log, fd, fd, true)
+				return newTransport(log, rawFd(fd), rawFd(fd), true)
 			}
 			log.Warn("cannot open the virtio-serial port", Fields{"device": dev, "error": err.Error()})
 		} else if attempt%20 == 0 {
@@ -91,17 +95,39 @@ func (t *Transport) Start(events TransportEvents) {
 	go t.writeLoop()
 }
 
+// rawFd is the port's blocking descriptor: read() returns 0 while no host is connected (not an EOF for good),
+// which os.File would report as io.EOF.
+type rawFd int
+
+func (fd rawFd) Read(b []byte) (int, error) {
+	for {
+		n, err := syscall.Read(int(fd), b)
+		if err != syscall.EINTR {
+			return n, err
+		}
+	}
+}
+
+func (fd rawFd) Write(b []byte) (int, error) {
+	for {
+		n, err := syscall.Write(int(fd), b)
+		if err != syscall.EINTR {
+			return n, err
+		}
+	}
+}
+
 func (t *Transport) readLoop() {
 	buf := make([]byte, 64<<10)
 	// Polling while no host is connected: fast at first (a restored child reconnects within ms), then cheap.
 	idle := 5 * time.Millisecond
 	for {
-		n, err := syscall.Read(t.readFd, buf)
-		if err == syscall.EINTR || err == syscall.EAGAIN {
-			continue
-		}
-		if err != nil {
+		n, err := t.in.Read(buf)
+		if err != nil || (n == 0 && !t.isPort) {
 			if !t.isPort {
+				if n > 0 {
+					t.events.Data(buf[:n])
+				}
 				t.events.End()
 				return
 			}
@@ -110,10 +136,7 @@ func (t *Transport) readLoop() {
 			continue
 		}
 		if n == 0 {
-			if !t.isPort {
-				t.events.End()
-				return
-			}
+			// The port reads 0 while no host is connected: the host may come back.
 			t.mu.Lock()
 			seen := t.hostSeen
 			t.mu.Unlock()
@@ -189,10 +212,7 @@ func (t *Transport) writeLoop() {
 		head := t.queue[0]
 		t.mu.Unlock()
 		// A write to the port blocks until a host is connected and takes at most 32 KiB per call.
-		n, err := syscall.Write(t.writeFd, head)
-		if err == syscall.EINTR || err == syscall.EAGAIN {
-			continue
-		}
+		n, err := t.out.Write(head)
 		t.mu.Lock()
 		if len(t.queue) == 0 || !bytesSame(t.queue[0], head) {
 			// The host changed while this write was blocked: the queue was dropped.

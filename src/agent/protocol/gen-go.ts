@@ -61,7 +61,8 @@ const kindOf = (s: Schema) => (s as unknown as Record<symbol, unknown>)[Kind] as
  * Accepts only constructs whose meaning is identical in a flagless JavaScript RegExp and in Go's RE2 over
  * valid UTF-8 text: ^ and $ (no multiline flag: both anchor the whole input), ASCII literals, the escapes
  * \x.. \$ \. \- \\ \/ and the like, character classes of ASCII characters and ranges, groups, alternation, and
- * the quantifiers * + ? {n} {n,} {n,m}. A negated class also matches astral characters, which JavaScript sees
+ * the quantifiers * + ? {n} {n,} {n,m} (lazy ones too: only whether a string matches is ever asked, and that
+ * does not depend on laziness). A negated class also matches astral characters, which JavaScript sees
  * as two code units, so a negated class may only be repeated without an upper bound (* or +) where the count
  * cannot tell the difference. Shorthands (\d \w \s \b), '.', lookarounds and back-references are refused.
  */
@@ -126,8 +127,6 @@ export function translatePattern(pattern: string): string {
       if (Number(m?.[1]) > 1000 || Number(m?.[3] || 0) > 1000) fail("repetition above RE2's limit of 1000");
       out += m?.[0];
       i += m?.[0].length ?? 0;
-    } else if (c === "?" && out.endsWith("?")) {
-      fail("lazy quantifiers");
     } else if (c === "(") {
       if (pattern[i + 1] === "?") fail("group modifiers and lookarounds");
       out += c;

@@ -16,6 +16,7 @@ func TestArgsFollowTheSchema(t *testing.T) {
 	ok := []struct{ op, args string }{
 		{"ping", `{}`},
 		{"ping", ``},
+		{"ping", `null`},
 		{"exec", `{"argv":["ls"],"stdin":"none","timeout_ms":1e3}`},
 		{"exec", `{"argv":["ls"],"stdin":"stream","timeout_ms":1,"env":{"A_1":"x"},"user":"user","cwd":"/tmp"}`},
 		{"proc.start", `{"argv":["sh"],"pty":{"cols":80,"rows":24},"tag":"t"}`},

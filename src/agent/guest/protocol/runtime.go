@@ -10,7 +10,6 @@ import (
 	"math"
 	"sort"
 	"strings"
-	"unicode/utf8"
 )
 
 // SchemaError is a value that does not match its schema: the JSON pointer of the field and what was expected.
@@ -68,9 +67,10 @@ type OpSpec struct {
 	decode       func([]byte) (any, error)
 }
 
-// DecodeArgs decodes and validates the arguments of this op (absent args are an empty object).
+// DecodeArgs decodes and validates the arguments of this op (absent or null args are an empty object, as
+// the host's `args ?? {}` reads them).
 func (s *OpSpec) DecodeArgs(raw json.RawMessage) (any, error) {
-	if len(raw) == 0 {
+	if len(raw) == 0 || isNull(raw) {
 		raw = emptyObject
 	}
 	return s.decode(raw)
@@ -195,5 +195,3 @@ func pointerEscape(k string) string {
 	}
 	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
 }
-
-var _ = utf8.RuneError
