@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs what forkd needs on a Debian 12 host (as root): QEMU, the image builder's tools, Go (the guest
-# agent is a static Go binary, built from src/agent/guest with the standard library only), and the npm
-# dependencies; plus what the Python SDK's tests use (python3-venv and python3-wheel to build and install its
-# wheel with no index, mypy to type-check it). Uses the machine's own apt and npm configuration. Safe to run again.
+# Installs what forkd needs on a Debian 12 host (as root): QEMU, the image builder's tools, iproute2 and nftables
+# (sandbox networks), Go (the guest agent and the sandbox launcher are static Go binaries built from src/ with
+# the standard library only), and the npm dependencies; plus what the Python SDK's tests use (python3-venv and
+# python3-wheel to build and install its wheel with no index, mypy to type-check it). Uses the machine's own apt
+# and npm configuration. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -13,7 +14,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 zstd ca-certificates golang-go busybox-static \
-  python3 python3-venv python3-wheel mypy >/dev/null
+  qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
+  busybox-static python3 python3-venv python3-wheel mypy >/dev/null
 npm ci --no-audit --no-fund
 npm run build

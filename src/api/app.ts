@@ -29,6 +29,7 @@ import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
+import { portUpgradeHandler, registerNetworkRoutes, registerPortProxyRoutes } from "./routes/network.js";
 import { registerPackRoutes } from "./routes/packs.js";
 import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
@@ -229,6 +230,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
         { name: "snapshots", description: "Warm parent VMs children fork from" },
         { name: "sandboxes", description: "Child VMs" },
         { name: "files", description: "Files inside a sandbox" },
+        { name: "network", description: "Egress policies and the port proxy" },
       ],
     },
   });
@@ -242,6 +244,20 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   await app.register(async (scope) => registerPackRoutes(scope, context));
+  registerNetworkRoutes(app, context);
+  await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check and
+  // authentication, then the port proxy.
+  app.server.on(
+    "upgrade",
+    portUpgradeHandler(context, async (req) => {
+      const policy = originPolicy();
+      if (policy) checkHostAndOrigin(policy, req.headers, options.https ? "https" : "http");
+      if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+        authenticate(req.headers.authorization, options.tokens);
+      }
+    }),
+  );
   const e2b = await registerE2b(app, {
     services: options.services,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],

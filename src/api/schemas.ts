@@ -15,6 +15,7 @@ import {
   MAX_SANDBOX_TIMEOUT_MS,
   MIN_MEMORY_LIMIT_MIB,
 } from "../controller/sandbox-manager.js";
+import { MAX_POLICY_ENTRIES } from "../controller/sandbox-network.js";
 import {
   MAX_ENV_BYTES,
   MAX_ENV_VARS,
@@ -290,6 +291,87 @@ export const CompactSnapshotBody = Type.Object(
 export type CompactSnapshotBody = Static<typeof CompactSnapshotBody>;
 
 // ---------------------------------------------------------------------------------------------------------------
+// Network
+
+const PolicyEntries = (what: string) =>
+  Type.Optional(
+    Type.Array(Type.String({ minLength: 1, maxLength: 260 }), {
+      maxItems: MAX_POLICY_ENTRIES,
+      description: `${what}: IPv4 addresses, CIDR blocks (a.b.c.d/n), domain names, or *.domain wildcards (every name below the domain).`,
+    }),
+  );
+
+export const EgressPolicyWire = Type.Object(
+  {
+    egress: Type.Optional(
+      Type.Union([Type.Literal("allow"), Type.Literal("deny")], {
+        description:
+          "What happens to destinations no entry names (default: the daemon's --egress). deny_out containing " +
+          "0.0.0.0/0 means deny, as in E2B.",
+      }),
+    ),
+    allow_out: PolicyEntries("Allowed destinations; an allow entry wins over a deny entry"),
+    deny_out: PolicyEntries("Denied destinations"),
+  },
+  {
+    additionalProperties: false,
+    description:
+      "Egress policy (E2B's allowInternetAccess / allowOut / denyOut). Domain entries act through the sandbox's " +
+      "DNS: only allowed names resolve, and their answers become reachable for the answer's TTL. Other sandboxes, " +
+      "the host and the daemon are never reachable, whatever the policy. See docs/network.md.",
+  },
+);
+export type EgressPolicyWire = Static<typeof EgressPolicyWire>;
+
+export const EgressPolicyOut = Type.Object({
+  egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+  allow_out: Type.Array(Type.String()),
+  deny_out: Type.Array(Type.String()),
+});
+
+export const SandboxNetworkWire = Type.Object(
+  {
+    kind: Type.Union([Type.Literal("netns"), Type.Literal("private"), Type.Literal("none")], {
+      description:
+        "netns: its own network namespace with an uplink and an egress policy; private: a NIC with no uplink " +
+        '(spawned with network "none", or the daemon runs isolated); none: no NIC (its template has network = "none").',
+    }),
+    address: Nullable(
+      Type.String({
+        description: "The namespace's address on the host bridge (what the port proxy connects to).",
+      }),
+    ),
+    egress: Nullable(EgressPolicyOut),
+  },
+  { description: "A sandbox's network." },
+);
+
+export const NetworkStatusWire = Type.Object(
+  {
+    mode: Type.Union([Type.Literal("netns"), Type.Literal("isolated")], {
+      description:
+        "netns: sandboxes get namespaces with uplinks; isolated: no root/netns here, no egress at all.",
+    }),
+    reason: Nullable(Type.String({ description: "Why the mode is isolated." })),
+    bridge: Nullable(Type.String()),
+    subnet: Nullable(Type.String()),
+    dns: Nullable(Type.String({ description: "The DNS forwarder (address:port on the bridge)." })),
+    dns_upstreams: Type.Array(Type.String()),
+    default_egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+  },
+  { description: "How this daemon networks its sandboxes." },
+);
+
+export const PortParams = Type.Object(
+  {
+    id: Type.String({ pattern: "^sb-[0-9a-f]{12}$" }),
+    port: Type.Integer({ minimum: 1, maximum: 65535 }),
+    "*": Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+);
+
+// ---------------------------------------------------------------------------------------------------------------
 // Sandboxes
 
 export const SandboxInfoWire = Type.Object(
@@ -327,8 +409,20 @@ export const SandboxInfoWire = Type.Object(
     template_alias: Nullable(
       Type.String({ description: "The template alias it was created by (E2B API), or null." }),
     ),
-    netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
-    guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
+    netns: Nullable(
+      Type.String({
+        description:
+          "forkd v0.5 field: the sandbox's named network namespace (`ip netns exec <netns> ...` reaches the guest).",
+      }),
+    ),
+    guest_addr: Nullable(
+      Type.String({
+        description:
+          'forkd v0.5 field, "<guest ip>:<port>": the guest\'s address (10.42.0.2, the same in every sandbox, reachable ' +
+          "inside its netns). The port is 0: forkd's agent is not on TCP.",
+      }),
+    ),
+    network: SandboxNetworkWire,
   },
   {
     description:
@@ -360,7 +454,19 @@ export const SpawnBody = Type.Object(
           "--default-timeout-ms. Expired sandboxes are killed.",
       }),
     ),
-    per_child_netns: NotBuiltFlag("a network namespace per child"),
+    per_child_netns: Type.Optional(
+      Type.Boolean({
+        description:
+          "forkd v0.5 field. Every sandbox with a network has its own namespace: true is accepted (501 if this daemon " +
+          'runs isolated; 400 with network "none").',
+      }),
+    ),
+    network: Type.Optional(
+      Type.Union([Type.Literal("none"), EgressPolicyWire], {
+        description:
+          "Egress policy (default: the daemon's --egress), or \"none\": the sandbox's NIC leads nowhere (no namespace of its own).",
+      }),
+    ),
     prewarm: NotBuiltFlag("fault in guest pages after restore"),
     live_fork: Type.Optional(
       Type.Boolean({

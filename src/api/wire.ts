@@ -5,8 +5,21 @@
 import { constants } from "node:os";
 import path from "node:path";
 import type { EvalOutcome, ExecOutcome, FileInfo, PingInfo } from "../agent/host/types.js";
-import type { BranchOutcome, SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
-import type { BranchResultWire, FileInfoWire, SandboxInfoWire, SnapshotInfoWire } from "./schemas.js";
+import type {
+  BranchOutcome,
+  EgressPolicy,
+  EgressPolicyInput,
+  NetworkRequest,
+  SandboxInfo,
+  SnapshotInfo,
+} from "../controller/sandbox-service.js";
+import type {
+  BranchResultWire,
+  EgressPolicyWire,
+  FileInfoWire,
+  SandboxInfoWire,
+  SnapshotInfoWire,
+} from "./schemas.js";
 
 export type OutputEncoding = "utf8" | "base64";
 
@@ -28,9 +41,32 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     last_branch_memory_path: info.last_branch_memory_path,
     metadata: info.metadata,
     template_alias: info.template_alias,
-    netns: null,
-    guest_addr: null,
+    netns: info.network.netns,
+    // v0.5 clients split this at ":" and use the address; there is no agent port on TCP.
+    guest_addr: info.network.guestAddress === null ? null : `${info.network.guestAddress}:0`,
+    network: {
+      kind: info.network.kind,
+      address: info.network.address,
+      egress: info.network.policy === null ? null : policyToWire(info.network.policy),
+    },
   };
+}
+
+export function policyToWire(policy: EgressPolicy) {
+  return { egress: policy.default, allow_out: policy.allowOut, deny_out: policy.denyOut };
+}
+
+/** The wire's egress policy as the controller takes it (a missing `egress` is the daemon's default). */
+export function policyFromWire(wire: EgressPolicyWire): EgressPolicyInput {
+  return {
+    ...(wire.egress === undefined ? {} : { default: wire.egress }),
+    allowOut: wire.allow_out ?? [],
+    denyOut: wire.deny_out ?? [],
+  };
+}
+
+export function networkRequestFromWire(wire: EgressPolicyWire | "none" | undefined): NetworkRequest {
+  return wire === undefined || wire === "none" ? wire : policyFromWire(wire);
 }
 
 export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): SnapshotInfoWire {

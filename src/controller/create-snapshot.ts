@@ -41,6 +41,8 @@ export interface CreateSnapshotOptions {
   /** Whether `template` may name a file (the CLI: yes; the daemon, for API callers: no). */
   templateFiles?: boolean;
   replace?: boolean;
+  /** Give the parent (and so every child) a NIC; default: the template's `network`. */
+  network?: boolean;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -113,6 +115,7 @@ export async function createSnapshot(
       runDir,
       memoryFile: writer.file(SNAPSHOT_FILES.memory),
       disk: writer.file(SNAPSHOT_FILES.disk),
+      network: options.network,
       signal,
       onProgress: (step, message) => progress({ step, message }),
     });
@@ -145,6 +148,7 @@ export async function createSnapshot(
           cmdline: shape.kernelCmdline,
           tscKhz: shape.tscKhz ?? null,
           compatKey: restoreCompatibilityKey(booted.vm.spec),
+          nic: shape.nic ?? null,
           qemuVersion: version.version,
         },
         timings: {

@@ -7,6 +7,8 @@
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { readdir, rm, rmdir } from "node:fs/promises";
+import type http from "node:http";
+import type net from "node:net";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
@@ -21,7 +23,10 @@ import {
   type MemoryCgroupRoot,
   removeCgroup,
 } from "../isolation/cgroup.js";
+import type { EgressPolicyInput } from "../net/policy.js";
+import { PortProxy } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
+import type { SnapshotManifest } from "../store/manifest.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
@@ -38,11 +43,13 @@ import { SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
+import { SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
   ForkChild,
   ForkOutcome,
+  NetworkStatus,
   SandboxInfo,
   SandboxMetrics,
   SandboxService,
@@ -78,6 +85,8 @@ export const EPHEMERAL_COLLECTION_INTERVAL_MS = 60_000;
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 /** meta key: the boot the recorded pids and start times belong to. */
 const BOOT_ID_KEY = "boot_id";
+/** Sandbox networks created at once within one spawn request. */
+export const NETWORK_SETUP_CONCURRENCY = 8;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -96,6 +105,8 @@ export interface ManagerOptions {
   sweepIntervalMs?: number;
   /** The snapshot default template names resolve to (default: pyagent when it exists). */
   defaultSnapshot?: string;
+  /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
+  network?: Omit<SandboxNetworksOptions, "log">;
 }
 
 interface Live {
@@ -118,10 +129,12 @@ export class SandboxManager implements SandboxService {
   private collectionRequested = false;
   private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
+  private readonly portProxy = new PortProxy();
 
   private constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
+    private readonly networks: SandboxNetworks,
     options: ManagerOptions,
   ) {
     this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
@@ -154,7 +167,8 @@ export class SandboxManager implements SandboxService {
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
   static async open(paths: ForkdPaths, db: StateDb, options: ManagerOptions = {}): Promise<SandboxManager> {
-    const manager = new SandboxManager(paths, db, options);
+    const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
+    const manager = new SandboxManager(paths, db, networks, options);
     await manager.snapshots.reconcile();
     await manager.reconcile();
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
@@ -202,8 +216,17 @@ export class SandboxManager implements SandboxService {
     };
     let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
     let cgroupRoot: MemoryCgroupRoot | null;
+    let snapshotNic: SnapshotManifest["machine"]["nic"] | null;
+    let network: ReturnType<SandboxNetworks["resolvePolicy"]>;
     try {
       snapshot = await this.snapshots.bootable(tag);
+      snapshotNic = snapshot.manifest.machine.nic ?? null;
+      if (!snapshotNic && request.network !== undefined && request.network !== "none") {
+        throw conflict(
+          `snapshot ${tag} has no NIC (its template says network = "none"), so its sandboxes cannot have a network policy`,
+        );
+      }
+      network = this.networks.resolvePolicy(request.network);
       cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
       if (memoryLimit !== null && cgroupRoot === null) {
         throw new ForkdError(
@@ -220,6 +243,7 @@ export class SandboxManager implements SandboxService {
       releaseAll();
       throw err;
     }
+    const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
     const accelerator = snapshot.manifest.machine.accel;
     const rows: SandboxRow[] = Array.from({ length: n }, () => {
       const id = newSandboxId();
@@ -247,6 +271,7 @@ export class SandboxManager implements SandboxService {
         access_token: newAccessToken(),
         traffic_token: newAccessToken(),
         template_alias: request.templateAlias ?? null,
+        network: networkKind,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -257,6 +282,12 @@ export class SandboxManager implements SandboxService {
     const forget = async (row: SandboxRow) => {
       const current = this.db.sandbox(row.id);
       if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+      // A restore that failed killed its QEMU; what remains of the network is the namespace and veth.
+      await this.networks
+        .detach(row.id)
+        .catch((e: unknown) =>
+          this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox network"),
+        );
       this.db.deleteSandbox(row.id);
     };
     try {
@@ -267,8 +298,26 @@ export class SandboxManager implements SandboxService {
         row.layer_tags = layerTags;
         this.db.updateSandbox(row.id, { layer_tags: layerTags });
       }
-      let next = 0;
+      // Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace
+      // and device setup), not CPU, so overlapping them hides that latency.
+      // Every setup is waited for, failed or not, so the cleanup below never races one still creating.
+      const nics = new Map<string, Awaited<ReturnType<SandboxNetworks["attach"]>>>();
       const failures: unknown[] = [];
+      let nextNetwork = 0;
+      await Promise.all(
+        Array.from({ length: Math.min(NETWORK_SETUP_CONCURRENCY, n) }, async () => {
+          while (nextNetwork < rows.length && failures.length === 0) {
+            const row = rows[nextNetwork++] as SandboxRow;
+            try {
+              nics.set(row.id, await this.networks.attach(row.id, network, snapshotNic));
+            } catch (err) {
+              failures.push(err);
+            }
+          }
+        }),
+      );
+      if (failures.length > 0) throw failures[0];
+      let next = 0;
       const worker = async () => {
         while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
@@ -277,6 +326,7 @@ export class SandboxManager implements SandboxService {
               id: row.id,
               outliveHost: true,
               signal: request.signal,
+              nic: nics.get(row.id),
               onSpawned: async (pid) => {
                 const startTime = await processStartTime(pid);
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
@@ -531,12 +581,60 @@ export class SandboxManager implements SandboxService {
     if (this.sweeper) clearInterval(this.sweeper);
     for (const { handle } of this.live.values()) handle.agent.close();
     this.live.clear();
+    this.portProxy.close();
+    await this.networks.close();
   }
 
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
     if (this.sweeper) clearInterval(this.sweeper);
     await this.killAll();
+    this.portProxy.close();
+    await this.networks.close();
+  }
+
+  // ---- network ----
+
+  /** How this daemon networks its sandboxes (for status and doctor). */
+  networkStatus(): NetworkStatus {
+    const { config } = this.networks;
+    return {
+      mode: this.networks.mode,
+      reason: this.networks.reason,
+      bridge: this.networks.mode === "netns" ? config.bridge : null,
+      subnet: this.networks.mode === "netns" ? `${config.subnet.address}/${config.subnet.prefix}` : null,
+      dns: this.networks.mode === "netns" ? `${config.bridgeAddress}:${config.dnsPort}` : null,
+      dns_upstreams: config.dnsUpstreams.map((u) => `${u.address}:${u.port}`),
+      default_egress: this.networks.mode === "netns" ? this.networks.defaultEgress : "deny",
+    };
+  }
+
+  /** Replaces sandbox `id`'s egress policy while it runs. */
+  async setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo> {
+    this.liveOrThrow(id);
+    await this.networks.setPolicy(id, policy);
+    return this.get(id);
+  }
+
+  /** Proxies one HTTP request (`req.url` is the path in the guest) to TCP port `port` of sandbox `id`. */
+  async proxyHttp(
+    id: string,
+    port: number,
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+  ): Promise<void> {
+    await this.portProxy.web(req, res, this.portTarget(id, port));
+  }
+
+  /** Proxies a WebSocket (HTTP upgrade) to TCP port `port` of sandbox `id`. */
+  proxyUpgrade(id: string, port: number, req: http.IncomingMessage, socket: net.Socket, head: Buffer): void {
+    this.portProxy.upgrade(req, socket, head, this.portTarget(id, port));
+  }
+
+  private portTarget(id: string, port: number) {
+    if (!isIntIn(port, 1, 65535)) throw invalidArgument(`port must be an integer in 1..65535, got ${port}`);
+    this.liveOrThrow(id);
+    return this.networks.portTarget(id, port);
   }
 
   // ---- internals ----
@@ -687,6 +785,10 @@ export class SandboxManager implements SandboxService {
       last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
+      network:
+        row.status === "dead"
+          ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }
+          : this.networks.info(row.id, row.network !== "none"),
     };
   }
 
@@ -716,6 +818,7 @@ export class SandboxManager implements SandboxService {
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
     this.metricsSampler.forget(row.id);
     this.requestCollection();
+    await this.networks.detach(row.id);
     this.log.info({ id: row.id, reason }, "sandbox stopped");
   }
 
@@ -761,6 +864,8 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
       }
     }
+    // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
+    await this.networks.reconcile(new Set(this.live.keys()));
     this.db.setMeta(BOOT_ID_KEY, currentBootId());
   }
 

@@ -3,6 +3,9 @@
  * can do. Implemented by SandboxManager (sandbox-manager.ts) and SnapshotService (snapshot-service.ts).
  * Errors are ForkdErrors whose code maps to an HTTP status (src/common/errors.ts).
  */
+
+import type http from "node:http";
+import type net from "node:net";
 import type {
   ContextInfo,
   EvalOptions,
@@ -25,9 +28,27 @@ import type {
   WatchOptions,
 } from "../agent/host/types.js";
 import type { ForkdError } from "../common/errors.js";
+import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { ChainDetail } from "./chains.js";
 import type { PackResult, UnpackResult } from "./packs.js";
+import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
 import type { ResolvedTemplate, TemplateAlias } from "./template-aliases.js";
+
+export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
+
+/** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
+export interface NetworkStatus {
+  mode: "netns" | "isolated";
+  /** Why the mode is isolated; null in netns mode. */
+  reason: string | null;
+  bridge: string | null;
+  subnet: string | null;
+  /** The DNS forwarder's address:port on the bridge. */
+  dns: string | null;
+  dns_upstreams: string[];
+  /** Egress of a sandbox whose spawn names no policy. */
+  default_egress: "allow" | "deny";
+}
 
 export interface BranchOutcome {
   tag: string;
@@ -70,6 +91,7 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   /** The template alias the sandbox was created by, or null when it was created by its snapshot tag. */
   template_alias: string | null;
+  network: SandboxNetworkInfo;
 }
 
 /** One child of a fork: its sandbox, or why it did not start (the other children are unaffected). */
@@ -123,6 +145,8 @@ export interface SpawnRequest {
   env?: Record<string, string>;
   /** The alias `snapshotTag` was resolved from, recorded for the sandbox's info. */
   templateAlias?: string;
+  /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
+  network?: NetworkRequest;
   signal?: AbortSignal;
 }
 
@@ -182,6 +206,16 @@ export interface SandboxService {
   /** The sandbox-level environment variables given at spawn. */
   envVars(id: string): Record<string, string>;
   metrics(id: string, options?: { signal?: AbortSignal }): Promise<SandboxMetrics>;
+  networkStatus(): NetworkStatus;
+  /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
+  setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;
+  /**
+   * Proxies one HTTP request to TCP `port` in sandbox `id` (`req.url` is the path in the guest); a port nothing
+   * listens on answers 502. Rejects (before writing anything) for an unknown or unreachable sandbox.
+   */
+  proxyHttp(id: string, port: number, req: http.IncomingMessage, res: http.ServerResponse): Promise<void>;
+  /** Proxies an HTTP upgrade (WebSocket) to TCP `port` in sandbox `id`; throws like proxyHttp. */
+  proxyUpgrade(id: string, port: number, req: http.IncomingMessage, socket: net.Socket, head: Buffer): void;
   ping(id: string, options?: { signal?: AbortSignal }): Promise<PingInfo>;
   /** Sandbox env vars are laid under `options.env`. */
   exec(id: string, argv: string[], options?: ExecOptions): Promise<ExecOutcome>;

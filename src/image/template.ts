@@ -36,6 +36,11 @@ export interface Template {
   /** Python run once in the parent VM before it is snapshotted; only with interpreter "python". */
   warmup: string | undefined;
   files: TemplateFile[];
+  /**
+   * "nic" (default): the parent boots with a virtio-net NIC and its children get a network of their own;
+   * "none": no NIC at all (no child of it can ever have network). Not part of the image: a machine setting.
+   */
+  network: "nic" | "none";
   /** Absolute path of the TOML file. */
   source: string;
   builtin: boolean;
@@ -115,6 +120,11 @@ const TemplateSchema = Type.Object(
       Type.String({
         maxLength: TEMPLATE_LIMITS.warmupBytes,
         rule: `must be a string of Python code of at most ${TEMPLATE_LIMITS.warmupBytes} characters`,
+      }),
+    ),
+    network: Type.Optional(
+      Type.Union([Type.Literal("nic"), Type.Literal("none")], {
+        rule: 'must be "nic" (a NIC, network per sandbox) or "none" (no NIC)',
       }),
     ),
     files: Type.Optional(
@@ -270,6 +280,7 @@ export async function parseTemplate(text: string, file: string, builtin = false)
     interpreter,
     warmup: valid.warmup,
     files,
+    network: valid.network ?? "nic",
     source,
     builtin,
   };

@@ -26,10 +26,12 @@ import {
 } from "./transport.js";
 import type {
   BranchResult,
+  EgressPolicyWire,
   EvalResult,
   ExecResult,
   FileInfo,
   FileListing,
+  NetworkStatus,
   PingResult,
   SandboxInfo,
   SnapshotDetail,
@@ -49,6 +51,25 @@ const STDIN_FRAME_BYTES = 256 * 1024;
 /** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
 export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
 
+/** An egress policy (camelCase, as in E2B's `network` option; see docs/network.md). */
+export interface NetworkPolicy {
+  /** Destinations no entry names: "allow" or "deny". @default the daemon's --egress */
+  egress?: "allow" | "deny";
+  /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
+  allowOut?: string[];
+  /** Same forms; "0.0.0.0/0" means egress "deny". */
+  denyOut?: string[];
+}
+
+function policyToWire(policy: NetworkPolicy | "none"): EgressPolicyWire | "none" {
+  if (policy === "none") return "none";
+  const wire: EgressPolicyWire = {};
+  if (policy.egress !== undefined) wire.egress = policy.egress;
+  if (policy.allowOut !== undefined) wire.allow_out = policy.allowOut;
+  if (policy.denyOut !== undefined) wire.deny_out = policy.denyOut;
+  return wire;
+}
+
 export interface SpawnOptions extends RequestOptions {
   snapshotTag: string;
   /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
@@ -59,6 +80,11 @@ export interface SpawnOptions extends RequestOptions {
    * until killed) unless the daemon runs with `--default-timeout-ms`. `Sandbox.create` sends 5 minutes.
    */
   timeoutMs?: number;
+  /**
+   * Egress policy, or "none" (the sandbox's NIC leads nowhere). @default the daemon's --egress. Domain entries
+   * work through the sandbox's DNS; other sandboxes, the host and the daemon are never reachable.
+   */
+  network?: NetworkPolicy | "none";
   /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
   perChildNetns?: boolean;
   prewarm?: boolean;
@@ -247,6 +273,7 @@ export class Controller {
       checkDurationMs(options.timeoutMs, "timeoutMs");
       body.timeout_ms = options.timeoutMs;
     }
+    if (options.network !== undefined) body.network = policyToWire(options.network);
     if (options.perChildNetns !== undefined) body.per_child_netns = options.perChildNetns;
     if (options.prewarm !== undefined) body.prewarm = options.prewarm;
     if (options.liveFork !== undefined) body.live_fork = options.liveFork;
@@ -301,6 +328,26 @@ export class Controller {
         method: "POST",
         path: pathOf`/v1/sandboxes/${required(id, "id")}/timeout`,
         json: { timeout_ms: timeoutMs },
+      },
+      call,
+    );
+  }
+
+  /** How the daemon networks sandboxes (mode, bridge, DNS forwarder, default egress). */
+  async networkStatus(call: RequestOptions = {}): Promise<NetworkStatus> {
+    return this.json<NetworkStatus>({ method: "GET", path: "/v1/network" }, call);
+  }
+
+  /**
+   * Replaces a running sandbox's egress policy (E2B's updateNetwork): new connections follow it at once,
+   * established ones at their next packet. ConflictError for a sandbox without a network of its own.
+   */
+  async setNetworkPolicy(id: string, policy: NetworkPolicy, call: RequestOptions = {}): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>(
+      {
+        method: "PUT",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/network`,
+        json: policyToWire(policy),
       },
       call,
     );

@@ -25,10 +25,40 @@ export interface SandboxInfo {
   last_branch_memory_path?: string | null;
   /** The latest BRANCH's tag (the parent of the sandbox's next diff branch). */
   last_branch_tag?: string | null;
-  /** forkd v0.5 fields; always null here. */
-  netns?: null;
-  guest_addr?: null;
+  /** forkd v0.5 field: the sandbox's named network namespace (null without a network of its own). */
+  netns?: string | null;
+  /** forkd v0.5 field, "10.42.0.2:0": the guest's address (the same in every sandbox; the port is 0). */
+  guest_addr?: string | null;
+  network?: SandboxNetwork;
   [field: string]: unknown;
+}
+
+/** An egress policy as on the wire (docs/network.md). */
+export interface EgressPolicyWire {
+  /** Destinations no entry names. @default the daemon's --egress */
+  egress?: "allow" | "deny";
+  /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
+  allow_out?: string[];
+  deny_out?: string[];
+}
+
+export interface SandboxNetwork {
+  /** netns: a namespace of its own with an uplink; private: a NIC that leads nowhere; none: no NIC. */
+  kind: "netns" | "private" | "none" | (string & {});
+  /** Its namespace's address on the daemon host's bridge. */
+  address: string | null;
+  egress: Required<EgressPolicyWire> | null;
+}
+
+/** How the daemon networks sandboxes (GET /v1/network). */
+export interface NetworkStatus {
+  mode: "netns" | "isolated" | (string & {});
+  reason: string | null;
+  bridge: string | null;
+  subnet: string | null;
+  dns: string | null;
+  dns_upstreams: string[];
+  default_egress: "allow" | "deny";
 }
 
 export type SnapshotStatus = "writing" | "ready" | "failed";

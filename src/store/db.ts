@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 3;
+export const SCHEMA_VERSION = 4;
 
 export interface SandboxRow {
   id: string;
@@ -49,6 +49,26 @@ export interface SandboxRow {
   traffic_token: string | null;
   /** The template name the sandbox was created by when it was an alias (E2B's `alias`), else null. */
   template_alias: string | null;
+  /** "netns": its own namespace (a sandbox_networks row); "private": a NIC with no uplink; "none": no NIC. */
+  network: "netns" | "private" | "none";
+}
+
+/**
+ * A sandbox's network (its namespace, veth and address on the bridge), recorded before any of it is created
+ * and deleted only after all of it is gone, so a daemon that dies at any point leaves a record of what to
+ * remove, and an address is never handed out twice.
+ */
+export interface SandboxNetworkRow {
+  sandbox_id: string;
+  state: "creating" | "ready" | "removing";
+  netns: string;
+  veth: string;
+  /** The namespace's address on the bridge (unique). */
+  address: string;
+  /** JSON EgressPolicy (src/net/policy.ts). */
+  policy: string;
+  /** Bumped at every policy change (the namespace's rules carry it). */
+  generation: number;
 }
 
 /** A name that resolves to a snapshot tag (E2B template names and named snapshots). */
@@ -158,6 +178,20 @@ export class StateDb {
         );
       `);
     }
+    if (version < 4) {
+      this.db.exec(`
+        ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT 'none';
+        CREATE TABLE sandbox_networks (
+          sandbox_id TEXT PRIMARY KEY,
+          state TEXT NOT NULL CHECK (state IN ('creating','ready','removing')),
+          netns TEXT NOT NULL UNIQUE,
+          veth TEXT NOT NULL UNIQUE,
+          address TEXT NOT NULL UNIQUE,
+          policy TEXT NOT NULL,
+          generation INTEGER NOT NULL
+        );
+      `);
+    }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
@@ -181,10 +215,10 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias)
+           metadata, env_vars, access_token, traffic_token, template_alias, network)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias)`,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network)`,
       )
       .run(row);
   }
@@ -206,6 +240,47 @@ export class StateDb {
 
   sandbox(id: string): SandboxRow | undefined {
     return this.db.prepare("SELECT * FROM sandboxes WHERE id = ?").get(id) as SandboxRow | undefined;
+  }
+
+  /**
+   * Records a sandbox network with the first address from `candidates` that no other record holds (the
+   * UNIQUE constraint decides, inside one transaction). Returns the address, or null when all were taken.
+   */
+  insertNetwork(row: Omit<SandboxNetworkRow, "address">, candidates: Iterable<string>): string | null {
+    const insert = this.db.prepare(
+      `INSERT OR IGNORE INTO sandbox_networks (sandbox_id, state, netns, veth, address, policy, generation)
+       VALUES (@sandbox_id, @state, @netns, @veth, @address, @policy, @generation)`,
+    );
+    const tx = this.db.transaction(() => {
+      for (const address of candidates) {
+        if (insert.run({ ...row, address }).changes === 1) return address;
+      }
+      return null;
+    });
+    return tx();
+  }
+
+  updateNetwork(sandboxId: string, fields: Partial<Omit<SandboxNetworkRow, "sandbox_id" | "address">>): void {
+    const keys = Object.keys(fields);
+    if (keys.length === 0) return;
+    const assignments = keys.map((k) => `${k} = @${k}`).join(", ");
+    this.db
+      .prepare(`UPDATE sandbox_networks SET ${assignments} WHERE sandbox_id = @sandbox_id`)
+      .run({ ...fields, sandbox_id: sandboxId });
+  }
+
+  deleteNetwork(sandboxId: string): void {
+    this.db.prepare("DELETE FROM sandbox_networks WHERE sandbox_id = ?").run(sandboxId);
+  }
+
+  network(sandboxId: string): SandboxNetworkRow | undefined {
+    return this.db.prepare("SELECT * FROM sandbox_networks WHERE sandbox_id = ?").get(sandboxId) as
+      | SandboxNetworkRow
+      | undefined;
+  }
+
+  networks(): SandboxNetworkRow[] {
+    return this.db.prepare("SELECT * FROM sandbox_networks ORDER BY sandbox_id").all() as SandboxNetworkRow[];
   }
 
   upsertSnapshotJob(job: SnapshotJobInput): void {

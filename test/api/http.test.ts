@@ -113,8 +113,39 @@ describe("REST API over the services test double", () => {
     assert.equal(double.lastSpawn?.liveFork, true);
   });
 
+  it("accepts per_child_netns (every networked sandbox has one) and passes the network policy on", async () => {
+    const spawned = await app.inject({
+      method: "POST",
+      url: "/v1/sandboxes",
+      payload: {
+        snapshot_tag: "py",
+        per_child_netns: true,
+        network: { egress: "deny", allow_out: ["pypi.org"] },
+      },
+    });
+    assert.equal(spawned.statusCode, 201, spawned.body);
+    assert.deepEqual(double.lastSpawn?.network, { default: "deny", allowOut: ["pypi.org"], denyOut: [] });
+    const info = (spawned.json() as { netns: string; guest_addr: string }[])[0];
+    assert.match(info?.netns ?? "", /^forkd-sb-/);
+    assert.equal(info?.guest_addr, "10.42.0.2:0");
+    await expectError(
+      "POST",
+      "/v1/sandboxes",
+      { snapshot_tag: "py", per_child_netns: true, network: "none" },
+      400,
+      /contradicts network "none"/,
+    );
+    await expectError(
+      "POST",
+      "/v1/sandboxes",
+      { snapshot_tag: "py", network: { allow_out: "x" } },
+      400,
+      /"network"/,
+    );
+  });
+
   it("answers 501 naming the feature for v0.5 flags set to true", async () => {
-    for (const flag of ["per_child_netns", "prewarm", "hugepages"]) {
+    for (const flag of ["prewarm", "hugepages"]) {
       await expectError(
         "POST",
         "/v1/sandboxes",

@@ -27,6 +27,7 @@ import type {
 import { abortError } from "../../src/common/deadline.js";
 import { ForkdError } from "../../src/common/errors.js";
 import type {
+  EgressPolicyInput,
   SandboxInfo,
   SandboxService,
   SnapshotInfo,
@@ -45,6 +46,7 @@ export class ServicesDouble {
   closed = false;
   /** Last spawn request the double received. */
   lastSpawn: SpawnRequest | undefined;
+  lastNetworkPolicy: EgressPolicyInput | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
   lastCreate: Parameters<SnapshotService["create"]>[0] | undefined;
@@ -252,6 +254,13 @@ export class ServicesDouble {
           last_branch_memory_path: null,
           metadata: request.metadata ?? {},
           template_alias: request.templateAlias ?? null,
+          network: {
+            kind: "netns",
+            netns: `forkd-${id}`,
+            address: "10.43.0.2",
+            guestAddress: "10.42.0.2",
+            policy: { default: "allow", allowOut: [], denyOut: [] },
+          },
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
@@ -276,6 +285,28 @@ export class ServicesDouble {
       const sb = this.sandbox(id);
       sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
       return sb;
+    },
+    networkStatus: () => ({
+      mode: "netns",
+      reason: null,
+      bridge: "forkd0",
+      subnet: "10.43.0.0/16",
+      dns: "10.43.0.1:53",
+      dns_upstreams: ["192.0.2.53:53"],
+      default_egress: "allow",
+    }),
+    setNetworkPolicy: async (id, policy) => {
+      const sb = this.sandbox(id);
+      this.lastNetworkPolicy = policy;
+      sb.network = { ...sb.network, policy: { default: "allow", allowOut: [], denyOut: [], ...policy } };
+      return sb;
+    },
+    // The port proxy needs a real sandbox network: it is tested on real VMs (test/net/network-vm.test.ts).
+    proxyHttp: async () => {
+      throw new ForkdError("not_implemented", "the services double has no sandbox networks");
+    },
+    proxyUpgrade: () => {
+      throw new ForkdError("not_implemented", "the services double has no sandbox networks");
     },
     snapshotDiff: async (request) => {
       this.lastSnapshotDiff = request;

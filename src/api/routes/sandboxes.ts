@@ -29,12 +29,18 @@ import {
   SetTimeoutBody,
   SpawnBody,
 } from "../schemas.js";
-import { branchToWire, evalToWire, execToWire, pingToWire, sandboxToWire } from "../wire.js";
+import {
+  branchToWire,
+  evalToWire,
+  execToWire,
+  networkRequestFromWire,
+  pingToWire,
+  sandboxToWire,
+} from "../wire.js";
 
 type IdRequest = { Params: Static<typeof SandboxParams> };
 
 const NOT_BUILT_SPAWN_FLAGS = {
-  per_child_netns: "per-child network namespaces",
   prewarm: "prewarm (faulting in guest pages after restore)",
   hugepages: "hugepages-backed guest RAM",
 } as const;
@@ -63,6 +69,19 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           throw notImplemented(`${field}=true: ${feature} is not implemented in this forkd yet; send false`);
         }
       }
+      if (body.per_child_netns === true) {
+        if (body.network === "none") {
+          throw invalidArgument(
+            'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
+          );
+        }
+        const status = sandboxes.networkStatus();
+        if (status.mode !== "netns") {
+          throw notImplemented(
+            `per_child_netns=true: this daemon runs isolated sandboxes (${status.reason})`,
+          );
+        }
+      }
       const stop = metrics.spawnDuration.startTimer();
       try {
         const spawned = await sandboxes.spawn({
@@ -73,6 +92,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           liveFork: body.live_fork === true,
           metadata: body.metadata,
           env: body.env,
+          network: networkRequestFromWire(body.network),
           signal: clientSignal(request, reply),
         });
         stop({ outcome: "ok" });

@@ -42,6 +42,11 @@ interface DaemonOptions {
   defaultSnapshot?: string;
   e2bDomain?: string;
   e2bMaxUploadMib?: number;
+  egress: string;
+  netBridge?: string;
+  netSubnet?: string;
+  dnsUpstream?: string[];
+  dnsPort?: number;
 }
 
 export function registerDaemon(program: Command): void {
@@ -133,6 +138,26 @@ export function registerDaemon(program: Command): void {
       "largest upload one E2B POST /files may carry (default 1024)",
       parseIntOption("--e2b-max-upload-mib", 1, 1 << 20),
     )
+    .option(
+      "--egress <allow|deny>",
+      "egress of sandboxes whose spawn names no policy (deny: the stricter default for multi-tenant hosts)",
+      "allow",
+    )
+    .option(
+      "--net-bridge <name>",
+      "host bridge for the sandboxes' networks (default forkd0; env FORKD_NET_BRIDGE)",
+    )
+    .option("--net-subnet <cidr>", "the bridge's subnet (default 10.43.0.0/16; env FORKD_NET_SUBNET)")
+    .option(
+      "--dns-upstream <ip[:port]>",
+      "resolver the sandboxes' DNS forwarder asks (repeatable; default: /etc/resolv.conf; env FORKD_DNS_UPSTREAM)",
+      (value: string, previous: string[] = []) => [...previous, value],
+    )
+    .option(
+      "--dns-port <port>",
+      "the DNS forwarder's port on the bridge (default 53)",
+      parseIntOption("--dns-port", 1, 65535),
+    )
     .addHelpText(
       "after",
       "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
@@ -151,6 +176,18 @@ export function registerDaemon(program: Command): void {
           { name: "forkd", level: opts.logLevel },
           pino.destination({ dest: 2, sync: true }),
         );
+        if (opts.egress !== "allow" && opts.egress !== "deny") {
+          throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
+        }
+        const network = {
+          defaultEgress: opts.egress,
+          network: {
+            bridge: opts.netBridge,
+            subnet: opts.netSubnet,
+            dnsUpstreams: opts.dnsUpstream,
+            dnsPort: opts.dnsPort,
+          },
+        } as const;
         const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
         if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
         if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
@@ -200,6 +237,7 @@ export function registerDaemon(program: Command): void {
               defaultTimeoutMs: opts.defaultTimeoutMs,
               branchConcurrency: opts.branchConcurrency,
               extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
+              network,
               log: logger.child({ component: "manager" }),
               defaultSnapshot: opts.defaultSnapshot,
             });

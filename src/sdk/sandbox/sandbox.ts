@@ -3,7 +3,7 @@
  * `sandbox.runCode`, `sandbox.files`, `sandbox.setTimeout`, `sandbox.kill`, and `await using` disposal.
  */
 import "../dispose.js";
-import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS } from "../controller.js";
+import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS, type NetworkPolicy } from "../controller.js";
 import {
   ConflictError,
   ConnectionError,
@@ -20,7 +20,7 @@ import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   type RequestOptions,
 } from "../settings.js";
-import type { BranchResult, EvalResult, SandboxInfo, SnapshotInfo } from "../wire.js";
+import type { BranchResult, EvalResult, SandboxInfo, SandboxNetwork, SnapshotInfo } from "../wire.js";
 import { Commands } from "./commands.js";
 import { Files } from "./files.js";
 
@@ -37,6 +37,11 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   memoryLimitMib?: number;
   /** Map the sandbox's RAM from tmpfs so it can be BRANCHed in `live` mode. */
   liveFork?: boolean;
+  /**
+   * Egress policy (E2B's `network`: allowOut/denyOut; `egress: "deny"` is E2B's allowInternetAccess: false), or
+   * "none" for a NIC that leads nowhere. @default the daemon's --egress
+   */
+  network?: NetworkPolicy | "none";
   /** Longest wait for building a missing template snapshot, in ms; 0 = no limit. @default 1_800_000 */
   snapshotTimeoutMs?: number;
   signal?: AbortSignal;
@@ -119,6 +124,7 @@ export class Sandbox {
       timeoutMs,
       memoryLimitMib,
       liveFork,
+      network,
       snapshotTimeoutMs,
       signal,
       ...connection
@@ -139,6 +145,7 @@ export class Sandbox {
         memoryLimitMib,
         timeoutMs: lifetimeMs,
         ...(liveFork ? { liveFork: true } : {}),
+        network,
         signal,
       });
       if (info === undefined)
@@ -171,6 +178,7 @@ export class Sandbox {
       timeoutMs,
       memoryLimitMib,
       liveFork,
+      network,
       snapshotTimeoutMs: _unused,
       signal,
       ...connection
@@ -187,6 +195,7 @@ export class Sandbox {
       memoryLimitMib,
       timeoutMs: lifetimeMs,
       ...(liveFork ? { liveFork: true } : {}),
+      network,
       signal,
     });
     return infos.map((info) => new Sandbox(controller, info));
@@ -287,6 +296,21 @@ export class Sandbox {
       await this.controller.setSandboxTimeout(this.id, timeoutMs, options);
     } catch (err) {
       throw await this.diagnose(err, "setting its timeout");
+    }
+  }
+
+  /**
+   * Replaces this sandbox's egress policy while it runs (E2B's updateNetwork): new connections follow it at
+   * once, established ones at their next packet, names resolve under it. Returns the policy now in force.
+   */
+  async updateNetwork(
+    policy: NetworkPolicy,
+    options: RequestOptions = {},
+  ): Promise<SandboxNetwork | undefined> {
+    try {
+      return (await this.controller.setNetworkPolicy(this.id, policy, options)).network;
+    } catch (err) {
+      throw await this.diagnose(err, "updating its network");
     }
   }
 
