@@ -12,6 +12,11 @@ export interface E2bOptions {
    * without --token-file, the Unix socket), as on the forkd API.
    */
   tokens: readonly Token[];
+  /**
+   * Every token of the daemon (whichever listener takes it): removed from requests proxied to a sandbox's
+   * ports, so no client's daemon credential ever reaches a guest. Default: `tokens`.
+   */
+  daemonTokens?: readonly Token[];
   /** Base domain of sandbox host names (`<port>-<sandboxId>.<domain>`), returned as the sandboxes' domain. */
   domain?: string;
   /** Largest upload one POST /files may carry (default MAX_UPLOAD_BYTES, 1 GiB). */

@@ -11,6 +11,9 @@
  *   flood BYTES         writes BYTES of "x" in 64 KiB chunks, as fast as possible
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
+ *
+ * Its sandboxes' ports (proxyHttp) answer 200 with a JSON echo of what reached them: {sandbox, port, method, url,
+ * headers}. The real port proxy, to servers in real guests, is tested on VMs (test/net, test/e2b/sdk-e2e).
  */
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -34,6 +37,7 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
+import { validateInbound } from "../../src/controller/sandbox-settings.js";
 import type { TemplateAlias } from "../../src/controller/template-aliases.js";
 
 export class ServicesDouble {
@@ -254,6 +258,7 @@ export class ServicesDouble {
           last_branch_memory_path: null,
           metadata: request.metadata ?? {},
           template_alias: request.templateAlias ?? null,
+          inbound: validateInbound(request.inbound),
           network: {
             kind: "netns",
             netns: `forkd-${id}`,
@@ -301,9 +306,20 @@ export class ServicesDouble {
       sb.network = { ...sb.network, policy: { default: "allow", allowOut: [], denyOut: [], ...policy } };
       return sb;
     },
-    // The port proxy needs a real sandbox network: it is tested on real VMs (test/net/network-vm.test.ts).
-    proxyHttp: async () => {
-      throw new ForkdError("not_implemented", "the services double has no sandbox networks");
+    proxyHttp: async (id, port, req, res) => {
+      if (this.sandbox(id).network.kind !== "netns") {
+        throw new ForkdError("conflict", `sandbox ${id} has no network the daemon can reach`);
+      }
+      const body = JSON.stringify({
+        sandbox: id,
+        port,
+        method: req.method,
+        url: req.url,
+        headers: req.headers,
+      });
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(body);
+      return null;
     },
     proxyUpgrade: () => {
       throw new ForkdError("not_implemented", "the services double has no sandbox networks");
