@@ -19,6 +19,7 @@ import {
 import type { FastifyInstance } from "fastify";
 import { buildApi } from "../../src/api/app.js";
 import { tokenFromString } from "../../src/common/tokens.js";
+import { send } from "../api/raw-http.js";
 import { ServicesDouble } from "../api/services-double.js";
 
 const TOKEN = "e2b-bad-input-test-token-0123456789";
@@ -33,23 +34,21 @@ interface Echo {
   headers: Record<string, string>;
 }
 
-/** A plain HTTP/1.1 request (Host is set as given, which fetch does not allow); the body as text. */
-function request(
+/** A request with exactly these headers (Host too, which fetch does not allow to set); the body as text. */
+async function request(
   url: string,
-  options: http.RequestOptions,
-): Promise<{ status: number; body: string; headers: http.IncomingHttpHeaders }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, options, (res) => {
-      let body = "";
-      res.on("data", (c) => {
-        body += c;
-      });
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body, headers: res.headers }));
-    });
-    req.on("error", reject);
-    // An upgrade the server answers with a plain response still ends here (no 'upgrade' event).
-    req.end();
-  });
+  options: { method?: string; headers?: Record<string, string> },
+): Promise<{ status: number; body: string }> {
+  const { hostname, port, pathname, search } = new URL(url);
+  const response = await send(
+    { host: hostname, port: Number(port) },
+    options.method ?? "GET",
+    pathname + search,
+    {
+      headers: options.headers,
+    },
+  );
+  return { status: response.status, body: response.text };
 }
 
 // biome-ignore lint/suspicious/noTemplateCurlyInString: E2B's literal placeholder for the port.

@@ -52,11 +52,22 @@ export function egressFromE2b(request: E2bEgress): EgressPolicyInput | undefined
   return { default: denyAll ? "deny" : "allow", allowOut: allowOut ?? [], denyOut: denyOut ?? [] };
 }
 
-/** Create's whole network request: egress and inbound. */
+/**
+ * Create's whole network request: egress and inbound. On a daemon that serves no public sandbox traffic
+ * (`privateTraffic`), every sandbox needs its traffic token and asking for public traffic is refused.
+ */
 export function networkFromE2b(
   internet: boolean | undefined,
   network: Static<typeof NetworkConfig> | undefined,
+  privateTraffic = false,
 ): { egress: EgressPolicyInput | undefined; inbound: Partial<InboundSettings> } {
+  if (privateTraffic && network?.allowPublicTraffic === true) {
+    throw new ForkdError(
+      "forbidden",
+      "network.allowPublicTraffic: this daemon serves no public sandbox traffic (--e2b-private-traffic): " +
+        "requests to a sandbox's ports carry its trafficAccessToken as E2B-Traffic-Access-Token",
+    );
+  }
   const egress = egressFromE2b({ ...network, allow_internet_access: internet });
   const httpsPorts = network?.httpsPorts ?? [];
   const served = httpsPorts.find((port) => port === ENVD_PORT || port === INTERPRETER_PORT);
@@ -68,7 +79,7 @@ export function networkFromE2b(
   return {
     egress,
     inbound: {
-      requireTrafficToken: network?.allowPublicTraffic === false,
+      requireTrafficToken: privateTraffic || network?.allowPublicTraffic === false,
       hostHeader: network?.maskRequestHost ?? null,
       httpsPorts,
     },

@@ -87,7 +87,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
   ): Promise<FastifyReply> => {
     const body = request.body;
     refuseUnsupported(body);
-    const network = networkFromE2b(body.allow_internet_access, body.network);
+    const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
     const template = await resolveTemplateName(context, body.templateID);
     const [info] = await sandboxes.spawn({
       snapshotTag: template.tag,
