@@ -513,4 +513,39 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     });
     assert.equal(rebinding.status, 403, "a sandbox host name under another domain is not this listener's");
   });
+
+  it("a daemon serving no public sandbox traffic (--e2b-private-traffic) makes every sandbox need its token", async () => {
+    const strict = await buildApi({
+      services: double,
+      snapshotsDir: "/s",
+      transport: "tcp",
+      tokens: [tokenFromString(TOKEN)],
+      e2b: { privateTraffic: true },
+    });
+    try {
+      await strict.listen({ host: "127.0.0.1", port: 0 });
+      const address = strict.server.address() as { port: number };
+      const strictUrl = `http://127.0.0.1:${address.port}`;
+      const strictOpts = { apiUrl: strictUrl, sandboxUrl: strictUrl, apiKey: TOKEN };
+      const sandbox = await Sandbox.create("py", strictOpts);
+      assert.equal(double.lastSpawn?.inbound?.requireTrafficToken, true);
+      assert.equal((await sandbox.getInfo()).network?.allowPublicTraffic, false);
+      const headers = { "e2b-sandbox-id": sandbox.sandboxId, "e2b-sandbox-port": "8080" };
+      assert.equal((await request(`${strictUrl}/`, { headers })).status, 403);
+      const token = (sandbox as unknown as { trafficAccessToken: string }).trafficAccessToken;
+      assert.equal(
+        (await request(`${strictUrl}/`, { headers: { ...headers, "e2b-traffic-access-token": token } }))
+          .status,
+        200,
+      );
+      const askedPublic = await Sandbox.create("py", {
+        ...strictOpts,
+        network: { allowPublicTraffic: true },
+      }).catch((e: unknown) => e);
+      assert.ok(askedPublic instanceof SandboxError && askedPublic.statusCode === 403, `${askedPublic}`);
+      assert.match(askedPublic.message, /--e2b-private-traffic/);
+    } finally {
+      await strict.close();
+    }
+  });
 });
