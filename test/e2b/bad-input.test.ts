@@ -483,6 +483,19 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal((JSON.parse(disguised.body) as Echo).sandbox, sbx.sandboxId);
     const envdUpgrade = await upgrade({ "e2b-sandbox-id": sbx.sandboxId, "e2b-sandbox-port": "49983" });
     assert.equal(envdUpgrade.status, 404);
+    // The listener's Host/Origin check comes first, for upgrades to sandboxes too.
+    const rebound = await upgrade({
+      host: `8080-${closed.sandboxId}.attacker.example`,
+      "e2b-traffic-access-token": tokenOf(closed),
+    });
+    assert.equal(rebound.status, 403);
+    const crossSite = await upgrade({
+      host: `8080-${closed.sandboxId}.${DOMAIN}`,
+      "e2b-traffic-access-token": tokenOf(closed),
+      origin: "https://attacker.example",
+    });
+    assert.equal(crossSite.status, 403);
+    assert.match(crossSite.body, /cross-origin/);
   });
 
   it("pages served from a sandbox's port cannot call the daemon's API or the control plane", async () => {
