@@ -49,8 +49,9 @@ const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
 const SANDBOX_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
-/** A JSON body the client may leave out (an empty POST). */
-export const OptionalBody = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Undefined()]);
+/** A JSON body the client may leave out (an empty POST: Fastify hands the validator null). */
+export const OptionalBody = <T extends TSchema>(schema: T) =>
+  Type.Union([schema, Type.Null(), Type.Undefined()]);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Shared pieces

@@ -48,6 +48,10 @@ export class AdoptedSandbox implements SandboxHandle {
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
+      // Stopped by a pause or BRANCH the old daemon did not finish: it runs on. First, because a stopped VM's
+      // virtio-serial port has no backend handlers, and chardev-change then fails ("does not support hotswap").
+      const { status } = await qmp.execute<{ status: string }>("query-status", undefined, { signal });
+      if (status === "paused") await qmp.execute("cont", undefined, { signal });
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });

@@ -1150,11 +1150,6 @@ export class SandboxManager implements SandboxService {
           { ...row, identity, memory_image: row.memory_image },
           { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
         );
-        // Stopped by a pause or BRANCH the old daemon did not finish: it runs on.
-        const qmp = await handle.qmp();
-        if ((await qmp.execute<{ status: string }>("query-status")).status === "paused") {
-          await qmp.execute("cont");
-        }
         this.live.set(row.id, { handle, killing: false });
         this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
       } catch (err) {
