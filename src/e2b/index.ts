@@ -10,6 +10,7 @@ import { registerEnvd } from "./envd/index.js";
 import { registerInterpreter } from "./interpreter/index.js";
 import { registerPorts } from "./ports.js";
 import { type SandboxSurface, SURFACE_CONSTRAINT } from "./routing.js";
+import { autoResume } from "./session.js";
 
 export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
@@ -52,6 +53,8 @@ async function registerSurface(
       // The data plane is envd's and the interpreter's protocol, not part of the daemon's OpenAPI document.
       route.schema = { ...route.schema, hide: true };
     });
+    // Before the surface's own hooks, which want the sandbox running.
+    scope.addHook("onRequest", async (request) => autoResume(request, context));
     await register(scope, context);
   });
 }

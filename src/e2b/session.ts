@@ -37,12 +37,44 @@ export function resolveSandbox(request: FastifyRequest, context: E2bContext): Sa
   } catch {
     throw new SandboxUnreachable(`sandbox ${sandboxId} not found`);
   }
+  if (status === "paused") {
+    throw new SandboxUnreachable(
+      `sandbox ${sandboxId} is paused: connect to it to resume it (it was created without autoResume)`,
+    );
+  }
   if (status !== "running") throw new SandboxUnreachable(`sandbox ${sandboxId} is not running (${status})`);
   const session = { sandboxId, port };
   request.e2bSandbox = session;
   request.caller = `sandbox:${sandboxId}`;
   request.auditIds.push(sandboxId);
   return session;
+}
+
+/**
+ * E2B's autoResume: a data-plane request to a paused sandbox created with it resumes the sandbox first (for its
+ * own lifetime), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
+ * who can reach the listener could otherwise make paused sandboxes take host memory again. A request that
+ * finds it being paused or resumed waits for that to finish (the per-sandbox lock).
+ */
+export async function autoResume(request: FastifyRequest, context: E2bContext): Promise<void> {
+  const address = sandboxAddressOf(request.headers);
+  if (address === null || !isValidSandboxId(address.sandboxId)) return;
+  const { sandboxes } = context.services;
+  let info: ReturnType<typeof sandboxes.get>;
+  try {
+    info = sandboxes.get(address.sandboxId);
+  } catch {
+    return;
+  }
+  if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
+  const session = { sandboxId: address.sandboxId, port: address.port };
+  if (!hasAccessToken(request, context, session, ["envd", "traffic"])) return;
+  try {
+    await sandboxes.resume(address.sandboxId);
+  } catch (err) {
+    // Someone else's resume finished first: it is running, which is all this request needs.
+    if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+  }
 }
 
 function header(request: FastifyRequest, name: string): string | undefined {
