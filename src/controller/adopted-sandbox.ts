@@ -13,8 +13,12 @@ import { killAndWait } from "./host-processes.js";
 import { RUN_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
-/** Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. */
-export const REATTACH_TIMEOUT_MS = 60_000;
+/**
+ * Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. Short,
+ * because the API serves meanwhile and every sandbox is re-attached in parallel: one unresponsive guest must not
+ * hold the others (or a kill of it) for long.
+ */
+export const REATTACH_TIMEOUT_MS = 20_000;
 
 export class AdoptedSandbox implements SandboxHandle {
   private destroyed: Promise<void> | undefined;
@@ -48,10 +52,12 @@ export class AdoptedSandbox implements SandboxHandle {
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
-      // Stopped by a pause or BRANCH the old daemon did not finish: it runs on. First, because a stopped VM's
-      // virtio-serial port has no backend handlers, and chardev-change then fails ("does not support hotswap").
-      const { status } = await qmp.execute<{ status: string }>("query-status", undefined, { signal });
-      if (status === "paused") await qmp.execute("cont", undefined, { signal });
+      // A daemon that died mid-BRANCH or mid-pause (before its layer was published) can leave its source stopped:
+      // running is the only state a sandbox of ours is left in with a QEMU, so continue it (a paused sandbox has
+      // none). Before the re-attach: a stopped VM's virtio-serial port has no backend handlers, and
+      // chardev-change then fails ("does not support chardev hotswap").
+      const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
+      if (status.status === "paused") await qmp.execute("cont", {}, { signal });
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });

@@ -63,7 +63,8 @@ function sandboxIn(context: E2bContext, id: string, states: readonly E2bState[])
   if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
   const info = context.services.sandboxes.get(id);
   const state = e2bState(info);
-  if (state === null || !states.includes(state)) throw notFound(`sandbox ${id} not found (it is ${info.status})`);
+  if (state === null || !states.includes(state))
+    throw notFound(`sandbox ${id} not found (it is ${info.status})`);
   return info;
 }
 
@@ -86,7 +87,10 @@ const notBuilt = (message: string) => new ForkdError("not_implemented", message)
 /** Create-time options forkd cannot honour: refused by name instead of silently dropped. */
 function refuseUnsupported(body: Static<typeof NewSandbox>): void {
   if (body.autoResume?.enabled === true && body.autoPause !== true) {
-    throw new ForkdError("invalid_argument", "autoResume needs autoPause: only a paused sandbox can be resumed");
+    throw new ForkdError(
+      "invalid_argument",
+      "autoResume needs autoPause: only a paused sandbox can be resumed",
+    );
   }
   if (body.autoPause === true) refuseMemoryless(body.autoPauseMemory, "autoPause");
   if (body.allow_internet_access === true || body.network !== undefined) {

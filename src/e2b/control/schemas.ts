@@ -135,7 +135,9 @@ export const ConnectBody = Type.Object(
   {
     timeout: Type.Optional(TimeoutSeconds),
     memory: Type.Optional(
-      Type.Boolean({ description: "false: resume by a cold boot (refused: 501); a running sandbox ignores it." }),
+      Type.Boolean({
+        description: "false: resume by a cold boot (refused: 501); a running sandbox ignores it.",
+      }),
     ),
   },
   open,
