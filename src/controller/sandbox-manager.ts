@@ -542,6 +542,8 @@ export class SandboxManager implements SandboxService {
   }
 
   private async pauseNow(id: string, request: PauseRequest): Promise<PauseOutcome> {
+    // Right after a restart: once its re-attach is settled (bounded by REATTACH_TIMEOUT_MS).
+    await this.reattaching.get(id)?.catch(() => {});
     const row = this.row(id);
     if (row.status === "paused") throw conflict(`sandbox ${id} is already paused`);
     const live = this.liveOrThrow(id);
