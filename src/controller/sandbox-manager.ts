@@ -31,7 +31,7 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import type { EgressPolicyInput } from "../net/policy.js";
-import { PortProxy } from "../net/port-proxy.js";
+import { PortProxy, type PortTarget } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
@@ -53,7 +53,7 @@ import { pauseLayerTag, writePauseLayer } from "./pause.js";
 import { branchPausedState } from "./paused-branch.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import { SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
+import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
@@ -71,11 +71,14 @@ import type {
   SpawnRequest,
 } from "./sandbox-service.js";
 import {
+  hostHeaderFor,
   layerEnv,
   newAccessToken,
+  parseInbound,
   parseStringMap,
   tokenMatches,
   validateEnvVars,
+  validateInbound,
   validateMetadata,
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
@@ -251,6 +254,7 @@ export class SandboxManager implements SandboxService {
     if (request.autoResume === true && onTimeout !== "pause") {
       throw invalidArgument('auto_resume needs on_timeout "pause" (only a paused sandbox can be resumed)');
     }
+    const inbound = JSON.stringify(validateInbound(request.inbound));
     // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
     const reservations = [this.admission.reserveSpawn(n)];
     const releaseAll = () => {
@@ -321,6 +325,7 @@ export class SandboxManager implements SandboxService {
         on_timeout: onTimeout,
         auto_resume: request.autoResume === true ? 1 : 0,
         paused_at_unix_ms: null,
+        inbound,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -467,6 +472,10 @@ export class SandboxManager implements SandboxService {
         metadata: parseStringMap(row.metadata),
         env: parseStringMap(row.env_vars),
         templateAlias: row.template_alias ?? undefined,
+        // Forks keep the source's egress policy (as it is now) and inbound settings: a fork is never less
+        // confined than what it was forked from.
+        network: this.networkOf(row),
+        inbound: parseInbound(row.inbound),
         signal: request.signal,
       },
       "each",
@@ -870,8 +879,8 @@ export class SandboxManager implements SandboxService {
     port: number,
     req: http.IncomingMessage,
     res: http.ServerResponse,
-  ): Promise<void> {
-    await this.portProxy.web(req, res, this.portTarget(id, port));
+  ): Promise<string | null> {
+    return this.portProxy.web(req, res, this.portTarget(id, port));
   }
 
   /** Proxies a WebSocket (HTTP upgrade) to TCP port `port` of sandbox `id`. */
@@ -879,10 +888,22 @@ export class SandboxManager implements SandboxService {
     this.portProxy.upgrade(req, socket, head, this.portTarget(id, port));
   }
 
-  private portTarget(id: string, port: number) {
+  private portTarget(id: string, port: number): PortTarget {
     if (!isIntIn(port, 1, 65535)) throw invalidArgument(`port must be an integer in 1..65535, got ${port}`);
     this.liveOrThrow(id);
-    return this.networks.portTarget(id, port);
+    const inbound = parseInbound(this.row(id).inbound);
+    return {
+      ...this.networks.portTarget(id, port),
+      tls: inbound.httpsPorts.includes(port),
+      hostHeader: hostHeaderFor(inbound, port),
+    };
+  }
+
+  /** The network request that gives a new sandbox the network `row`'s sandbox has now. */
+  private networkOf(row: SandboxRow): NetworkRequest {
+    if (row.network === "none") return undefined;
+    const policy = this.networks.info(row.id, true).policy;
+    return row.network === "private" || policy === null ? "none" : policy;
   }
 
   // ---- internals ----
@@ -1093,6 +1114,7 @@ export class SandboxManager implements SandboxService {
       last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
+      inbound: parseInbound(row.inbound),
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }

@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 5;
+export const SCHEMA_VERSION = 6;
 
 export interface SandboxRow {
   id: string;
@@ -72,6 +72,8 @@ export interface SandboxRow {
   auto_resume: number;
   /** When it was last paused (unix ms), while paused. */
   paused_at_unix_ms: number | null;
+  /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
+  inbound: string;
 }
 
 export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
@@ -224,12 +226,16 @@ export class StateDb {
         );
       `);
     }
-    if (version < 5) this.migrateToPauses();
+    if (version < 5) {
+      // Rows from before keep E2B's defaults: public traffic, the request's own Host, plain HTTP.
+      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
+    }
+    if (version < 6) this.migrateToPauses();
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
   /**
-   * Schema 5: sandboxes can be paused (new states, so the table is rebuilt: SQLite cannot change a CHECK), their
+   * Schema 6: sandboxes can be paused (new states, so the table is rebuilt: SQLite cannot change a CHECK), their
    * lifetime and what its end does are kept for resumes, and forkd v0.5's workspaces name sandboxes.
    */
   private migrateToPauses(): void {
@@ -238,7 +244,7 @@ export class StateDb {
       .join(", ");
     this.db.transaction(() => {
       this.db.exec(`
-        CREATE TABLE sandboxes_v5 (
+        CREATE TABLE sandboxes_v6 (
           id TEXT PRIMARY KEY,
           snapshot_tag TEXT NOT NULL,
           status TEXT NOT NULL CHECK (status IN
@@ -264,6 +270,7 @@ export class StateDb {
           traffic_token TEXT,
           template_alias TEXT,
           network TEXT NOT NULL DEFAULT 'none',
+          inbound TEXT NOT NULL DEFAULT '{}',
           pause_tags TEXT NOT NULL DEFAULT '[]',
           pending_pause_tag TEXT,
           memory_tag TEXT,
@@ -272,9 +279,9 @@ export class StateDb {
           auto_resume INTEGER NOT NULL DEFAULT 0,
           paused_at_unix_ms INTEGER
         );
-        INSERT INTO sandboxes_v5 (${columns}) SELECT ${columns} FROM sandboxes;
+        INSERT INTO sandboxes_v6 (${columns}) SELECT ${columns} FROM sandboxes;
         DROP TABLE sandboxes;
-        ALTER TABLE sandboxes_v5 RENAME TO sandboxes;
+        ALTER TABLE sandboxes_v6 RENAME TO sandboxes;
         CREATE INDEX sandboxes_by_tag ON sandboxes (snapshot_tag);
         CREATE TABLE workspaces (
           name TEXT PRIMARY KEY,
@@ -307,11 +314,11 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias, network, pause_tags, pending_pause_tag,
+           metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, pause_tags, pending_pause_tag,
            memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @pause_tags, @pending_pause_tag,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @pause_tags, @pending_pause_tag,
            @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms)`,
       )
       .run(row);
