@@ -626,6 +626,7 @@ export const PauseResponse = Type.Object(
   },
   { description: "A pause: the sandbox (status paused) and what it took." },
 );
+export type PauseResponse = Static<typeof PauseResponse>;
 
 export const ResumeBody = Type.Object(
   {
@@ -668,6 +669,7 @@ export const WorkspaceInfoWire = Type.Object(
   },
   { description: "forkd v0.5's WorkspaceInfo." },
 );
+export type WorkspaceInfoWire = Static<typeof WorkspaceInfoWire>;
 
 export const CreateWorkspaceBody = Type.Object(
   {
