@@ -527,8 +527,63 @@ class Controller:
             Request("POST", _sandbox(sandbox_id, "/branch"), json=body, has_json=True), request_timeout, cancel
         )
 
-    # Extension point: workspaces (forkd v0.5's /v1/workspaces: create, suspend, resume) and pause/resume of a
-    # sandbox belong here once the daemon serves them; this SDK sends nothing for them yet.
+    # --- workspaces (forkd v0.5's /v1/workspaces: named sandboxes suspended and resumed by name) -------------
+
+    def list_workspaces(
+        self, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> List[Dict[str, Any]]:
+        """``GET /v1/workspaces``: WorkspaceInfo dicts (``name``, ``status``, ``live_sandbox_id``, ...)."""
+        return self._list(Request("GET", "/v1/workspaces"), request_timeout, cancel)
+
+    def get_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, Any]:
+        """``GET /v1/workspaces/:name``; NotFoundError if there is none."""
+        return self._object(Request("GET", _workspace(name)), request_timeout, cancel)
+
+    def create_workspace(
+        self,
+        name: str,
+        snapshot_tag: str,
+        memory_limit_mib: Optional[int] = None,
+        *,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces``: a running sandbox from ``snapshot_tag`` under ``name`` (1-64 of [A-Za-z0-9_-]);
+        it lives until the workspace is deleted. ConflictError if the name is taken."""
+        body: Dict[str, Any] = {"name": _required(name, "name"), "snapshot_tag": _required(snapshot_tag, "snapshot_tag")}
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = memory_limit_mib
+        return self._object(Request("POST", "/v1/workspaces", json=body, has_json=True), request_timeout, cancel)
+
+    def suspend_workspace(
+        self,
+        name: str,
+        diff: bool = False,
+        *,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces/:name/suspend``: its sandbox paused to disk. ``diff=True`` layers on the previous
+        suspend; otherwise one layer since its snapshot. InvalidArgumentError (400) unless it is running."""
+        return self._object(
+            Request("POST", _workspace(name, "/suspend"), json={"diff": diff}, has_json=True), request_timeout, cancel
+        )
+
+    def resume_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces/:name/resume``: its sandbox runs again where it was suspended (the same id)."""
+        return self._object(
+            Request("POST", _workspace(name, "/resume"), json={}, has_json=True), request_timeout, cancel
+        )
+
+    def delete_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> None:
+        """``DELETE /v1/workspaces/:name``: its sandbox killed, its layers removed unless a snapshot uses them."""
+        self._send(Request("DELETE", _workspace(name)), request_timeout, cancel)
 
     # --- exec / eval ---------------------------------------------------------------------------------------
 
@@ -803,6 +858,10 @@ class Controller:
 
 def _sandbox(sandbox_id: str, suffix: str = "") -> str:
     return path_of("/v1/sandboxes/{}", _required(sandbox_id, "sandbox_id")) + suffix
+
+
+def _workspace(name: str, suffix: str = "") -> str:
+    return path_of("/v1/workspaces/{}", _required(name, "name")) + suffix
 
 
 def _required(value: object, name: str) -> str:

@@ -698,8 +698,6 @@ class Sandbox:
         except ForkdError as err:
             raise self._diagnose(err, "branching") from err
 
-    # Extension point: pause()/resume() belong here once the daemon serves them.
-
     def _kill(self, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None) -> None:
         """Kills the sandbox and frees its resources. Killing one that is already gone is not an error."""
         try:

@@ -173,6 +173,21 @@ class SandboxOnRealVms(unittest.TestCase):
         with self.assertRaises(forkd.ConflictError):
             Sandbox.resume(sandbox.id, url=self.url, env={})
 
+    def test_workspace_suspends_and_resumes_by_name(self) -> None:
+        c = Controller(self.url, env={})
+        created = c.create_workspace("py-sdk-notes", self.tag)
+        self.addCleanup(lambda: c.delete_workspace("py-sdk-notes") if c.list_workspaces() else None)
+        sandbox_id = created["live_sandbox_id"]
+        c.write_file(sandbox_id, "/root/notes", b"draft\n")
+        self.assertEqual(c.suspend_workspace("py-sdk-notes", diff=True)["status"], "suspended")
+        self.assertEqual([w["status"] for w in c.list_workspaces()], ["suspended"])
+        resumed = c.resume_workspace("py-sdk-notes")
+        self.assertEqual((resumed["status"], resumed["live_sandbox_id"]), ("running", sandbox_id))
+        self.assertEqual(c.read_file(sandbox_id, "/root/notes"), b"draft\n")
+        c.delete_workspace("py-sdk-notes")
+        with self.assertRaises(forkd.NotFoundError):
+            c.get_workspace("py-sdk-notes")
+
     def test_branch_then_children_continue_from_there(self) -> None:
         source = self.create()
         source.run_code("trail = ['start']")
