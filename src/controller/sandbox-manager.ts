@@ -6,7 +6,7 @@
 
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
-import { readdir, readFile, rm, rmdir } from "node:fs/promises";
+import { readdir, rm, rmdir } from "node:fs/promises";
 import type http from "node:http";
 import type net from "node:net";
 import path from "node:path";
@@ -51,6 +51,7 @@ import { SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
 import { pauseLayerTag, writePauseLayer } from "./pause.js";
 import { branchPausedState } from "./paused-branch.js";
+import { pausedRowUpdate, residentBytes, settlePaused, validateOnTimeout } from "./paused-state.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
@@ -60,7 +61,6 @@ import type {
   ForkChild,
   ForkOutcome,
   NetworkStatus,
-  OnTimeout,
   PauseOutcome,
   PauseRequest,
   ResumeRequest,
@@ -607,18 +607,8 @@ export class SandboxManager implements SandboxService {
    * are its own, what its chain is). Also what a restart does for a pause that published its layer and crashed.
    */
   private recordPaused(row: SandboxRow, tag: string, replaced: readonly string[]): void {
-    const own = replaced.length > 0 ? [tag] : [...(JSON.parse(row.pause_tags) as string[]), tag];
-    const layers = (JSON.parse(row.layer_tags) as string[]).filter((t) => !replaced.includes(t));
     this.snapshots.markEphemeral(tag, `the paused state of ${row.id}`);
-    this.db.updateSandbox(row.id, {
-      status: "paused",
-      pending_pause_tag: null,
-      pause_tags: JSON.stringify(own),
-      last_branch_tag: tag,
-      layer_tags: JSON.stringify([...layers, tag]),
-      expires_at_unix_ms: null,
-      paused_at_unix_ms: Date.now(),
-    });
+    this.db.updateSandbox(row.id, pausedRowUpdate(row, tag, replaced));
   }
 
   /** The VM of a sandbox whose state is safe in its pause layer goes, and with it its RAM and cgroup. */
@@ -700,11 +690,8 @@ export class SandboxManager implements SandboxService {
   private async revertResume(id: string): Promise<void> {
     const row = this.db.sandbox(id);
     if (!row) return;
-    for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
-    await rm(row.run_dir, { recursive: true, force: true });
-    if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    await settlePaused(this.db, row);
     this.networks.release(id);
-    this.db.updateSandbox(id, { status: "paused", pid: null, pid_start_time: null, cgroup: null });
   }
 
   /** Deletes the daemon's own snapshots nothing needs any more (pause layers, fork points) now. */
@@ -1193,7 +1180,7 @@ export class SandboxManager implements SandboxService {
       }
       // A resume that did not finish is undone: the sandbox is paused, as it was before.
       if (row.status === "paused" || row.status === "resuming") {
-        await this.settlePaused(row);
+        await settlePaused(this.db, row);
         paused.add(row.id);
         continue;
       }
@@ -1286,17 +1273,9 @@ export class SandboxManager implements SandboxService {
     const own = JSON.parse(row.pause_tags) as string[];
     const merged = own.length > 0 && layer.manifest.parent?.tag !== own.at(-1);
     this.recordPaused(row, tag, merged ? own : []);
-    await this.settlePaused(row);
+    await settlePaused(this.db, row);
     this.log.info({ id: row.id, tag }, "finished a pause the previous daemon had published");
     return true;
-  }
-
-  /** A paused sandbox has no VM: whatever still runs or lies in its run directory goes. */
-  private async settlePaused(row: SandboxRow): Promise<void> {
-    for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
-    await rm(row.run_dir, { recursive: true, force: true });
-    if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
-    this.db.updateSandbox(row.id, { status: "paused", pid: null, pid_start_time: null, cgroup: null });
   }
 
   /**
@@ -1406,21 +1385,6 @@ function branchCount(row: SandboxRow): number {
   if (restoredAt < 0) return 0;
   // Its pause layers are not branches (pause.ts names them pause-<id>-...).
   return layers.slice(restoredAt + 1).filter((t) => !t.startsWith(`pause-${row.id}-`)).length;
-}
-
-function validateOnTimeout(value: unknown): OnTimeout {
-  if (value === undefined) return "kill";
-  if (value !== "kill" && value !== "pause") {
-    throw invalidArgument(`on_timeout must be "kill" or "pause", got ${JSON.stringify(value)}`);
-  }
-  return value;
-}
-
-/** The resident set of a process, bytes (0 when it cannot be read). */
-async function residentBytes(pid: number): Promise<number> {
-  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
-  const kib = /^VmRSS:\s+(\d+) kB$/m.exec(status)?.[1];
-  return kib === undefined ? 0 : Number(kib) * 1024;
 }
 
 /** The last few KiB of a command's output, for an error message. */
