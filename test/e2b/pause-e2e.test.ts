@@ -1,14 +1,19 @@
 /**
  * Pause and resume through the unmodified `e2b` and `@e2b/code-interpreter` SDKs against a real forkd daemon
  * with real VMs: pause(), getInfo/list by state, connect() resuming with the interpreter, files, a background
- * command and a pty shell continuing; lifecycle onTimeout 'pause' with autoResume waking on a command; what
+ * command and a pty shell continuing; lifecycle onTimeout 'pause' with autoResume waking on a command and on a
+ * WebSocket upgrade to one of its ports (with its token; without one: 502 naming it paused); what
  * forkd refuses (keepMemory: false) refused with the SDK's error.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { Sandbox, SandboxError } from "@e2b/code-interpreter";
+import WebSocket from "ws";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
+import { WS_ECHO } from "../support/guest-programs.js";
 import { waitFor } from "../support/host.js";
+
+const root = process.getuid?.() === 0;
 
 describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
   let daemon: TestDaemon;
@@ -29,6 +34,18 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
       });
     }
   });
+
+  const throughWebSocket = (headers: Record<string, string>, message: string) =>
+    new Promise<{ echoed?: string; status?: number }>((resolve, reject) => {
+      const ws = new WebSocket(`${daemon.tcpUrl.replace(/^http/, "ws")}/socket`, { headers });
+      ws.once("open", () => ws.send(message));
+      ws.once("message", (data) => {
+        resolve({ echoed: String(data) });
+        ws.close();
+      });
+      ws.once("unexpected-response", (_req, res) => resolve({ status: res.statusCode }));
+      ws.once("error", reject);
+    });
 
   it("pause(), then connect() resumes it where it was", async () => {
     const sbx = await Sandbox.create({ timeoutMs: 600_000, metadata: { suite: "pause" } });
@@ -119,6 +136,25 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
     await sbx.setTimeout(600_000);
     assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "running");
     assert.equal((await sbx.runCode("survivor")).text, "42");
+    if (root) {
+      // Sandbox ports need networks (root). A WebSocket upgrade wakes it too, when it carries its token.
+      await sbx.files.write("/tmp/ws_echo.py", WS_ECHO);
+      await sbx.commands.run("python3 /tmp/ws_echo.py 8081", { background: true });
+      const port = { "e2b-sandbox-id": sbx.sandboxId, "e2b-sandbox-port": "8081" };
+      await waitFor(
+        "the guest's WebSocket server",
+        60_000,
+        async () => (await throughWebSocket(port, "up").catch(() => undefined))?.echoed,
+      );
+      await sbx.pause();
+      const refused = await throughWebSocket(port, "no token");
+      assert.equal(refused.status, 502, "without its token an upgrade does not wake it");
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "paused");
+      const token = (sbx as unknown as { trafficAccessToken: string }).trafficAccessToken;
+      const woken = await throughWebSocket({ ...port, "e2b-traffic-access-token": token }, "wake up");
+      assert.deepEqual(woken, { echoed: "wake up" }, "the server that was listening at the pause answers");
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "running");
+    }
     await sbx.pause();
     assert.equal(await Sandbox.kill(sbx.sandboxId), true, "a paused sandbox can be killed");
     assert.equal((await Sandbox.list({ query: { state: ["paused"] } }).nextItems()).length, 0);
