@@ -3,12 +3,17 @@
  * named crash point of a pause and of a resume (FORKD_CRASH_AT, src/common/crash-points.ts), and a daemon killed
  * -9 from outside while a sandbox is paused. After each restart the sandbox is running (exactly one QEMU) or
  * paused (none, no run directory), never both and never lost, no staging directory is left, and what it wrote
- * before is still there. One sandbox goes through all of it.
+ * before is still there. One sandbox goes through all of it. Then a host reboot while paused, simulated (a real
+ * one cannot happen in a test): the daemon stops, the database's boot id changes and the sandbox's network
+ * namespace is deleted, as a reboot leaves them; the restarted daemon resumes it with its address.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { readdir } from "node:fs/promises";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import Database from "better-sqlite3";
 import { CRASH_AT_ENV, type CrashPoint } from "../../src/common/crash-points.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
@@ -19,7 +24,12 @@ interface Info {
   id: string;
   status: string;
   pause_tag: string | null;
+  netns: string | null;
+  network: { kind: string; address: string | null };
 }
+
+const run = promisify(execFile);
+const root = process.getuid?.() === 0;
 
 describe("pause and resume survive a daemon killed at any step", { timeout: 40 * 60_000 }, () => {
   let home: Awaited<ReturnType<typeof tempHome>>;
@@ -130,5 +140,40 @@ describe("pause and resume survive a daemon killed at any step", { timeout: 40 *
     assert.deepEqual(await qemusMentioning(home.run), []);
     const layers = (await readdir(home.snapshots)).filter((n) => n.startsWith("pause-"));
     assert.deepEqual(layers, [], "killing it removed its pause layers");
+  });
+
+  it("a paused sandbox survives a (simulated) host reboot and resumes with its address", {
+    skip: !root && "needs root: sandbox networks",
+  }, async () => {
+    await daemon?.stop();
+    await start();
+    const spawned = await send((daemon as DaemonProcess).socket, "POST", "/v1/sandboxes", {
+      json: { snapshot_tag: tag, n: 1 },
+    });
+    assert.equal(spawned.status, 201, spawned.text);
+    const before = (spawned.json<Info[]>() as unknown as Info[])[0] as Info;
+    assert.equal(before.network.kind, "netns");
+    await exec(before.id, "echo across-a-reboot > /root/reboot.txt; sync");
+    const paused = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${before.id}/pause`);
+    assert.equal(paused.status, 200, paused.text);
+    await (daemon as DaemonProcess).stop();
+    // What a reboot leaves: another boot id, and no network namespaces.
+    const db = new Database(path.join(home.home, "state.db"));
+    db.prepare("UPDATE meta SET value = ? WHERE key = 'boot_id'").run("00000000-0000-4000-8000-000000000000");
+    db.close();
+    await run("ip", ["netns", "delete", before.netns as string]);
+    await start();
+    await expectState(before.id, "paused");
+    const resumed = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${before.id}/resume`);
+    assert.equal(resumed.status, 200, resumed.text);
+    const after = resumed.json<Info>();
+    assert.equal(after.network.address, before.network.address, "the same address on the bridge");
+    const { stdout } = await run("ip", ["netns", "list"]);
+    assert.match(stdout, new RegExp(`^${before.netns}\\b`, "m"), "its namespace was made again");
+    assert.equal(await exec(before.id, "cat /root/reboot.txt"), "across-a-reboot\n");
+    assert.equal(
+      (await send((daemon as DaemonProcess).socket, "DELETE", `/v1/sandboxes/${before.id}`)).status,
+      204,
+    );
   });
 });
