@@ -48,6 +48,7 @@ import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
 import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
+import { registerWorkspaceRoutes } from "./routes/workspaces.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -267,6 +268,10 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
         { name: "sandboxes", description: "Child VMs" },
         { name: "files", description: "Files inside a sandbox" },
         { name: "network", description: "Egress policies and the port proxy" },
+        {
+          name: "workspaces",
+          description: "forkd v0.5's workspaces: sandboxes suspended and resumed by name",
+        },
       ],
     },
   });
@@ -277,6 +282,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSandboxRoutes(app, context);
   registerForkRoutes(app, context);
   registerTemplateAliasRoutes(app, context);
+  registerWorkspaceRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   await app.register(async (scope) => registerPackRoutes(scope, context));

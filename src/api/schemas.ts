@@ -49,6 +49,9 @@ const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
 const SANDBOX_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+/** A JSON body the client may leave out (an empty POST: Fastify hands the validator null). */
+export const OptionalBody = <T extends TSchema>(schema: T) =>
+  Type.Union([schema, Type.Null(), Type.Undefined()]);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Shared pieces
@@ -374,6 +377,23 @@ export const PortParams = Type.Object(
 // ---------------------------------------------------------------------------------------------------------------
 // Sandboxes
 
+export const SandboxStatusWire = Type.Union(
+  [
+    Type.Literal("starting"),
+    Type.Literal("running"),
+    Type.Literal("pausing"),
+    Type.Literal("paused"),
+    Type.Literal("resuming"),
+    Type.Literal("stopping"),
+    Type.Literal("dead"),
+  ],
+  { description: "starting → running ⇄ paused (through pausing/resuming); stopping; dead (its VM died)." },
+);
+
+export const OnTimeoutWire = Type.Union([Type.Literal("kill"), Type.Literal("pause")], {
+  description: "What the end of the lifetime does: kill (the default) or pause.",
+});
+
 export const SandboxInfoWire = Type.Object(
   {
     id: Type.String(),
@@ -381,13 +401,28 @@ export const SandboxInfoWire = Type.Object(
     created_at_unix: Type.Integer(),
     pid: Nullable(Type.Integer()),
     memory_limit_mib: Nullable(Type.Integer()),
-    status: Type.Union([
-      Type.Literal("starting"),
-      Type.Literal("running"),
-      Type.Literal("stopping"),
-      Type.Literal("dead"),
-    ]),
-    expires_at_unix_ms: Nullable(Type.Integer({ description: "When the lifetime ends; null = no limit." })),
+    status: SandboxStatusWire,
+    expires_at_unix_ms: Nullable(
+      Type.Integer({
+        description: "When the lifetime ends (then on_timeout happens); null = no limit, and while paused.",
+      }),
+    ),
+    timeout_ms: Nullable(
+      Type.Integer({
+        description: "The lifetime it got at spawn or its last resume, restarted at every resume.",
+      }),
+    ),
+    on_timeout: OnTimeoutWire,
+    auto_resume: Type.Boolean({
+      description: "E2B's autoResume: a data-plane request through the E2B API resumes it while paused.",
+    }),
+    pause_tag: Nullable(
+      Type.String({
+        description:
+          "The snapshot layer holding its paused state (kept while it runs again: its disk builds on it).",
+      }),
+    ),
+    paused_at_unix_ms: Nullable(Type.Integer({ description: "When it was paused, while paused." })),
     ready_ms: Nullable(Type.Number({ description: "Restore to ready, in ms." })),
     accelerator: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
     live_fork: Type.Boolean({ description: "RAM on tmpfs: the sandbox can be BRANCHed in live mode." }),
@@ -451,9 +486,10 @@ export const SpawnBody = Type.Object(
         maximum: MAX_SANDBOX_TIMEOUT_MS,
         description:
           "Lifetime in ms; 0 = no limit. Absent: no limit, as in forkd v0.5, unless the daemon was started with " +
-          "--default-timeout-ms. Expired sandboxes are killed.",
+          '--default-timeout-ms. Expired sandboxes are killed, or paused with on_timeout "pause".',
       }),
     ),
+    on_timeout: Type.Optional(OnTimeoutWire),
     per_child_netns: Type.Optional(
       Type.Boolean({
         description:
@@ -556,7 +592,109 @@ export const AliasParams = Type.Object(
 export const SetAliasBody = Type.Object({ tag: Tag }, { additionalProperties: false });
 
 export const ListSandboxesQuery = Type.Object(
-  { snapshot_tag: Type.Optional(Tag) },
+  { snapshot_tag: Type.Optional(Tag), status: Type.Optional(SandboxStatusWire) },
+  { additionalProperties: false },
+);
+
+export const PauseBody = Type.Object(
+  {
+    merge: Type.Optional(
+      Type.Boolean({
+        description:
+          "Write one layer holding everything since the sandbox's base, merging its earlier pause layers (the " +
+          "daemon also merges by itself when they would hold 10% more than what changed, or get 4 deep).",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const PauseResponse = Type.Object(
+  {
+    sandbox: SandboxInfoWire,
+    tag: Type.String({ description: "The snapshot layer its state is in." }),
+    pause_ms: Type.Number({
+      description: "How long the guest was stopped before its state was out of the VM.",
+    }),
+    write_ms: Type.Number({ description: "From the stop to the layer on disk." }),
+    bytes_captured: Type.Integer({ description: "Pages the VM had written since it last started, bytes." }),
+    bytes_stored: Type.Integer({
+      description: "Guest RAM the layer holds (what differs from its parent), bytes.",
+    }),
+    merged: Type.Boolean({ description: "Its earlier pause layers were merged into this one." }),
+    freed_bytes: Type.Integer({ description: "The resident memory its QEMU had: what the pause gave back." }),
+  },
+  { description: "A pause: the sandbox (status paused) and what it took." },
+);
+export type PauseResponse = Static<typeof PauseResponse>;
+
+export const ResumeBody = Type.Object(
+  {
+    timeout_ms: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_SANDBOX_TIMEOUT_MS,
+        description: "Lifetime from now in ms (0 = none); absent: the one it had.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+// ---------------------------------------------------------------------------------------------------------------
+// forkd v0.5 workspaces
+
+export const WorkspaceNameParams = Type.Object(
+  { name: Type.String({ maxLength: 64 }) },
+  { additionalProperties: false },
+);
+
+export const WorkspaceInfoWire = Type.Object(
+  {
+    id: Type.String({ description: "ws-<sandbox id>." }),
+    name: Type.String(),
+    source_snapshot_tag: Type.String(),
+    current_state_tag: Type.Optional(Type.String({ description: "The layer of its latest suspend." })),
+    status: Type.Union([Type.Literal("running"), Type.Literal("suspended"), Type.Literal("stale")], {
+      description: "stale: its sandbox is gone (a host reboot while it ran); resume starts it again.",
+    }),
+    live_sandbox_id: Type.Optional(
+      Type.String({ description: "Its sandbox while running: the same id across suspends (unlike v0.5)." }),
+    ),
+    created_at_unix: Type.Integer(),
+    last_active_unix: Type.Integer(),
+    last_branch_memory_path: Type.Optional(
+      Type.String({ description: "The memory file of its latest suspend's layer (memory.layer)." }),
+    ),
+  },
+  { description: "forkd v0.5's WorkspaceInfo." },
+);
+export type WorkspaceInfoWire = Static<typeof WorkspaceInfoWire>;
+
+export const CreateWorkspaceBody = Type.Object(
+  {
+    name: Type.String({ description: "1-64 characters: ASCII letters, digits, '-', '_'." }),
+    snapshot_tag: Tag,
+    per_child_netns: Type.Optional(
+      Type.Boolean({ description: "v0.5 field: every sandbox with a network has its own namespace." }),
+    ),
+    memory_limit_mib: Type.Optional(
+      Nullable(Type.Integer({ minimum: MIN_MEMORY_LIMIT_MIB, maximum: MAX_MEMORY_LIMIT_MIB })),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const SuspendWorkspaceBody = Type.Object(
+  {
+    diff: Type.Optional(
+      Type.Boolean({
+        description:
+          "v0.5's flag. true: a layer over the previous suspend's (merged automatically when that stops paying); " +
+          "false (default): one layer holding everything since the workspace's snapshot.",
+      }),
+    ),
+  },
   { additionalProperties: false },
 );
 

@@ -52,8 +52,10 @@ export class AdoptedSandbox implements SandboxHandle {
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
-      // A daemon that died mid-BRANCH can leave its source stopped (the pause of a capture): running is the only
-      // state a sandbox of ours is left in, so continue it. A deliberately paused sandbox has no QEMU to adopt.
+      // A daemon that died mid-BRANCH or mid-pause (before its layer was published) can leave its source stopped:
+      // running is the only state a sandbox of ours is left in with a QEMU, so continue it (a paused sandbox has
+      // none). Before the re-attach: a stopped VM's virtio-serial port has no backend handlers, and
+      // chardev-change then fails ("does not support chardev hotswap").
       const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
       if (status.status === "paused") await qmp.execute("cont", {}, { signal });
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });

@@ -24,13 +24,7 @@ import { assertTag, isValidTag } from "../common/names.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
-import {
-  keepChangedPages,
-  LayerReader,
-  PAGE_SIZE,
-  writeMemoryLayer,
-  writePagesAt,
-} from "../store/memory-layer.js";
+import { PAGE_SIZE, writeMemoryLayer, writePagesAt } from "../store/memory-layer.js";
 import type { SnapshotStore, SnapshotWriter, StoredSnapshot } from "../store/snapshot-store.js";
 import {
   type FrozenDisk,
@@ -42,6 +36,7 @@ import { findGuestRamMapping, scanPrivatePages } from "../vmm/guest-memory.js";
 import { captureLive, MemoryPageSink } from "../vmm/live-capture.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { captureStopped } from "../vmm/stopped-capture.js";
+import { changedAgainstChain } from "./chain-ram.js";
 import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
@@ -135,6 +130,8 @@ export function interruptedBranchTag(reason: string | null): string | null {
 
 export class Brancher {
   private readonly perSource = new Map<string, Promise<unknown>>();
+  /** Live branches answered early (`wait: false`) whose snapshot is still being written, by source. */
+  private readonly writing = new Map<string, Promise<void>>();
   private running = 0;
 
   constructor(
@@ -147,6 +144,12 @@ export class Brancher {
     if (!Number.isInteger(concurrencyCap) || concurrencyCap < 1 || concurrencyCap > MAX_BRANCH_CONCURRENCY) {
       throw invalidArgument(`the BRANCH concurrency cap must be an integer in 1..${MAX_BRANCH_CONCURRENCY}`);
     }
+  }
+
+  /** Resolves once no branch of `sourceId` is still writing its snapshot (a pause must build on it). */
+  async settled(sourceId: string): Promise<void> {
+    await this.perSource.get(sourceId)?.catch(() => {});
+    await this.writing.get(sourceId);
   }
 
   /** BRANCHes admitted and not finished (waiting for an earlier branch of the same source included). */
@@ -260,9 +263,7 @@ export class Brancher {
             ? raw
             : {
                 ...raw,
-                ...(await withParentPages(chain, handle, (page) =>
-                  keepChangedPages(raw.pages, raw.data, page),
-                )),
+                ...(await changedAgainstChain(chain, handle.snapshotTag, handle.memoryImage, raw)),
               };
         const frozenDisk = frozen as FrozenDisk;
         const activeWriter = writer as SnapshotWriter;
@@ -320,7 +321,14 @@ export class Brancher {
         const pauseMs = await capture.resumed;
         // The rest happens in the background; the job row says "writing" until it is "ready" (row deleted) or
         // "failed". A daemon restart in between marks it failed and sweeps the staging directory.
-        finish().catch((err) => fail(err));
+        const background = finish().then(
+          () => {},
+          (err) => fail(err),
+        );
+        this.writing.set(handle.id, background);
+        background.finally(() => {
+          if (this.writing.get(handle.id) === background) this.writing.delete(handle.id);
+        });
         return {
           tag,
           mode,
@@ -414,43 +422,6 @@ export class Brancher {
     })();
     done.catch(() => resolveResumed(Number.NaN));
     return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
-  }
-}
-
-/**
- * Runs `use` with a reader of the parent's RAM content by page: the source's earlier branches (newest first; a
- * flat one has every page), then the image the source was restored from.
- */
-async function withParentPages<T>(
-  chain: StoredSnapshot[],
-  handle: SandboxHandle,
-  use: (parentPage: (page: number, into: Buffer) => Promise<void>) => Promise<T>,
-): Promise<T> {
-  const restoredAt = chain.findIndex((s) => s.tag === handle.snapshotTag);
-  const layers: LayerReader[] = [];
-  let flat = handle.memoryImage;
-  try {
-    for (const snapshot of chain.slice(restoredAt + 1).reverse()) {
-      if (snapshot.manifest.memory.format === "flat") {
-        flat = path.join(snapshot.dir, SNAPSHOT_FILES.memory);
-        break;
-      }
-      layers.push(await LayerReader.open(path.join(snapshot.dir, SNAPSHOT_FILES.memoryLayer)));
-    }
-    const base = await open(flat, "r");
-    try {
-      return await use(async (page, into) => {
-        for (const layer of layers) {
-          const slot = layer.slotOf(page);
-          if (slot >= 0) return layer.readSlot(slot, into);
-        }
-        await base.read(into, 0, PAGE_SIZE, page * PAGE_SIZE);
-      });
-    } finally {
-      await base.close();
-    }
-  } finally {
-    await Promise.all(layers.map((l) => l.close()));
   }
 }
 

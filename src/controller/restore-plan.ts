@@ -26,6 +26,14 @@ export interface RestorePlan {
   chain: StoredSnapshot[];
   /** The flat RAM image children map MAP_PRIVATE. */
   memoryImage: string;
+  /** The snapshot whose RAM `memoryImage` is: the head for a spawn, an ancestor for a resume (see below). */
+  memoryTag: string;
+  /**
+   * Memory layers of the chain above `memoryTag`, oldest first: each child gets their pages written into its RAM
+   * before its device state loads (a resumed sandbox maps the image it was spawned on and gets its own pages
+   * back, instead of an image assembled for it alone). Empty for a spawn.
+   */
+  pageLayers: string[];
   /** True when the image is on tmpfs: children can then be live-branched. */
   inMemory: boolean;
   /** An empty qcow2 overlay over the head's disk layer, copied for each child. */
@@ -62,10 +70,20 @@ function templatesDir(paths: ForkdPaths): string {
   return path.join(paths.home, "run", ".templates");
 }
 
+export interface PrepareRestoreOptions {
+  /** Map the RAM image from tmpfs (live BRANCH needs shmem). */
+  inMemory?: boolean;
+  /**
+   * Map the RAM image of this snapshot of the chain instead of the head's, and write the layers above it into
+   * the child (a resume: the sandbox keeps mapping what it was spawned on). A flat layer above it is used instead.
+   */
+  memoryTag?: string;
+}
+
 export async function prepareRestore(
   paths: ForkdPaths,
   tagOrSnapshot: string | StoredSnapshot,
-  options: { inMemory?: boolean } = {},
+  options: PrepareRestoreOptions = {},
 ): Promise<RestorePlan> {
   const store = new SnapshotStore(paths.snapshots);
   const tag = typeof tagOrSnapshot === "string" ? tagOrSnapshot : tagOrSnapshot.tag;
@@ -83,7 +101,14 @@ export async function prepareRestore(
     );
   }
   await verifyChainFiles(paths, chain);
-  const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
+  const memoryBase = memoryBaseIndex(chain, options.memoryTag);
+  const memoryImage = await flatImageFor(
+    chain.slice(0, memoryBase + 1),
+    memoryImageOptions(paths, options.inMemory),
+  );
+  const pageLayers = chain
+    .slice(memoryBase + 1)
+    .map((layer) => path.join(layer.dir, SNAPSHOT_FILES.memoryLayer));
   const overlayTemplate = path.join(
     templatesDir(paths),
     `${tag}-${selfOwnerToken()}-${randomBytes(4).toString("hex")}.qcow2`,
@@ -102,6 +127,8 @@ export async function prepareRestore(
     snapshot,
     chain,
     memoryImage,
+    memoryTag: (chain[memoryBase] as StoredSnapshot).tag,
+    pageLayers,
     inMemory: options.inMemory ?? false,
     overlayTemplate,
     dispose: async () => {
@@ -113,6 +140,26 @@ export async function prepareRestore(
       if (plansInProgress === 0) await rmdir(templatesDir(paths)).catch(() => {});
     },
   };
+}
+
+/**
+ * Which layer of `chain` children map the RAM image of: the head, or `memoryTag` (not_found if it is not in the
+ * chain), or the last flat layer above it (layers above a flat one do not need what is below it).
+ */
+function memoryBaseIndex(chain: StoredSnapshot[], memoryTag: string | undefined): number {
+  if (memoryTag === undefined) return chain.length - 1;
+  const at = chain.findIndex((s) => s.tag === memoryTag);
+  if (at < 0) {
+    throw new ForkdError(
+      "conflict",
+      `snapshot ${memoryTag} is not in the chain of ${chain[chain.length - 1]?.tag}: cannot map its RAM image`,
+    );
+  }
+  let base = at;
+  for (let i = at + 1; i < chain.length; i++) {
+    if ((chain[i] as StoredSnapshot).manifest.memory.format === "flat") base = i;
+  }
+  return base;
 }
 
 /**

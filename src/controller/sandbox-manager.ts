@@ -12,6 +12,7 @@ import type net from "node:net";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { lockHome } from "../common/home-lock.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
@@ -45,8 +46,12 @@ import {
   recordedIdentity,
 } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
+import { KeyedLock } from "./keyed-lock.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
+import { pauseLayerTag, writePauseLayer } from "./pause.js";
+import { branchPausedState } from "./paused-branch.js";
+import { pausedRowUpdate, residentBytes, settlePaused, validateOnTimeout } from "./paused-state.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
@@ -56,9 +61,13 @@ import type {
   ForkChild,
   ForkOutcome,
   NetworkStatus,
+  PauseOutcome,
+  PauseRequest,
+  ResumeRequest,
   SandboxInfo,
   SandboxMetrics,
   SandboxService,
+  SandboxStatus,
   SpawnRequest,
 } from "./sandbox-service.js";
 import {
@@ -74,6 +83,7 @@ import {
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 import { assertAlias } from "./template-aliases.js";
+import { Workspaces } from "./workspaces.js";
 
 /**
  * Lifetime of a sandbox spawned without one: none (it lives until killed), as in forkd v0.5. A daemon may set one
@@ -98,6 +108,8 @@ export const REATTACH_CONCURRENCY = 8;
 const BOOT_ID_KEY = "boot_id";
 /** Sandbox networks created at once within one spawn request. */
 export const NETWORK_SETUP_CONCURRENCY = 8;
+/** A lifetime that ended in a pause that failed is tried again this much later (the sandbox keeps running). */
+export const TIMEOUT_PAUSE_RETRY_MS = 60_000;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -124,6 +136,8 @@ interface Live {
   handle: SandboxHandle;
   /** Set when a kill started: calls still running then fail as "killed", not as a broken connection. */
   killing: boolean;
+  /** Set when a pause started: calls still running then fail as "paused". */
+  pausing?: boolean;
 }
 
 export class SandboxManager implements SandboxService {
@@ -144,6 +158,11 @@ export class SandboxManager implements SandboxService {
   private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
   private readonly portProxy = new PortProxy();
+  /** Pause, resume, kill and BRANCH of one sandbox run one at a time. */
+  private readonly locks = new KeyedLock();
+  /** Sandboxes whose lifetime ended and whose pause or kill is under way (the sweep starts each once). */
+  private readonly timingOut = new Set<string>();
+  readonly workspaces: Workspaces;
 
   private constructor(
     private readonly paths: ForkdPaths,
@@ -173,15 +192,18 @@ export class SandboxManager implements SandboxService {
           const current = this.db.sandbox(sandboxId);
           if (!current) return;
           const layers = [...(JSON.parse(current.layer_tags) as string[]), tag];
+          // Its pause layers are now under the branch's: part of a chain others depend on, no longer its own.
           this.db.updateSandbox(sandboxId, {
             last_branch_tag: tag,
             layer_tags: JSON.stringify(layers),
             branch_blocked: null,
+            pause_tags: "[]",
           });
         },
       },
       options.branchConcurrency,
     );
+    this.workspaces = new Workspaces(db, this, paths.snapshots);
   }
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
@@ -228,6 +250,10 @@ export class SandboxManager implements SandboxService {
     }
     const metadata = JSON.stringify(validateMetadata(request.metadata));
     const envVars = JSON.stringify(validateEnvVars(request.env));
+    const onTimeout = validateOnTimeout(request.onTimeout);
+    if (request.autoResume === true && onTimeout !== "pause") {
+      throw invalidArgument('auto_resume needs on_timeout "pause" (only a paused sandbox can be resumed)');
+    }
     const inbound = JSON.stringify(validateInbound(request.inbound));
     // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
     const reservations = [this.admission.reserveSpawn(n)];
@@ -292,6 +318,13 @@ export class SandboxManager implements SandboxService {
         traffic_token: newAccessToken(),
         template_alias: request.templateAlias ?? null,
         network: networkKind,
+        pause_tags: "[]",
+        pending_pause_tag: null,
+        memory_tag: null,
+        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+        on_timeout: onTimeout,
+        auto_resume: request.autoResume === true ? 1 : 0,
+        paused_at_unix_ms: null,
         inbound,
       };
     });
@@ -349,13 +382,7 @@ export class SandboxManager implements SandboxService {
               signal: request.signal,
               nic: nics.get(row.id),
               onSpawned: async (pid) => {
-                const startTime = await processStartTime(pid);
-                this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
-                if (cgroupRoot && memoryLimit !== null) {
-                  const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
-                  this.db.updateSandbox(row.id, { cgroup });
-                  row.cgroup = cgroup;
-                }
+                row.cgroup = await this.recordSpawned(row.id, pid, cgroupRoot, memoryLimit);
               },
             });
             started.push(sandbox);
@@ -403,23 +430,40 @@ export class SandboxManager implements SandboxService {
     }
   }
 
+  /** Records a just-spawned QEMU (so a restart finds it) and puts it under its memory limit; returns its cgroup. */
+  private async recordSpawned(
+    id: string,
+    pid: number,
+    cgroupRoot: MemoryCgroupRoot | null,
+    memoryLimit: number | null,
+  ): Promise<string | null> {
+    const startTime = await processStartTime(pid);
+    this.db.updateSandbox(id, { pid, pid_start_time: startTime });
+    if (!cgroupRoot || memoryLimit === null) return null;
+    const cgroup = await limitMemory(cgroupRoot, id, memoryLimit, pid);
+    this.db.updateSandbox(id, { cgroup });
+    return cgroup;
+  }
+
   /** See SandboxService.fork. */
   async fork(
     id: string,
     request: { count: number; timeoutMs?: number; signal?: AbortSignal },
   ): Promise<ForkOutcome> {
     const count = validateChildCount(request.count);
-    const live = this.liveOrThrow(id);
     const row = this.row(id);
+    // A paused sandbox forks from its paused state (no VM to capture).
+    const paused = row.status === "paused";
+    if (!paused) this.liveOrThrow(id);
     // Refused before anything is attempted when the host cannot take that many more (the children's own spawn
     // reserves them again when it starts).
     this.admission.reserveSpawn(count).release();
     const branched = await this.branch(id, {
       tag: `fork-${randomBytes(6).toString("hex")}`,
-      mode: row.live_fork === 1 ? "live" : "diff",
+      mode: row.live_fork === 1 && !paused ? "live" : "diff",
       signal: request.signal,
     });
-    this.snapshots.markEphemeral(branched.tag, `fork of ${live.handle.id}`);
+    this.snapshots.markEphemeral(branched.tag, `fork of ${id}`);
     const children = await this.spawnChildren(
       {
         snapshotTag: branched.tag,
@@ -442,10 +486,11 @@ export class SandboxManager implements SandboxService {
 
   // ---- queries ----
 
-  list(filter: { snapshotTag?: string } = {}): SandboxInfo[] {
+  list(filter: { snapshotTag?: string; status?: SandboxStatus } = {}): SandboxInfo[] {
     return this.db
       .sandboxes()
       .filter((r) => filter.snapshotTag === undefined || r.snapshot_tag === filter.snapshotTag)
+      .filter((r) => filter.status === undefined || r.status === filter.status)
       .map((r) => this.info(r));
   }
 
@@ -469,12 +514,17 @@ export class SandboxManager implements SandboxService {
       throw notFound(`sandbox ${id} not found (it was just killed)`);
     }
     if (row.status === "starting") throw conflict(`sandbox ${id} is still starting; kill it once spawned`);
-    const killing = (async () => {
+    // After a pause or resume in progress, whatever state that leaves it in.
+    const killing = this.locks.run(id, async () => {
       // A sandbox being re-attached is killed once that is settled (bounded by REATTACH_TIMEOUT_MS).
       await this.reattaching.get(id);
-      await this.destroy(row, "killed");
+      const current = this.db.sandbox(id);
+      if (!current) return;
+      await this.destroy(current, "killed");
       this.db.deleteSandbox(id);
-    })();
+      // Its pause layers go now, unless a snapshot depends on them (then once nothing does).
+      await this.collectSnapshots();
+    });
     this.killing.set(id, killing);
     try {
       await killing;
@@ -492,12 +542,176 @@ export class SandboxManager implements SandboxService {
     return rows.map((r) => r.id);
   }
 
+  // ---- pause and resume ----
+
+  /** See SandboxService.pause; pause.ts writes the layer. */
+  async pause(id: string, request: PauseRequest = {}): Promise<PauseOutcome> {
+    this.row(id);
+    return this.locks.run(id, () => this.pauseNow(id, request));
+  }
+
+  private async pauseNow(id: string, request: PauseRequest): Promise<PauseOutcome> {
+    // Right after a restart: once its re-attach is settled (bounded by REATTACH_TIMEOUT_MS).
+    await this.reattaching.get(id)?.catch(() => {});
+    const row = this.row(id);
+    if (row.status === "paused") throw conflict(`sandbox ${id} is already paused`);
+    const live = this.liveOrThrow(id);
+    if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be paused: ${row.branch_blocked}`);
+    // A live BRANCH still writing its snapshot: the sandbox's disk already builds on it.
+    await this.brancher.settled(id);
+    const parentTag = row.last_branch_tag ?? row.snapshot_tag;
+    const ramBytes = (await this.snapshots.store.get(parentTag)).manifest.memory.ramBytes;
+    // The copy of its private pages is held in memory until written: at most its whole RAM.
+    const buffer = this.admission.reserveMemory(ramBytes / 2 ** 20, `a pause of ${id}`);
+    const tag = pauseLayerTag(id);
+    const freedBytes = await residentBytes(live.handle.pid);
+    this.db.updateSandbox(id, { status: "pausing", pending_pause_tag: tag });
+    live.pausing = true;
+    let layer: Awaited<ReturnType<typeof writePauseLayer>>;
+    try {
+      layer = await writePauseLayer(
+        this.snapshots.store,
+        { handle: live.handle, parentTag, ownLayers: JSON.parse(row.pause_tags) as string[] },
+        { tag, merge: request.merge, signal: request.signal },
+      );
+    } catch (err) {
+      live.pausing = false;
+      // The VM runs again (writePauseLayer continued it), unless it died meanwhile (then it is marked dead).
+      if (this.db.sandbox(id)?.status === "pausing") {
+        this.db.updateSandbox(id, { status: "running", pending_pause_tag: null });
+      }
+      throw err;
+    } finally {
+      buffer.release();
+    }
+    this.recordPaused(row, layer.tag, layer.replaced);
+    crashPoint("pause.recorded");
+    await this.stopPausedVm(id, live);
+    this.log.info({ id, tag, pause_ms: layer.pause_ms, merged: layer.replaced.length > 0 }, "sandbox paused");
+    // Layers merged into this one go now, unless a snapshot depends on them.
+    if (layer.replaced.length > 0) await this.collectSnapshots();
+    return {
+      sandbox: this.get(id),
+      tag,
+      pause_ms: layer.pause_ms,
+      write_ms: layer.write_ms,
+      bytes_captured: layer.bytes_captured,
+      bytes_stored: layer.pages * 4096,
+      merged: layer.replaced.length > 0,
+      freed_bytes: freedBytes,
+    };
+  }
+
+  /**
+   * The database's side of a published pause layer, as one step: the sandbox is paused in `tag` (which layers
+   * are its own, what its chain is). Also what a restart does for a pause that published its layer and crashed.
+   */
+  private recordPaused(row: SandboxRow, tag: string, replaced: readonly string[]): void {
+    this.snapshots.markEphemeral(tag, `the paused state of ${row.id}`);
+    this.db.updateSandbox(row.id, pausedRowUpdate(row, tag, replaced));
+  }
+
+  /** The VM of a sandbox whose state is safe in its pause layer goes, and with it its RAM and cgroup. */
+  private async stopPausedVm(id: string, live: Live): Promise<void> {
+    live.killing = true;
+    await live.handle.destroy();
+    this.live.delete(id);
+    const row = this.db.sandbox(id);
+    if (row?.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    this.db.updateSandbox(id, { pid: null, pid_start_time: null, cgroup: null });
+    this.networks.release(id);
+    this.metricsSampler.forget(id);
+  }
+
+  /** See SandboxService.resume: restored like a spawn (Sandbox.restore), from its pause layer, under its id. */
+  async resume(id: string, request: ResumeRequest = {}): Promise<SandboxInfo> {
+    this.row(id);
+    if (request.timeoutMs !== undefined && !isIntIn(request.timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    return this.locks.run(id, () => this.resumeNow(id, request));
+  }
+
+  private async resumeNow(id: string, request: ResumeRequest): Promise<SandboxInfo> {
+    const row = this.row(id);
+    if (row.status === "running") throw conflict(`sandbox ${id} is already running`);
+    if (row.status !== "paused") throw conflict(`sandbox ${id} is ${row.status}, not paused`);
+    const tag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
+    if (!tag) throw new ForkdError("internal", `paused sandbox ${id} has no pause layer recorded`);
+    const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
+    const reservation = this.admission.reserveSpawn(1);
+    let plan: RestorePlan | undefined;
+    this.db.updateSandbox(id, { status: "resuming" });
+    crashPoint("resume.started");
+    try {
+      const snapshot = await this.snapshots.bootable(tag);
+      const memoryLimit = row.memory_limit_mib;
+      const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
+      plan = await prepareRestore(this.paths, snapshot, {
+        inMemory: row.live_fork === 1,
+        memoryTag: row.memory_tag ?? row.snapshot_tag,
+      });
+      const nic = await this.networks.reattach(id, row.network, snapshot.manifest.machine.nic ?? null);
+      const sandbox = await Sandbox.restore(this.paths, plan, {
+        id,
+        outliveHost: true,
+        signal: request.signal,
+        nic,
+        onSpawned: async (pid) => {
+          await this.recordSpawned(id, pid, cgroupRoot, memoryLimit);
+          crashPoint("resume.launched");
+        },
+      });
+      crashPoint("resume.restored");
+      this.db.updateSandbox(id, {
+        status: "running",
+        memory_image: sandbox.memoryImage,
+        memory_tag: plan.memoryTag === row.snapshot_tag ? null : plan.memoryTag,
+        ready_ms: Math.round(sandbox.readyMs * 10) / 10,
+        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+        expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
+        paused_at_unix_ms: null,
+      });
+      this.live.set(id, { handle: sandbox, killing: false });
+      this.watchExit(sandbox);
+    } catch (err) {
+      await this.revertResume(id);
+      throw err;
+    } finally {
+      reservation.release();
+      await plan?.dispose();
+    }
+    crashPoint("resume.recorded");
+    this.log.info({ id, tag }, "sandbox resumed");
+    return this.get(id);
+  }
+
+  /** A resume that did not finish leaves the sandbox paused, as before it, with nothing of the attempt left. */
+  private async revertResume(id: string): Promise<void> {
+    const row = this.db.sandbox(id);
+    if (!row) return;
+    await settlePaused(this.db, row);
+    this.networks.release(id);
+  }
+
+  /** Deletes the daemon's own snapshots nothing needs any more (pause layers, fork points) now. */
+  private async collectSnapshots(): Promise<void> {
+    const deleted = await this.snapshots.collectEphemeral().catch((err: unknown) => {
+      this.log.warn({ err: errorMessage(err) }, "could not delete unused snapshots");
+      return [] as string[];
+    });
+    if (deleted.length > 0) this.log.info({ tags: deleted }, "deleted snapshots nothing needs any more");
+  }
+
   setTimeout(id: string, timeoutMs: number): SandboxInfo {
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
     }
     this.liveOrThrow(id);
-    this.db.updateSandbox(id, { expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs });
+    this.db.updateSandbox(id, {
+      expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
+      timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+    });
     return this.get(id);
   }
 
@@ -688,6 +902,11 @@ export class SandboxManager implements SandboxService {
     try {
       return await fn(live.handle.agent);
     } catch (err) {
+      if (live.pausing) {
+        throw new ForkdError("conflict", `sandbox ${id} was paused while the call was running`, {
+          cause: err,
+        });
+      }
       if (live.killing || !this.live.has(id)) {
         throw new ForkdError("conflict", `sandbox ${id} was killed while the call was running`, {
           cause: err,
@@ -700,7 +919,7 @@ export class SandboxManager implements SandboxService {
   private liveOrThrow(id: string): Live {
     const row = this.row(id);
     const live = this.live.get(id);
-    if (live && !live.killing) return live;
+    if (live && !live.killing && !live.pausing) return live;
     if (this.reattaching.has(id)) {
       throw new ForkdError(
         "unavailable",
@@ -709,6 +928,17 @@ export class SandboxManager implements SandboxService {
     }
     if (row.status === "dead") throw conflict(`sandbox ${id} is dead: ${row.error ?? "its VM exited"}`);
     if (row.status === "starting") throw conflict(`sandbox ${id} is still starting`);
+    if (row.status === "paused") {
+      throw new ForkdError(
+        "conflict",
+        `sandbox ${id} is paused; resume it first (POST /v1/sandboxes/${id}/resume)`,
+        {
+          detail: { status: "paused" },
+        },
+      );
+    }
+    if (row.status === "pausing") throw conflict(`sandbox ${id} is being paused`, { status: "pausing" });
+    if (row.status === "resuming") throw conflict(`sandbox ${id} is being resumed`, { status: "resuming" });
     throw conflict(`sandbox ${id} is being stopped`);
   }
 
@@ -721,11 +951,13 @@ export class SandboxManager implements SandboxService {
 
   /** Sandboxes (not dead) that depend on snapshot `tag`: restored from it or from a descendant, or branched into it. */
   private usersOf(tag: string): string[] {
+    // A workspace's sandbox that died keeps its layers: resuming the workspace starts again from them.
+    const workspaceSandboxes = new Set(this.db.workspaces().map((w) => w.sandbox_id));
     return this.db
       .sandboxes()
       .filter(
         (r) =>
-          r.status !== "dead" &&
+          (r.status !== "dead" || workspaceSandboxes.has(r.id)) &&
           (r.snapshot_tag === tag || (JSON.parse(r.layer_tags) as string[]).includes(tag)),
       )
       .map((r) => r.id);
@@ -785,14 +1017,20 @@ export class SandboxManager implements SandboxService {
 
   /** Snapshots running sandbox `id` mid-work; it keeps running. See branch.ts. */
   async branch(id: string, request: BranchRequest & { alias?: string } = {}): Promise<BranchOutcome> {
-    const live = this.liveOrThrow(id);
+    this.row(id);
+    if (request.alias !== undefined) assertAlias(request.alias);
+    return this.locks.run(id, () => this.branchNow(id, request));
+  }
+
+  private async branchNow(id: string, request: BranchRequest & { alias?: string }): Promise<BranchOutcome> {
     const row = this.row(id);
+    if (row.status === "paused") return this.named(await this.branchPaused(row, request), request.alias);
+    const live = this.liveOrThrow(id);
     // The mark of a BRANCH this process is running is no obstacle: branches of one source queue behind each other.
     const inFlight = this.brancher.isBranching(id) && interruptedBranchTag(row.branch_blocked) !== null;
     if (row.branch_blocked && !inFlight) {
       throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
     }
-    if (request.alias !== undefined) assertAlias(request.alias);
     const { alias, ...branchRequest } = request;
     // The copy of the source's private pages is held in memory: at most its whole RAM.
     const ramBytes = (await this.snapshots.store.get(row.snapshot_tag)).manifest.memory.ramBytes;
@@ -810,15 +1048,34 @@ export class SandboxManager implements SandboxService {
     } finally {
       buffer.release();
     }
-    if (alias !== undefined) {
-      const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
-      await this.snapshots.aliases.set(alias, result.tag);
-      // The name moved on: its earlier snapshot goes once nothing else needs it.
-      if (previous !== undefined && previous !== result.tag) {
-        this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
-        this.requestCollection();
-      }
+    return this.named({ ...result, snapshot: await this.snapshots.get(result.tag) }, alias);
+  }
+
+  /** Points template alias `alias` (if given) at the branch's snapshot; the one it named before goes once unused. */
+  private async named(outcome: BranchOutcome, alias: string | undefined): Promise<BranchOutcome> {
+    if (alias === undefined) return outcome;
+    const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
+    await this.snapshots.aliases.set(alias, outcome.tag);
+    // The name moved on: its earlier snapshot goes once nothing else needs it.
+    if (previous !== undefined && previous !== outcome.tag) {
+      this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
+      this.requestCollection();
     }
+    return { ...outcome, snapshot: await this.snapshots.get(outcome.tag) };
+  }
+
+  /** A BRANCH of a paused sandbox: a snapshot of its paused state (paused-branch.ts), no VM involved. */
+  private async branchPaused(row: SandboxRow, request: BranchRequest): Promise<BranchOutcome> {
+    const pauseTag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
+    if (!pauseTag) throw new ForkdError("internal", `paused sandbox ${row.id} has no pause layer recorded`);
+    const result = await branchPausedState(this.paths, this.db, {
+      sandboxId: row.id,
+      pauseTag,
+      tag: request.tag,
+      mode: request.mode,
+      parentTag: request.parentTag,
+      signal: request.signal,
+    });
     return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
 
@@ -831,6 +1088,11 @@ export class SandboxManager implements SandboxService {
       memory_limit_mib: row.memory_limit_mib,
       status: row.status,
       expires_at_unix_ms: row.expires_at_unix_ms,
+      timeout_ms: row.timeout_ms,
+      on_timeout: row.on_timeout,
+      auto_resume: row.auto_resume === 1,
+      pause_tag: (JSON.parse(row.pause_tags) as string[]).at(-1) ?? null,
+      paused_at_unix_ms: row.paused_at_unix_ms,
       ready_ms: row.ready_ms,
       accelerator: row.accelerator,
       live_fork: row.live_fork === 1,
@@ -901,11 +1163,27 @@ export class SandboxManager implements SandboxService {
     await this.sweepRunDir();
     // Start times count from boot: recorded ones belong to the boot the database last saw (unknown = this one).
     const recordedBoot = this.db.meta(BOOT_ID_KEY) ?? currentBootId();
+    const paused = new Set<string>();
     const survivors: { row: SandboxRow; identity: ProcessIdentity }[] = [];
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
       const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
       const alive = identity !== null && (await isOurProcess(identity, row.run_dir));
+      if (row.status === "pausing") {
+        if (await this.finishPublishedPause(row)) {
+          paused.add(row.id);
+          continue;
+        }
+        // Its layer was never published: the VM was only stopped, and runs on (continued once adopted).
+        this.db.updateSandbox(row.id, { status: "running", pending_pause_tag: null });
+        row.status = "running";
+      }
+      // A resume that did not finish is undone: the sandbox is paused, as it was before.
+      if (row.status === "paused" || row.status === "resuming") {
+        await settlePaused(this.db, row);
+        paused.add(row.id);
+        continue;
+      }
       if (row.status !== "running" || !alive || identity === null) {
         const why =
           row.status === "starting"
@@ -917,7 +1195,8 @@ export class SandboxManager implements SandboxService {
       survivors.push({ row, identity });
     }
     // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
-    await this.networks.reconcile(new Set(survivors.map((s) => s.row.id)));
+    // Paused sandboxes keep theirs (a host reboot removed the namespace: resume makes it again).
+    await this.networks.reconcile(new Set(survivors.map((s) => s.row.id)), paused);
     this.db.setMeta(BOOT_ID_KEY, currentBootId());
     this.reattached = this.reattachAll(survivors);
   }
@@ -984,6 +1263,22 @@ export class SandboxManager implements SandboxService {
   }
 
   /**
+   * A pause whose layer was published before the daemon died completes: the database records it, the stopped VM
+   * goes (it shares its disk file with the layer, so it must never run again). False when nothing was published.
+   */
+  private async finishPublishedPause(row: SandboxRow): Promise<boolean> {
+    const tag = row.pending_pause_tag;
+    if (tag === null || !(await this.snapshots.store.exists(tag))) return false;
+    const layer = await this.snapshots.store.get(tag);
+    const own = JSON.parse(row.pause_tags) as string[];
+    const merged = own.length > 0 && layer.manifest.parent?.tag !== own.at(-1);
+    this.recordPaused(row, tag, merged ? own : []);
+    await settlePaused(this.db, row);
+    this.log.info({ id: row.id, tag }, "finished a pause the previous daemon had published");
+    return true;
+  }
+
+  /**
    * Removes what dead processes left in the run directory: overlay templates of spawns that never finished,
    * and directories of VMs no record knows about (their processes are killed first).
    */
@@ -1012,8 +1307,7 @@ export class SandboxManager implements SandboxService {
     for (const row of this.db.sandboxes()) {
       if (row.status !== "running") continue;
       if (row.expires_at_unix_ms !== null && row.expires_at_unix_ms <= now) {
-        await this.destroy(row, "lifetime expired");
-        this.db.deleteSandbox(row.id);
+        this.endLifetime(row);
         continue;
       }
       const live = this.live.get(row.id);
@@ -1028,6 +1322,46 @@ export class SandboxManager implements SandboxService {
       const deleted = await this.snapshots.collectEphemeral();
       if (deleted.length > 0) this.log.info({ tags: deleted }, "deleted snapshots nothing needs any more");
     }
+  }
+
+  /**
+   * A lifetime ran out: the sandbox is paused or killed (its `on_timeout`), in the background, once. A pause that
+   * fails leaves it running and is tried again TIMEOUT_PAUSE_RETRY_MS later: a timeout never loses its state.
+   */
+  private endLifetime(row: SandboxRow): void {
+    if (this.timingOut.has(row.id)) return;
+    this.timingOut.add(row.id);
+    const stillExpired = () => {
+      const current = this.db.sandbox(row.id);
+      return current?.status === "running" && (current.expires_at_unix_ms ?? Infinity) <= Date.now()
+        ? current
+        : undefined;
+    };
+    (async () => {
+      if (row.on_timeout === "pause") {
+        try {
+          await this.locks.run(row.id, async () => {
+            if (stillExpired()) await this.pauseNow(row.id, {});
+          });
+          this.log.info({ id: row.id }, "lifetime ended: paused");
+        } catch (err) {
+          if (this.db.sandbox(row.id)?.status === "running") {
+            this.db.updateSandbox(row.id, { expires_at_unix_ms: Date.now() + TIMEOUT_PAUSE_RETRY_MS });
+          }
+          this.log.warn({ id: row.id, err: errorMessage(err) }, "lifetime ended, but the pause failed");
+        }
+        return;
+      }
+      await this.locks.run(row.id, async () => {
+        const current = stillExpired();
+        if (!current) return;
+        await this.destroy(current, "lifetime expired");
+        this.db.deleteSandbox(row.id);
+      });
+      await this.collectSnapshots();
+    })()
+      .catch((err: unknown) => this.log.warn({ id: row.id, err: errorMessage(err) }, "lifetime end failed"))
+      .finally(() => this.timingOut.delete(row.id));
   }
 
   /** Asks the next sweep to delete the daemon's own snapshots that nothing needs any more. */
@@ -1048,7 +1382,9 @@ export class SandboxManager implements SandboxService {
 function branchCount(row: SandboxRow): number {
   const layers = JSON.parse(row.layer_tags) as string[];
   const restoredAt = layers.lastIndexOf(row.snapshot_tag);
-  return restoredAt < 0 ? 0 : layers.length - 1 - restoredAt;
+  if (restoredAt < 0) return 0;
+  // Its pause layers are not branches (pause.ts names them pause-<id>-...).
+  return layers.slice(restoredAt + 1).filter((t) => !t.startsWith(`pause-${row.id}-`)).length;
 }
 
 /** The last few KiB of a command's output, for an error message. */

@@ -31,6 +31,7 @@ import {
   applyEgressPolicy,
   createSandboxNetwork,
   removeSandboxNetwork,
+  sandboxNetworkComplete,
 } from "../net/namespace.js";
 import { MIN_DNS_ALLOW_SECONDS } from "../net/nft.js";
 import {
@@ -191,13 +192,55 @@ export class SandboxNetworks {
     }
     this.db.updateNetwork(sandboxId, { state: "ready" });
     this.register(sandboxId, address, policy);
-    return {
-      backend: "tap",
-      launch: {
-        netns: { join: netnsPath(names.netns) },
-        tap: { name: TAP_IFNAME, fd: TAP_FD, vnetHdr: nic.vnetHdr },
-      },
-    };
+    return tapIn(names.netns, nic.vnetHdr);
+  }
+
+  /**
+   * A paused sandbox's VM is gone: its namespace, address and policy stay (so its identity survives the pause)
+   * but it answers no DNS until it runs again.
+   */
+  release(sandboxId: string): void {
+    const row = this.db.network(sandboxId);
+    if (row) this.byAddress.delete(row.address);
+  }
+
+  /**
+   * The NIC of a sandbox that runs again after a pause: its own namespace, created again with the same address,
+   * policy and rules generation when it is gone (a host reboot) or incomplete; a private one for "private".
+   */
+  async reattach(
+    sandboxId: string,
+    kind: "netns" | "private" | "none",
+    nic: { vnetHdr: boolean } | null,
+  ): Promise<NicAttachment | undefined> {
+    if (!nic || kind === "none") return undefined;
+    if (kind === "private") return privateNic(nic.vnetHdr);
+    const row = this.db.network(sandboxId);
+    if (!row) {
+      throw conflict(`sandbox ${sandboxId} lost its network record; it cannot get its address back`);
+    }
+    if (this.mode !== "netns") {
+      throw new ForkdError(
+        "unavailable",
+        `sandbox ${sandboxId} has a network namespace of its own, and this daemon runs isolated sandboxes (${this.reason})`,
+      );
+    }
+    const policy = compilePolicy(JSON.parse(row.policy) as EgressPolicy);
+    if (row.state !== "ready" || !(await sandboxNetworkComplete(sandboxId))) {
+      this.db.updateNetwork(sandboxId, { state: "creating" });
+      await removeSandboxNetwork(sandboxId);
+      await createSandboxNetwork({
+        sandboxId,
+        address: row.address,
+        config: this.config,
+        policy,
+        generation: row.generation,
+      });
+      this.db.updateNetwork(sandboxId, { state: "ready" });
+      this.log.info({ id: sandboxId, address: row.address }, "recreated a paused sandbox's network");
+    }
+    this.register(sandboxId, row.address, policy);
+    return tapIn(row.netns, nic.vnetHdr);
   }
 
   /** Removes everything of `sandboxId`'s network; idempotent (a no-op without a record). */
@@ -267,15 +310,17 @@ export class SandboxNetworks {
   }
 
   /**
-   * After a restart: sandboxes in `live` get their DNS registration back; every other record's network is
-   * removed (whatever of it exists) and the record deleted.
+   * After a restart: sandboxes in `live` get their DNS registration back; the records of `paused` ones stay as
+   * they are (resume recreates what a reboot removed); every other record's network is removed (whatever of it
+   * exists) and the record deleted.
    */
-  async reconcile(live: ReadonlySet<string>): Promise<void> {
+  async reconcile(live: ReadonlySet<string>, paused: ReadonlySet<string> = new Set()): Promise<void> {
     for (const row of this.db.networks()) {
       if (live.has(row.sandbox_id) && row.state === "ready") {
         this.register(row.sandbox_id, row.address, compilePolicy(JSON.parse(row.policy) as EgressPolicy));
         continue;
       }
+      if (paused.has(row.sandbox_id)) continue;
       await this.detach(row.sandbox_id).catch((err: unknown) =>
         this.log.warn({ id: row.sandbox_id, err: errorMessage(err) }, "could not remove a sandbox network"),
       );
@@ -324,6 +369,14 @@ export class SandboxNetworks {
     for (let i = 0; i < 32; i++) yield subnetAddress(this.config, randomInt(2, size - 1));
     for (let i = 2; i < size - 1; i++) yield subnetAddress(this.config, i);
   }
+}
+
+/** The tap of namespace `netns`, as the launcher opens it for QEMU. */
+function tapIn(netns: string, vnetHdr: boolean): NicAttachment {
+  return {
+    backend: "tap",
+    launch: { netns: { join: netnsPath(netns) }, tap: { name: TAP_IFNAME, fd: TAP_FD, vnetHdr } },
+  };
 }
 
 /** A NIC that leads nowhere: a tap in a fresh namespace of QEMU's own, or no peer at all. */

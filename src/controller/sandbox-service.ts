@@ -65,7 +65,14 @@ export interface BranchOutcome {
   snapshot: SnapshotInfo;
 }
 
-export type SandboxStatus = "starting" | "running" | "stopping" | "dead";
+/**
+ * starting → running ⇄ paused (through pausing and resuming); stopping while being killed; dead when its VM died
+ * under it (kept so callers learn why).
+ */
+export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
+
+/** What the end of a sandbox's lifetime does: kill it (the default) or pause it (E2B's onTimeout). */
+export type OnTimeout = "kill" | "pause";
 
 export interface SandboxInfo {
   id: string;
@@ -74,8 +81,20 @@ export interface SandboxInfo {
   pid: number | null;
   memory_limit_mib: number | null;
   status: SandboxStatus;
-  /** When the sandbox will be killed unless its timeout is extended (unix ms); null = no lifetime limit. */
+  /**
+   * When the sandbox's lifetime ends unless extended (unix ms): then it is killed or paused (`on_timeout`); null
+   * = no lifetime limit (and while paused).
+   */
   expires_at_unix_ms: number | null;
+  /** The lifetime it got at spawn (or its last resume), restarted at every resume, in ms; null = none. */
+  timeout_ms: number | null;
+  on_timeout: OnTimeout;
+  /** A data-plane request to it while paused resumes it (E2B's autoResume); the forkd API never does. */
+  auto_resume: boolean;
+  /** The snapshot layer holding its paused state (kept while it runs again: its disk builds on it), or null. */
+  pause_tag: string | null;
+  /** When it was paused (unix ms), while paused; else null. */
+  paused_at_unix_ms: number | null;
   /** Restore to ready, in ms. */
   ready_ms: number | null;
   accelerator: "kvm" | "tcg";
@@ -162,9 +181,79 @@ export interface SpawnRequest {
   templateAlias?: string;
   /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
   network?: NetworkRequest;
+  /** What the end of the lifetime does (default kill). */
+  onTimeout?: OnTimeout;
+  /** A data-plane request to it while paused resumes it (E2B's autoResume); needs onTimeout "pause". */
+  autoResume?: boolean;
   /** How its ports are reached; default: public, the request's own Host, plain HTTP (E2B's defaults). */
   inbound?: Partial<InboundSettings>;
   signal?: AbortSignal;
+}
+
+/** A pause, as it went. */
+export interface PauseOutcome {
+  sandbox: SandboxInfo;
+  /** The layer its state is in. */
+  tag: string;
+  /** How long the guest was stopped before its state was out of the VM. */
+  pause_ms: number;
+  /** From the stop to the layer on disk (the call's answer follows once the VM is gone). */
+  write_ms: number;
+  /** Pages the VM had written since it last started, bytes. */
+  bytes_captured: number;
+  /** What the layer holds (the pages that differ from its parent), bytes of guest RAM. */
+  bytes_stored: number;
+  /** The sandbox's earlier pause layers were merged into this one. */
+  merged: boolean;
+  /** Host memory its QEMU process had (resident set) when it was stopped, bytes: what the pause gave back. */
+  freed_bytes: number;
+}
+
+export interface PauseRequest {
+  /** "always": write one layer holding everything since its base (merging earlier pause layers). */
+  merge?: "auto" | "always";
+  signal?: AbortSignal;
+}
+
+export interface ResumeRequest {
+  /** The lifetime from now, in ms (0 = none); default: the one it had. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+/** forkd v0.5's stateful workspaces: a name for a sandbox that is suspended (paused) and resumed by name. */
+export interface WorkspaceInfo {
+  /** `ws-<sandbox id>` (v0.5 derives it from the first sandbox's id). */
+  id: string;
+  name: string;
+  source_snapshot_tag: string;
+  /** The layer of its latest suspend; absent before the first one. */
+  current_state_tag?: string;
+  /** running; suspended (paused); stale: its sandbox is gone (a host reboot while it ran), resume restarts it. */
+  status: "running" | "suspended" | "stale";
+  /** Its sandbox while running (the same id across suspends, unlike v0.5). */
+  live_sandbox_id?: string;
+  created_at_unix: number;
+  last_active_unix: number;
+  /** The memory file of its latest suspend's layer (v0.5 named memory.bin; forkd's is memory.layer). */
+  last_branch_memory_path?: string;
+}
+
+export interface WorkspaceService {
+  list(): WorkspaceInfo[];
+  get(name: string): WorkspaceInfo;
+  create(request: {
+    name: string;
+    snapshotTag: string;
+    memoryLimitMiB?: number;
+    network?: NetworkRequest;
+    signal?: AbortSignal;
+  }): Promise<WorkspaceInfo>;
+  /** `diff` (v0.5's flag): write a layer over the previous suspend's; else one layer over the workspace's base. */
+  suspend(name: string, request?: { diff?: boolean; signal?: AbortSignal }): Promise<WorkspaceInfo>;
+  resume(name: string, request?: { signal?: AbortSignal }): Promise<WorkspaceInfo>;
+  /** Kills its sandbox (if any) and forgets it; its layers go unless a snapshot depends on them. */
+  delete(name: string): Promise<void>;
 }
 
 /** Processes that outlive the call that started them (the agent's process table), per sandbox. */
@@ -206,10 +295,24 @@ export interface SandboxService {
   spawn(request: SpawnRequest): Promise<SandboxInfo[]>;
   /** BRANCHes admitted and not yet answered, and the host-wide cap on them (metrics). */
   branchLoad(): { inFlight: number; cap: number };
-  list(filter?: { snapshotTag?: string }): SandboxInfo[];
+  list(filter?: { snapshotTag?: string; status?: SandboxStatus }): SandboxInfo[];
   get(id: string): SandboxInfo;
-  /** Kills and forgets the sandbox; not_found if unknown. */
+  /**
+   * Kills and forgets the sandbox (running or paused: a paused one's layers go too, unless a snapshot depends
+   * on them); not_found if unknown.
+   */
   kill(id: string): Promise<void>;
+  /**
+   * Pauses a running sandbox: its state into a snapshot layer, its VM stopped and its RAM given back; its id,
+   * settings, tokens and network stay. conflict if it is not running (already paused included).
+   */
+  pause(id: string, request?: PauseRequest): Promise<PauseOutcome>;
+  /**
+   * Runs a paused sandbox again under the same id, where it was: processes, files, interpreter, with the host's
+   * clock and fresh entropy; its lifetime starts again. conflict if it is not paused.
+   */
+  resume(id: string, request?: ResumeRequest): Promise<SandboxInfo>;
+  workspaces: WorkspaceService;
   /** Kills every sandbox (of one snapshot, if given); returns the ids killed. */
   killAll(filter?: { snapshotTag?: string }): Promise<string[]>;
   /** Sets the remaining lifetime to `timeoutMs` from now (0 = no limit). */

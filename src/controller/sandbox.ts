@@ -3,13 +3,17 @@
  * disk overlay), a QEMU process whose RAM maps the snapshot's memory file MAP_PRIVATE, and the agent channel.
  */
 import { randomBytes } from "node:crypto";
-import { copyFile, mkdir, rm } from "node:fs/promises";
+import { closeSync, openSync } from "node:fs";
+import { copyFile, mkdir, readFile, rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { readLayerIndex } from "../store/memory-layer.js";
+import { type GuestRamMapping, writePagesFromFile } from "../vmm/guest-memory.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
+import { type DeferredDeviceState, deferredDeviceState, loadPagesThenState } from "../vmm/page-restore.js";
 import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { raceExit } from "./boot.js";
@@ -33,7 +37,7 @@ export interface SandboxHandle {
   readonly pid: number;
   readonly runDir: string;
   readonly agent: AgentClient;
-  /** The snapshot it was restored from. */
+  /** The snapshot whose RAM image it maps (what it was restored from, or for a resumed sandbox what it was spawned on). */
   readonly snapshotTag: string;
   /** The flat RAM image its guest RAM maps MAP_PRIVATE. */
   readonly memoryImage: string;
@@ -103,8 +107,12 @@ export class Sandbox implements SandboxHandle {
     const { signal } = deadline;
     let vm: VmHandle | undefined;
     let agent: AgentClient | undefined;
+    let deferred: DeferredDeviceState | undefined;
     try {
       await mkdir(runDir, { recursive: true, mode: 0o700 });
+      const deviceState = path.join(dir, SNAPSHOT_FILES.deviceState);
+      // Pages to write first: the device state then goes through a FIFO, fed once RAM is complete.
+      if (plan.pageLayers.length > 0) deferred = deferredDeviceState(runDir);
       const disk = path.join(runDir, RUN_FILES.disk);
       await copyFile(plan.overlayTemplate, disk);
       const snapshotNic = manifest.machine.nic;
@@ -115,7 +123,7 @@ export class Sandbox implements SandboxHandle {
           memoryFile: plan.memoryImage,
           shared: false,
           disk,
-          restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+          restoreFrom: deferred?.path ?? deviceState,
           nicBackend: nic?.backend,
         }),
         {
@@ -127,6 +135,20 @@ export class Sandbox implements SandboxHandle {
       );
       const launched = vm;
       await options.onSpawned?.(launched.pid);
+      if (deferred) {
+        const layers = plan.pageLayers;
+        await raceExit(
+          launched,
+          loadPagesThenState(
+            launched,
+            deferred,
+            await readFile(deviceState),
+            (mapping) => writeLayerPages(mapping, layers),
+            { signal, expectedBytes: manifest.memory.ramBytes },
+          ),
+          `sandbox ${id}: writing its pages`,
+        );
+      }
       // Every later call on this sandbox gets the same patience as its restore: a loaded TCG host is slow.
       agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
         callTimeoutMs: readyTimeoutMs,
@@ -148,7 +170,7 @@ export class Sandbox implements SandboxHandle {
       const readyMs = performance.now() - started;
       return new Sandbox(
         id,
-        snapshot.tag,
+        plan.memoryTag,
         plan.memoryImage,
         runDir,
         launched,
@@ -173,6 +195,7 @@ export class Sandbox implements SandboxHandle {
         ? err
         : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
     } finally {
+      deferred?.dispose();
       deadline.dispose();
     }
   }
@@ -186,5 +209,18 @@ export class Sandbox implements SandboxHandle {
       await rm(this.runDir, { recursive: true, force: true });
     })();
     return this.destroyed;
+  }
+}
+
+/** Writes every page of `layers` (oldest first, so a newer layer's page wins) into a restoring child's RAM. */
+async function writeLayerPages(mapping: GuestRamMapping, layers: readonly string[]): Promise<void> {
+  for (const layer of layers) {
+    const { pages, dataOffset } = await readLayerIndex(layer);
+    const fd = openSync(layer, "r");
+    try {
+      writePagesFromFile(mapping, pages, fd, dataOffset);
+    } finally {
+      closeSync(fd);
+    }
   }
 }

@@ -12,6 +12,7 @@ import { registerEnvd } from "./envd/index.js";
 import { registerInterpreter } from "./interpreter/index.js";
 import { registerPorts, upgradeToSandboxPort } from "./ports.js";
 import { type SandboxSurface, SURFACE_CONSTRAINT } from "./routing.js";
+import { autoResume } from "./session.js";
 
 export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
@@ -59,6 +60,8 @@ async function registerSurface(
       // The data plane is envd's and the interpreter's protocol, not part of the daemon's OpenAPI document.
       route.schema = { ...route.schema, hide: true };
     });
+    // Before the surface's own hooks, which want the sandbox running.
+    scope.addHook("onRequest", async (request) => autoResume(request, context));
     await register(scope, context);
   });
 }

@@ -15,6 +15,7 @@ import type { E2bContext } from "./context.js";
 import { SandboxUnreachable, sendE2bError, toE2bError } from "./errors.js";
 import { sandboxAddressOf, surfaceOf } from "./routing.js";
 import {
+  autoResume,
   header,
   resolveSandbox,
   type SandboxSession,
@@ -59,24 +60,29 @@ export function upgradeToSandboxPort(
     const address = sandboxAddressOf(req.headers);
     if (address === null) return false;
     socket.on("error", () => {});
-    try {
-      if (surfaceOf(address.port) !== "port") {
-        throw new ForkdError(
-          "not_found",
-          `port ${address.port} is the daemon's own envd or code interpreter, which take no upgrades`,
+    void (async () => {
+      try {
+        if (surfaceOf(address.port) !== "port") {
+          throw new ForkdError(
+            "not_found",
+            `port ${address.port} is the daemon's own envd or code interpreter, which take no upgrades`,
+          );
+        }
+        // A paused autoResume sandbox wakes for an upgrade carrying its token, as for any data-plane request.
+        await autoResume(req, context);
+        if (socket.destroyed) return;
+        const session = sandboxSession(req.headers, context);
+        admit(req.headers, context, session);
+        context.services.sandboxes.proxyUpgrade(session.sandboxId, session.port, req, socket, head);
+      } catch (err) {
+        const { code, message } = toE2bError(err);
+        const body = JSON.stringify({ code, message });
+        socket.end(
+          `HTTP/1.1 ${code} ${code === 403 ? "Forbidden" : "Error"}\r\ncontent-type: application/json\r\n` +
+            `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
         );
       }
-      const session = sandboxSession(req.headers, context);
-      admit(req.headers, context, session);
-      context.services.sandboxes.proxyUpgrade(session.sandboxId, session.port, req, socket, head);
-    } catch (err) {
-      const { code, message } = toE2bError(err);
-      const body = JSON.stringify({ code, message });
-      socket.end(
-        `HTTP/1.1 ${code} ${code === 403 ? "Forbidden" : "Error"}\r\ncontent-type: application/json\r\n` +
-          `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-      );
-    }
+    })();
     return true;
   };
 }

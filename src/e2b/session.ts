@@ -42,13 +42,51 @@ export function sandboxSession(headers: IncomingHttpHeaders, context: E2bContext
     throw new SandboxUnreachable(`sandbox ${JSON.stringify(String(sandboxId).slice(0, 64))} not found`);
   }
   let status: string;
+  let wakes: boolean;
   try {
-    status = context.services.sandboxes.get(sandboxId).status;
+    const info = context.services.sandboxes.get(sandboxId);
+    status = info.status;
+    wakes = info.auto_resume;
   } catch {
     throw new SandboxUnreachable(`sandbox ${sandboxId} not found`);
   }
+  if (status === "paused") {
+    throw new SandboxUnreachable(
+      wakes
+        ? `sandbox ${sandboxId} is paused: a request with one of its access tokens resumes it (autoResume), ` +
+            "or connect to it"
+        : `sandbox ${sandboxId} is paused: connect to it to resume it (it was created without autoResume)`,
+    );
+  }
   if (status !== "running") throw new SandboxUnreachable(`sandbox ${sandboxId} is not running (${status})`);
   return { sandboxId, port };
+}
+
+/**
+ * E2B's autoResume: a data-plane request to a paused sandbox created with it resumes the sandbox first (for its
+ * own lifetime), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
+ * who can reach the listener could otherwise make paused sandboxes take host memory again. A request that
+ * finds it being paused or resumed waits for that to finish (the per-sandbox lock).
+ */
+export async function autoResume(request: HeadersOf, context: E2bContext): Promise<void> {
+  const address = sandboxAddressOf(request.headers);
+  if (address === null || !isValidSandboxId(address.sandboxId)) return;
+  const { sandboxes } = context.services;
+  let info: ReturnType<typeof sandboxes.get>;
+  try {
+    info = sandboxes.get(address.sandboxId);
+  } catch {
+    return;
+  }
+  if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
+  const session = { sandboxId: address.sandboxId, port: address.port };
+  if (!hasAccessToken(request, context, session, ["envd", "traffic"])) return;
+  try {
+    await sandboxes.resume(address.sandboxId);
+  } catch (err) {
+    // Someone else's resume finished first: it is running, which is all this request needs.
+    if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+  }
 }
 
 export function header(headers: IncomingHttpHeaders, name: string): string | undefined {
@@ -59,9 +97,12 @@ export function header(headers: IncomingHttpHeaders, name: string): string | und
 /** Where E2B clients send a sandbox's traffic access token (its ports, the interpreter's context routes). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 
+/** What the token checks read of a request: its headers (a route's request, or an upgrade's). */
+type HeadersOf = { headers: IncomingHttpHeaders };
+
 /** Whether the request carries one of the sandbox's secrets of the kinds accepted. */
 export function hasAccessToken(
-  request: FastifyRequest,
+  request: HeadersOf,
   context: E2bContext,
   session: SandboxSession,
   accepted: readonly (keyof AccessTokens)[],

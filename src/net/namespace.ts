@@ -105,6 +105,12 @@ export async function sandboxNetworkExists(sandboxId: string): Promise<boolean> 
   return (await exists(`/sys/class/net/${names.veth}`)) || (await exists(netnsPath(names.netns)));
 }
 
+/** Whether the namespace and its veth both exist (a sandbox paused across a host reboot has neither). */
+export async function sandboxNetworkComplete(sandboxId: string): Promise<boolean> {
+  const names = sandboxNetNames(sandboxId);
+  return (await exists(`/sys/class/net/${names.veth}`)) && (await exists(netnsPath(names.netns)));
+}
+
 function ignoreMissing(err: unknown): void {
   if (!/Cannot find device|No such file|does not exist|Invalid argument/.test((err as Error).message))
     throw err;

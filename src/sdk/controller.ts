@@ -32,8 +32,10 @@ import type {
   FileInfo,
   FileListing,
   NetworkStatus,
+  PauseResult,
   PingResult,
   SandboxInfo,
+  SandboxStatus,
   SnapshotDetail,
   SnapshotInfo,
   UnpackResult,
@@ -85,6 +87,8 @@ export interface SpawnOptions extends RequestOptions {
    * work through the sandbox's DNS; other sandboxes, the host and the daemon are never reachable.
    */
   network?: NetworkPolicy | "none";
+  /** What the end of the lifetime does: kill the sandbox, or pause it to disk (resume it later). @default "kill" */
+  onTimeout?: "kill" | "pause";
   /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
   perChildNetns?: boolean;
   prewarm?: boolean;
@@ -274,6 +278,7 @@ export class Controller {
       body.timeout_ms = options.timeoutMs;
     }
     if (options.network !== undefined) body.network = policyToWire(options.network);
+    if (options.onTimeout !== undefined) body.on_timeout = options.onTimeout;
     if (options.perChildNetns !== undefined) body.per_child_netns = options.perChildNetns;
     if (options.prewarm !== undefined) body.prewarm = options.prewarm;
     if (options.liveFork !== undefined) body.live_fork = options.liveFork;
@@ -294,8 +299,12 @@ export class Controller {
     );
   }
 
-  async listSandboxes(options: RequestOptions & { snapshotTag?: string } = {}): Promise<SandboxInfo[]> {
-    const query = options.snapshotTag === undefined ? undefined : { snapshot_tag: options.snapshotTag };
+  async listSandboxes(
+    options: RequestOptions & { snapshotTag?: string; status?: SandboxStatus } = {},
+  ): Promise<SandboxInfo[]> {
+    const query: Record<string, string> = {};
+    if (options.snapshotTag !== undefined) query.snapshot_tag = options.snapshotTag;
+    if (options.status !== undefined) query.status = options.status;
     return this.json<SandboxInfo[]>({ method: "GET", path: "/v1/sandboxes", query }, options);
   }
 
@@ -330,6 +339,41 @@ export class Controller {
         json: { timeout_ms: timeoutMs },
       },
       call,
+    );
+  }
+
+  /**
+   * Pauses a running sandbox: its memory, processes and files into a snapshot layer, its VM stopped, its RAM
+   * given back; it keeps its id, network and policy. ConflictError unless it is running. `merge`: write one
+   * layer holding everything since its snapshot (the daemon also merges by itself when the chain gets deep).
+   */
+  async pauseSandbox(id: string, options: RequestOptions & { merge?: boolean } = {}): Promise<PauseResult> {
+    return this.json<PauseResult>(
+      {
+        method: "POST",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/pause`,
+        json: options.merge === undefined ? {} : { merge: options.merge },
+      },
+      options,
+    );
+  }
+
+  /**
+   * Resumes a paused sandbox under the same id, where it was. Its lifetime starts again: `timeoutMs` from now
+   * (0 = no limit), else the one it had. ConflictError unless it is paused.
+   */
+  async resumeSandbox(
+    id: string,
+    options: RequestOptions & { timeoutMs?: number } = {},
+  ): Promise<SandboxInfo> {
+    if (options.timeoutMs !== undefined) checkDurationMs(options.timeoutMs, "timeoutMs");
+    return this.json<SandboxInfo>(
+      {
+        method: "POST",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/resume`,
+        json: options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs },
+      },
+      options,
     );
   }
 

@@ -49,6 +49,7 @@ export {
   Sandbox,
   type SandboxConnectOptions,
   type SandboxCreateOptions,
+  type SandboxResumeOptions,
 } from "./sandbox/sandbox.js";
 export {
   type ConnectionOptions,

@@ -3,7 +3,8 @@
  * imports nothing from the daemon. Field names are the wire's (snake_case), as forkd v0.5 clients expect.
  */
 
-export type SandboxStatus = "starting" | "running" | "stopping" | "dead";
+/** starting → running ⇄ paused (through pausing and resuming); stopping while killed; dead when its VM died. */
+export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
 
 export interface SandboxInfo {
   id: string;
@@ -12,8 +13,21 @@ export interface SandboxInfo {
   pid: number | null;
   memory_limit_mib: number | null;
   status: SandboxStatus | (string & {});
-  /** When the sandbox will be killed unless its timeout is extended (unix ms); null = no lifetime limit. */
+  /**
+   * When the sandbox's lifetime ends unless extended (unix ms), then `on_timeout` happens; null = no lifetime
+   * limit, and while paused.
+   */
   expires_at_unix_ms?: number | null;
+  /** The lifetime it got at spawn or its last resume (restarted by every resume); null = none. */
+  timeout_ms?: number | null;
+  /** What the end of its lifetime does: kill it, or pause it to disk. */
+  on_timeout?: "kill" | "pause" | (string & {});
+  /** E2B's autoResume: a request through the E2B API's data plane resumes it while paused. */
+  auto_resume?: boolean;
+  /** The snapshot layer holding its latest paused state. */
+  pause_tag?: string | null;
+  /** When it was paused (unix ms), while paused. */
+  paused_at_unix_ms?: number | null;
   /** Restore to ready, in ms. */
   ready_ms?: number | null;
   accelerator?: "kvm" | "tcg" | (string & {});
@@ -194,4 +208,23 @@ export interface UnpackResult {
   image: "installed" | "present";
   content_bytes: number;
   ms: number;
+}
+
+/** POST /v1/sandboxes/:id/pause: the sandbox (status paused) and what the pause took. */
+export interface PauseResult {
+  sandbox: SandboxInfo;
+  /** The snapshot layer its state is in. */
+  tag: string;
+  /** How long the guest was stopped before its state was out of the VM, ms. */
+  pause_ms: number;
+  /** From the stop to the layer on disk, ms. */
+  write_ms: number;
+  /** Pages the VM had written since it last started, bytes. */
+  bytes_captured: number;
+  /** Guest RAM the layer holds (what differs from its parent), bytes. */
+  bytes_stored: number;
+  /** Its earlier pause layers were merged into this one. */
+  merged: boolean;
+  /** The resident memory its QEMU had: what the pause gave back to the host, bytes. */
+  freed_bytes: number;
 }

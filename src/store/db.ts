@@ -9,12 +9,16 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 5;
+export const SCHEMA_VERSION = 6;
 
 export interface SandboxRow {
   id: string;
   snapshot_tag: string;
-  status: "starting" | "running" | "stopping" | "dead";
+  /**
+   * starting → running ⇄ (pausing → paused → resuming →) running; stopping while being killed; dead when its VM
+   * died under it. A paused sandbox has no VM: its state is the snapshot layer `pause_tags` ends with.
+   */
+  status: SandboxStatus;
   pid: number | null;
   /** /proc/<pid>/stat field 22: tells a re-used pid apart from our QEMU after a restart. */
   pid_start_time: number | null;
@@ -51,8 +55,36 @@ export interface SandboxRow {
   template_alias: string | null;
   /** "netns": its own namespace (a sandbox_networks row); "private": a NIC with no uplink; "none": no NIC. */
   network: "netns" | "private" | "none";
+  /**
+   * JSON array of the snapshot layers this sandbox's pauses wrote that are still its own (the top of its chain,
+   * bottom first; a BRANCH taken of it buries them under its snapshot). The last one holds its paused state.
+   */
+  pause_tags: string;
+  /** The layer a pause in progress is writing (a crash leaves it here for the restart to finish or drop). */
+  pending_pause_tag: string | null;
+  /** The snapshot whose RAM image `memory_image` is (null: `snapshot_tag`); a resumed VM writes the rest. */
+  memory_tag: string | null;
+  /** The lifetime given at spawn (or resume), restarted at every resume; null: no limit. */
+  timeout_ms: number | null;
+  /** What the end of its lifetime does. */
+  on_timeout: "kill" | "pause";
+  /** 1: a data-plane request to it while paused resumes it (E2B's autoResume). */
+  auto_resume: number;
+  /** When it was last paused (unix ms), while paused. */
+  paused_at_unix_ms: number | null;
   /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
   inbound: string;
+}
+
+export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
+
+/** A forkd v0.5 workspace: a name for a sandbox that is suspended and resumed by name. */
+export interface WorkspaceRow {
+  name: string;
+  sandbox_id: string;
+  source_snapshot_tag: string;
+  created_at_unix: number;
+  last_active_unix: number;
 }
 
 /**
@@ -198,7 +230,68 @@ export class StateDb {
       // Rows from before keep E2B's defaults: public traffic, the request's own Host, plain HTTP.
       this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
     }
+    if (version < 6) this.migrateToPauses();
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
+  }
+
+  /**
+   * Schema 6: sandboxes can be paused (new states, so the table is rebuilt: SQLite cannot change a CHECK), their
+   * lifetime and what its end does are kept for resumes, and forkd v0.5's workspaces name sandboxes.
+   */
+  private migrateToPauses(): void {
+    const columns = (this.db.prepare("PRAGMA table_info(sandboxes)").all() as { name: string }[])
+      .map((c) => c.name)
+      .join(", ");
+    this.db.transaction(() => {
+      this.db.exec(`
+        CREATE TABLE sandboxes_v6 (
+          id TEXT PRIMARY KEY,
+          snapshot_tag TEXT NOT NULL,
+          status TEXT NOT NULL CHECK (status IN
+            ('starting','running','pausing','paused','resuming','stopping','dead')),
+          pid INTEGER,
+          pid_start_time INTEGER,
+          run_dir TEXT NOT NULL,
+          accelerator TEXT NOT NULL,
+          created_at_unix INTEGER NOT NULL,
+          expires_at_unix_ms INTEGER,
+          memory_limit_mib INTEGER,
+          memory_image TEXT,
+          layer_tags TEXT NOT NULL DEFAULT '[]',
+          last_branch_tag TEXT,
+          branch_blocked TEXT,
+          live_fork INTEGER NOT NULL DEFAULT 0,
+          cgroup TEXT,
+          ready_ms REAL,
+          error TEXT,
+          metadata TEXT NOT NULL DEFAULT '{}',
+          env_vars TEXT NOT NULL DEFAULT '{}',
+          access_token TEXT,
+          traffic_token TEXT,
+          template_alias TEXT,
+          network TEXT NOT NULL DEFAULT 'none',
+          inbound TEXT NOT NULL DEFAULT '{}',
+          pause_tags TEXT NOT NULL DEFAULT '[]',
+          pending_pause_tag TEXT,
+          memory_tag TEXT,
+          timeout_ms INTEGER,
+          on_timeout TEXT NOT NULL DEFAULT 'kill' CHECK (on_timeout IN ('kill','pause')),
+          auto_resume INTEGER NOT NULL DEFAULT 0,
+          paused_at_unix_ms INTEGER
+        );
+        INSERT INTO sandboxes_v6 (${columns}) SELECT ${columns} FROM sandboxes;
+        DROP TABLE sandboxes;
+        ALTER TABLE sandboxes_v6 RENAME TO sandboxes;
+        CREATE INDEX sandboxes_by_tag ON sandboxes (snapshot_tag);
+        CREATE TABLE workspaces (
+          name TEXT PRIMARY KEY,
+          sandbox_id TEXT NOT NULL UNIQUE,
+          source_snapshot_tag TEXT NOT NULL,
+          created_at_unix INTEGER NOT NULL,
+          last_active_unix INTEGER NOT NULL
+        );
+      `);
+    })();
   }
 
   meta(key: string): string | undefined {
@@ -221,10 +314,12 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias, network, inbound)
+           metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, pause_tags, pending_pause_tag,
+           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound)`,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @pause_tags, @pending_pause_tag,
+           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms)`,
       )
       .run(row);
   }
@@ -246,6 +341,49 @@ export class StateDb {
 
   sandbox(id: string): SandboxRow | undefined {
     return this.db.prepare("SELECT * FROM sandboxes WHERE id = ?").get(id) as SandboxRow | undefined;
+  }
+
+  // ---- forkd v0.5 workspaces
+
+  insertWorkspace(row: WorkspaceRow): boolean {
+    return (
+      this.db
+        .prepare(
+          `INSERT OR IGNORE INTO workspaces (name, sandbox_id, source_snapshot_tag, created_at_unix, last_active_unix)
+           VALUES (@name, @sandbox_id, @source_snapshot_tag, @created_at_unix, @last_active_unix)`,
+        )
+        .run(row).changes === 1
+    );
+  }
+
+  updateWorkspace(name: string, fields: Partial<Omit<WorkspaceRow, "name">>): void {
+    const keys = Object.keys(fields);
+    if (keys.length === 0) return;
+    const assignments = keys.map((k) => `${k} = @${k}`).join(", ");
+    this.db.prepare(`UPDATE workspaces SET ${assignments} WHERE name = @name`).run({ ...fields, name });
+  }
+
+  workspace(name: string): WorkspaceRow | undefined {
+    return this.db.prepare("SELECT * FROM workspaces WHERE name = ?").get(name) as WorkspaceRow | undefined;
+  }
+
+  workspaceOfSandbox(sandboxId: string): WorkspaceRow | undefined {
+    return this.db.prepare("SELECT * FROM workspaces WHERE sandbox_id = ?").get(sandboxId) as
+      | WorkspaceRow
+      | undefined;
+  }
+
+  workspaces(): WorkspaceRow[] {
+    return this.db.prepare("SELECT * FROM workspaces ORDER BY name").all() as WorkspaceRow[];
+  }
+
+  deleteWorkspace(name: string): void {
+    this.db.prepare("DELETE FROM workspaces WHERE name = ?").run(name);
+  }
+
+  /** Runs `fn` in one transaction (several rows changed as one step). */
+  transaction<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
   }
 
   /**

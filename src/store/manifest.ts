@@ -53,11 +53,17 @@ export const SnapshotManifestSchema = Type.Object({
     pages: Type.Integer({ minimum: 0 }),
   }),
   /**
-   * How the snapshot came to be: booted from a template, BRANCHed from a running sandbox, or compacted from a
-   * chain (then `compactedFrom` names the chain's head as it was).
+   * How the snapshot came to be: booted from a template, BRANCHed from a running sandbox, compacted from a chain
+   * (then `compactedFrom` names the chain's head as it was), or written by a pause of `sourceSandbox` (its state
+   * while paused).
    */
   origin: Type.Object({
-    kind: Type.Union([Type.Literal("template"), Type.Literal("branch"), Type.Literal("compact")]),
+    kind: Type.Union([
+      Type.Literal("template"),
+      Type.Literal("branch"),
+      Type.Literal("compact"),
+      Type.Literal("pause"),
+    ]),
     mode: Type.Union([Type.Null(), Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
     sourceSandbox: Type.Union([Type.Null(), Type.String()]),
     pauseMs: Type.Union([Type.Null(), Type.Number()]),

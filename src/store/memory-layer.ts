@@ -11,6 +11,7 @@
  *
  * Integrity: the manifest records the file's sha256, like every snapshot file.
  */
+import { createHash } from "node:crypto";
 import { type FileHandle, open } from "node:fs/promises";
 import { ForkdError } from "../common/errors.js";
 
@@ -32,6 +33,19 @@ export async function writeMemoryLayer(
   pages: Uint32Array,
   data: Buffer,
 ): Promise<number> {
+  return (await writeMemoryLayerHashed(file, ramBytes, pages, data)).size;
+}
+
+/**
+ * `writeMemoryLayer`, hashing the bytes as they are written (a layer of 100 MiB is not read back to be hashed:
+ * the snapshot writer takes the digest).
+ */
+export async function writeMemoryLayerHashed(
+  file: string,
+  ramBytes: number,
+  pages: Uint32Array,
+  data: Buffer,
+): Promise<{ size: number; sha256: string }> {
   if (data.length !== pages.length * PAGE_SIZE) {
     throw new ForkdError("internal", `memory layer: ${pages.length} pages but ${data.length} bytes of data`);
   }
@@ -46,6 +60,7 @@ export async function writeMemoryLayer(
   header.writeUInt32LE(pages.length, 12);
   header.writeBigUInt64LE(BigInt(ramBytes), 16);
   const index = Buffer.from(pages.buffer, pages.byteOffset, pages.byteLength);
+  const sha256 = createHash("sha256").update(header).update(index).update(data).digest("hex");
   const handle = await open(file, "wx", 0o600);
   try {
     await handle.writev([header, index, data]);
@@ -53,7 +68,7 @@ export async function writeMemoryLayer(
   } finally {
     await handle.close();
   }
-  return HEADER_BYTES + index.length + data.length;
+  return { size: HEADER_BYTES + index.length + data.length, sha256 };
 }
 
 /** Reads and validates a layer's header and page index (not its pages). Hostile input fails cleanly. */

@@ -245,10 +245,20 @@ export class SnapshotWriter {
    * Hashes `dataFiles`, makes them read-only, writes the manifest durably and renames the staging directory
    * into place. After this the snapshot is visible and immutable.
    */
-  async commit(draft: ManifestDraft, dataFiles: string[], signal?: AbortSignal): Promise<SnapshotManifest> {
+  async commit(
+    draft: ManifestDraft,
+    dataFiles: string[],
+    signal?: AbortSignal,
+    /** Digests of files the caller hashed while writing them (not read back). */
+    known: SnapshotManifest["files"] = {},
+  ): Promise<SnapshotManifest> {
     const files: SnapshotManifest["files"] = {};
     for (const name of dataFiles) {
-      files[name] = await digestFile(this.file(name), signal);
+      const given = known[name];
+      if (given && (await stat(this.file(name))).size !== given.size) {
+        throw new ForkdError("internal", `snapshot ${this.tag}: ${name} is not the size it was hashed at`);
+      }
+      files[name] = given ?? (await digestFile(this.file(name), signal));
       await fsyncPath(this.file(name));
       await chmod(this.file(name), 0o444);
     }

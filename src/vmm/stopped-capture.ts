@@ -28,6 +28,11 @@ export interface StoppedCaptureOptions {
    * page inside the pause). Replaced by a larger fresh buffer when too small.
    */
   buffer?: Buffer;
+  /**
+   * Leave the VM stopped after a successful capture (a pause: the caller kills it once the state is safe). After
+   * a failure it runs again either way.
+   */
+  leaveStopped?: boolean;
   signal?: AbortSignal;
 }
 
@@ -37,7 +42,7 @@ export interface StoppedCapture {
   data: Buffer;
   /** The buffer the data lives in: pass it back as `buffer` next time. */
   buffer: Buffer;
-  /** Our `stop` to our `cont` returning. */
+  /** Our `stop` to our `cont` returning (to the end of the copy with `leaveStopped`). */
   pauseMs: number;
   stateMs: number;
   scanMs: number;
@@ -73,7 +78,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
     const buffer =
       options.buffer && options.buffer.length >= bytes ? options.buffer : Buffer.allocUnsafe(bytes);
     const copy = readPages(mapping, scan.pages, buffer);
-    if (wasRunning) await qmp.execute("cont", undefined, { signal });
+    if (wasRunning && !options.leaveStopped) await qmp.execute("cont", undefined, { signal });
     resumed = true;
     const pauseMs = performance.now() - started;
     const { size } = await fsp.stat(partial);
@@ -92,7 +97,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
     await fsp.rm(partial, { force: true });
     throw err;
   } finally {
-    // The source must keep running whatever happened to the capture.
+    // The source must keep running whatever happened to the capture (unless it was paused to begin with).
     if (!resumed) await qmp.execute("cont").catch(() => {});
   }
 }

@@ -54,6 +54,8 @@ export class ServicesDouble {
   lastSpawn: SpawnRequest | undefined;
   lastNetworkPolicy: EgressPolicyInput | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
+  lastPause: Parameters<SandboxService["pause"]>[1] | undefined;
+  lastResume: Parameters<SandboxService["resume"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
   lastCreate: Parameters<SnapshotService["create"]>[0] | undefined;
   /** The bytes of the last pack the double received, and the directories of packs it made. */
@@ -265,6 +267,11 @@ export class ServicesDouble {
           last_branch_memory_path: null,
           metadata: request.metadata ?? {},
           template_alias: request.templateAlias ?? null,
+          timeout_ms: request.timeoutMs ?? null,
+          on_timeout: request.onTimeout ?? "kill",
+          auto_resume: request.autoResume === true,
+          pause_tag: null,
+          paused_at_unix_ms: null,
           inbound,
           network: {
             kind: "netns",
@@ -281,9 +288,56 @@ export class ServicesDouble {
     },
     list: (filter) =>
       [...this.sandboxesById.values()].filter(
-        (s) => !filter?.snapshotTag || s.snapshot_tag === filter.snapshotTag,
+        (s) =>
+          (!filter?.snapshotTag || s.snapshot_tag === filter.snapshotTag) &&
+          (!filter?.status || s.status === filter.status),
       ),
     get: (id) => this.sandbox(id),
+    pause: async (id, request) => {
+      const sb = this.sandbox(id);
+      if (sb.status !== "running") throw new ForkdError("conflict", `sandbox ${id} is ${sb.status}`);
+      this.lastPause = request;
+      sb.status = "paused";
+      sb.pause_tag = `pause-${id}-1`;
+      sb.pid = null;
+      return {
+        sandbox: sb,
+        tag: sb.pause_tag,
+        pause_ms: 3.5,
+        write_ms: 40,
+        bytes_captured: 8192,
+        bytes_stored: 4096,
+        merged: request?.merge === "always",
+        freed_bytes: 1 << 20,
+      };
+    },
+    resume: async (id, request) => {
+      const sb = this.sandbox(id);
+      if (sb.status !== "paused")
+        throw new ForkdError("conflict", `sandbox ${id} is ${sb.status}, not paused`);
+      this.lastResume = request;
+      sb.status = "running";
+      sb.pid = 4243;
+      return sb;
+    },
+    workspaces: {
+      list: () => [],
+      get: (name) => {
+        throw new ForkdError("not_found", `workspace ${name} not found`);
+      },
+      create: async () => {
+        throw new ForkdError("not_implemented", "the test double has no workspaces");
+      },
+      suspend: async (name) => {
+        throw new ForkdError("not_found", `workspace ${name} not found`);
+      },
+      resume: async (name) => {
+        throw new ForkdError("not_found", `workspace ${name} not found`);
+      },
+      delete: async (name) => {
+        throw new ForkdError("not_found", `workspace ${name} not found`);
+      },
+    },
     kill: async (id) => {
       this.sandbox(id);
       this.sandboxesById.delete(id);

@@ -150,12 +150,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
   });
 
   it("features forkd does not have yet are refused by name, never faked", async () => {
-    const pause = await Sandbox.pause(sbx.sandboxId, opts).catch((e: unknown) => e);
+    // Pauses keep memory: a filesystem-only pause (keepMemory: false) is refused, and the sandbox keeps running.
+    const pause = await Sandbox.pause(sbx.sandboxId, { ...opts, keepMemory: false }).catch((e: unknown) => e);
     assert.ok(pause instanceof SandboxError && pause.statusCode === 501, `pause: ${pause}`);
     assert.match((pause as SandboxError).message, /not supported/);
-    const lifecycle = await Sandbox.create("py", { ...opts, lifecycle: { onTimeout: "pause" } }).catch(
-      (e: unknown) => e,
-    );
+    assert.equal(await sbx.isRunning(), true);
+    const lifecycle = await Sandbox.create("py", {
+      ...opts,
+      lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
+    }).catch((e: unknown) => e);
     assert.ok(lifecycle instanceof SandboxError && lifecycle.statusCode === 501, `autoPause: ${lifecycle}`);
     const rules = await Sandbox.create("py", {
       ...opts,

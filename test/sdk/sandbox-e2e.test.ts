@@ -257,6 +257,39 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
     }
   });
 
+  it("pause() then Sandbox.connect resumes it where it was; Sandbox.resume of a running one is a conflict", async (t) => {
+    await withSandbox(t, async (sandbox) => {
+      await sandbox.runCode("kept = [1, 2, 3]");
+      await sandbox.files.write("/root/before-pause", "written\n");
+      const paused = await sandbox.pause();
+      assert.equal(paused.sandbox.status, "paused");
+      assert.equal(paused.sandbox.id, sandbox.id);
+      assert.ok(paused.bytes_stored > 0 && paused.freed_bytes > 0, JSON.stringify(paused));
+      assert.equal(await sandbox.isRunning(), false);
+      const listed = await Sandbox.list({ status: "paused", url: daemon.socketUrl, env: {} });
+      assert.deepEqual(
+        listed.map((s) => s.id),
+        [sandbox.id],
+      );
+      await assert.rejects(sandbox.runCode("kept"), (err: unknown) => {
+        assert.ok(err instanceof ConflictError, `${err}`);
+        assert.match(err.message, /paused/);
+        return true;
+      });
+      await assert.rejects(sandbox.pause(), ConflictError);
+      const again = await Sandbox.connect(sandbox.id, { url: daemon.socketUrl, env: {} });
+      assert.equal(again.id, sandbox.id);
+      assert.equal(again.info.status, "running");
+      assert.equal((await again.runCode("kept")).result, "[1, 2, 3]");
+      assert.equal(await again.files.read("/root/before-pause"), "written\n");
+      await assert.rejects(Sandbox.resume(sandbox.id, { url: daemon.socketUrl, env: {} }), ConflictError);
+      await assert.rejects(
+        Sandbox.resume("sb-000000000000", { url: daemon.socketUrl, env: {} }),
+        SandboxNotFoundError,
+      );
+    });
+  });
+
   it("over TCP: works with the token, names FORKD_TOKEN without one, refuses a wrong one", async (t) => {
     const sandbox = await Sandbox.create({
       snapshotTag: daemon.tag,

@@ -341,6 +341,7 @@ class Controller:
         hugepages: bool = False,
         *,
         lifetime: Optional[float] = None,
+        on_timeout: Optional[str] = None,
         request_timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
     ) -> List[Dict[str, Any]]:
@@ -348,7 +349,8 @@ class Controller:
 
         Returns the SandboxInfo dicts (``id``, ``snapshot_tag``, ``pid``, ``status``, ``expires_at_unix_ms``, ...).
         ``lifetime``: seconds until the daemon kills each sandbox (0 = no limit); default: the daemon's, none
-        unless it runs with ``--default-timeout-ms``. ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
+        unless it runs with ``--default-timeout-ms``. ``on_timeout``: what the end of the lifetime does, ``"kill"``
+        (the default) or ``"pause"`` (to disk; :meth:`resume_sandbox` wakes it). ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
         ``per_child_netns``, ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
         The call waits ``request_timeout`` plus one second per child.
         """
@@ -367,6 +369,8 @@ class Controller:
             body["hugepages"] = True
         if lifetime is not None:
             body["timeout_ms"] = _ms(check_duration(lifetime, "lifetime"))
+        if on_timeout is not None:
+            body["on_timeout"] = on_timeout
         base = self.settings(request_timeout=request_timeout).request_timeout
         count = n if isinstance(n, int) and n > 0 else 1
         return self._list(
@@ -386,11 +390,14 @@ class Controller:
         self,
         snapshot_tag: Optional[str] = None,
         *,
+        status: Optional[str] = None,
         request_timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
     ) -> List[Dict[str, Any]]:
-        """``GET /v1/sandboxes``: every sandbox the daemon tracks (of one snapshot, if given)."""
+        """``GET /v1/sandboxes``: every sandbox the daemon tracks (of one snapshot, in one state, if given)."""
         query: Dict[str, QueryValue] = {} if snapshot_tag is None else {"snapshot_tag": snapshot_tag}
+        if status is not None:
+            query["status"] = status
         return self._list(Request("GET", "/v1/sandboxes", query=query), request_timeout, cancel)
 
     def get_sandbox(
@@ -432,6 +439,43 @@ class Controller:
         body = {"timeout_ms": _ms(check_duration(lifetime, "lifetime"))}
         return self._object(
             Request("POST", _sandbox(sandbox_id, "/timeout"), json=body, has_json=True), request_timeout, cancel
+        )
+
+    def pause_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        merge: bool = False,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/:id/pause``: its state to disk, its VM stopped, its RAM given back.
+
+        Returns ``{sandbox, tag, pause_ms, write_ms, bytes_captured, bytes_stored, merged, freed_bytes}``.
+        ConflictError unless it is running. ``merge=True`` writes one layer holding everything since its snapshot.
+        """
+        body = {"merge": True} if merge else {}
+        return self._object(
+            Request("POST", _sandbox(sandbox_id, "/pause"), json=body, has_json=True), request_timeout, cancel
+        )
+
+    def resume_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        lifetime: Optional[float] = None,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/:id/resume``: a paused sandbox runs again under its id, where it was.
+
+        ``lifetime``: seconds from now (0 = no limit); default: the lifetime it had. ConflictError unless paused.
+        """
+        body: Dict[str, Any] = {}
+        if lifetime is not None:
+            body["timeout_ms"] = _ms(check_duration(lifetime, "lifetime"))
+        return self._object(
+            Request("POST", _sandbox(sandbox_id, "/resume"), json=body, has_json=True), request_timeout, cancel
         )
 
     def ping_sandbox(
@@ -483,8 +527,63 @@ class Controller:
             Request("POST", _sandbox(sandbox_id, "/branch"), json=body, has_json=True), request_timeout, cancel
         )
 
-    # Extension point: workspaces (forkd v0.5's /v1/workspaces: create, suspend, resume) and pause/resume of a
-    # sandbox belong here once the daemon serves them; this SDK sends nothing for them yet.
+    # --- workspaces (forkd v0.5's /v1/workspaces: named sandboxes suspended and resumed by name) -------------
+
+    def list_workspaces(
+        self, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> List[Dict[str, Any]]:
+        """``GET /v1/workspaces``: WorkspaceInfo dicts (``name``, ``status``, ``live_sandbox_id``, ...)."""
+        return self._list(Request("GET", "/v1/workspaces"), request_timeout, cancel)
+
+    def get_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, Any]:
+        """``GET /v1/workspaces/:name``; NotFoundError if there is none."""
+        return self._object(Request("GET", _workspace(name)), request_timeout, cancel)
+
+    def create_workspace(
+        self,
+        name: str,
+        snapshot_tag: str,
+        memory_limit_mib: Optional[int] = None,
+        *,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces``: a running sandbox from ``snapshot_tag`` under ``name`` (1-64 of [A-Za-z0-9_-]);
+        it lives until the workspace is deleted. ConflictError if the name is taken."""
+        body: Dict[str, Any] = {"name": _required(name, "name"), "snapshot_tag": _required(snapshot_tag, "snapshot_tag")}
+        if memory_limit_mib is not None:
+            body["memory_limit_mib"] = memory_limit_mib
+        return self._object(Request("POST", "/v1/workspaces", json=body, has_json=True), request_timeout, cancel)
+
+    def suspend_workspace(
+        self,
+        name: str,
+        diff: bool = False,
+        *,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces/:name/suspend``: its sandbox paused to disk. ``diff=True`` layers on the previous
+        suspend; otherwise one layer since its snapshot. InvalidArgumentError (400) unless it is running."""
+        return self._object(
+            Request("POST", _workspace(name, "/suspend"), json={"diff": diff}, has_json=True), request_timeout, cancel
+        )
+
+    def resume_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, Any]:
+        """``POST /v1/workspaces/:name/resume``: its sandbox runs again where it was suspended (the same id)."""
+        return self._object(
+            Request("POST", _workspace(name, "/resume"), json={}, has_json=True), request_timeout, cancel
+        )
+
+    def delete_workspace(
+        self, name: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> None:
+        """``DELETE /v1/workspaces/:name``: its sandbox killed, its layers removed unless a snapshot uses them."""
+        self._send(Request("DELETE", _workspace(name)), request_timeout, cancel)
 
     # --- exec / eval ---------------------------------------------------------------------------------------
 
@@ -759,6 +858,10 @@ class Controller:
 
 def _sandbox(sandbox_id: str, suffix: str = "") -> str:
     return path_of("/v1/sandboxes/{}", _required(sandbox_id, "sandbox_id")) + suffix
+
+
+def _workspace(name: str, suffix: str = "") -> str:
+    return path_of("/v1/workspaces/{}", _required(name, "name")) + suffix
 
 
 def _required(value: object, name: str) -> str:

@@ -431,6 +431,7 @@ class Sandbox:
         timeout: float = DEFAULT_SANDBOX_TIMEOUT,
         memory_limit_mib: Optional[int] = None,
         live_fork: bool = False,
+        on_timeout: Optional[str] = None,
         snapshot_timeout: float = DEFAULT_SNAPSHOT_TIMEOUT,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         url: Optional[str] = None,
@@ -446,7 +447,8 @@ class Sandbox:
         With ``template``, the snapshot tagged with the template's name is used; if there is none yet, the daemon
         first builds it (image, boot, warm-up: minutes the first time, bounded by ``snapshot_timeout``).
         ``timeout``: the sandbox's lifetime in seconds (default 300; 0 = until killed), extendable with
-        :meth:`set_timeout`. Connection settings (``url``, ``token``, ``request_timeout``, ...) apply to every later
+        :meth:`set_timeout`; ``on_timeout="pause"`` pauses it to disk instead of killing it when that runs out
+        (:meth:`resume` or :meth:`connect` wakes it). Connection settings (``url``, ``token``, ``request_timeout``, ...) apply to every later
         call on the sandbox.
         """
         if (template is None) == (snapshot_tag is None):
@@ -463,7 +465,13 @@ class Sandbox:
 
         def spawn() -> "Sandbox":
             [info] = controller.spawn_sandboxes(
-                tag, 1, memory_limit_mib=memory_limit_mib, live_fork=live_fork, lifetime=lifetime, cancel=cancel
+                tag,
+                1,
+                memory_limit_mib=memory_limit_mib,
+                live_fork=live_fork,
+                lifetime=lifetime,
+                on_timeout=on_timeout,
+                cancel=cancel,
             )
             return cls(controller, info, command_timeout=command_timeout)
 
@@ -523,7 +531,8 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         cancel: Optional[CancelToken] = None,
     ) -> "Sandbox":
-        """A Sandbox object for an existing sandbox; :class:`~forkd.SandboxNotFoundError` if it is gone."""
+        """A Sandbox object for an existing sandbox; a paused one is resumed first (E2B's connect), with the
+        lifetime it had. :class:`~forkd.SandboxNotFoundError` if it is gone."""
         controller = Controller(
             url, token, request_timeout, headers=headers, ssl_context=ssl_context, env=env
         )
@@ -543,6 +552,34 @@ class Sandbox:
             ) from err
         if info.get("status") == "dead":
             raise SandboxNotFoundError(f"sandbox {sandbox_id} is dead")
+        if info.get("status") in ("pausing", "paused", "resuming"):
+            info = _resume_or_join(controller, sandbox_id, None, cancel)
+        return cls(controller, info, command_timeout=command_timeout)
+
+    @classmethod
+    def resume(
+        cls,
+        sandbox_id: str,
+        *,
+        timeout: Optional[float] = None,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> "Sandbox":
+        """Resumes a paused sandbox by id where it was (processes, files, interpreter), under the same id.
+
+        ``timeout``: its lifetime in seconds from now (0 = no limit); default: the lifetime it had.
+        :class:`~forkd.ConflictError` if it is not paused.
+        """
+        controller = Controller(
+            url, token, request_timeout, headers=headers, ssl_context=ssl_context, env=env
+        )
+        info = controller.resume_sandbox(sandbox_id, lifetime=timeout, cancel=cancel)
         return cls(controller, info, command_timeout=command_timeout)
 
     @classmethod
@@ -550,6 +587,7 @@ class Sandbox:
         cls,
         *,
         snapshot_tag: Optional[str] = None,
+        status: Optional[str] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
         request_timeout: Optional[float] = None,
@@ -557,9 +595,9 @@ class Sandbox:
         ssl_context: Optional[ssl.SSLContext] = None,
         env: Optional[Mapping[str, str]] = None,
     ) -> List[Dict[str, Any]]:
-        """The daemon's sandboxes (SandboxInfo dicts), all or of one snapshot."""
+        """The daemon's sandboxes (SandboxInfo dicts): all, of one snapshot, or in one state (``"paused"``)."""
         controller = Controller(url, token, request_timeout, headers=headers, ssl_context=ssl_context, env=env)
-        return controller.list_sandboxes(snapshot_tag)
+        return controller.list_sandboxes(snapshot_tag, status=status)
 
     # --- using it ------------------------------------------------------------------------------------------
 
@@ -612,6 +650,19 @@ class Sandbox:
         except NotFoundError:
             return False
 
+    def pause(
+        self, *, merge: bool = False, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
+    ) -> Dict[str, Any]:
+        """Pauses the sandbox: its memory, processes and files to disk, its VM stopped, its RAM given back.
+
+        It keeps its id, network and policy; :meth:`resume` or :meth:`connect` wakes it where it was. Returns the
+        pause (``tag``, ``pause_ms``, ``bytes_stored``, ``freed_bytes``, ...). ConflictError if it is not running.
+        """
+        try:
+            return self.controller.pause_sandbox(self.id, merge=merge, request_timeout=request_timeout, cancel=cancel)
+        except ForkdError as err:
+            raise self._diagnose(err, "pausing") from err
+
     def set_timeout(
         self, timeout: float, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
     ) -> None:
@@ -646,8 +697,6 @@ class Sandbox:
             )
         except ForkdError as err:
             raise self._diagnose(err, "branching") from err
-
-    # Extension point: pause()/resume() belong here once the daemon serves them.
 
     def _kill(self, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None) -> None:
         """Kills the sandbox and frees its resources. Killing one that is already gone is not an error."""
@@ -791,3 +840,16 @@ def _entry(info: Mapping[str, Any], path: str) -> EntryInfo:
 
 def _join(directory: str, name: str) -> str:
     return f"{directory}{name}" if directory.endswith("/") else f"{directory}/{name}"
+
+
+def _resume_or_join(
+    controller: Controller, sandbox_id: str, lifetime: Optional[float], cancel: Optional[CancelToken]
+) -> Dict[str, Any]:
+    """Resumes it; a resume another caller finished first counts (it runs, which is all connect needs)."""
+    try:
+        return controller.resume_sandbox(sandbox_id, lifetime=lifetime, cancel=cancel)
+    except ConflictError:
+        info = controller.get_sandbox(sandbox_id, cancel=cancel)
+        if info.get("status") != "running":
+            raise
+        return info

@@ -1,6 +1,6 @@
 """The SDK against a real forkd daemon with real VMs (started by test/sdk/python.test.ts): Sandbox ergonomics,
 streamed commands with line callbacks, errors carrying output, stdin, cancellation that kills the guest process,
-timeouts per call and per sandbox, files, lifetimes, BRANCH, and the Controller over TCP with a token."""
+timeouts per call and per sandbox, files, lifetimes, pause and resume, BRANCH, and the Controller over TCP with a token."""
 
 import os
 import tempfile
@@ -152,6 +152,41 @@ class SandboxOnRealVms(unittest.TestCase):
         self.assertIn("lifetime", str(gone.exception))
         self.assertFalse(short.is_running())
         self.assertEqual(kept.commands.run("echo alive").stdout, "alive\n")
+
+    def test_pause_then_connect_resumes_where_it_was(self) -> None:
+        sandbox = self.create()
+        sandbox.run_code("kept = 41 + 1")
+        sandbox.files.write("/root/before-pause", "written\n")
+        paused = sandbox.pause()
+        self.assertEqual(paused["sandbox"]["status"], "paused")
+        self.assertGreater(paused["bytes_stored"], 0)
+        self.assertIn(sandbox.id, [s["id"] for s in Sandbox.list(status="paused", url=self.url, env={})])
+        with self.assertRaises(forkd.ConflictError):
+            sandbox.commands.run("true")
+        with self.assertRaises(forkd.ConflictError):
+            sandbox.pause()
+        again = Sandbox.connect(sandbox.id, url=self.url, env={})
+        self.assertEqual(again.id, sandbox.id)
+        self.assertEqual(again.info["status"], "running")
+        self.assertEqual(again.run_code("kept").result, "42")
+        self.assertEqual(again.files.read("/root/before-pause"), "written\n")
+        with self.assertRaises(forkd.ConflictError):
+            Sandbox.resume(sandbox.id, url=self.url, env={})
+
+    def test_workspace_suspends_and_resumes_by_name(self) -> None:
+        c = Controller(self.url, env={})
+        created = c.create_workspace("py-sdk-notes", self.tag)
+        self.addCleanup(lambda: c.delete_workspace("py-sdk-notes") if c.list_workspaces() else None)
+        sandbox_id = created["live_sandbox_id"]
+        c.write_file(sandbox_id, "/root/notes", b"draft\n")
+        self.assertEqual(c.suspend_workspace("py-sdk-notes", diff=True)["status"], "suspended")
+        self.assertEqual([w["status"] for w in c.list_workspaces()], ["suspended"])
+        resumed = c.resume_workspace("py-sdk-notes")
+        self.assertEqual((resumed["status"], resumed["live_sandbox_id"]), ("running", sandbox_id))
+        self.assertEqual(c.read_file(sandbox_id, "/root/notes"), b"draft\n")
+        c.delete_workspace("py-sdk-notes")
+        with self.assertRaises(forkd.NotFoundError):
+            c.get_workspace("py-sdk-notes")
 
     def test_branch_then_children_continue_from_there(self) -> None:
         source = self.create()

@@ -22,7 +22,11 @@ import {
   KillManyResponse,
   ListSandboxesQuery,
   MAX_EXEC_REQUEST_BYTES,
+  OptionalBody,
+  PauseBody,
+  PauseResponse,
   PingResponse,
+  ResumeBody,
   SandboxInfoWire,
   SandboxMetricsWire,
   SandboxParams,
@@ -93,6 +97,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           metadata: body.metadata,
           env: body.env,
           network: networkRequestFromWire(body.network),
+          onTimeout: body.on_timeout,
           signal: clientSignal(request, reply),
         });
         stop({ outcome: "ok" });
@@ -119,8 +124,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request) => {
-      const tag = request.query.snapshot_tag;
-      return sandboxes.list(tag === undefined ? undefined : { snapshotTag: tag }).map(sandboxToWire);
+      const { snapshot_tag: snapshotTag, status } = request.query;
+      return sandboxes.list({ snapshotTag, status }).map(sandboxToWire);
     },
   );
 
@@ -187,6 +192,54 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request) => sandboxToWire(sandboxes.setTimeout(request.params.id, request.body.timeout_ms)),
+  );
+
+  app.post<IdRequest & { Body: Static<typeof PauseBody> | undefined }>(
+    "/v1/sandboxes/:id/pause",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Pause: the sandbox's state into a snapshot layer, its VM stopped, its RAM given back",
+        description:
+          "Its id, metadata, env, tokens, network and policy stay; it is listed with status paused and survives " +
+          "daemon restarts and host reboots. Calls into it answer 409 until it is resumed. 409 if it is not " +
+          "running (already paused included); 503 when the disk or host memory cannot take the capture.",
+        params: SandboxParams,
+        body: OptionalBody(PauseBody),
+        response: { 200: PauseResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const outcome = await sandboxes.pause(request.params.id, {
+        merge: request.body?.merge === true ? "always" : "auto",
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(outcome.tag);
+      return { ...outcome, sandbox: sandboxToWire(outcome.sandbox) };
+    },
+  );
+
+  app.post<IdRequest & { Body: Static<typeof ResumeBody> | undefined }>(
+    "/v1/sandboxes/:id/resume",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Resume a paused sandbox under the same id, where it was",
+        description:
+          "Processes, files and the interpreter continue; the guest gets the host's clock and fresh entropy; its " +
+          "lifetime starts again (timeout_ms, else the one it had). 409 if it is not paused.",
+        params: SandboxParams,
+        body: OptionalBody(ResumeBody),
+        response: { 200: SandboxInfoWire, ...errorResponses },
+      },
+    },
+    async (request, reply) =>
+      sandboxToWire(
+        await sandboxes.resume(request.params.id, {
+          timeoutMs: request.body?.timeout_ms,
+          signal: clientSignal(request, reply),
+        }),
+      ),
   );
 
   app.post<IdRequest>(
@@ -319,9 +372,10 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
     {
       schema: {
         tags: ["sandboxes"],
-        summary: "Fork a running sandbox: BRANCH it once, restore count children from the snapshot",
+        summary: "Fork a sandbox: BRANCH it once, restore count children from the snapshot",
         description:
-          "The source keeps running (paused briefly: live when it was spawned with live_fork, else diff). Each " +
+          "The source keeps running (paused briefly: live when it was spawned with live_fork, else diff); a " +
+          "paused source stays paused and its children start from its paused state. Each " +
           "child succeeds or fails on its own: 201 with one entry per child. Children inherit the source's " +
           "metadata, env and egress policy (as it is now). The fork's snapshot is deleted once nothing uses it.",
         params: SandboxParams,

@@ -10,10 +10,12 @@ import { registerKill } from "./kill.js";
 import { registerLs } from "./ls.js";
 import { registerMcp } from "./mcp.js";
 import { registerNetwork } from "./network.js";
+import { registerPause, registerResume } from "./pause.js";
 import { registerPing } from "./ping.js";
 import { registerPort } from "./port.js";
 import { registerSetTimeout } from "./set-timeout.js";
 import { registerSpawn } from "./spawn.js";
+import { registerWorkspace } from "./workspace.js";
 
 export function registerDaemonCommands(program: Command): void {
   addDaemonOptions(program);
@@ -21,6 +23,9 @@ export function registerDaemonCommands(program: Command): void {
   registerSpawn(program);
   registerLs(program);
   registerKill(program);
+  registerPause(program);
+  registerResume(program);
+  registerWorkspace(program);
   registerExec(program);
   registerEval(program);
   registerPing(program);

@@ -1,5 +1,5 @@
 /** `forkd ls`: the daemon's sandboxes. */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, printTable } from "../output.js";
@@ -12,11 +12,22 @@ export function registerLs(program: Command): void {
       .alias("ps")
       .description("list sandboxes (daemon)")
       .option("-t, --tag <tag>", "only sandboxes of this snapshot")
+      .addOption(
+        new Option("--status <status>", "only sandboxes in this state").choices([
+          "starting",
+          "running",
+          "pausing",
+          "paused",
+          "resuming",
+          "stopping",
+          "dead",
+        ]),
+      )
       .option("--json", "print JSON"),
   ).action((opts, command: Command) =>
     runCommand(async (signal) => {
       const sandboxes = await DaemonClient.from(command).json<SandboxInfoWire[]>("GET", "/v1/sandboxes", {
-        query: { snapshot_tag: opts.tag },
+        query: { snapshot_tag: opts.tag, status: opts.status },
         signal,
       });
       if (opts.json) printJson(sandboxes);

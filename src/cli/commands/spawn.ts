@@ -1,5 +1,5 @@
 /** `forkd spawn`: fork sandboxes from a snapshot through the daemon; they live until killed or timed out. */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
 import { MAX_SPAWN_N } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
@@ -33,6 +33,11 @@ export function registerSpawn(program: Command): void {
           "lifetime (default: until killed, unless the daemon has --default-timeout-ms; 0 = until killed)",
           parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
         )
+        .addOption(
+          new Option("--on-timeout <action>", "what the end of the lifetime does: kill, or pause to disk")
+            .choices(["kill", "pause"])
+            .default("kill"),
+        )
         .option("--live-fork", "map guest RAM from tmpfs so the sandboxes can be BRANCHed in live mode")
         .option("--no-network", 'a NIC that leads nowhere: no namespace, no egress (network "none")')
         .option("--json", "print the sandboxes as JSON"),
@@ -51,6 +56,7 @@ export function registerSpawn(program: Command): void {
             n: opts.count,
             ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
             ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }),
+            ...(opts.onTimeout === "pause" ? { on_timeout: "pause" } : {}),
             ...(opts.liveFork ? { live_fork: true } : {}),
             ...(opts.network === false ? { network: "none" } : egress ? { network: egress } : {}),
           },

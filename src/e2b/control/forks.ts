@@ -9,7 +9,7 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
 import type { E2bContext } from "../context.js";
-import { clientSignal, runningSandbox } from "./sandboxes.js";
+import { clientSignal, knownSandbox } from "./sandboxes.js";
 import {
   DEFAULT_FORK_TIMEOUT_SECONDS,
   DEFAULT_PAGE_LIMIT,
@@ -46,7 +46,8 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       },
     },
     async (request, reply) => {
-      const source = runningSandbox(context, request.params.sandboxID);
+      // A paused source forks from its paused state and stays paused.
+      const source = knownSandbox(context, request.params.sandboxID);
       const outcome = await sandboxes.fork(source.id, {
         count: request.body?.count ?? 1,
         timeoutMs: (request.body?.timeout ?? DEFAULT_FORK_TIMEOUT_SECONDS) * 1000,
@@ -72,7 +73,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     "/sandboxes/:sandboxID/snapshots",
     {
       schema: {
-        summary: "Snapshot a running sandbox (it keeps running); the snapshot is usable as templateID",
+        summary: "Snapshot a sandbox (a running one keeps running); the snapshot is usable as templateID",
         description:
           "A BRANCH kept under `name` (a template alias) or, without one, under its own tag. Naming a snapshot " +
           "again moves the name to the new one; the old one is deleted once nothing uses it.",
@@ -82,11 +83,11 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       },
     },
     async (request, reply) => {
-      const source = runningSandbox(context, request.params.sandboxID);
+      const source = knownSandbox(context, request.params.sandboxID);
       const name = request.body?.name;
       const outcome = await sandboxes.branch(source.id, {
         tag: `snap-${randomBytes(6).toString("hex")}`,
-        mode: source.live_fork ? "live" : "diff",
+        mode: source.live_fork && source.status === "running" ? "live" : "diff",
         alias: name,
         signal: clientSignal(request, reply),
       });

@@ -1,8 +1,7 @@
 /**
- * E2B's sandbox routes: create, list (paginated, metadata and state filters), get, kill, lifetimes, connect,
- * metrics, the network update, and the pause/resume routes whose features forkd does not have yet (a clear
- * error, never a fake success). Handlers translate to SandboxService calls; the behaviour lives in the
- * controller (network options: network.ts).
+ * E2B's sandbox routes: create, list (paginated, metadata and state filters), get, kill, lifetimes, connect and
+ * resume (a paused sandbox runs again), pause, metrics and the network update. Handlers translate to
+ * SandboxService calls; the behaviour lives in the controller (network options: network.ts).
  */
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
@@ -15,6 +14,7 @@ import type { E2bContext } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";
 import {
   ConnectBody,
+  DEFAULT_RESUME_TIMEOUT_SECONDS,
   DEFAULT_TIMEOUT_SECONDS,
   errorResponses,
   ListedSandbox,
@@ -28,6 +28,7 @@ import {
   OptionalBody,
   PauseBody,
   RefreshBody,
+  ResumeBody,
   Sandbox,
   SandboxDetail,
   SandboxIdParams,
@@ -37,6 +38,8 @@ import {
 import { resolveTemplateName } from "./templates.js";
 import {
   detailToWire,
+  type E2bState,
+  e2bState,
   listedToWire,
   matchesMetadata,
   metricToWire,
@@ -49,10 +52,31 @@ type IdRequest = { Params: Static<typeof SandboxIdParams> };
 
 /** A sandbox that is running, by the id E2B names it with; anything else is E2B's 404. */
 export function runningSandbox(context: E2bContext, id: string): SandboxInfo {
+  return sandboxIn(context, id, ["running"]);
+}
+
+/** A sandbox E2B lists (running or paused: `e2bState`); anything else is E2B's 404. */
+export function knownSandbox(context: E2bContext, id: string): SandboxInfo {
+  return sandboxIn(context, id, ["running", "paused"]);
+}
+
+function sandboxIn(context: E2bContext, id: string, states: readonly E2bState[]): SandboxInfo {
   if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
   const info = context.services.sandboxes.get(id);
-  if (info.status !== "running") throw notFound(`sandbox ${id} not found (it is ${info.status})`);
+  const state = e2bState(info);
+  if (state === null || !states.includes(state))
+    throw notFound(`sandbox ${id} not found (it is ${info.status})`);
   return info;
+}
+
+/** A filesystem-only pause or resume (E2B's memory: false) is what forkd cannot do: refused, never downgraded. */
+function refuseMemoryless(memory: boolean | undefined, what: string): void {
+  if (memory === false) {
+    throw notBuilt(
+      `${what} with memory: false (a filesystem-only snapshot, resumed by a cold boot) is not supported by forkd: ` +
+        "its pauses keep the whole sandbox, memory included; omit memory or send true",
+    );
+  }
 }
 
 export function clientSignal(request: FastifyRequest, reply: FastifyReply): AbortSignal {
@@ -63,12 +87,13 @@ const notBuilt = (message: string) => new ForkdError("not_implemented", message)
 
 /** Create-time options forkd cannot honour: refused by name instead of silently dropped. */
 function refuseUnsupported(body: Static<typeof NewSandbox>): void {
-  if (body.autoPause === true || body.autoResume?.enabled === true) {
-    throw notBuilt(
-      "autoPause/autoResume: pausing sandboxes is not supported by this forkd yet (the pause/resume issue); " +
-        "create without lifecycle.onTimeout='pause'",
+  if (body.autoResume?.enabled === true && body.autoPause !== true) {
+    throw new ForkdError(
+      "invalid_argument",
+      "autoResume needs autoPause: only a paused sandbox can be resumed",
     );
   }
+  if (body.autoPause === true) refuseMemoryless(body.autoPauseMemory, "autoPause");
   if (body.mcp !== undefined && body.mcp !== null) {
     throw notBuilt("mcp: forkd templates have no MCP gateway; omit the mcp option");
   }
@@ -80,6 +105,17 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
   const { sandboxes } = context.services;
   const domain = context.domain ?? null;
   const toSandbox = (info: SandboxInfo) => sandboxToWire(info, sandboxes.accessTokens(info.id), domain);
+  /** Resumes `id`; a resume another request already finished counts (two connects at once both succeed). */
+  const resumeOrJoin = async (id: string, timeoutMs: number, signal: AbortSignal): Promise<SandboxInfo> => {
+    try {
+      return await sandboxes.resume(id, { timeoutMs, signal });
+    } catch (err) {
+      if (err instanceof ForkdError && err.code === "conflict" && sandboxes.get(id).status === "running") {
+        return sandboxes.extendTimeout(id, timeoutMs);
+      }
+      throw err;
+    }
+  };
 
   const create = async (
     request: FastifyRequest<{ Body: Static<typeof NewSandbox> }>,
@@ -96,6 +132,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       metadata: body.metadata,
       env: body.envVars,
       templateAlias: template.alias ?? undefined,
+      onTimeout: body.autoPause === true ? "pause" : "kill",
+      autoResume: body.autoResume?.enabled === true,
       network: network.egress,
       inbound: network.inbound,
       signal: clientSignal(request, reply),
@@ -114,8 +152,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
             "templateID is a template alias or snapshot tag; E2B's default names (base, code-interpreter-v1) " +
             "mean the daemon's default snapshot. Default timeout 300 s. allow_internet_access and network " +
             "(allowOut, denyOut, allowPublicTraffic, maskRequestHost, httpsPorts) as E2B defines them; without " +
-            "either the daemon's --egress applies. 404 unknown template; 501 for options forkd cannot honour " +
-            "(autoPause, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
+            "either the daemon's --egress applies. autoPause: the end of the lifetime pauses it; autoResume: a " +
+            "data-plane request resumes it. 404 unknown template; 501 for options forkd cannot honour " +
+            "(autoPauseMemory false, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
           body: NewSandbox,
           response: { 201: Sandbox, ...errorResponses },
         },
@@ -130,7 +169,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       schema: {
         summary: "List sandboxes (paginated)",
         description:
-          "Filters: metadata, state (running; forkd has no paused sandboxes yet), startedAfter, template. " +
+          "Filters: metadata, state (running, paused; both by default), startedAfter, template. " +
           "Newest first unless order=asc. X-Next-Token names the next page; X-Total-Running counts the matches.",
         querystring: ListSandboxesQuery,
         response: { 200: Type.Array(ListedSandbox), ...errorResponses },
@@ -142,14 +181,15 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       const metadata = parseMetadataFilter(query.metadata);
       const startedAfter = parseDate(query.startedAfter);
       const template = query.template ? await resolveTemplateName(context, query.template, false) : null;
-      const matching = states.includes("running")
-        ? sandboxes
-            .list()
-            .filter((s) => s.status === "running")
-            .filter((s) => matchesMetadata(s.metadata, metadata))
-            .filter((s) => startedAfter === null || s.created_at_unix * 1000 >= startedAfter)
-            .filter((s) => template === null || s.snapshot_tag === template.tag)
-        : [];
+      const matching = sandboxes
+        .list()
+        .filter((s) => {
+          const state = e2bState(s);
+          return state !== null && states.includes(state);
+        })
+        .filter((s) => matchesMetadata(s.metadata, metadata))
+        .filter((s) => startedAfter === null || s.created_at_unix * 1000 >= startedAfter)
+        .filter((s) => template === null || s.snapshot_tag === template.tag);
       const key = (s: SandboxInfo) => `${String(s.created_at_unix).padStart(12, "0")}:${s.id}`;
       matching.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
       if (query.order !== "asc") matching.reverse();
@@ -192,7 +232,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      const info = runningSandbox(context, request.params.sandboxID);
+      const info = knownSandbox(context, request.params.sandboxID);
       const facts = await context.facts.of(info.snapshot_tag);
       return detailToWire(info, facts, sandboxes.accessTokens(info.id), domain);
     },
@@ -256,18 +296,25 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       {
         schema: {
           summary:
-            "Connect to a running sandbox: its access tokens, and its lifetime extended (never shortened)",
+            "Connect to a sandbox: a paused one is resumed (201), a running one gets its lifetime extended (200)",
           description:
-            "Default timeout 300 s. Paused sandboxes do not exist yet, so 200 (already running) or 404.",
+            "Its access tokens either way. Default timeout 300 s: a resumed sandbox lives that long from now, a " +
+            "running one at least that long (never shortened). memory: false (resume by a cold boot) is 501.",
           params: SandboxIdParams,
           body: OptionalBody(ConnectBody),
-          response: { 200: Sandbox, ...errorResponses },
+          response: { 200: Sandbox, 201: Sandbox, ...errorResponses },
         },
       },
-      async (request) => {
-        runningSandbox(context, request.params.sandboxID);
+      async (request, reply) => {
+        const id = request.params.sandboxID;
+        const info = knownSandbox(context, id);
         const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
-        return toSandbox(sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000));
+        if (e2bState(info) === "paused") {
+          refuseMemoryless(request.body?.memory, "resume");
+          const resumed = await resumeOrJoin(id, seconds * 1000, clientSignal(request, reply));
+          return reply.status(201).send(toSandbox(resumed));
+        }
+        return reply.status(200).send(toSandbox(sandboxes.extendTimeout(id, seconds * 1000)));
       },
     );
   }
@@ -276,32 +323,44 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     "/sandboxes/:sandboxID/pause",
     {
       schema: {
-        summary: "Pause: not supported yet (501)",
+        summary: "Pause: the sandbox's memory, processes and files saved, its VM stopped; connect resumes it",
+        description:
+          "204 once it is paused; 409 if it already is (the SDK's pause() then returns false). memory: false " +
+          "(a filesystem-only snapshot) is 501: forkd always keeps memory.",
         params: SandboxIdParams,
         body: OptionalBody(PauseBody),
         response: { 204: Type.Null(), ...errorResponses },
       },
     },
-    async (request) => {
-      runningSandbox(context, request.params.sandboxID);
-      throw notBuilt(
-        "pausing sandboxes is not supported by this forkd yet (the pause/resume issue); the sandbox keeps running",
-      );
+    async (request, reply) => {
+      const id = request.params.sandboxID;
+      const info = knownSandbox(context, id);
+      if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
+      refuseMemoryless(request.body?.memory, "pause");
+      await sandboxes.pause(id, { signal: clientSignal(request, reply) });
+      return reply.status(204).send();
     },
   );
 
-  app.post<IdRequest>(
+  app.post<IdRequest & { Body: Static<typeof ResumeBody> }>(
     "/sandboxes/:sandboxID/resume",
     {
       schema: {
-        summary: "Resume (v1): a running sandbox answers 409, as E2B's does",
+        summary: "Resume a paused sandbox (v1; connect is the current form); a running one answers 409",
+        description: "timeout (seconds) defaults to 15, as E2B declares it for this route.",
         params: SandboxIdParams,
+        body: OptionalBody(ResumeBody),
         response: { 201: Sandbox, ...errorResponses },
       },
     },
-    async (request) => {
-      runningSandbox(context, request.params.sandboxID);
-      throw new ForkdError("conflict", `sandbox ${request.params.sandboxID} is already running`);
+    async (request, reply) => {
+      const id = request.params.sandboxID;
+      const info = knownSandbox(context, id);
+      if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
+      refuseMemoryless(request.body?.memory, "resume");
+      const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
+      const resumed = await resumeOrJoin(id, seconds * 1000, clientSignal(request, reply));
+      return reply.status(201).send(toSandbox(resumed));
     },
   );
 

@@ -198,11 +198,28 @@ export const RefreshBody = Type.Object({ duration: Type.Optional(TimeoutSeconds)
 export const ConnectBody = Type.Object(
   {
     timeout: Type.Optional(TimeoutSeconds),
-    memory: Type.Optional(Type.Boolean({ description: "Resume option; a running sandbox ignores it." })),
+    memory: Type.Optional(
+      Type.Boolean({
+        description: "false: resume by a cold boot (refused: 501); a running sandbox ignores it.",
+      }),
+    ),
   },
   open,
 );
-export const PauseBody = Type.Object({ memory: Type.Optional(Type.Boolean()) }, open);
+export const PauseBody = Type.Object(
+  { memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })) },
+  open,
+);
+/** E2B's declared default lifetime of a sandbox resumed through the v1 resume route (ResumedSandbox.timeout). */
+export const DEFAULT_RESUME_TIMEOUT_SECONDS = 15;
+export const ResumeBody = Type.Object(
+  {
+    timeout: Type.Optional(TimeoutSeconds),
+    memory: Type.Optional(Type.Boolean({ description: "false (a cold boot) is refused: 501." })),
+    autoPause: Type.Optional(Type.Boolean({ description: "Deprecated E2B field, ignored." })),
+  },
+  open,
+);
 export const ForkBody = Type.Object(
   {
     count: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_FORK_COUNT, default: 1 })),

@@ -29,6 +29,18 @@ export function sandboxToWire(
   };
 }
 
+export type E2bState = "running" | "paused";
+
+/**
+ * How E2B sees a sandbox: running, or paused (being paused or resumed included: it serves nothing meanwhile);
+ * null for one E2B does not list (starting, being killed, dead).
+ */
+export function e2bState(info: SandboxInfo): E2bState | null {
+  if (info.status === "running") return "running";
+  if (info.status === "paused" || info.status === "pausing" || info.status === "resuming") return "paused";
+  return null;
+}
+
 export function listedToWire(info: SandboxInfo, facts: MachineFacts): Static<typeof ListedSandbox> {
   return {
     sandboxID: info.id,
@@ -42,7 +54,7 @@ export function listedToWire(info: SandboxInfo, facts: MachineFacts): Static<typ
     diskSizeMB: facts.diskSizeMB,
     envdVersion: ENVD_VERSION,
     metadata: info.metadata,
-    state: "running",
+    state: e2bState(info) ?? "running",
     volumeMounts: [],
   };
 }
@@ -58,7 +70,7 @@ export function detailToWire(
     envdAccessToken: tokens.envd,
     domain,
     ...networkToE2b(info),
-    lifecycle: { onTimeout: "kill", autoResume: false },
+    lifecycle: { onTimeout: info.on_timeout, autoResume: info.auto_resume },
   };
 }
 

@@ -1,6 +1,7 @@
 /**
  * Sandbox: one forkd sandbox with the ergonomics of the E2B SDK — `Sandbox.create`, `sandbox.commands.run`,
- * `sandbox.runCode`, `sandbox.files`, `sandbox.setTimeout`, `sandbox.kill`, and `await using` disposal.
+ * `sandbox.runCode`, `sandbox.files`, `sandbox.setTimeout`, `sandbox.pause`/`Sandbox.resume`, `sandbox.kill`, and
+ * `await using` disposal.
  */
 import "../dispose.js";
 import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS, type NetworkPolicy } from "../controller.js";
@@ -20,7 +21,15 @@ import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   type RequestOptions,
 } from "../settings.js";
-import type { BranchResult, EvalResult, SandboxInfo, SandboxNetwork, SnapshotInfo } from "../wire.js";
+import type {
+  BranchResult,
+  EvalResult,
+  PauseResult,
+  SandboxInfo,
+  SandboxNetwork,
+  SandboxStatus,
+  SnapshotInfo,
+} from "../wire.js";
 import { Commands } from "./commands.js";
 import { Files } from "./files.js";
 
@@ -42,6 +51,11 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * "none" for a NIC that leads nowhere. @default the daemon's --egress
    */
   network?: NetworkPolicy | "none";
+  /**
+   * What the end of the lifetime does (E2B's lifecycle `onTimeout`): kill the sandbox, or pause it to disk so
+   * `Sandbox.resume`/`Sandbox.connect` can wake it where it was. @default "kill"
+   */
+  onTimeout?: "kill" | "pause";
   /** Longest wait for building a missing template snapshot, in ms; 0 = no limit. @default 1_800_000 */
   snapshotTimeoutMs?: number;
   signal?: AbortSignal;
@@ -49,6 +63,11 @@ export interface SandboxCreateOptions extends ConnectionOptions {
 
 export interface SandboxConnectOptions extends ConnectionOptions {
   signal?: AbortSignal;
+}
+
+export interface SandboxResumeOptions extends SandboxConnectOptions {
+  /** Its lifetime from now in ms (0 = no limit). @default the lifetime it had */
+  timeoutMs?: number;
 }
 
 export interface RunCodeOptions extends RequestOptions {
@@ -125,6 +144,7 @@ export class Sandbox {
       memoryLimitMib,
       liveFork,
       network,
+      onTimeout,
       snapshotTimeoutMs,
       signal,
       ...connection
@@ -146,6 +166,7 @@ export class Sandbox {
         timeoutMs: lifetimeMs,
         ...(liveFork ? { liveFork: true } : {}),
         network,
+        onTimeout,
         signal,
       });
       if (info === undefined)
@@ -179,6 +200,7 @@ export class Sandbox {
       memoryLimitMib,
       liveFork,
       network,
+      onTimeout,
       snapshotTimeoutMs: _unused,
       signal,
       ...connection
@@ -196,18 +218,23 @@ export class Sandbox {
       timeoutMs: lifetimeMs,
       ...(liveFork ? { liveFork: true } : {}),
       network,
+      onTimeout,
       signal,
     });
     return infos.map((info) => new Sandbox(controller, info));
   }
 
-  /** A Sandbox object for an existing sandbox (e.g. one created elsewhere); SandboxNotFoundError if it is gone. */
+  /**
+   * A Sandbox object for an existing sandbox (e.g. one created elsewhere); a paused one is resumed first (E2B's
+   * connect), with the lifetime it had. SandboxNotFoundError if it is gone.
+   */
   static async connect(id: string, options: SandboxConnectOptions = {}): Promise<Sandbox> {
     const { signal, ...connection } = options;
     const controller = new Controller(connection);
     try {
-      const info = await controller.getSandbox(id, { signal });
+      let info = await controller.getSandbox(id, { signal });
       if (info.status === "dead") throw new SandboxNotFoundError(`sandbox ${id} is dead`);
+      if (isPausedOrChanging(info.status)) info = await resumeOrJoin(controller, id, { signal });
       return new Sandbox(controller, info);
     } catch (err) {
       if (err instanceof NotFoundError && !(err instanceof SandboxNotFoundError)) {
@@ -226,10 +253,29 @@ export class Sandbox {
     }
   }
 
-  /** The daemon's sandboxes (all, or of one snapshot). */
-  static async list(options: SandboxConnectOptions & { snapshotTag?: string } = {}): Promise<SandboxInfo[]> {
-    const { signal, snapshotTag, ...connection } = options;
-    return new Controller(connection).listSandboxes({ signal, snapshotTag });
+  /**
+   * Resumes a paused sandbox by id, where it was (processes, files, interpreter), under the same id; its
+   * lifetime starts again. ConflictError if it is not paused; SandboxNotFoundError if it does not exist.
+   */
+  static async resume(id: string, options: SandboxResumeOptions = {}): Promise<Sandbox> {
+    const { signal, timeoutMs, ...connection } = options;
+    const controller = new Controller(connection);
+    try {
+      return new Sandbox(controller, await controller.resumeSandbox(id, { signal, timeoutMs }));
+    } catch (err) {
+      if (err instanceof NotFoundError && !(err instanceof SandboxNotFoundError)) {
+        throw new SandboxNotFoundError(`no sandbox ${id} to resume`, { status: err.status, cause: err });
+      }
+      throw err;
+    }
+  }
+
+  /** The daemon's sandboxes (all, of one snapshot, or in one state such as "paused"). */
+  static async list(
+    options: SandboxConnectOptions & { snapshotTag?: string; status?: SandboxStatus } = {},
+  ): Promise<SandboxInfo[]> {
+    const { signal, snapshotTag, status, ...connection } = options;
+    return new Controller(connection).listSandboxes({ signal, snapshotTag, status });
   }
 
   /** Kills a sandbox by id; false if it did not exist. */
@@ -323,6 +369,19 @@ export class Sandbox {
       return await this.controller.branchSandbox(this.id, options);
     } catch (err) {
       throw await this.diagnose(err, "branching");
+    }
+  }
+
+  /**
+   * Pauses the sandbox: its memory, processes and files saved to disk, its VM stopped and its RAM given back.
+   * It keeps its id, network and policy; `Sandbox.resume(id)` or `Sandbox.connect(id)` wakes it where it was.
+   * Calls into it fail with ConflictError while it is paused. ConflictError if it is not running.
+   */
+  async pause(options: RequestOptions & { merge?: boolean } = {}): Promise<PauseResult> {
+    try {
+      return await this.controller.pauseSandbox(this.id, options);
+    } catch (err) {
+      throw await this.diagnose(err, "pausing");
     }
   }
 
@@ -437,4 +496,18 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
     }, ms);
     signal?.addEventListener("abort", onAbort, { once: true });
   });
+}
+
+const isPausedOrChanging = (status: string) => ["pausing", "paused", "resuming"].includes(status);
+
+/** Resumes `id`; a resume another caller finished first counts (it is running, which is all connect needs). */
+async function resumeOrJoin(controller: Controller, id: string, call: RequestOptions): Promise<SandboxInfo> {
+  try {
+    return await controller.resumeSandbox(id, call);
+  } catch (err) {
+    if (!(err instanceof ConflictError)) throw err;
+    const info = await controller.getSandbox(id, call);
+    if (info.status !== "running") throw err;
+    return info;
+  }
 }

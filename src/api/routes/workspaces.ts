@@ -1,0 +1,132 @@
+/**
+ * forkd v0.5's stateful workspaces (`/v1/workspaces`), wire-compatible: create (201), list, get, delete (204),
+ * suspend `{diff}` and resume (200 with the WorkspaceInfo). Suspend is a pause and resume a resume of the
+ * workspace's sandbox (controller/workspaces.ts), so unlike v0.5 the sandbox keeps its id and network.
+ */
+import type { Static } from "@sinclair/typebox";
+import { Type } from "@sinclair/typebox";
+import type { FastifyInstance } from "fastify";
+import { invalidArgument } from "../../common/errors.js";
+import type { ApiContext } from "../app.js";
+import { clientSignal } from "../request-signal.js";
+import {
+  CreateWorkspaceBody,
+  errorResponses,
+  OptionalBody,
+  SuspendWorkspaceBody,
+  WorkspaceInfoWire,
+  WorkspaceNameParams,
+} from "../schemas.js";
+
+type NameRequest = { Params: Static<typeof WorkspaceNameParams> };
+
+export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContext): void {
+  const { workspaces } = context.services.sandboxes;
+  const networkStatus = () => context.services.sandboxes.networkStatus();
+
+  app.get(
+    "/v1/workspaces",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "List workspaces (forkd v0.5)",
+        response: { 200: Type.Array(WorkspaceInfoWire), ...errorResponses },
+      },
+    },
+    async () => workspaces.list(),
+  );
+
+  app.post<{ Body: Static<typeof CreateWorkspaceBody> }>(
+    "/v1/workspaces",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "Create a workspace: a sandbox from snapshot_tag, suspended and resumed by name",
+        description: "409 if the name is taken; 400 for a name that is not 1-64 of [A-Za-z0-9_-].",
+        body: CreateWorkspaceBody,
+        response: { 201: WorkspaceInfoWire, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const body = request.body;
+      if (body.per_child_netns === true && networkStatus().mode !== "netns") {
+        throw invalidArgument(
+          `per_child_netns=true: this daemon runs isolated sandboxes (${networkStatus().reason})`,
+        );
+      }
+      const created = await workspaces.create({
+        name: body.name,
+        snapshotTag: body.snapshot_tag,
+        memoryLimitMiB: body.memory_limit_mib ?? undefined,
+        signal: clientSignal(request, reply),
+      });
+      if (created.live_sandbox_id) request.auditIds.push(created.live_sandbox_id);
+      return reply.status(201).send(created);
+    },
+  );
+
+  app.get<NameRequest>(
+    "/v1/workspaces/:name",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "One workspace",
+        params: WorkspaceNameParams,
+        response: { 200: WorkspaceInfoWire, ...errorResponses },
+      },
+    },
+    async (request) => workspaces.get(request.params.name),
+  );
+
+  app.delete<NameRequest>(
+    "/v1/workspaces/:name",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "Delete a workspace: its sandbox is killed; its layers go unless a snapshot depends on them",
+        params: WorkspaceNameParams,
+        response: { 204: Type.Null(), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      await workspaces.delete(request.params.name);
+      return reply.status(204).send();
+    },
+  );
+
+  app.post<NameRequest & { Body: Static<typeof SuspendWorkspaceBody> | undefined }>(
+    "/v1/workspaces/:name/suspend",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "Suspend: pause the workspace's sandbox",
+        description: "400 unless it is running (v0.5's answer).",
+        params: WorkspaceNameParams,
+        body: OptionalBody(SuspendWorkspaceBody),
+        response: { 200: WorkspaceInfoWire, ...errorResponses },
+      },
+    },
+    async (request, reply) =>
+      workspaces.suspend(request.params.name, {
+        diff: request.body?.diff,
+        signal: clientSignal(request, reply),
+      }),
+  );
+
+  app.post<NameRequest & { Body: Record<string, never> | undefined }>(
+    "/v1/workspaces/:name/resume",
+    {
+      schema: {
+        tags: ["workspaces"],
+        summary: "Resume the workspace's sandbox where it was suspended",
+        description:
+          "400 if it is running. A stale workspace (its sandbox gone) starts again from its latest suspend.",
+        params: WorkspaceNameParams,
+        body: OptionalBody(Type.Object({}, { additionalProperties: false })),
+        response: { 200: WorkspaceInfoWire, ...errorResponses },
+      },
+    },
+    async (request, reply) =>
+      workspaces.resume(request.params.name, { signal: clientSignal(request, reply) }),
+  );
+}

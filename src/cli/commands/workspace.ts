@@ -1,0 +1,124 @@
+/** `forkd workspace create|suspend|resume|list|delete`: forkd v0.5's named, suspendable sandboxes. */
+import type { Command } from "commander";
+import type { WorkspaceInfoWire } from "../../api/schemas.js";
+import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { printJson, printTable } from "../output.js";
+import { runCommand } from "../run-command.js";
+import { parseIntOption } from "./fork.js";
+
+function printWorkspaces(workspaces: WorkspaceInfoWire[]): void {
+  printTable(
+    ["NAME", "STATUS", "SANDBOX", "SNAPSHOT", "STATE", "LAST_ACTIVE"],
+    workspaces.map((w) => [
+      w.name,
+      w.status,
+      w.live_sandbox_id ?? "-",
+      w.source_snapshot_tag,
+      w.current_state_tag ?? "-",
+      new Date(w.last_active_unix * 1000).toISOString(),
+    ]),
+  );
+}
+
+/** The workspace as JSON (--json) or as a one-row table. */
+function show(workspace: WorkspaceInfoWire, json: boolean | undefined): undefined {
+  if (json) printJson(workspace);
+  else printWorkspaces([workspace]);
+  return undefined;
+}
+
+export function registerWorkspace(program: Command): void {
+  const workspace = program
+    .command("workspace")
+    .description("named sandboxes that are suspended to disk and resumed by name (daemon; forkd v0.5)");
+
+  addDaemonOptions(
+    workspace
+      .command("create")
+      .description("create a workspace: a running sandbox from a snapshot, under a name")
+      .argument("<name>", "1-64 of [A-Za-z0-9_-]")
+      .requiredOption("-t, --tag <tag>", "snapshot tag")
+      .option(
+        "--memory-limit-mib <mib>",
+        "memory limit of its sandbox",
+        parseIntOption("--memory-limit-mib", 1, 1 << 20),
+      )
+      .option("--json", "print the workspace as JSON"),
+  ).action((name: string, opts, command: Command) =>
+    runCommand(async (signal) => {
+      const created = await DaemonClient.from(command).json<WorkspaceInfoWire>("POST", "/v1/workspaces", {
+        json: {
+          name,
+          snapshot_tag: opts.tag,
+          ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
+        },
+        signal,
+      });
+      return show(created, opts.json);
+    }),
+  );
+
+  addDaemonOptions(
+    workspace
+      .command("suspend")
+      .description("suspend a running workspace: its sandbox paused to disk, its RAM given back")
+      .argument("<name>", "workspace name")
+      .option("--diff", "a layer over the previous suspend's instead of one holding everything")
+      .option("--json", "print the workspace as JSON"),
+  ).action((name: string, opts, command: Command) =>
+    runCommand(async (signal) => {
+      const suspended = await DaemonClient.from(command).json<WorkspaceInfoWire>(
+        "POST",
+        routePath`/v1/workspaces/${name}/suspend`,
+        { json: { diff: opts.diff === true }, signal },
+      );
+      return show(suspended, opts.json);
+    }),
+  );
+
+  addDaemonOptions(
+    workspace
+      .command("resume")
+      .description("resume a suspended workspace where it was (same sandbox id, network and policy)")
+      .argument("<name>", "workspace name")
+      .option("--json", "print the workspace as JSON"),
+  ).action((name: string, opts, command: Command) =>
+    runCommand(async (signal) => {
+      const resumed = await DaemonClient.from(command).json<WorkspaceInfoWire>(
+        "POST",
+        routePath`/v1/workspaces/${name}/resume`,
+        { json: {}, signal },
+      );
+      return show(resumed, opts.json);
+    }),
+  );
+
+  addDaemonOptions(
+    workspace.command("list").alias("ls").description("list workspaces").option("--json", "print JSON"),
+  ).action((opts, command: Command) =>
+    runCommand(async (signal) => {
+      const all = await DaemonClient.from(command).json<WorkspaceInfoWire[]>("GET", "/v1/workspaces", {
+        signal,
+      });
+      if (opts.json) printJson(all);
+      else printWorkspaces(all);
+      return undefined;
+    }),
+  );
+
+  addDaemonOptions(
+    workspace
+      .command("delete")
+      .alias("rm")
+      .description(
+        "delete a workspace: its sandbox is killed, its layers removed unless a snapshot uses them",
+      )
+      .argument("<name>", "workspace name"),
+  ).action((name: string, _opts, command: Command) =>
+    runCommand(async (signal) => {
+      await DaemonClient.from(command).request("DELETE", routePath`/v1/workspaces/${name}`, { signal });
+      process.stdout.write(`${name}\n`);
+      return undefined;
+    }),
+  );
+}

@@ -1,0 +1,179 @@
+/**
+ * Crash safety of pause and resume on real VMs with a real daemon process: the daemon SIGKILLs itself at every
+ * named crash point of a pause and of a resume (FORKD_CRASH_AT, src/common/crash-points.ts), and a daemon killed
+ * -9 from outside while a sandbox is paused. After each restart the sandbox is running (exactly one QEMU) or
+ * paused (none, no run directory), never both and never lost, no staging directory is left, and what it wrote
+ * before is still there. One sandbox goes through all of it. Then a host reboot while paused, simulated (a real
+ * one cannot happen in a test): the daemon stops, the database's boot id changes and the sandbox's network
+ * namespace is deleted, as a reboot leaves them; the restarted daemon resumes it with its address.
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readdir } from "node:fs/promises";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import Database from "better-sqlite3";
+import { CRASH_AT_ENV, type CrashPoint } from "../../src/common/crash-points.js";
+import { qemusMentioning, tempHome } from "../support/host.js";
+import { linkSharedSnapshot } from "../support/snapshots.js";
+import { type DaemonProcess, startDaemonProcess } from "./daemon-process.js";
+import { send } from "./raw-http.js";
+
+interface Info {
+  id: string;
+  status: string;
+  pause_tag: string | null;
+  netns: string | null;
+  network: { kind: string; address: string | null };
+}
+
+const run = promisify(execFile);
+const root = process.getuid?.() === 0;
+
+describe("pause and resume survive a daemon killed at any step", { timeout: 40 * 60_000 }, () => {
+  let home: Awaited<ReturnType<typeof tempHome>>;
+  let tag: string;
+  let daemon: DaemonProcess | undefined;
+
+  before(async () => {
+    home = await tempHome("forkd-pause-crash-");
+    tag = await linkSharedSnapshot(home.home, "minimal");
+  });
+  after(async () => {
+    await daemon?.stop();
+    assert.deepEqual(await qemusMentioning(home.home), [], "no QEMU left running");
+    await home.cleanup();
+  });
+
+  const start = async (crashAt?: CrashPoint) => {
+    daemon = await startDaemonProcess(home.home, [], { env: { [CRASH_AT_ENV]: crashAt ?? "" } });
+    return daemon;
+  };
+  const get = async (id: string) =>
+    (await send((daemon as DaemonProcess).socket, "GET", `/v1/sandboxes/${id}`)).json<Info>();
+  const exec = async (id: string, script: string) => {
+    const r = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/exec`, {
+      json: { args: ["sh", "-c", script] },
+    });
+    assert.equal(r.status, 200, r.text);
+    return r.json<{ stdout: string }>().stdout;
+  };
+  /** The request never gets an answer: the daemon killed itself at the crash point. */
+  const crashes = async (method: string, url: string) => {
+    const current = daemon as DaemonProcess;
+    await assert.rejects(send(current.socket, method, url, { json: {} }), "the daemon died mid-request");
+    assert.equal((await current.exited).signal, "SIGKILL");
+  };
+  /** Exactly one of the two states, with nothing of the other left. */
+  const expectState = async (id: string, status: "running" | "paused") => {
+    const info = await get(id);
+    assert.equal(info.status, status);
+    const qemus = await qemusMentioning(path.join(home.run, id));
+    assert.equal(qemus.length, status === "running" ? 1 : 0, `QEMUs of ${id}: ${qemus}`);
+    const leftovers = (await readdir(home.snapshots)).filter((n) => n.startsWith("."));
+    assert.deepEqual(leftovers, [], "no staging or half-deleted snapshot left");
+    if (status === "paused") {
+      const runDirs = await readdir(home.run).catch(() => [] as string[]);
+      assert.ok(!runDirs.includes(id), "a paused sandbox has no run directory");
+      assert.ok(info.pause_tag, "its state layer is recorded");
+      assert.ok((await readdir(home.snapshots)).includes(info.pause_tag));
+    }
+  };
+
+  it("kill -9 at each step of a pause", async () => {
+    await start("pause.stopped");
+    const spawned = await send((daemon as DaemonProcess).socket, "POST", "/v1/sandboxes", {
+      json: { snapshot_tag: tag, n: 1 },
+    });
+    assert.equal(spawned.status, 201, spawned.text);
+    const id = (spawned.json<Info[]>() as unknown as Info[])[0]?.id as string;
+    await exec(id, "echo before-crashes > /root/kept.txt; sync");
+    for (const [point, next, survives] of [
+      ["pause.stopped", "pause.captured", "running"],
+      ["pause.captured", "pause.published", "running"],
+      ["pause.published", "pause.recorded", "paused"],
+    ] as const) {
+      void point;
+      if ((await get(id)).status === "paused") {
+        const resumed = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/resume`);
+        assert.equal(resumed.status, 200, resumed.text);
+      }
+      await crashes("POST", `/v1/sandboxes/${id}/pause`);
+      await start(next);
+      await expectState(id, survives);
+      if (survives === "running") assert.equal(await exec(id, "cat /root/kept.txt"), "before-crashes\n");
+    }
+    // Paused by the restart that finished the published pause; resume and pause once more, crashing at the end.
+    const resumed = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/resume`);
+    assert.equal(resumed.status, 200, resumed.text);
+    assert.equal(
+      await exec(id, "cat /root/kept.txt; echo second >> /root/kept.txt; sync"),
+      "before-crashes\n",
+    );
+    await crashes("POST", `/v1/sandboxes/${id}/pause`);
+    await start("resume.started");
+    await expectState(id, "paused");
+
+    for (const [next, survives] of [
+      ["resume.launched", "paused"],
+      ["resume.restored", "paused"],
+      ["resume.recorded", "paused"],
+      [undefined, "running"],
+    ] as const) {
+      await crashes("POST", `/v1/sandboxes/${id}/resume`);
+      await start(next);
+      await expectState(id, survives);
+    }
+    assert.equal(await exec(id, "cat /root/kept.txt"), "before-crashes\nsecond\n");
+
+    // kill -9 from outside while paused, then a normal restart.
+    const paused = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/pause`);
+    assert.equal(paused.status, 200, paused.text);
+    await (daemon as DaemonProcess).crash();
+    await start();
+    await expectState(id, "paused");
+    const again = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/resume`);
+    assert.equal(again.status, 200, again.text);
+    assert.equal(await exec(id, "cat /root/kept.txt"), "before-crashes\nsecond\n");
+    assert.equal((await send((daemon as DaemonProcess).socket, "DELETE", `/v1/sandboxes/${id}`)).status, 204);
+    assert.deepEqual(await qemusMentioning(home.run), []);
+    const layers = (await readdir(home.snapshots)).filter((n) => n.startsWith("pause-"));
+    assert.deepEqual(layers, [], "killing it removed its pause layers");
+  });
+
+  it("a paused sandbox survives a (simulated) host reboot and resumes with its address", {
+    skip: !root && "needs root: sandbox networks",
+  }, async () => {
+    await daemon?.stop();
+    await start();
+    const spawned = await send((daemon as DaemonProcess).socket, "POST", "/v1/sandboxes", {
+      json: { snapshot_tag: tag, n: 1 },
+    });
+    assert.equal(spawned.status, 201, spawned.text);
+    const before = (spawned.json<Info[]>() as unknown as Info[])[0] as Info;
+    assert.equal(before.network.kind, "netns");
+    await exec(before.id, "echo across-a-reboot > /root/reboot.txt; sync");
+    const paused = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${before.id}/pause`);
+    assert.equal(paused.status, 200, paused.text);
+    await (daemon as DaemonProcess).stop();
+    // What a reboot leaves: another boot id, and no network namespaces.
+    const db = new Database(path.join(home.home, "state.db"));
+    db.prepare("UPDATE meta SET value = ? WHERE key = 'boot_id'").run("00000000-0000-4000-8000-000000000000");
+    db.close();
+    await run("ip", ["netns", "delete", before.netns as string]);
+    await start();
+    await expectState(before.id, "paused");
+    const resumed = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${before.id}/resume`);
+    assert.equal(resumed.status, 200, resumed.text);
+    const after = resumed.json<Info>();
+    assert.equal(after.network.address, before.network.address, "the same address on the bridge");
+    const { stdout } = await run("ip", ["netns", "list"]);
+    assert.match(stdout, new RegExp(`^${before.netns}\\b`, "m"), "its namespace was made again");
+    assert.equal(await exec(before.id, "cat /root/reboot.txt"), "across-a-reboot\n");
+    assert.equal(
+      (await send((daemon as DaemonProcess).socket, "DELETE", `/v1/sandboxes/${before.id}`)).status,
+      204,
+    );
+  });
+});
