@@ -293,6 +293,7 @@ export class SandboxManager implements SandboxService {
         template_alias: request.templateAlias ?? null,
         network: networkKind,
         inbound,
+        owner: request.owner ?? null,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -432,6 +433,7 @@ export class SandboxManager implements SandboxService {
         // confined than what it was forked from.
         network: this.networkOf(row),
         inbound: parseInbound(row.inbound),
+        owner: row.owner,
         signal: request.signal,
       },
       "each",
@@ -742,6 +744,7 @@ export class SandboxManager implements SandboxService {
     tag: string;
     command: string[];
     timeoutMs?: number;
+    owner?: string | null;
     signal?: AbortSignal;
   }): Promise<BranchOutcome & { exit_code: number; stdout: string; stderr: string }> {
     assertTag(request.from, "from");
@@ -757,6 +760,7 @@ export class SandboxManager implements SandboxService {
       snapshotTag: request.from,
       n: 1,
       timeoutMs: 0,
+      owner: request.owner,
       signal: request.signal,
     });
     const id = (sandbox as SandboxInfo).id;
@@ -804,6 +808,7 @@ export class SandboxManager implements SandboxService {
           handle: live.handle,
           lastBranchTag: row.last_branch_tag,
           liveFork: row.live_fork === 1,
+          owner: row.owner,
         },
         branchRequest,
       );
@@ -811,8 +816,9 @@ export class SandboxManager implements SandboxService {
       buffer.release();
     }
     if (alias !== undefined) {
-      const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
-      await this.snapshots.aliases.set(alias, result.tag);
+      const previous = (await this.snapshots.aliases.list()).find((a) => a.alias === alias)?.tag;
+      // The name is the branched sandbox's owner's, like the snapshot.
+      await this.snapshots.aliases.set(alias, result.tag, row.owner);
       // The name moved on: its earlier snapshot goes once nothing else needs it.
       if (previous !== undefined && previous !== result.tag) {
         this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
@@ -840,6 +846,7 @@ export class SandboxManager implements SandboxService {
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
       inbound: parseInbound(row.inbound),
+      owner: row.owner,
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }

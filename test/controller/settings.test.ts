@@ -133,8 +133,10 @@ describe("state database", () => {
       assert.equal(row?.metadata, "{}");
       assert.equal(row?.env_vars, "{}");
       assert.equal(row?.access_token, null);
-      db.setAlias({ alias: "a", tag: "pyagent", created_at_unix: 1 });
+      db.setAlias({ alias: "a", tag: "pyagent", created_at_unix: 1, owner: null });
       assert.equal(db.alias("a")?.tag, "pyagent");
+      // v8: rows from before tenants are an admin's.
+      assert.equal(row?.owner, null);
       db.close();
       const check = new Database(file);
       assert.equal(check.pragma("user_version", { simple: true }), SCHEMA_VERSION);

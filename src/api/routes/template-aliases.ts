@@ -66,7 +66,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
       },
     },
     async (request, reply) => {
-      snapshots.aliases.delete(request.params.alias);
+      await snapshots.aliases.delete(request.params.alias);
       return reply.status(204).send();
     },
   );
