@@ -6,6 +6,7 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   BranchBody,
@@ -46,7 +47,6 @@ const NOT_BUILT_SPAWN_FLAGS = {
 } as const;
 
 export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
   const { metrics } = context;
 
   app.post<{ Body: Static<typeof SpawnBody> }>(
@@ -75,7 +75,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
             'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
           );
         }
-        const status = sandboxes.networkStatus();
+        const status = servicesOf(request, context).sandboxes.networkStatus();
         if (status.mode !== "netns") {
           throw notImplemented(
             `per_child_netns=true: this daemon runs isolated sandboxes (${status.reason})`,
@@ -84,7 +84,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       }
       const stop = metrics.spawnDuration.startTimer();
       try {
-        const spawned = await sandboxes.spawn({
+        const spawned = await servicesOf(request, context).sandboxes.spawn({
           snapshotTag: body.snapshot_tag,
           n: body.n ?? 1,
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
@@ -120,7 +120,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request) => {
       const tag = request.query.snapshot_tag;
-      return sandboxes.list(tag === undefined ? undefined : { snapshotTag: tag }).map(sandboxToWire);
+      return servicesOf(request, context)
+        .sandboxes.list(tag === undefined ? undefined : { snapshotTag: tag })
+        .map(sandboxToWire);
     },
   );
 
@@ -140,7 +142,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if (all !== true && tag === undefined) {
         throw invalidArgument("refusing to kill without a filter: give all=true or snapshot_tag=<tag>");
       }
-      const killed = await sandboxes.killAll(tag === undefined ? undefined : { snapshotTag: tag });
+      const killed = await servicesOf(request, context).sandboxes.killAll(
+        tag === undefined ? undefined : { snapshotTag: tag },
+      );
       request.auditIds.push(...killed);
       return { killed };
     },
@@ -156,7 +160,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: SandboxInfoWire, ...errorResponses },
       },
     },
-    async (request) => sandboxToWire(sandboxes.get(request.params.id)),
+    async (request) => sandboxToWire(servicesOf(request, context).sandboxes.get(request.params.id)),
   );
 
   app.delete<IdRequest>(
@@ -170,7 +174,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) => {
-      await sandboxes.kill(request.params.id);
+      await servicesOf(request, context).sandboxes.kill(request.params.id);
       return reply.status(204).send();
     },
   );
@@ -186,7 +190,10 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: SandboxInfoWire, ...errorResponses },
       },
     },
-    async (request) => sandboxToWire(sandboxes.setTimeout(request.params.id, request.body.timeout_ms)),
+    async (request) =>
+      sandboxToWire(
+        servicesOf(request, context).sandboxes.setTimeout(request.params.id, request.body.timeout_ms),
+      ),
   );
 
   app.post<IdRequest>(
@@ -200,7 +207,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) =>
-      pingToWire(await sandboxes.ping(request.params.id, { signal: clientSignal(request, reply) })),
+      pingToWire(
+        await servicesOf(request, context).sandboxes.ping(request.params.id, {
+          signal: clientSignal(request, reply),
+        }),
+      ),
   );
 
   app.post<IdRequest & { Body: Static<typeof ExecBody> }>(
@@ -222,7 +233,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const options = execOptions(body);
       const stop = metrics.execDuration.startTimer({ op: "exec" });
       try {
-        const outcome = await sandboxes.exec(request.params.id, body.args, {
+        const outcome = await servicesOf(request, context).sandboxes.exec(request.params.id, body.args, {
           ...options,
           stdin: stdinOf(body),
           signal: clientSignal(request, reply),
@@ -253,7 +264,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const body = request.body;
       const stop = metrics.execDuration.startTimer({ op: "eval" });
       try {
-        const outcome = await sandboxes.eval(request.params.id, body.code, {
+        const outcome = await servicesOf(request, context).sandboxes.eval(request.params.id, body.code, {
           timeoutMs: timeoutMsOf(body, undefined),
           signal: clientSignal(request, reply),
         });
@@ -292,7 +303,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
         throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
       }
-      const outcome = await sandboxes.branch(request.params.id, {
+      const outcome = await servicesOf(request, context).sandboxes.branch(request.params.id, {
         tag: body.tag,
         mode,
         wait: body.wait,
@@ -312,8 +323,6 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
 
 /** Fork, metrics: the lifecycle routes the E2B API also uses. */
 export function registerForkRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
-
   app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
     "/v1/sandboxes/:id/fork",
     {
@@ -330,7 +339,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
       },
     },
     async (request, reply) => {
-      const outcome = await sandboxes.fork(request.params.id, {
+      const outcome = await servicesOf(request, context).sandboxes.fork(request.params.id, {
         count: request.body?.count ?? 1,
         timeoutMs: request.body?.timeout_ms,
         signal: clientSignal(request, reply),
@@ -360,7 +369,10 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
         response: { 200: SandboxMetricsWire, ...errorResponses },
       },
     },
-    async (request, reply) => sandboxes.metrics(request.params.id, { signal: clientSignal(request, reply) }),
+    async (request, reply) =>
+      servicesOf(request, context).sandboxes.metrics(request.params.id, {
+        signal: clientSignal(request, reply),
+      }),
   );
 }
 

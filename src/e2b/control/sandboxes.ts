@@ -11,7 +11,8 @@ import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
-import type { E2bContext } from "../context.js";
+import type { Services } from "../../controller/tenancy.js";
+import { type E2bContext, servicesOf } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";
 import {
   ConnectBody,
@@ -48,9 +49,9 @@ import {
 type IdRequest = { Params: Static<typeof SandboxIdParams> };
 
 /** A sandbox that is running, by the id E2B names it with; anything else is E2B's 404. */
-export function runningSandbox(context: E2bContext, id: string): SandboxInfo {
+export function runningSandbox(services: Services, id: string): SandboxInfo {
   if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-  const info = context.services.sandboxes.get(id);
+  const info = services.sandboxes.get(id);
   if (info.status !== "running") throw notFound(`sandbox ${id} not found (it is ${info.status})`);
   return info;
 }
@@ -77,9 +78,10 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
 }
 
 export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext): void {
-  const { sandboxes } = context.services;
   const domain = context.domain ?? null;
-  const toSandbox = (info: SandboxInfo) => sandboxToWire(info, sandboxes.accessTokens(info.id), domain);
+  // `info` came through the request's view already (only its owner holds it), so its tokens may be read here.
+  const toSandbox = (info: SandboxInfo) =>
+    sandboxToWire(info, context.services.sandboxes.accessTokens(info.id), domain);
 
   const create = async (
     request: FastifyRequest<{ Body: Static<typeof NewSandbox> }>,
@@ -88,8 +90,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     const body = request.body;
     refuseUnsupported(body);
     const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
-    const template = await resolveTemplateName(context, body.templateID);
-    const [info] = await sandboxes.spawn({
+    const template = await resolveTemplateName(servicesOf(request, context), body.templateID);
+    const [info] = await servicesOf(request, context).sandboxes.spawn({
       snapshotTag: template.tag,
       n: 1,
       timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
@@ -141,10 +143,12 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       const states = parseStates(query.state);
       const metadata = parseMetadataFilter(query.metadata);
       const startedAfter = parseDate(query.startedAfter);
-      const template = query.template ? await resolveTemplateName(context, query.template, false) : null;
+      const template = query.template
+        ? await resolveTemplateName(servicesOf(request, context), query.template, false)
+        : null;
       const matching = states.includes("running")
-        ? sandboxes
-            .list()
+        ? servicesOf(request, context)
+            .sandboxes.list()
             .filter((s) => s.status === "running")
             .filter((s) => matchesMetadata(s.metadata, metadata))
             .filter((s) => startedAfter === null || s.created_at_unix * 1000 >= startedAfter)
@@ -175,8 +179,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request) => {
       const metadata = parseMetadataFilter(request.query.metadata);
-      const running = sandboxes
-        .list()
+      const running = servicesOf(request, context)
+        .sandboxes.list()
         .filter((s) => s.status === "running" && matchesMetadata(s.metadata, metadata));
       return Promise.all(running.map(async (s) => listedToWire(s, await context.facts.of(s.snapshot_tag))));
     },
@@ -192,9 +196,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      const info = runningSandbox(context, request.params.sandboxID);
+      const info = runningSandbox(servicesOf(request, context), request.params.sandboxID);
       const facts = await context.facts.of(info.snapshot_tag);
-      return detailToWire(info, facts, sandboxes.accessTokens(info.id), domain);
+      return detailToWire(info, facts, servicesOf(request, context).sandboxes.accessTokens(info.id), domain);
     },
   );
 
@@ -210,7 +214,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     async (request, reply) => {
       const id = request.params.sandboxID;
       if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-      await sandboxes.kill(id);
+      await servicesOf(request, context).sandboxes.kill(id);
       return reply.status(204).send();
     },
   );
@@ -226,8 +230,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
-      sandboxes.setTimeout(request.params.sandboxID, request.body.timeout * 1000);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      servicesOf(request, context).sandboxes.setTimeout(
+        request.params.sandboxID,
+        request.body.timeout * 1000,
+      );
       return reply.status(204).send();
     },
   );
@@ -243,9 +250,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       const seconds = request.body?.duration ?? DEFAULT_TIMEOUT_SECONDS;
-      sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
+      servicesOf(request, context).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
       return reply.status(204).send();
     },
   );
@@ -265,9 +272,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
         },
       },
       async (request) => {
-        runningSandbox(context, request.params.sandboxID);
+        runningSandbox(servicesOf(request, context), request.params.sandboxID);
         const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
-        return toSandbox(sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000));
+        return toSandbox(
+          servicesOf(request, context).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000),
+        );
       },
     );
   }
@@ -283,7 +292,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       throw notBuilt(
         "pausing sandboxes is not supported by this forkd yet (the pause/resume issue); the sandbox keeps running",
       );
@@ -300,7 +309,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       throw new ForkdError("conflict", `sandbox ${request.params.sandboxID} is already running`);
     },
   );
@@ -320,9 +329,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       const egress = egressFromE2b(request.body ?? {});
-      await sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
+      await servicesOf(request, context).sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
       return reply.status(204).send();
     },
   );
@@ -338,8 +347,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
-      const sample = await sandboxes.metrics(request.params.sandboxID, {
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      const sample = await servicesOf(request, context).sandboxes.metrics(request.params.sandboxID, {
         signal: clientSignal(request, reply),
       });
       return [metricToWire(sample)];
@@ -363,12 +372,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       for (const id of ids) {
         const info = (() => {
           try {
-            return runningSandbox(context, id);
+            return runningSandbox(servicesOf(request, context), id);
           } catch {
             return null;
           }
         })();
-        if (info) out[id] = metricToWire(await sandboxes.metrics(id, { signal }));
+        if (info)
+          out[id] = metricToWire(await servicesOf(request, context).sandboxes.metrics(id, { signal }));
       }
       return { sandboxes: out };
     },
