@@ -37,6 +37,7 @@ export function registerStatusRoutes(app: FastifyInstance, context: ApiContext):
       schema: {
         tags: ["status"],
         summary: "Prometheus text exposition",
+        description: "For admins: 403 for a tenant's token (the series name every tenant's sandboxes).",
         produces: ["text/plain"],
         response: { 200: { type: "string", description: "Prometheus text format 0.0.4" }, ...errorResponses },
       },
