@@ -204,6 +204,13 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
     assert.ok(!(await ids(BOB)).includes(a) && (await ids(BOB)).includes(b));
     const all = await ids(ADMIN);
     assert.ok(all.includes(a) && all.includes(b) && all.includes(admin));
+    // The admin sees whose each one is; a tenant sees its own name on its own.
+    const owners = (await call(ADMIN, "GET", "/v1/sandboxes")).json as { id: string; owner: string | null }[];
+    assert.deepEqual(
+      [a, b, admin].map((id) => owners.find((s) => s.id === id)?.owner),
+      ["alice", "bob", null],
+    );
+    assert.equal(((await call(ALICE, "GET", `/v1/sandboxes/${a}`)).json as { owner: string }).owner, "alice");
     const killed = await call(BOB, "DELETE", "/v1/sandboxes?all=true");
     assert.equal(killed.status, 200, killed.text);
     assert.ok(!killed.text.includes(a) && killed.text.includes(b), killed.text);
