@@ -10,11 +10,14 @@ import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { Sandbox, SandboxNotFoundError } from "e2b";
 import type { FastifyInstance } from "fastify";
 import { buildApi } from "../../src/api/app.js";
 import { loadTokenFile } from "../../src/api/auth.js";
 import { tokenFromString } from "../../src/common/tokens.js";
+import { packageRoot } from "../../src/image/package-root.js";
 import { send } from "./raw-http.js";
 import { ServicesDouble } from "./services-double.js";
 
@@ -373,5 +376,38 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
     // Alice's own calls still work.
     assert.equal((await Sandbox.getInfo(id, opts(ALICE))).sandboxId, id);
     assert.equal(await Sandbox.kill(id, opts(ALICE)), true);
+  });
+
+  it("the MCP server, run with a tenant's token, sees what that tenant sees", async () => {
+    const a = await spawn(ALICE);
+    double.filesByPath.set(`${a}:/etc/secret`, Buffer.from("alice's"));
+    const client = new Client({ name: "tenancy-test", version: "1" });
+    await client.connect(
+      new StdioClientTransport({
+        command: process.execPath,
+        args: [path.join(packageRoot(), "bin", "forkd-mcp.js")],
+        env: { ...(process.env as Record<string, string>), FORKD_URL: url, FORKD_TOKEN: BOB },
+      }),
+    );
+    try {
+      const text = (answer: Awaited<ReturnType<Client["callTool"]>>) =>
+        (answer.content as { text: string }[])[0]?.text ?? "";
+      const read = await client.callTool({
+        name: "read_file",
+        arguments: { sandbox_id: a, path: "/etc/secret" },
+      });
+      assert.equal(read.isError, true, text(read));
+      assert.match(text(read), /not found/);
+      assert.ok(!text(read).includes("alice's"), text(read));
+      const snapshots = await client.callTool({ name: "list_snapshots", arguments: {} });
+      assert.notEqual(snapshots.isError, true, text(snapshots));
+      assert.match(text(snapshots), /"py"/);
+      assert.ok(!text(snapshots).includes("alice-snap"), text(snapshots));
+      const killed = await client.callTool({ name: "kill_sandbox", arguments: { sandbox_id: a } });
+      assert.equal(killed.isError, true, text(killed));
+      assert.ok(double.sandboxesById.has(a));
+    } finally {
+      await client.close();
+    }
   });
 });
