@@ -115,9 +115,9 @@ class TenantScope {
     throw conflict(`template alias ${JSON.stringify(alias)} is taken`);
   }
 
-  /** A snapshot as the tenant sees it: only the aliases and dependents it may see. */
-  private async scrub<T extends SnapshotInfo>(info: T): Promise<T> {
-    const aliases = new Set((await this.visibleAliases()).map((a) => a.alias));
+  /** A snapshot as the tenant sees it: only the aliases it may see (`visible`: those, when already known). */
+  private async scrub<T extends SnapshotInfo>(info: T, visible?: Set<string>): Promise<T> {
+    const aliases = visible ?? new Set((await this.visibleAliases()).map((a) => a.alias));
     return { ...info, aliases: info.aliases.filter((a) => aliases.has(a)) };
   }
 
@@ -235,7 +235,8 @@ class TenantScope {
     return {
       list: async () => {
         const visible = (await inner.list()).filter((s) => this.visibleSnapshot(s));
-        return Promise.all(visible.map((s) => this.scrub(s)));
+        const aliases = new Set((await this.visibleAliases()).map((a) => a.alias));
+        return Promise.all(visible.map((s) => this.scrub(s, aliases)));
       },
       get: async (tag) => this.scrub(await this.snapshot(tag)),
       detail: async (tag) => {
