@@ -33,6 +33,24 @@ export interface Principal {
 
 export const ADMIN: Principal = Object.freeze({ tenant: null });
 
+/** Per-tenant limits of one daemon (`forkd daemon --tenant-max-sandboxes`); admins have none. */
+export interface TenantLimits {
+  /** Sandboxes (not dead) one tenant may hold at once, spawns and forks in flight counted. */
+  maxSandboxes?: number;
+}
+
+interface LimitState extends TenantLimits {
+  /** Children of each tenant's spawns and forks admitted and not yet answered. */
+  inFlight: Map<string, number>;
+}
+
+const limitsByService = new WeakMap<SandboxService, LimitState>();
+
+/** Sets the per-tenant limits of the daemon whose sandboxes `sandboxes` are. */
+export function limitTenants(sandboxes: SandboxService, limits: TenantLimits): void {
+  limitsByService.set(sandboxes, { ...limits, inFlight: new Map() });
+}
+
 export interface Services {
   sandboxes: SandboxService;
   snapshots: SnapshotService;
@@ -174,7 +192,7 @@ class TenantScope {
     return {
       spawn: async (request) => {
         await this.snapshot(request.snapshotTag);
-        return inner.spawn({ ...request, owner: tenant });
+        return this.admitted(request.n, () => inner.spawn({ ...request, owner: tenant }));
       },
       branchLoad: () => inner.branchLoad(),
       list: (filter) => inner.list(filter).filter((s) => s.owner === tenant),
@@ -213,7 +231,9 @@ class TenantScope {
       ping: mine((id, options?: { signal?: AbortSignal }) => inner.ping(id, options)),
       exec: mine((id, ...rest: DropFirst<Parameters<SandboxService["exec"]>>) => inner.exec(id, ...rest)),
       eval: mine((id, ...rest: DropFirst<Parameters<SandboxService["eval"]>>) => inner.eval(id, ...rest)),
-      fork: mine((id, request: Parameters<SandboxService["fork"]>[1]) => inner.fork(id, request)),
+      fork: mine((id, request: Parameters<SandboxService["fork"]>[1]) =>
+        this.admitted(request.count, () => inner.fork(id, request)),
+      ),
       branch: async (id, request) => {
         this.own(id);
         if (request.alias !== undefined) await this.claimableAlias(request.alias);
@@ -322,6 +342,35 @@ class TenantScope {
       },
       defaultTemplate: () => this.defaultTemplate(),
     };
+  }
+
+  /**
+   * Runs `create` (which makes `n` sandboxes of the tenant's) within its --tenant-max-sandboxes, counted before
+   * the first await so concurrent requests see each other; 429 beyond it. While `create` runs its rows may be
+   * counted twice: that errs on refusing.
+   */
+  private async admitted<T>(n: number, create: () => Promise<T>): Promise<T> {
+    const limits = limitsByService.get(this.inner.sandboxes);
+    if (limits?.maxSandboxes === undefined || !Number.isInteger(n) || n < 1) return create();
+    const held = this.inner.sandboxes
+      .list()
+      .filter((s) => s.owner === this.tenant && s.status !== "dead").length;
+    const inFlight = limits.inFlight.get(this.tenant) ?? 0;
+    if (held + inFlight + n > limits.maxSandboxes) {
+      throw new ForkdError(
+        "too_many_requests",
+        `this tenant holds ${held} sandboxes${inFlight > 0 ? ` (${inFlight} more starting)` : ""}; ` +
+          `${n} more would exceed its limit of ${limits.maxSandboxes} (--tenant-max-sandboxes): kill some first`,
+      );
+    }
+    limits.inFlight.set(this.tenant, inFlight + n);
+    try {
+      return await create();
+    } finally {
+      const left = (limits.inFlight.get(this.tenant) ?? n) - n;
+      if (left > 0) limits.inFlight.set(this.tenant, left);
+      else limits.inFlight.delete(this.tenant);
+    }
   }
 
   private async defaultTemplate(): Promise<string | null> {

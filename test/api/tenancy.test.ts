@@ -17,6 +17,7 @@ import type { FastifyInstance } from "fastify";
 import { buildApi } from "../../src/api/app.js";
 import { loadTokenFile } from "../../src/api/auth.js";
 import { tokenFromString } from "../../src/common/tokens.js";
+import { limitTenants } from "../../src/controller/tenancy.js";
 import { packageRoot } from "../../src/image/package-root.js";
 import { send } from "./raw-http.js";
 import { ServicesDouble } from "./services-double.js";
@@ -408,6 +409,55 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
       assert.ok(double.sandboxesById.has(a));
     } finally {
       await client.close();
+    }
+  });
+});
+
+describe("--tenant-max-sandboxes", () => {
+  it("refuses a tenant's spawn beyond its limit with 429, counts concurrent spawns, and never limits admins", async () => {
+    const double = new ServicesDouble();
+    limitTenants(double.sandboxes, { maxSandboxes: 3 });
+    const app = await buildApi({
+      services: double,
+      snapshotsDir: "/s",
+      transport: "tcp",
+      tokens: [
+        tokenFromString(ADMIN),
+        tokenFromString(ALICE, "t", "alice"),
+        tokenFromString(BOB, "t", "bob"),
+      ],
+      origin: { bindHost: "127.0.0.1" },
+    });
+    try {
+      await app.listen({ host: "127.0.0.1", port: 0 });
+      const address = app.server.address();
+      if (address === null || typeof address === "string") throw new Error("no TCP address");
+      const spawn = (token: string, n: number) =>
+        fetch(`http://127.0.0.1:${address.port}/v1/sandboxes`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+          body: JSON.stringify({ snapshot_tag: "py", n }),
+        });
+      // Two spawns at once that fit only one after the other: at most one of them is admitted.
+      const both = await Promise.all([spawn(ALICE, 2), spawn(ALICE, 2)]);
+      assert.deepEqual(both.map((r) => r.status).sort(), [201, 429]);
+      const refused = both.find((r) => r.status === 429) as Response;
+      assert.match(
+        ((await refused.json()) as { error: string }).error,
+        /limit of 3 \(--tenant-max-sandboxes\)/,
+      );
+      assert.equal((await spawn(ALICE, 1)).status, 201);
+      assert.equal((await spawn(ALICE, 1)).status, 429);
+      // Another tenant has its own count; an admin has none.
+      assert.equal((await spawn(BOB, 3)).status, 201);
+      assert.equal((await spawn(ADMIN, 5)).status, 201);
+      // A killed sandbox frees its place.
+      const alices = [...double.sandboxesById.values()].filter((s) => s.owner === "alice");
+      assert.equal(alices.length, 3);
+      double.sandboxesById.delete((alices[0] as { id: string }).id);
+      assert.equal((await spawn(ALICE, 1)).status, 201);
+    } finally {
+      await app.close();
     }
   });
 });
