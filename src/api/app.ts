@@ -34,6 +34,7 @@ import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError }
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
+import { ADMIN, principalOf } from "./principal.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import {
@@ -182,6 +183,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   installJsonParser(app);
 
   app.decorateRequest("caller", "");
+  app.decorateRequest("principal", null);
   app.decorateRequest("auditIds", {
     getter(this: FastifyRequest & { _auditIds?: string[] }) {
       this._auditIds ??= [];
@@ -300,8 +302,9 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   // forkd port route, with the listener's authentication.
   const forkdUpgrade = portUpgradeHandler(context, async (req) => {
     if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
-      authenticate(req.headers.authorization, options.tokens);
+      return principalOf(authenticate(req.headers.authorization, options.tokens));
     }
+    return ADMIN;
   });
   app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on("error", () => {});
@@ -372,8 +375,14 @@ function lazyOriginPolicy(
 
 const callerBySocket = new WeakMap<Socket, Promise<string>>();
 
+/**
+ * Names the caller (for the audit log) and sets the request's principal: a tenant's token acts for its tenant;
+ * an admin token, the Unix socket (root or the socket's group) and a listener without tokens act as admin. E2B
+ * routes authenticate their own callers (src/e2b) and set the principal themselves.
+ */
 async function identifyCaller(request: FastifyRequest, options: ApiOptions): Promise<string> {
   if (options.transport === "unix") {
+    request.principal = ADMIN;
     const socket = request.raw.socket;
     let caller = callerBySocket.get(socket);
     if (!caller) {
@@ -389,8 +398,11 @@ async function identifyCaller(request: FastifyRequest, options: ApiOptions): Pro
     if (request.url === "/healthz" || request.url === "/healthz/") return address;
     // Named before the check so a rejected request is audited with where it came from.
     request.caller = address;
-    return authenticate(request.headers.authorization, options.tokens).id;
+    const token = authenticate(request.headers.authorization, options.tokens);
+    request.principal = principalOf(token);
+    return token.id;
   }
+  request.principal = ADMIN;
   return address;
 }
 

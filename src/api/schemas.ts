@@ -132,6 +132,9 @@ export const SnapshotInfoWire = Type.Object(
     ephemeral: Type.Boolean({
       description: "Made by the daemon for a fork (or superseded under its alias): deleted once unused.",
     }),
+    owner: Nullable(
+      Type.String({ description: "The tenant that owns it (docs/security.md#tenancy); null: an admin's." }),
+    ),
   },
   { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
 );
@@ -444,6 +447,9 @@ export const SandboxInfoWire = Type.Object(
     template_alias: Nullable(
       Type.String({ description: "The template alias it was created by (E2B API), or null." }),
     ),
+    owner: Nullable(
+      Type.String({ description: "The tenant that owns it (docs/security.md#tenancy); null: an admin's." }),
+    ),
     netns: Nullable(
       Type.String({
         description:
@@ -579,6 +585,7 @@ export const TemplateAliasWire = Type.Object({
   alias: Type.String(),
   tag: Type.String(),
   created_at_unix: Type.Integer(),
+  owner: Nullable(Type.String({ description: "The tenant that set it; null: an admin's." })),
 });
 export const AliasParams = Type.Object(
   {

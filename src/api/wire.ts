@@ -46,6 +46,7 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     last_branch_memory_path: info.last_branch_memory_path,
     metadata: info.metadata,
     template_alias: info.template_alias,
+    owner: info.owner,
     netns: info.network.netns,
     // v0.5 clients split this at ":" and use the address; there is no agent port on TCP.
     guest_addr: info.network.guestAddress === null ? null : `${info.network.guestAddress}:0`,

@@ -10,20 +10,39 @@ import { ForkdError } from "./errors.js";
 /** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
 export const MIN_TOKEN_BYTES = 16;
 
+/** Tenant names: they appear in audit lines and the state database, never in a path. */
+const TENANT_PATTERN = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+
 export interface Token {
   /** sha256 of the token; compared in constant time against the presented token's digest. */
   digest: Buffer;
-  /** What the audit log calls this token. */
+  /** What the audit log calls this token (with its tenant, if any). */
   id: string;
+  /**
+   * The tenant whose sandboxes and snapshots the token sees and touches (src/controller/tenancy.ts); null: an
+   * admin token, which sees everything (every token of a file written before tenants existed).
+   */
+  tenant: string | null;
 }
 
-export function tokenFromString(token: string, what = "token"): Token {
+export function isValidTenant(name: unknown): name is string {
+  return typeof name === "string" && TENANT_PATTERN.test(name);
+}
+
+export function tokenFromString(token: string, what = "token", tenant: string | null = null): Token {
   if (Buffer.byteLength(token) < MIN_TOKEN_BYTES) {
     throw new ForkdError("invalid_argument", `${what} is shorter than ${MIN_TOKEN_BYTES} bytes`);
   }
   if (/\s/.test(token)) throw new ForkdError("invalid_argument", `${what} contains whitespace`);
+  if (tenant !== null && !isValidTenant(tenant)) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${what}: invalid tenant ${JSON.stringify(String(tenant).slice(0, 80))}: must match ${TENANT_PATTERN.source}`,
+    );
+  }
   const digest = createHash("sha256").update(token).digest();
-  return { digest, id: `token:${digest.toString("hex").slice(0, 8)}` };
+  const id = `token:${digest.toString("hex").slice(0, 8)}`;
+  return { digest, id: tenant === null ? id : `${id}:${tenant}`, tenant };
 }
 
 /** The configured token `presented` is, or undefined. */

@@ -94,6 +94,8 @@ export interface BranchSource {
   lastBranchTag: string | null;
   /** The source maps its RAM from tmpfs (spawned with live_fork): live mode is possible. */
   liveFork: boolean;
+  /** The source's tenant, who owns every snapshot branched from it (null: an admin). */
+  owner: string | null;
 }
 
 export interface BranchEvents {
@@ -215,7 +217,7 @@ export class Brancher {
       );
     }
     const parent = chain[chain.length - 1] as StoredSnapshot;
-    if (!this.db.claimSnapshotJob(job(tag, "writing", mode, null))) {
+    if (!this.db.claimSnapshotJob({ ...job(tag, "writing", mode, null), owner: source.owner })) {
       throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     }
     const ramBytes = parent.manifest.memory.ramBytes;

@@ -184,9 +184,10 @@ export async function localSnapshotDetail(
     error: problem,
     vcpus: s.manifest.machine.vcpus,
     source_sandbox: s.manifest.origin.sourceSandbox,
-    // Aliases and the daemon's own snapshots are the daemon's records; the CLI alone does not read them.
+    // Aliases, owners and the daemon's own snapshots are the daemon's records; the CLI alone does not read them.
     aliases: [],
     ephemeral: false,
+    owner: null,
     ...chain,
   };
 }

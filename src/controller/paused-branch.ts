@@ -30,6 +30,8 @@ export async function branchPausedState(
     mode?: BranchMode;
     parentTag?: string;
     signal?: AbortSignal;
+    /** The tenant owning the sandbox, whose the snapshot becomes (null: an admin's). */
+    owner: string | null;
   },
 ): Promise<BranchResult> {
   const mode = request.mode ?? DEFAULT_BRANCH_MODE;
@@ -48,6 +50,7 @@ export async function branchPausedState(
     kind: `branch-${mode}`,
     started_at_unix: Math.floor(Date.now() / 1000),
     error: null,
+    owner: request.owner,
   });
   if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
   try {

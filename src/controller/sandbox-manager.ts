@@ -326,6 +326,7 @@ export class SandboxManager implements SandboxService {
         auto_resume: request.autoResume === true ? 1 : 0,
         paused_at_unix_ms: null,
         inbound,
+        owner: request.owner ?? null,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -476,6 +477,7 @@ export class SandboxManager implements SandboxService {
         // confined than what it was forked from.
         network: this.networkOf(row),
         inbound: parseInbound(row.inbound),
+        owner: row.owner,
         signal: request.signal,
       },
       "each",
@@ -974,6 +976,7 @@ export class SandboxManager implements SandboxService {
     tag: string;
     command: string[];
     timeoutMs?: number;
+    owner?: string | null;
     signal?: AbortSignal;
   }): Promise<BranchOutcome & { exit_code: number; stdout: string; stderr: string }> {
     assertTag(request.from, "from");
@@ -989,6 +992,7 @@ export class SandboxManager implements SandboxService {
       snapshotTag: request.from,
       n: 1,
       timeoutMs: 0,
+      owner: request.owner,
       signal: request.signal,
     });
     const id = (sandbox as SandboxInfo).id;
@@ -1024,7 +1028,8 @@ export class SandboxManager implements SandboxService {
 
   private async branchNow(id: string, request: BranchRequest & { alias?: string }): Promise<BranchOutcome> {
     const row = this.row(id);
-    if (row.status === "paused") return this.named(await this.branchPaused(row, request), request.alias);
+    if (row.status === "paused")
+      return this.named(await this.branchPaused(row, request), request.alias, row.owner);
     const live = this.liveOrThrow(id);
     // The mark of a BRANCH this process is running is no obstacle: branches of one source queue behind each other.
     const inFlight = this.brancher.isBranching(id) && interruptedBranchTag(row.branch_blocked) !== null;
@@ -1042,20 +1047,28 @@ export class SandboxManager implements SandboxService {
           handle: live.handle,
           lastBranchTag: row.last_branch_tag,
           liveFork: row.live_fork === 1,
+          owner: row.owner,
         },
         branchRequest,
       );
     } finally {
       buffer.release();
     }
-    return this.named({ ...result, snapshot: await this.snapshots.get(result.tag) }, alias);
+    return this.named({ ...result, snapshot: await this.snapshots.get(result.tag) }, alias, row.owner);
   }
 
-  /** Points template alias `alias` (if given) at the branch's snapshot; the one it named before goes once unused. */
-  private async named(outcome: BranchOutcome, alias: string | undefined): Promise<BranchOutcome> {
+  /**
+   * Points template alias `alias` (if given) at the branch's snapshot, as the branched sandbox's owner's name
+   * (like the snapshot); the one it named before goes once unused.
+   */
+  private async named(
+    outcome: BranchOutcome,
+    alias: string | undefined,
+    owner: string | null,
+  ): Promise<BranchOutcome> {
     if (alias === undefined) return outcome;
-    const previous = this.snapshots.aliases.list().find((a) => a.alias === alias)?.tag;
-    await this.snapshots.aliases.set(alias, outcome.tag);
+    const previous = (await this.snapshots.aliases.list()).find((a) => a.alias === alias)?.tag;
+    await this.snapshots.aliases.set(alias, outcome.tag, owner);
     // The name moved on: its earlier snapshot goes once nothing else needs it.
     if (previous !== undefined && previous !== outcome.tag) {
       this.snapshots.markEphemeral(previous, `superseded as ${alias}`);
@@ -1075,6 +1088,7 @@ export class SandboxManager implements SandboxService {
       mode: request.mode,
       parentTag: request.parentTag,
       signal: request.signal,
+      owner: row.owner,
     });
     return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
@@ -1102,6 +1116,7 @@ export class SandboxManager implements SandboxService {
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
       inbound: parseInbound(row.inbound),
+      owner: row.owner,
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }

@@ -112,6 +112,8 @@ export interface SandboxInfo {
   template_alias: string | null;
   network: SandboxNetworkInfo;
   inbound: InboundSettings;
+  /** The tenant that owns it (see tenancy.ts); null: an admin's. */
+  owner: string | null;
 }
 
 /**
@@ -187,6 +189,8 @@ export interface SpawnRequest {
   autoResume?: boolean;
   /** How its ports are reached; default: public, the request's own Host, plain HTTP (E2B's defaults). */
   inbound?: Partial<InboundSettings>;
+  /** The tenant the sandboxes belong to (tenancy.ts sets it); absent: an admin's. */
+  owner?: string | null;
   signal?: AbortSignal;
 }
 
@@ -382,6 +386,8 @@ export interface SandboxService {
     tag: string;
     command: string[];
     timeoutMs?: number;
+    /** The tenant the new snapshot belongs to; absent: an admin's. */
+    owner?: string | null;
     signal?: AbortSignal;
   }): Promise<BranchOutcome & { exit_code: number; stdout: string; stderr: string }>;
   files: {
@@ -435,6 +441,8 @@ export interface SnapshotInfo {
   aliases: string[];
   /** Made by the daemon for its own use (a fork point); deleted once nothing needs it. */
   ephemeral: boolean;
+  /** The tenant that owns it (see tenancy.ts); null: an admin's. */
+  owner: string | null;
 }
 
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */
@@ -446,6 +454,8 @@ export interface SnapshotCreateRequest {
   template?: string;
   /** forkd v0.5's form: the kernel and root filesystem of a built image on this host (see imageOfFiles). */
   image?: { kernel: string; rootfs: string };
+  /** The tenant the snapshot belongs to; absent: an admin's. */
+  owner?: string | null;
   signal?: AbortSignal;
 }
 
@@ -472,7 +482,12 @@ export interface SnapshotService {
    */
   delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
   /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
-  compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo>;
+  compact(request: {
+    from: string;
+    to: string;
+    owner?: string | null;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo>;
   /** A pack of the chain ending at `tag` (packs.ts), as a file the caller sends and then disposes of. */
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
@@ -484,16 +499,19 @@ export interface SnapshotService {
   retire(tag: string): Promise<"deleted" | "deferred">;
   /** Names for snapshot tags (see template-aliases.ts). */
   aliases: {
-    list(): TemplateAlias[];
-    get(alias: string): TemplateAlias;
-    set(alias: string, tag: string): Promise<TemplateAlias>;
-    delete(alias: string): void;
+    list(): Promise<TemplateAlias[]>;
+    get(alias: string): Promise<TemplateAlias>;
+    /** An existing alias keeps its owner unless `owner` is given. */
+    set(alias: string, tag: string, owner?: string | null): Promise<TemplateAlias>;
+    delete(alias: string): void | Promise<void>;
   };
   /**
    * A template name to a snapshot tag: an alias, else a tag; with `orDefault`, a name that is neither means
    * the daemon's default snapshot. not_found otherwise.
    */
   resolveTemplate(name: string, options?: { orDefault?: boolean }): Promise<ResolvedTemplate>;
+  /** The tag `orDefault` resolves to (`--default-snapshot`, else pyagent), when that snapshot exists. */
+  defaultTemplate(): Promise<string | null>;
 }
 
 export interface PackRequest {

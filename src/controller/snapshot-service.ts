@@ -46,14 +46,18 @@ export class DaemonSnapshots implements SnapshotService {
   }
 
   readonly aliases: SnapshotService["aliases"] = {
-    list: () => this.templateAliases.list(),
-    get: (alias) => this.templateAliases.get(alias),
-    set: (alias, tag) => this.templateAliases.set(alias, tag),
+    list: async () => this.templateAliases.list(),
+    get: async (alias) => this.templateAliases.get(alias),
+    set: (alias, tag, owner) => this.templateAliases.set(alias, tag, owner),
     delete: (alias) => this.templateAliases.delete(alias),
   };
 
   resolveTemplate(name: string, options: { orDefault?: boolean } = {}): Promise<ResolvedTemplate> {
     return this.templateAliases.resolve(name, options);
+  }
+
+  defaultTemplate(): Promise<string | null> {
+    return this.templateAliases.defaultTag();
   }
 
   /**
@@ -94,6 +98,7 @@ export class DaemonSnapshots implements SnapshotService {
       try {
         await removeSnapshot(this.paths, row.tag, { sandboxesOf: this.usersOf });
         this.db.forgetEphemeral(row.tag);
+        this.db.setSnapshotOwner(row.tag, null);
         deleted.push(row.tag);
       } catch (err) {
         // Still depended on (another snapshot, a VM outside the daemon): tried again on a later sweep.
@@ -123,7 +128,8 @@ export class DaemonSnapshots implements SnapshotService {
     // Jobs first: a write that completes in between then shows as ready (its job row is deleted only after the
     // snapshot is published), never as missing.
     const allJobs = this.db.snapshotJobs();
-    const ready = await Promise.all((await this.store.list()).map((s) => this.describe(s)));
+    const owners = this.db.snapshotOwners();
+    const ready = await Promise.all((await this.store.list()).map((s) => this.describe(s, owners)));
     const readyTags = new Set(ready.map((s) => s.tag));
     const jobs = allJobs.filter((j) => !readyTags.has(j.tag));
     return [
@@ -144,6 +150,7 @@ export class DaemonSnapshots implements SnapshotService {
           source_sandbox: null,
           aliases: [],
           ephemeral: false,
+          owner: owners.get(j.tag) ?? null,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -191,6 +198,7 @@ export class DaemonSnapshots implements SnapshotService {
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
       error: null,
+      owner: request.owner ?? null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     try {
@@ -234,14 +242,21 @@ export class DaemonSnapshots implements SnapshotService {
     if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is being written`);
     if (job && !(await this.store.exists(tag))) {
       this.db.deleteSnapshotJob(tag);
+      this.db.setSnapshotOwner(tag, null);
       return [tag];
     }
     const deleted = await removeSnapshot(this.paths, tag, { ...options, sandboxesOf: this.usersOf });
     if (job) this.db.deleteSnapshotJob(tag);
+    for (const gone of deleted) this.db.setSnapshotOwner(gone, null);
     return deleted;
   }
 
-  async compact(request: { from: string; to: string; signal?: AbortSignal }): Promise<SnapshotInfo> {
+  async compact(request: {
+    from: string;
+    to: string;
+    owner?: string | null;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo> {
     const to = assertTag(request.to, "to");
     assertTag(request.from);
     if (await this.store.exists(to)) throw conflict(`snapshot ${JSON.stringify(to)} already exists`);
@@ -251,6 +266,7 @@ export class DaemonSnapshots implements SnapshotService {
       kind: "compact",
       started_at_unix: Math.floor(Date.now() / 1000),
       error: null,
+      owner: request.owner ?? null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
     try {
@@ -295,13 +311,16 @@ export class DaemonSnapshots implements SnapshotService {
     try {
       const file = path.join(dir, "pack.tar.zst");
       await receive(request.body, file, request.maxBytes, request.signal);
-      return await unpackSnapshot(this.paths, {
+      const result = await unpackSnapshot(this.paths, {
         file,
         tag: request.tag,
         force: request.force,
         sandboxesOf: this.usersOf,
         signal: request.signal,
       });
+      // Only admins unpack (tenancy.ts): what it wrote is an admin's, whoever held those tags before.
+      for (const tag of [...result.installed, ...result.replaced]) this.db.setSnapshotOwner(tag, null);
+      return result;
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -312,7 +331,7 @@ export class DaemonSnapshots implements SnapshotService {
     return mkdtemp(path.join(this.paths.transfers, prefix));
   }
 
-  private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {
+  private async describe(s: StoredSnapshot, owners: Map<string, string>): Promise<SnapshotInfo> {
     const problem = await snapshotIsBootable(s);
     const ephemeral = this.db.ephemeralSnapshots().some((row) => row.tag === s.tag);
     return {
@@ -330,6 +349,7 @@ export class DaemonSnapshots implements SnapshotService {
       source_sandbox: s.manifest.origin.sourceSandbox,
       aliases: this.templateAliases.namesOf(s.tag),
       ephemeral,
+      owner: owners.get(s.tag) ?? null,
     };
   }
 }

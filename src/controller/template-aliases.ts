@@ -17,6 +17,8 @@ export interface TemplateAlias {
   alias: string;
   tag: string;
   created_at_unix: number;
+  /** The tenant that set it (tenancy.ts); null: an admin's. */
+  owner: string | null;
 }
 
 export interface ResolvedTemplate {
@@ -52,13 +54,21 @@ export class TemplateAliases {
     return row;
   }
 
-  /** Points `alias` at `tag` (replacing what it named before); not_found if the snapshot does not exist. */
-  async set(alias: string, tag: string): Promise<TemplateAlias> {
+  /**
+   * Points `alias` at `tag` (replacing what it named before); not_found if the snapshot does not exist. An
+   * existing alias keeps its owner unless `owner` is given.
+   */
+  async set(alias: string, tag: string, owner?: string | null): Promise<TemplateAlias> {
     assertAlias(alias);
     if (!isValidTag(tag) || !(await this.store.exists(tag))) {
       throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
     }
-    const row = { alias, tag, created_at_unix: Math.floor(Date.now() / 1000) };
+    const row = {
+      alias,
+      tag,
+      created_at_unix: Math.floor(Date.now() / 1000),
+      owner: owner === undefined ? (this.db.alias(alias)?.owner ?? null) : owner,
+    };
     this.db.setAlias(row);
     return row;
   }

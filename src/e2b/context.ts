@@ -1,6 +1,9 @@
 /** What the E2B surfaces share: the daemon's services, its API keys, and the caches they keep. */
+import type { FastifyRequest } from "fastify";
+import { ForkdError } from "../common/errors.js";
 import type { Token } from "../common/tokens.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import { type Principal, type Services, servicesFor } from "../controller/tenancy.js";
 import { TemplateFacts } from "./control/template-facts.js";
 import { GuestUsers } from "./envd/guest-users.js";
 import { Watchers } from "./envd/watchers.js";
@@ -48,7 +51,27 @@ declare module "fastify" {
     /** Who made the request, for the audit log (declared by src/api too; the declarations merge). */
     caller: string;
     auditIds: string[];
+    /** Who the request acts for (declared by src/api too): set by the control plane's key check. */
+    principal: Principal | null;
   }
+}
+
+const scoped = new WeakMap<FastifyRequest, Services>();
+
+/**
+ * The services as a control-plane request's principal may use them (controller/tenancy.ts: a tenant's API key
+ * sees only its own sandboxes and snapshots). The data plane needs none: a sandbox's own secrets open it.
+ */
+export function servicesOf(request: FastifyRequest, context: E2bContext): Services {
+  let services = scoped.get(request);
+  if (services === undefined) {
+    if (request.principal === null) {
+      throw new ForkdError("internal", "E2B request reached a route without an authenticated principal");
+    }
+    services = servicesFor(context.services, request.principal);
+    scoped.set(request, services);
+  }
+  return services;
 }
 
 /**

@@ -44,6 +44,8 @@ export interface SandboxInfo {
   /** forkd v0.5 field, "10.42.0.2:0": the guest's address (the same in every sandbox; the port is 0). */
   guest_addr?: string | null;
   network?: SandboxNetwork;
+  /** The tenant that owns it (a tenant's token only ever sees its own); null: an admin's. */
+  owner?: string | null;
   [field: string]: unknown;
 }
 
@@ -90,6 +92,8 @@ export interface SnapshotInfo {
   error?: string | null;
   /** Where the snapshot lives on the daemon's host. */
   dir?: string;
+  /** The tenant that owns it; null: an admin's (shared with every tenant when built from a template). */
+  owner?: string | null;
   [field: string]: unknown;
 }
 

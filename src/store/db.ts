@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 6;
+export const SCHEMA_VERSION = 8;
 
 export interface SandboxRow {
   id: string;
@@ -74,6 +74,8 @@ export interface SandboxRow {
   paused_at_unix_ms: number | null;
   /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
   inbound: string;
+  /** The tenant that owns it (controller/tenancy.ts); null: an admin's, or older than tenants (v8). */
+  owner: string | null;
 }
 
 export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
@@ -110,6 +112,8 @@ export interface TemplateAliasRow {
   alias: string;
   tag: string;
   created_at_unix: number;
+  /** The tenant that set it; null: an admin's. */
+  owner: string | null;
 }
 
 /**
@@ -135,6 +139,14 @@ export interface SnapshotJobRow {
 
 /** A job as callers record it: the writer is always the calling process (filled in by StateDb). */
 export type SnapshotJobInput = Omit<SnapshotJobRow, "writer_pid" | "writer_start_time">;
+
+/**
+ * Who a claimed snapshot belongs to: a tenant, or null for an admin. Recorded with the job, before any file of
+ * the snapshot exists, so a snapshot is never for a moment (nor after a crash) anyone else's.
+ */
+export interface SnapshotClaim extends SnapshotJobInput {
+  owner: string | null;
+}
 
 export class StateDb {
   private readonly db: Database.Database;
@@ -231,6 +243,15 @@ export class StateDb {
       this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
     }
     if (version < 6) this.migrateToPauses();
+    if (version < 8) {
+      // Tenancy: NULL owner = an admin's (every row from before). Snapshots have no table of their own (they
+      // live on disk): snapshot_owners holds a row for each tenant's snapshot, none for an admin's.
+      this.db.exec(`
+        ALTER TABLE sandboxes ADD COLUMN owner TEXT;
+        ALTER TABLE template_aliases ADD COLUMN owner TEXT;
+        CREATE TABLE snapshot_owners (tag TEXT PRIMARY KEY, owner TEXT NOT NULL);
+      `);
+    }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
@@ -315,11 +336,11 @@ export class StateDb {
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
            metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, pause_tags, pending_pause_tag,
-           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms)
+           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms, owner)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
            @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @pause_tags, @pending_pause_tag,
-           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms)`,
+           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms, @owner)`,
       )
       .run(row);
   }
@@ -441,15 +462,42 @@ export class StateDb {
       .run(row);
   }
 
-  /** Inserts a "writing" job unless one exists for the tag; false when the tag is already being written. */
-  claimSnapshotJob(row: SnapshotJobInput): boolean {
+  /**
+   * Inserts a "writing" job unless one exists for the tag, and records the snapshot's owner with it; false
+   * when the tag is already being written.
+   */
+  claimSnapshotJob(claim: SnapshotClaim): boolean {
+    const { owner, ...row } = claim;
     const tx = this.db.transaction(() => {
       const existing = this.snapshotJob(row.tag);
       if (existing?.status === "writing") return false;
       this.upsertSnapshotJob(row);
+      this.setSnapshotOwner(row.tag, owner);
       return true;
     });
     return tx();
+  }
+
+  // ---- owners of snapshots (tenancy)
+
+  /** Records the tenant a snapshot belongs to; null: an admin's (the row goes). */
+  setSnapshotOwner(tag: string, owner: string | null): void {
+    if (owner === null) this.db.prepare("DELETE FROM snapshot_owners WHERE tag = ?").run(tag);
+    else
+      this.db
+        .prepare(
+          "INSERT INTO snapshot_owners (tag, owner) VALUES (?, ?) ON CONFLICT(tag) DO UPDATE SET owner = excluded.owner",
+        )
+        .run(tag, owner);
+  }
+
+  /** Every tenant-owned snapshot's owner, by tag (admins' snapshots have none). */
+  snapshotOwners(): Map<string, string> {
+    const rows = this.db.prepare("SELECT tag, owner FROM snapshot_owners").all() as {
+      tag: string;
+      owner: string;
+    }[];
+    return new Map(rows.map((r) => [r.tag, r.owner]));
   }
 
   deleteSnapshotJob(tag: string): void {
@@ -471,8 +519,9 @@ export class StateDb {
   setAlias(row: TemplateAliasRow): void {
     this.db
       .prepare(
-        `INSERT INTO template_aliases (alias, tag, created_at_unix) VALUES (@alias, @tag, @created_at_unix)
-         ON CONFLICT(alias) DO UPDATE SET tag = excluded.tag, created_at_unix = excluded.created_at_unix`,
+        `INSERT INTO template_aliases (alias, tag, created_at_unix, owner) VALUES (@alias, @tag, @created_at_unix, @owner)
+         ON CONFLICT(alias) DO UPDATE SET tag = excluded.tag, created_at_unix = excluded.created_at_unix,
+           owner = excluded.owner`,
       )
       .run(row);
   }

@@ -256,7 +256,7 @@ describe("REST API over the services test double", () => {
     await expectError("POST", "/v1/sandboxes/sb-ffffffffffff/exec", { args: ["echo"] }, 404, /not found/);
     await expectError("POST", "/v1/sandboxes/sb-ffffffffffff/eval", { code: "1" }, 404, /not found/);
     await expectError("GET", "/v1/sandboxes/..%2F..%2Fetc", undefined, 400, /"id": must match/);
-    await expectError("GET", "/v1/snapshots/nope", undefined, 404, /snapshot nope not found/);
+    await expectError("GET", "/v1/snapshots/nope", undefined, 404, /snapshot "nope" not found/);
     await expectError("GET", "/v1/snapshots/..%2Fx/info", undefined, 400, /"tag"/);
     await expectError("DELETE", "/v1/snapshots/nope", undefined, 404, /not found/);
     await expectError("GET", "/v1/nothing", undefined, 404, /no route GET \/v1\/nothing/);

@@ -12,6 +12,9 @@
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
  *
+ * Owners (tenancy) are recorded as the real services record them: a spawn's `owner`, a branch's from its sandbox,
+ * a created or compacted snapshot's and an alias's from the request; its not-found messages are the real ones.
+ *
  * Its sandboxes' ports (proxyHttp, proxyUpgrade) answer 200 with a JSON echo of what reached them: {sandbox,
  * port, method, url, headers}. Policies and inbound settings are checked by the manager's own validators. The
  * real port proxy, to servers in real guests, is tested on VMs (test/net, test/e2b/sdk-e2e).
@@ -84,6 +87,7 @@ export class ServicesDouble {
       source_sandbox: null,
       aliases: [],
       ephemeral: false,
+      owner: null,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -97,7 +101,7 @@ export class ServicesDouble {
       this.lastCreate = request;
       const { tag, template } = request;
       if (this.snapshotsByTag.has(tag)) throw new ForkdError("conflict", `snapshot ${tag} already exists`);
-      return this.addSnapshot(tag, { template: template ?? "from-image" });
+      return this.addSnapshot(tag, { template: template ?? "from-image", owner: request.owner ?? null });
     },
     detail: async (tag) => {
       const info = this.snapshot(tag);
@@ -132,10 +136,10 @@ export class ServicesDouble {
       for (const t of doomed) this.snapshotsByTag.delete(t);
       return doomed;
     },
-    compact: async ({ from, to }) => {
+    compact: async ({ from, to, owner }) => {
       const source = this.snapshot(from);
       if (this.snapshotsByTag.has(to)) throw new ForkdError("conflict", `snapshot ${to} already exists`);
-      return this.addSnapshot(to, { template: source.template, parent_tag: null });
+      return this.addSnapshot(to, { template: source.template, parent_tag: null, owner: owner ?? null });
     },
     // A "pack" here is the tag's name repeated: the route's streaming is what these tests look at.
     pack: async ({ tag }) => {
@@ -185,21 +189,26 @@ export class ServicesDouble {
       };
     },
     aliases: {
-      list: () => [...this.aliasesByName.values()],
-      get: (alias) => {
+      list: async () => [...this.aliasesByName.values()],
+      get: async (alias) => {
         const row = this.aliasesByName.get(alias);
-        if (!row) throw new ForkdError("not_found", `template alias ${alias} not found`);
+        if (!row) throw new ForkdError("not_found", `template alias ${JSON.stringify(alias)} not found`);
         return row;
       },
-      set: async (alias, tag) => {
+      set: async (alias, tag, owner) => {
         this.snapshot(tag);
-        const row = { alias, tag, created_at_unix: 1_700_000_000 };
+        const row = {
+          alias,
+          tag,
+          created_at_unix: 1_700_000_000,
+          owner: owner === undefined ? (this.aliasesByName.get(alias)?.owner ?? null) : owner,
+        };
         this.aliasesByName.set(alias, row);
         return row;
       },
       delete: (alias) => {
         if (!this.aliasesByName.delete(alias)) {
-          throw new ForkdError("not_found", `template alias ${alias} not found`);
+          throw new ForkdError("not_found", `template alias ${JSON.stringify(alias)} not found`);
         }
       },
     },
@@ -213,6 +222,7 @@ export class ServicesDouble {
       if (row) return { tag: row.tag, alias: name };
       return { tag: this.snapshot(name).tag, alias: null };
     },
+    defaultTemplate: async () => (this.snapshotsByTag.has("py") ? "py" : null),
   };
 
   private dependentsOf(tag: string): string[] {
@@ -273,6 +283,7 @@ export class ServicesDouble {
           pause_tag: null,
           paused_at_unix_ms: null,
           inbound,
+          owner: request.owner ?? null,
           network: {
             kind: "netns",
             netns: `forkd-${id}`,
@@ -387,7 +398,11 @@ export class ServicesDouble {
     },
     snapshotDiff: async (request) => {
       this.lastSnapshotDiff = request;
-      const [sandbox] = await this.sandboxes.spawn({ snapshotTag: request.from, n: 1 });
+      const [sandbox] = await this.sandboxes.spawn({
+        snapshotTag: request.from,
+        n: 1,
+        owner: request.owner,
+      });
       const outcome = await this.sandboxes.branch((sandbox as SandboxInfo).id, {
         tag: request.tag,
         mode: "diff",
@@ -425,6 +440,7 @@ export class ServicesDouble {
           source_sandbox: id,
           aliases: request.alias === undefined ? [] : [request.alias],
           ephemeral: false,
+          owner: sb.owner,
         },
       };
     },
@@ -541,7 +557,7 @@ export class ServicesDouble {
 
   private snapshot(tag: string): SnapshotInfo {
     const snap = this.snapshotsByTag.get(tag);
-    if (!snap) throw new ForkdError("not_found", `snapshot ${tag} not found`);
+    if (!snap) throw new ForkdError("not_found", `snapshot ${JSON.stringify(tag)} not found`);
     return snap;
   }
 

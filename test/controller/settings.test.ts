@@ -133,12 +133,42 @@ describe("state database", () => {
       assert.equal(row?.metadata, "{}");
       assert.equal(row?.env_vars, "{}");
       assert.equal(row?.access_token, null);
-      db.setAlias({ alias: "a", tag: "pyagent", created_at_unix: 1 });
+      db.setAlias({ alias: "a", tag: "pyagent", created_at_unix: 1, owner: null });
       assert.equal(db.alias("a")?.tag, "pyagent");
+      // v8: rows from before tenants are an admin's.
+      assert.equal(row?.owner, null);
       db.close();
       const check = new Database(file);
       assert.equal(check.pragma("user_version", { simple: true }), SCHEMA_VERSION);
       check.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("records a snapshot's owner with its claim, and a new claim of the tag replaces it", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-owners-"));
+    try {
+      const db = new StateDb(path.join(dir, "state.db"));
+      const claim = (tag: string, owner: string | null) =>
+        db.claimSnapshotJob({
+          tag,
+          status: "writing",
+          kind: "branch-diff",
+          started_at_unix: 1,
+          error: null,
+          owner,
+        });
+      assert.equal(claim("t1", "alice"), true);
+      assert.deepEqual([...db.snapshotOwners()], [["t1", "alice"]]);
+      // A second claim while it is being written is refused and changes nothing.
+      assert.equal(claim("t1", "bob"), false);
+      assert.equal(db.snapshotOwners().get("t1"), "alice");
+      // Once the tag is free again, whoever claims it next owns it (an admin: no row).
+      db.deleteSnapshotJob("t1");
+      assert.equal(claim("t1", null), true);
+      assert.equal(db.snapshotOwners().has("t1"), false);
+      db.close();
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

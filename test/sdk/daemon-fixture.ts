@@ -30,8 +30,14 @@ export interface TestDaemon {
 const START_TIMEOUT_MS = 60_000;
 const STOP_TIMEOUT_MS = 40_000;
 
-/** `extraArgs` go to `forkd daemon` after the listener flags (e.g. --default-snapshot). */
-export async function startDaemon(extraArgs: string[] = []): Promise<TestDaemon> {
+/**
+ * `extraArgs` go to `forkd daemon` after the listener flags (e.g. --default-snapshot); `extraTokenLines` are
+ * appended to its token file after the admin token (e.g. `<token> tenant=<name>`).
+ */
+export async function startDaemon(
+  extraArgs: string[] = [],
+  extraTokenLines: string[] = [],
+): Promise<TestDaemon> {
   const home = await tempHome("forkd-sdk-e2e-");
   let daemon: ChildProcess | undefined;
   let stderr = "";
@@ -39,7 +45,7 @@ export async function startDaemon(extraArgs: string[] = []): Promise<TestDaemon>
     const tag = await linkSharedSnapshot(home.home, "pyagent");
     const token = randomBytes(24).toString("hex");
     const tokenFile = path.join(home.home, "tokens");
-    await writeFile(tokenFile, `${token}\n`, { mode: 0o600 });
+    await writeFile(tokenFile, [token, ...extraTokenLines, ""].join("\n"), { mode: 0o600 });
     const socketPath = path.join(home.home, "forkd.sock");
     const port = await freePort();
     daemon = spawn(

@@ -14,6 +14,7 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import { BinaryBody, ExecBody, ExecStreamEvent, errorResponses, SandboxParams } from "../schemas.js";
 import { compileBodyValidator } from "../validation.js";
@@ -39,7 +40,6 @@ const validateStdinFrame = compileBodyValidator(StdinFrame, "NDJSON stdin frame"
 type StreamBody = Static<typeof ExecBody> | NodeJS.ReadableStream;
 
 export function registerExecStreamRoute(scope: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
   // Only the two documented bodies: a route whose schema is given per content type validates no other type, so
   // a text/plain body (which Fastify parses by default) would reach the handler unchecked.
   scope.removeContentTypeParser("text/plain");
@@ -77,7 +77,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       const { exec, stdin } = await readRequest(request.body);
       const options = execOptions(exec);
       const encoding: OutputEncoding = exec.encoding ?? "utf8";
-      sandboxes.get(id); // unknown id: a plain 404 before the stream starts
+      servicesOf(request, context).sandboxes.get(id); // unknown id: a plain 404 before the stream starts
 
       const out = new PassThrough();
       // One controller for both causes (client gone, client too slow): no AbortSignal.any, whose sources Node 20
@@ -120,8 +120,8 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
         .header("x-accel-buffering", "no");
       emit({ type: "started", id });
       const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
-      void sandboxes
-        .exec(id, exec.args, {
+      void servicesOf(request, context)
+        .sandboxes.exec(id, exec.args, {
           ...options,
           stdin,
           signal,

@@ -7,6 +7,7 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { ApiContext } from "../app.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   BinaryBody,
@@ -25,7 +26,6 @@ import { fileInfoToWire } from "../wire.js";
 type IdParams = Static<typeof SandboxParams>;
 
 export function registerFileRoutes(scope: FastifyInstance, context: ApiContext): void {
-  const { files } = context.services.sandboxes;
   scope.removeAllContentTypeParsers();
   scope.addContentTypeParser(
     "*",
@@ -52,10 +52,15 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
       const target = guestPath(request.query.path);
       const data = request.body ?? Buffer.alloc(0);
       const mode = request.query.mode === undefined ? undefined : Number.parseInt(request.query.mode, 8);
-      const written = await files.write(request.params.id, target, data, {
-        mode,
-        signal: clientSignal(request, reply),
-      });
+      const written = await servicesOf(request, context).sandboxes.files.write(
+        request.params.id,
+        target,
+        data,
+        {
+          mode,
+          signal: clientSignal(request, reply),
+        },
+      );
       return { path: target, bytes: written.bytes };
     },
   );
@@ -75,7 +80,7 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) => {
       const target = guestPath(request.query.path);
-      const content = await files.read(request.params.id, target, {
+      const content = await servicesOf(request, context).sandboxes.files.read(request.params.id, target, {
         maxBytes: MAX_FILE_TRANSFER_BYTES,
         signal: clientSignal(request, reply),
       });
@@ -107,7 +112,7 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     async (request, reply) => {
       const target = guestPath(request.query.path);
       if (target === "/") throw invalidArgument('refusing to remove "/"');
-      await files.remove(request.params.id, target, {
+      await servicesOf(request, context).sandboxes.files.remove(request.params.id, target, {
         recursive: request.query.recursive === true,
         signal: clientSignal(request, reply),
       });
@@ -128,7 +133,9 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) => {
       const target = guestPath(request.query.path);
-      const listing = await files.list(request.params.id, target, { signal: clientSignal(request, reply) });
+      const listing = await servicesOf(request, context).sandboxes.files.list(request.params.id, target, {
+        signal: clientSignal(request, reply),
+      });
       return { path: target, entries: listing.entries.map(fileInfoToWire), truncated: listing.truncated };
     },
   );
@@ -146,9 +153,13 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) =>
       fileInfoToWire(
-        await files.stat(request.params.id, guestPath(request.query.path), {
-          signal: clientSignal(request, reply),
-        }),
+        await servicesOf(request, context).sandboxes.files.stat(
+          request.params.id,
+          guestPath(request.query.path),
+          {
+            signal: clientSignal(request, reply),
+          },
+        ),
       ),
   );
 }

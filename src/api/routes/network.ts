@@ -10,8 +10,10 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { assertSandboxId } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
+import { servicesFor } from "../../controller/tenancy.js";
 import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
+import { type Principal, servicesOf } from "../principal.js";
 import {
   EgressPolicyWire,
   errorResponses,
@@ -26,8 +28,6 @@ const PORT_ROUTE = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})\/ports\/(\d{1,5})(\/[^?#
 const PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
 
 export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
-
   app.get(
     "/v1/network",
     {
@@ -37,7 +37,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: NetworkStatusWire, ...errorResponses },
       },
     },
-    async () => sandboxes.networkStatus(),
+    async (request) => servicesOf(request, context).sandboxes.networkStatus(),
   );
 
   app.put<{ Params: Static<typeof SandboxParams>; Body: Static<typeof EgressPolicyWire> }>(
@@ -55,7 +55,12 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request) =>
-      sandboxToWire(await sandboxes.setNetworkPolicy(request.params.id, policyFromWire(request.body))),
+      sandboxToWire(
+        await servicesOf(request, context).sandboxes.setNetworkPolicy(
+          request.params.id,
+          policyFromWire(request.body),
+        ),
+      ),
   );
 }
 
@@ -64,7 +69,6 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
  * and the reply is handed over to the proxy.
  */
 export async function registerPortProxyRoutes(app: FastifyInstance, context: ApiContext): Promise<void> {
-  const { sandboxes } = context.services;
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", (_request, _payload, done) => done(null, undefined));
   for (const url of ["/v1/sandboxes/:id/ports/:port", "/v1/sandboxes/:id/ports/:port/*"]) {
@@ -86,12 +90,14 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
           ? request.raw.url.slice(request.raw.url.indexOf("?"))
           : "";
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
-        sandboxes.get(id);
+        servicesOf(request, context).sandboxes.get(id);
         request.raw.url = `/${request.params["*"] ?? ""}${query}`;
         stripDaemonTokens(request.raw.headers, context.daemonTokens);
         reply.hijack();
         const res = reply.raw;
-        const failure = await sandboxes.proxyHttp(id, port, request.raw, res).catch((err: unknown) => err);
+        const failure = await servicesOf(request, context)
+          .sandboxes.proxyHttp(id, port, request.raw, res)
+          .catch((err: unknown) => err);
         if (failure === null) return;
         if (res.headersSent) {
           res.destroy();
@@ -111,11 +117,11 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
 
 /**
  * The port proxy's upgrade side (Node delivers upgrades to the server, not to routes). `authorize` runs the
- * listener's authentication on the request and throws when it fails.
+ * listener's authentication on the request, throws when it fails, and says whom the request acts for.
  */
 export function portUpgradeHandler(
   context: ApiContext,
-  authorize: (req: http.IncomingMessage) => Promise<void>,
+  authorize: (req: http.IncomingMessage) => Promise<Principal>,
 ): (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void {
   return (req, socket, head) => {
     const match = PORT_ROUTE.exec(req.url ?? "");
@@ -125,11 +131,17 @@ export function portUpgradeHandler(
     }
     const [, id, portText, rest, query] = match as unknown as [string, string, string, string?, string?];
     authorize(req)
-      .then(() => {
+      .then((principal) => {
         assertSandboxId(id);
         req.url = `${rest ?? "/"}${query ?? ""}`;
         stripDaemonTokens(req.headers, context.daemonTokens);
-        context.services.sandboxes.proxyUpgrade(id, Number(portText), req, socket, head);
+        servicesFor(context.services, principal).sandboxes.proxyUpgrade(
+          id,
+          Number(portText),
+          req,
+          socket,
+          head,
+        );
       })
       .catch((err: unknown) => refuseUpgrade(socket, err));
   };

@@ -9,6 +9,7 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import type { ApiContext } from "../app.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   BinaryBody,
@@ -23,7 +24,6 @@ import {
 export const PACK_CONTENT_TYPE = "application/zstd";
 
 export function registerPackRoutes(scope: FastifyInstance, context: ApiContext): void {
-  const { snapshots } = context.services;
   for (const type of [PACK_CONTENT_TYPE, "application/octet-stream"]) {
     scope.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
@@ -43,7 +43,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
       },
     },
     async (request, reply) => {
-      const { result, file, dispose } = await snapshots.pack({
+      const { result, file, dispose } = await servicesOf(request, context).snapshots.pack({
         tag: request.params.tag,
         withoutImage: request.query.without_image,
         level: request.query.level,
@@ -89,7 +89,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
           `send the pack as ${PACK_CONTENT_TYPE} (or application/octet-stream), not ${request.headers["content-type"]}`,
         );
       }
-      const installed = await snapshots.unpack({
+      const installed = await servicesOf(request, context).snapshots.unpack({
         body: (body as AsyncIterable<Buffer> | undefined) ?? emptyBody(),
         maxBytes: MAX_PACK_UPLOAD_BYTES,
         tag: request.query.tag,

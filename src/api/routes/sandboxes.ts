@@ -6,6 +6,7 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   BranchBody,
@@ -50,7 +51,6 @@ const NOT_BUILT_SPAWN_FLAGS = {
 } as const;
 
 export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
   const { metrics } = context;
 
   app.post<{ Body: Static<typeof SpawnBody> }>(
@@ -79,7 +79,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
             'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
           );
         }
-        const status = sandboxes.networkStatus();
+        const status = servicesOf(request, context).sandboxes.networkStatus();
         if (status.mode !== "netns") {
           throw notImplemented(
             `per_child_netns=true: this daemon runs isolated sandboxes (${status.reason})`,
@@ -88,7 +88,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       }
       const stop = metrics.spawnDuration.startTimer();
       try {
-        const spawned = await sandboxes.spawn({
+        const spawned = await servicesOf(request, context).sandboxes.spawn({
           snapshotTag: body.snapshot_tag,
           n: body.n ?? 1,
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
@@ -125,7 +125,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request) => {
       const { snapshot_tag: snapshotTag, status } = request.query;
-      return sandboxes.list({ snapshotTag, status }).map(sandboxToWire);
+      return servicesOf(request, context).sandboxes.list({ snapshotTag, status }).map(sandboxToWire);
     },
   );
 
@@ -145,7 +145,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if (all !== true && tag === undefined) {
         throw invalidArgument("refusing to kill without a filter: give all=true or snapshot_tag=<tag>");
       }
-      const killed = await sandboxes.killAll(tag === undefined ? undefined : { snapshotTag: tag });
+      const killed = await servicesOf(request, context).sandboxes.killAll(
+        tag === undefined ? undefined : { snapshotTag: tag },
+      );
       request.auditIds.push(...killed);
       return { killed };
     },
@@ -161,7 +163,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: SandboxInfoWire, ...errorResponses },
       },
     },
-    async (request) => sandboxToWire(sandboxes.get(request.params.id)),
+    async (request) => sandboxToWire(servicesOf(request, context).sandboxes.get(request.params.id)),
   );
 
   app.delete<IdRequest>(
@@ -175,7 +177,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) => {
-      await sandboxes.kill(request.params.id);
+      await servicesOf(request, context).sandboxes.kill(request.params.id);
       return reply.status(204).send();
     },
   );
@@ -191,7 +193,10 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: SandboxInfoWire, ...errorResponses },
       },
     },
-    async (request) => sandboxToWire(sandboxes.setTimeout(request.params.id, request.body.timeout_ms)),
+    async (request) =>
+      sandboxToWire(
+        servicesOf(request, context).sandboxes.setTimeout(request.params.id, request.body.timeout_ms),
+      ),
   );
 
   app.post<IdRequest & { Body: Static<typeof PauseBody> | undefined }>(
@@ -210,7 +215,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) => {
-      const outcome = await sandboxes.pause(request.params.id, {
+      const outcome = await servicesOf(request, context).sandboxes.pause(request.params.id, {
         merge: request.body?.merge === true ? "always" : "auto",
         signal: clientSignal(request, reply),
       });
@@ -235,7 +240,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request, reply) =>
       sandboxToWire(
-        await sandboxes.resume(request.params.id, {
+        await servicesOf(request, context).sandboxes.resume(request.params.id, {
           timeoutMs: request.body?.timeout_ms,
           signal: clientSignal(request, reply),
         }),
@@ -253,7 +258,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) =>
-      pingToWire(await sandboxes.ping(request.params.id, { signal: clientSignal(request, reply) })),
+      pingToWire(
+        await servicesOf(request, context).sandboxes.ping(request.params.id, {
+          signal: clientSignal(request, reply),
+        }),
+      ),
   );
 
   app.post<IdRequest & { Body: Static<typeof ExecBody> }>(
@@ -275,7 +284,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const options = execOptions(body);
       const stop = metrics.execDuration.startTimer({ op: "exec" });
       try {
-        const outcome = await sandboxes.exec(request.params.id, body.args, {
+        const outcome = await servicesOf(request, context).sandboxes.exec(request.params.id, body.args, {
           ...options,
           stdin: stdinOf(body),
           signal: clientSignal(request, reply),
@@ -306,7 +315,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const body = request.body;
       const stop = metrics.execDuration.startTimer({ op: "eval" });
       try {
-        const outcome = await sandboxes.eval(request.params.id, body.code, {
+        const outcome = await servicesOf(request, context).sandboxes.eval(request.params.id, body.code, {
           timeoutMs: timeoutMsOf(body, undefined),
           signal: clientSignal(request, reply),
         });
@@ -345,7 +354,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
         throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
       }
-      const outcome = await sandboxes.branch(request.params.id, {
+      const outcome = await servicesOf(request, context).sandboxes.branch(request.params.id, {
         tag: body.tag,
         mode,
         wait: body.wait,
@@ -365,8 +374,6 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
 
 /** Fork, metrics: the lifecycle routes the E2B API also uses. */
 export function registerForkRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
-
   app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
     "/v1/sandboxes/:id/fork",
     {
@@ -384,7 +391,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
       },
     },
     async (request, reply) => {
-      const outcome = await sandboxes.fork(request.params.id, {
+      const outcome = await servicesOf(request, context).sandboxes.fork(request.params.id, {
         count: request.body?.count ?? 1,
         timeoutMs: request.body?.timeout_ms,
         signal: clientSignal(request, reply),
@@ -414,7 +421,10 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
         response: { 200: SandboxMetricsWire, ...errorResponses },
       },
     },
-    async (request, reply) => sandboxes.metrics(request.params.id, { signal: clientSignal(request, reply) }),
+    async (request, reply) =>
+      servicesOf(request, context).sandboxes.metrics(request.params.id, {
+        signal: clientSignal(request, reply),
+      }),
   );
 }
 

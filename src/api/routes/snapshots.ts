@@ -6,6 +6,7 @@ import { invalidArgument } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   CompactSnapshotBody,
@@ -21,7 +22,6 @@ import { snapshotToWire } from "../wire.js";
 type TagRequest = { Params: Static<typeof TagParams> };
 
 export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { snapshots } = context.services;
   const toWire = (info: SnapshotInfo) => snapshotToWire(info, context.snapshotsDir);
 
   app.get(
@@ -33,7 +33,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         response: { 200: Type.Array(SnapshotInfoWire), ...errorResponses },
       },
     },
-    async () => (await snapshots.list()).map(toWire),
+    async (request) => (await servicesOf(request, context).snapshots.list()).map(toWire),
   );
 
   app.post<{ Body: CreateSnapshotBody }>(
@@ -67,7 +67,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         body.kernel !== undefined && body.rootfs !== undefined
           ? { kernel: body.kernel, rootfs: body.rootfs }
           : undefined;
-      const created = await snapshots.create({
+      const created = await servicesOf(request, context).snapshots.create({
         tag: body.tag,
         ...(image ? { image } : { template: body.template ?? body.tag }),
         signal: clientSignal(request, reply),
@@ -86,7 +86,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         response: { 200: SnapshotInfoWire, ...errorResponses },
       },
     },
-    async (request) => toWire(await snapshots.get(request.params.tag)),
+    async (request) => toWire(await servicesOf(request, context).snapshots.get(request.params.tag)),
   );
 
   app.get<TagRequest>(
@@ -100,7 +100,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request) => {
-      const detail = await snapshots.detail(request.params.tag);
+      const detail = await servicesOf(request, context).snapshots.detail(request.params.tag);
       return { ...detail, ...toWire(detail) };
     },
   );
@@ -120,7 +120,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request, reply) => {
-      const deleted = await snapshots.delete(request.params.tag, {
+      const deleted = await servicesOf(request, context).snapshots.delete(request.params.tag, {
         cascade: request.query.cascade,
         force: request.query.force,
       });
@@ -145,7 +145,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request, reply) => {
-      const compacted = await snapshots.compact({
+      const compacted = await servicesOf(request, context).snapshots.compact({
         from: request.params.tag,
         to: request.body.to,
         signal: clientSignal(request, reply),

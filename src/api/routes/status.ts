@@ -1,5 +1,6 @@
 /** Health, version, Prometheus metrics and the OpenAPI document. */
 import type { FastifyInstance } from "fastify";
+import { ForkdError } from "../../common/errors.js";
 import { FORKD_VERSION } from "../../common/version.js";
 import type { ApiContext } from "../app.js";
 import { errorResponses, HealthResponse, VersionResponse } from "../schemas.js";
@@ -36,11 +37,16 @@ export function registerStatusRoutes(app: FastifyInstance, context: ApiContext):
       schema: {
         tags: ["status"],
         summary: "Prometheus text exposition",
+        description: "For admins: 403 for a tenant's token (the series name every tenant's sandboxes).",
         produces: ["text/plain"],
         response: { 200: { type: "string", description: "Prometheus text format 0.0.4" }, ...errorResponses },
       },
     },
-    async (_request, reply) => {
+    async (request, reply) => {
+      // Its series name every sandbox and snapshot of the daemon, whoever owns them.
+      if (request.principal?.tenant != null) {
+        throw new ForkdError("forbidden", "/metrics is for admins: it describes every tenant's sandboxes");
+      }
       const text = await context.metrics.registry.metrics();
       return reply.type(context.metrics.registry.contentType).send(text);
     },

@@ -3,13 +3,12 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import type { ApiContext } from "../app.js";
+import { servicesOf } from "../principal.js";
 import { AliasParams, errorResponses, SetAliasBody, TemplateAliasWire } from "../schemas.js";
 
 type AliasRequest = { Params: Static<typeof AliasParams> };
 
 export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { snapshots } = context.services;
-
   app.get(
     "/v1/template-aliases",
     {
@@ -19,7 +18,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
         response: { 200: Type.Array(TemplateAliasWire), ...errorResponses },
       },
     },
-    async () => snapshots.aliases.list(),
+    async (request) => servicesOf(request, context).snapshots.aliases.list(),
   );
 
   app.get<AliasRequest>(
@@ -32,7 +31,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
         response: { 200: TemplateAliasWire, ...errorResponses },
       },
     },
-    async (request) => snapshots.aliases.get(request.params.alias),
+    async (request) => servicesOf(request, context).snapshots.aliases.get(request.params.alias),
   );
 
   app.put<AliasRequest & { Body: Static<typeof SetAliasBody> }>(
@@ -49,7 +48,10 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
       },
     },
     async (request) => {
-      const row = await snapshots.aliases.set(request.params.alias, request.body.tag);
+      const row = await servicesOf(request, context).snapshots.aliases.set(
+        request.params.alias,
+        request.body.tag,
+      );
       request.auditIds.push(row.tag);
       return row;
     },
@@ -66,7 +68,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
       },
     },
     async (request, reply) => {
-      snapshots.aliases.delete(request.params.alias);
+      await servicesOf(request, context).snapshots.aliases.delete(request.params.alias);
       return reply.status(204).send();
     },
   );

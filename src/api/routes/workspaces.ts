@@ -5,9 +5,10 @@
  */
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import { invalidArgument } from "../../common/errors.js";
 import type { ApiContext } from "../app.js";
+import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {
   CreateWorkspaceBody,
@@ -21,7 +22,8 @@ import {
 type NameRequest = { Params: Static<typeof WorkspaceNameParams> };
 
 export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { workspaces } = context.services.sandboxes;
+  // Through the request's view: a tenant has no workspaces (controller/tenancy.ts).
+  const workspacesOf = (request: FastifyRequest) => servicesOf(request, context).sandboxes.workspaces;
   const networkStatus = () => context.services.sandboxes.networkStatus();
 
   app.get(
@@ -33,7 +35,7 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
         response: { 200: Type.Array(WorkspaceInfoWire), ...errorResponses },
       },
     },
-    async () => workspaces.list(),
+    async (request) => workspacesOf(request).list(),
   );
 
   app.post<{ Body: Static<typeof CreateWorkspaceBody> }>(
@@ -54,7 +56,7 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
           `per_child_netns=true: this daemon runs isolated sandboxes (${networkStatus().reason})`,
         );
       }
-      const created = await workspaces.create({
+      const created = await workspacesOf(request).create({
         name: body.name,
         snapshotTag: body.snapshot_tag,
         memoryLimitMiB: body.memory_limit_mib ?? undefined,
@@ -75,7 +77,7 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
         response: { 200: WorkspaceInfoWire, ...errorResponses },
       },
     },
-    async (request) => workspaces.get(request.params.name),
+    async (request) => workspacesOf(request).get(request.params.name),
   );
 
   app.delete<NameRequest>(
@@ -89,7 +91,7 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
       },
     },
     async (request, reply) => {
-      await workspaces.delete(request.params.name);
+      await workspacesOf(request).delete(request.params.name);
       return reply.status(204).send();
     },
   );
@@ -107,7 +109,7 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
       },
     },
     async (request, reply) =>
-      workspaces.suspend(request.params.name, {
+      workspacesOf(request).suspend(request.params.name, {
         diff: request.body?.diff,
         signal: clientSignal(request, reply),
       }),
@@ -127,6 +129,6 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
       },
     },
     async (request, reply) =>
-      workspaces.resume(request.params.name, { signal: clientSignal(request, reply) }),
+      workspacesOf(request).resume(request.params.name, { signal: clientSignal(request, reply) }),
   );
 }

@@ -13,6 +13,7 @@ import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
+import { limitTenants } from "../../controller/tenancy.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
 
@@ -33,6 +34,7 @@ interface DaemonOptions {
   drainTimeoutMs: number;
   logLevel: string;
   maxSandboxes?: number;
+  tenantMaxSandboxes?: number;
   maxConcurrentSpawns?: number;
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
@@ -93,6 +95,11 @@ export function registerDaemon(program: Command): void {
     )
     .option("--log-level <level>", "pino log level (trace, debug, info, warn, error)", "info")
     .option("--max-sandboxes <n>", "sandboxes alive at once", parseIntOption("--max-sandboxes", 1, 100_000))
+    .option(
+      "--tenant-max-sandboxes <n>",
+      "sandboxes one tenant's tokens may hold at once (more get 429; admins: no limit)",
+      parseIntOption("--tenant-max-sandboxes", 1, 100_000),
+    )
     .option(
       "--max-concurrent-spawns <n>",
       "spawn requests served at once (more get 429)",
@@ -256,6 +263,9 @@ export function registerDaemon(program: Command): void {
               log: logger.child({ component: "manager" }),
               defaultSnapshot: opts.defaultSnapshot,
             });
+            if (opts.tenantMaxSandboxes !== undefined) {
+              limitTenants(services.sandboxes, { maxSandboxes: opts.tenantMaxSandboxes });
+            }
             return { ...services, close: () => services.close() };
           },
         );

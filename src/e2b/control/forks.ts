@@ -8,7 +8,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
-import type { E2bContext } from "../context.js";
+import { type E2bContext, servicesOf } from "../context.js";
 import { clientSignal, knownSandbox } from "./sandboxes.js";
 import {
   DEFAULT_FORK_TIMEOUT_SECONDS,
@@ -28,7 +28,6 @@ import { paginate, sandboxToWire } from "./wire.js";
 type IdRequest = { Params: Static<typeof SandboxIdParams> };
 
 export function registerForkRoutes(app: FastifyInstance, context: E2bContext): void {
-  const { sandboxes, snapshots } = context.services;
   const domain = context.domain ?? null;
 
   app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
@@ -47,8 +46,8 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     },
     async (request, reply) => {
       // A paused source forks from its paused state and stays paused.
-      const source = knownSandbox(context, request.params.sandboxID);
-      const outcome = await sandboxes.fork(source.id, {
+      const source = knownSandbox(servicesOf(request, context), request.params.sandboxID);
+      const outcome = await servicesOf(request, context).sandboxes.fork(source.id, {
         count: request.body?.count ?? 1,
         timeoutMs: (request.body?.timeout ?? DEFAULT_FORK_TIMEOUT_SECONDS) * 1000,
         signal: clientSignal(request, reply),
@@ -56,7 +55,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       const results = outcome.children.map((child): Static<typeof ForkResult> => {
         if (child.sandbox) {
           request.auditIds.push(child.sandbox.id);
-          const tokens = sandboxes.accessTokens(child.sandbox.id);
+          const tokens = servicesOf(request, context).sandboxes.accessTokens(child.sandbox.id);
           return { sandbox: sandboxToWire(child.sandbox, tokens, domain) };
         }
         const error: Static<typeof ErrorBody> = {
@@ -83,9 +82,9 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       },
     },
     async (request, reply) => {
-      const source = knownSandbox(context, request.params.sandboxID);
+      const source = knownSandbox(servicesOf(request, context), request.params.sandboxID);
       const name = request.body?.name;
-      const outcome = await sandboxes.branch(source.id, {
+      const outcome = await servicesOf(request, context).sandboxes.branch(source.id, {
         tag: `snap-${randomBytes(6).toString("hex")}`,
         mode: source.live_fork && source.status === "running" ? "live" : "diff",
         alias: name,
@@ -107,7 +106,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     },
     async (request, reply) => {
       const { sandboxID, name, limit, nextToken } = request.query;
-      const taken = (await snapshots.list())
+      const taken = (await servicesOf(request, context).snapshots.list())
         .filter((s) => s.status === "ready" && s.source_sandbox !== null && !s.ephemeral)
         .filter((s) => sandboxID === undefined || s.source_sandbox === sandboxID)
         .filter((s) => name === undefined || s.tag === name || s.aliases.includes(name));

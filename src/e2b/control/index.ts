@@ -6,6 +6,7 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { matchToken } from "../../common/tokens.js";
+import { ADMIN } from "../../controller/tenancy.js";
 import type { E2bContext } from "../context.js";
 import { sendE2bError } from "../errors.js";
 import { registerForkRoutes } from "./forks.js";
@@ -68,11 +69,15 @@ export async function registerControlPlane(
 
 /**
  * The caller by its API key: X-API-Key (what the SDK sends) or a bearer token, matched in constant time against
- * the daemon's tokens. No tokens configured: no key is needed, as on the forkd API.
+ * the daemon's tokens; sets the request's principal (the key's tenant, or admin). No tokens configured: no key
+ * is needed and the caller is an admin, as on the forkd API.
  */
 function apiKeyCaller(request: FastifyRequest, context: E2bContext): string {
   const address = `tcp:${request.ip}`;
-  if (context.tokens.length === 0) return request.caller || address;
+  if (context.tokens.length === 0) {
+    request.principal = ADMIN;
+    return request.caller || address;
+  }
   request.caller = address;
   const header = request.headers["x-api-key"];
   const bearer = /^Bearer[ ]+(\S+)[ ]*$/i.exec(request.headers.authorization ?? "")?.[1];
@@ -82,5 +87,6 @@ function apiKeyCaller(request: FastifyRequest, context: E2bContext): string {
   }
   const token = matchToken(key, context.tokens);
   if (!token) throw new ForkdError("unauthorized", "invalid API key");
+  request.principal = token.tenant === null ? ADMIN : { tenant: token.tenant };
   return token.id;
 }

@@ -10,7 +10,8 @@ import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
-import type { E2bContext } from "../context.js";
+import type { Services } from "../../controller/tenancy.js";
+import { type E2bContext, servicesOf } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";
 import {
   ConnectBody,
@@ -51,18 +52,18 @@ import {
 type IdRequest = { Params: Static<typeof SandboxIdParams> };
 
 /** A sandbox that is running, by the id E2B names it with; anything else is E2B's 404. */
-export function runningSandbox(context: E2bContext, id: string): SandboxInfo {
-  return sandboxIn(context, id, ["running"]);
+export function runningSandbox(services: Services, id: string): SandboxInfo {
+  return sandboxIn(services, id, ["running"]);
 }
 
 /** A sandbox E2B lists (running or paused: `e2bState`); anything else is E2B's 404. */
-export function knownSandbox(context: E2bContext, id: string): SandboxInfo {
-  return sandboxIn(context, id, ["running", "paused"]);
+export function knownSandbox(services: Services, id: string): SandboxInfo {
+  return sandboxIn(services, id, ["running", "paused"]);
 }
 
-function sandboxIn(context: E2bContext, id: string, states: readonly E2bState[]): SandboxInfo {
+function sandboxIn(services: Services, id: string, states: readonly E2bState[]): SandboxInfo {
   if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-  const info = context.services.sandboxes.get(id);
+  const info = services.sandboxes.get(id);
   const state = e2bState(info);
   if (state === null || !states.includes(state))
     throw notFound(`sandbox ${id} not found (it is ${info.status})`);
@@ -102,11 +103,17 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
 }
 
 export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext): void {
-  const { sandboxes } = context.services;
   const domain = context.domain ?? null;
-  const toSandbox = (info: SandboxInfo) => sandboxToWire(info, sandboxes.accessTokens(info.id), domain);
+  // `info` came through the request's view already (only its owner holds it), so its tokens may be read here.
+  const toSandbox = (info: SandboxInfo) =>
+    sandboxToWire(info, context.services.sandboxes.accessTokens(info.id), domain);
   /** Resumes `id`; a resume another request already finished counts (two connects at once both succeed). */
-  const resumeOrJoin = async (id: string, timeoutMs: number, signal: AbortSignal): Promise<SandboxInfo> => {
+  const resumeOrJoin = async (
+    { sandboxes }: Services,
+    id: string,
+    timeoutMs: number,
+    signal: AbortSignal,
+  ): Promise<SandboxInfo> => {
     try {
       return await sandboxes.resume(id, { timeoutMs, signal });
     } catch (err) {
@@ -124,8 +131,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     const body = request.body;
     refuseUnsupported(body);
     const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
-    const template = await resolveTemplateName(context, body.templateID);
-    const [info] = await sandboxes.spawn({
+    const template = await resolveTemplateName(servicesOf(request, context), body.templateID);
+    const [info] = await servicesOf(request, context).sandboxes.spawn({
       snapshotTag: template.tag,
       n: 1,
       timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
@@ -180,8 +187,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       const states = parseStates(query.state);
       const metadata = parseMetadataFilter(query.metadata);
       const startedAfter = parseDate(query.startedAfter);
-      const template = query.template ? await resolveTemplateName(context, query.template, false) : null;
-      const matching = sandboxes
+      const services = servicesOf(request, context);
+      const template = query.template ? await resolveTemplateName(services, query.template, false) : null;
+      const matching = services.sandboxes
         .list()
         .filter((s) => {
           const state = e2bState(s);
@@ -215,8 +223,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request) => {
       const metadata = parseMetadataFilter(request.query.metadata);
-      const running = sandboxes
-        .list()
+      const running = servicesOf(request, context)
+        .sandboxes.list()
         .filter((s) => s.status === "running" && matchesMetadata(s.metadata, metadata));
       return Promise.all(running.map(async (s) => listedToWire(s, await context.facts.of(s.snapshot_tag))));
     },
@@ -232,9 +240,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      const info = knownSandbox(context, request.params.sandboxID);
+      const info = knownSandbox(servicesOf(request, context), request.params.sandboxID);
       const facts = await context.facts.of(info.snapshot_tag);
-      return detailToWire(info, facts, sandboxes.accessTokens(info.id), domain);
+      return detailToWire(info, facts, servicesOf(request, context).sandboxes.accessTokens(info.id), domain);
     },
   );
 
@@ -250,7 +258,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     async (request, reply) => {
       const id = request.params.sandboxID;
       if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-      await sandboxes.kill(id);
+      await servicesOf(request, context).sandboxes.kill(id);
       return reply.status(204).send();
     },
   );
@@ -266,8 +274,11 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
-      sandboxes.setTimeout(request.params.sandboxID, request.body.timeout * 1000);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      servicesOf(request, context).sandboxes.setTimeout(
+        request.params.sandboxID,
+        request.body.timeout * 1000,
+      );
       return reply.status(204).send();
     },
   );
@@ -283,9 +294,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       const seconds = request.body?.duration ?? DEFAULT_TIMEOUT_SECONDS;
-      sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
+      servicesOf(request, context).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
       return reply.status(204).send();
     },
   );
@@ -307,14 +318,21 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
       async (request, reply) => {
         const id = request.params.sandboxID;
-        const info = knownSandbox(context, id);
+        const info = knownSandbox(servicesOf(request, context), id);
         const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
         if (e2bState(info) === "paused") {
           refuseMemoryless(request.body?.memory, "resume");
-          const resumed = await resumeOrJoin(id, seconds * 1000, clientSignal(request, reply));
+          const resumed = await resumeOrJoin(
+            servicesOf(request, context),
+            id,
+            seconds * 1000,
+            clientSignal(request, reply),
+          );
           return reply.status(201).send(toSandbox(resumed));
         }
-        return reply.status(200).send(toSandbox(sandboxes.extendTimeout(id, seconds * 1000)));
+        return reply
+          .status(200)
+          .send(toSandbox(servicesOf(request, context).sandboxes.extendTimeout(id, seconds * 1000)));
       },
     );
   }
@@ -334,10 +352,10 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request, reply) => {
       const id = request.params.sandboxID;
-      const info = knownSandbox(context, id);
+      const info = knownSandbox(servicesOf(request, context), id);
       if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
       refuseMemoryless(request.body?.memory, "pause");
-      await sandboxes.pause(id, { signal: clientSignal(request, reply) });
+      await servicesOf(request, context).sandboxes.pause(id, { signal: clientSignal(request, reply) });
       return reply.status(204).send();
     },
   );
@@ -355,11 +373,16 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request, reply) => {
       const id = request.params.sandboxID;
-      const info = knownSandbox(context, id);
+      const info = knownSandbox(servicesOf(request, context), id);
       if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
       refuseMemoryless(request.body?.memory, "resume");
       const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
-      const resumed = await resumeOrJoin(id, seconds * 1000, clientSignal(request, reply));
+      const resumed = await resumeOrJoin(
+        servicesOf(request, context),
+        id,
+        seconds * 1000,
+        clientSignal(request, reply),
+      );
       return reply.status(201).send(toSandbox(resumed));
     },
   );
@@ -379,9 +402,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
       const egress = egressFromE2b(request.body ?? {});
-      await sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
+      await servicesOf(request, context).sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
       return reply.status(204).send();
     },
   );
@@ -397,8 +420,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(context, request.params.sandboxID);
-      const sample = await sandboxes.metrics(request.params.sandboxID, {
+      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      const sample = await servicesOf(request, context).sandboxes.metrics(request.params.sandboxID, {
         signal: clientSignal(request, reply),
       });
       return [metricToWire(sample)];
@@ -422,12 +445,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       for (const id of ids) {
         const info = (() => {
           try {
-            return runningSandbox(context, id);
+            return runningSandbox(servicesOf(request, context), id);
           } catch {
             return null;
           }
         })();
-        if (info) out[id] = metricToWire(await sandboxes.metrics(id, { signal }));
+        if (info)
+          out[id] = metricToWire(await servicesOf(request, context).sandboxes.metrics(id, { signal }));
       }
       return { sandboxes: out };
     },

@@ -10,7 +10,8 @@ import type { FastifyInstance } from "fastify";
 import { notFound } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ResolvedTemplate } from "../../controller/template-aliases.js";
-import type { E2bContext } from "../context.js";
+import type { Services } from "../../controller/tenancy.js";
+import { type E2bContext, servicesOf } from "../context.js";
 import { ENVD_VERSION } from "../envd/version.js";
 import { AliasParams, errorResponses, Template, TemplateAliasResponse, TemplateIdParams } from "./schemas.js";
 
@@ -24,19 +25,17 @@ const TEMPLATE_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/;
 
 /** A template name to a snapshot tag; 404 (E2B's answer for an unknown template) when it names nothing. */
 export async function resolveTemplateName(
-  context: E2bContext,
+  services: Services,
   name: string,
   allowDefault = true,
 ): Promise<ResolvedTemplate> {
   if (!TEMPLATE_NAME.test(name)) throw notFound(`template ${JSON.stringify(name)} not found`);
-  return context.services.snapshots.resolveTemplate(name, {
+  return services.snapshots.resolveTemplate(name, {
     orDefault: allowDefault && E2B_DEFAULT_TEMPLATES.has(name),
   });
 }
 
 export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext): void {
-  const { snapshots } = context.services;
-
   app.get<{ Params: Static<typeof AliasParams> }>(
     "/templates/aliases/:alias",
     {
@@ -47,7 +46,7 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request) => {
-      const resolved = await resolveTemplateName(context, request.params.alias);
+      const resolved = await resolveTemplateName(servicesOf(request, context), request.params.alias);
       return { templateID: resolved.tag, public: false };
     },
   );
@@ -60,8 +59,10 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
         response: { 200: Type.Array(Template), ...errorResponses },
       },
     },
-    async () => {
-      const all = (await snapshots.list()).filter((s) => s.status === "ready" && s.bootable && !s.ephemeral);
+    async (request) => {
+      const all = (await servicesOf(request, context).snapshots.list()).filter(
+        (s) => s.status === "ready" && s.bootable && !s.ephemeral,
+      );
       return Promise.all(all.map(async (s) => templateToWire(s, await context.facts.of(s.tag))));
     },
   );
@@ -79,8 +80,12 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request, reply) => {
-      const resolved = await resolveTemplateName(context, request.params.templateID, false);
-      await snapshots.retire(resolved.tag);
+      const resolved = await resolveTemplateName(
+        servicesOf(request, context),
+        request.params.templateID,
+        false,
+      );
+      await servicesOf(request, context).snapshots.retire(resolved.tag);
       request.auditIds.push(resolved.tag);
       return reply.status(204).send();
     },
