@@ -165,6 +165,8 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
       ["GET", "/v1/sandboxes/:ID/files/list?path=/etc"],
       ["GET", "/v1/sandboxes/:ID/files/stat?path=/etc/secret"],
       ["GET", "/v1/sandboxes/:ID/ports/8080/"],
+      ["POST", "/v1/sandboxes/:ID/pause"],
+      ["POST", "/v1/sandboxes/:ID/resume"],
     ] as [string, string, unknown?][]) {
       await assertLikeUnknown(BOB, method, route, a, body);
     }
@@ -315,6 +317,20 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
     // The snapshot's alias list is scrubbed the same way.
     const py = (await call(BOB, "GET", "/v1/snapshots/py")).json as { aliases?: string[] };
     assert.ok(!(py.aliases ?? []).includes("alice-agent"));
+  });
+
+  it("v0.5 workspaces are an admin's: a tenant lists none, any name is 404, create is 403", async () => {
+    assert.deepEqual(JSON.parse((await call(BOB, "GET", "/v1/workspaces")).text), []);
+    const created = await call(BOB, "POST", "/v1/workspaces", { name: "bobs", snapshot_tag: "py" });
+    assert.equal(created.status, 403, created.text);
+    for (const [method, route] of [
+      ["GET", "/v1/workspaces/anyname"],
+      ["DELETE", "/v1/workspaces/anyname"],
+      ["POST", "/v1/workspaces/anyname/suspend"],
+      ["POST", "/v1/workspaces/anyname/resume"],
+    ] as [string, string][]) {
+      assert.equal((await call(BOB, method, route)).status, 404, `${method} ${route}`);
+    }
   });
 
   it("/metrics, which names every sandbox, is for admins", async () => {
