@@ -18,15 +18,27 @@ import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.j
 import type { ForkdPaths } from "../common/paths.js";
 import { currentBootId, isAlive, OWNER_TOKEN_PATTERN, ownerTokenAlive } from "../common/processes.js";
 import {
-  detectMemoryCgroupRoot,
-  limitMemory,
-  type MemoryCgroupRoot,
-  removeCgroup,
+  type CgroupLayout,
+  createSandboxCgroups,
+  detectCgroupLayout,
+  prepareCgroupParents,
+  readOomKills,
+  removeCgroups,
+  sandboxCgroupDirs,
+  sweepCgroups,
 } from "../isolation/cgroup.js";
+import {
+  type ConfinementConfig,
+  type ConfinementMode,
+  resolveConfinement,
+} from "../isolation/confinement.js";
+import { allowUnprivilegedUserfaultfd } from "../isolation/userfaultfd.js";
 import type { EgressPolicyInput } from "../net/policy.js";
 import { PortProxy } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
+import { DEFAULT_CONSOLE_LOG_BYTES, printableConsole, readTail } from "../vmm/console-log.js";
+import { describeExit } from "../vmm/qemu-process.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest } from "./branch.js";
@@ -39,14 +51,22 @@ import {
   recordedIdentity,
 } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
-import { SNAPSHOT_FILES } from "./machine.js";
+import { RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
-import { prepareRestore, type RestorePlan } from "./restore-plan.js";
+import { homeKey, prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
+import {
+  cgroupLimits,
+  DEFAULT_DISK_LIMIT_MIB,
+  resolveLimits,
+  type SandboxLimits,
+  validateLimitsRequest,
+} from "./sandbox-limits.js";
 import { SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
+  ConfinementStatus,
   ForkChild,
   ForkOutcome,
   NetworkStatus,
@@ -72,8 +92,7 @@ import { assertAlias } from "./template-aliases.js";
  */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
-export const MIN_MEMORY_LIMIT_MIB = 64;
-export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
+export { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB } from "./sandbox-limits.js";
 /** Default limit for the command of a snapshot-diff (package installs under TCG take minutes). */
 export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
@@ -87,6 +106,11 @@ export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 const BOOT_ID_KEY = "boot_id";
 /** Sandbox networks created at once within one spawn request. */
 export const NETWORK_SETUP_CONCURRENCY = 8;
+/** What a console read returns by default, and at most. */
+export const CONSOLE_READ_BYTES = 64 * 1024;
+export const MAX_CONSOLE_READ_BYTES = 4 * 2 ** 20;
+/** Console output kept in the record of a sandbox whose VM ended on its own. */
+export const EXIT_CONSOLE_TAIL_BYTES = 2048;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -107,6 +131,17 @@ export interface ManagerOptions {
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
   network?: Omit<SandboxNetworksOptions, "log">;
+  /** How QEMUs are confined (`forkd daemon --confinement`); default: FORKD_CONFINEMENT, else on. */
+  confinement?: ConfinementMode;
+  /** Cap on each sandbox's writable disk layer unless its spawn names one. @default DEFAULT_DISK_LIMIT_MIB */
+  diskLimitMiB?: number;
+  /** Console log budget per sandbox, in bytes. @default DEFAULT_CONSOLE_LOG_BYTES */
+  consoleLogBytes?: number;
+  /**
+   * Let the daemon set vm.unprivileged_userfaultfd=1 when a live BRANCH of an unprivileged QEMU needs it
+   * (QEMU 7.2 creates its userfaultfd with the plain system call). @default true
+   */
+  allowUnprivilegedUserfaultfd?: boolean;
 }
 
 interface Live {
@@ -128,15 +163,23 @@ export class SandboxManager implements SandboxService {
   private readonly metricsSampler = new MetricsSampler();
   private collectionRequested = false;
   private lastCollection = 0;
-  private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
   private readonly portProxy = new PortProxy();
+  private readonly diskLimitMiB: number;
+  private readonly consoleLogBytes: number;
 
   private constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
     private readonly networks: SandboxNetworks,
-    options: ManagerOptions,
+    /** How this daemon's QEMUs are confined. */
+    readonly confinement: ConfinementConfig,
+    /** Where sandbox cgroups go (null: none, confinement off or not root). */
+    readonly cgroups: CgroupLayout | null,
+    private readonly options: ManagerOptions,
   ) {
+    this.diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
+    validateLimitsRequest({ diskLimitMiB: this.diskLimitMiB });
+    this.consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
     this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
@@ -146,6 +189,7 @@ export class SandboxManager implements SandboxService {
     }
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
+      confinement,
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
     });
@@ -167,8 +211,15 @@ export class SandboxManager implements SandboxService {
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
   static async open(paths: ForkdPaths, db: StateDb, options: ManagerOptions = {}): Promise<SandboxManager> {
+    const confinement = await resolveConfinement(options.confinement);
+    let cgroups: CgroupLayout | null = null;
+    if (confinement.cgroups) {
+      cgroups = await detectCgroupLayout(homeKey(paths.home));
+      await prepareCgroupParents(cgroups);
+    }
     const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
-    const manager = new SandboxManager(paths, db, networks, options);
+    const manager = new SandboxManager(paths, db, networks, confinement, cgroups, options);
+    manager.log.info({ confinement: confinement.summary }, "sandbox confinement");
     await manager.snapshots.reconcile();
     await manager.reconcile();
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
@@ -197,12 +248,7 @@ export class SandboxManager implements SandboxService {
   ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
-    const memoryLimit = request.memoryLimitMiB ?? null;
-    if (memoryLimit !== null && !isIntIn(memoryLimit, MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB)) {
-      throw invalidArgument(
-        `memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`,
-      );
-    }
+    validateLimitsRequest(request);
     const timeoutMs = request.timeoutMs ?? this.defaultTimeoutMs;
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
@@ -215,7 +261,7 @@ export class SandboxManager implements SandboxService {
       for (const r of reservations) r.release();
     };
     let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
-    let cgroupRoot: MemoryCgroupRoot | null;
+    let limits: SandboxLimits;
     let snapshotNic: SnapshotManifest["machine"]["nic"] | null;
     let network: ReturnType<SandboxNetworks["resolvePolicy"]>;
     try {
@@ -227,13 +273,13 @@ export class SandboxManager implements SandboxService {
         );
       }
       network = this.networks.resolvePolicy(request.network);
-      cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
-      if (memoryLimit !== null && cgroupRoot === null) {
-        throw new ForkdError(
-          "not_implemented",
-          "memory_limit_mib needs a cgroup memory controller, and this host has none",
-        );
-      }
+      limits = resolveLimits(request, {
+        layout: this.cgroups,
+        diskCap: this.confinement.mode === "on",
+        defaultDiskMiB: this.diskLimitMiB,
+        ramMiB: snapshot.manifest.machine.memoryMiB,
+        vcpus: snapshot.manifest.machine.vcpus,
+      });
       // live_fork may copy the RAM image to tmpfs first: host memory that is gone before any child starts.
       if (request.liveFork === true) {
         const ramMiB = snapshot.manifest.memory.ramBytes / 2 ** 20;
@@ -257,13 +303,15 @@ export class SandboxManager implements SandboxService {
         accelerator,
         created_at_unix: Math.floor(Date.now() / 1000),
         expires_at_unix_ms: null,
-        memory_limit_mib: memoryLimit,
+        memory_limit_mib: request.memoryLimitMiB ?? null,
         memory_image: null,
         layer_tags: "[]",
         last_branch_tag: null,
         branch_blocked: null,
         live_fork: request.liveFork === true ? 1 : 0,
-        cgroup: null,
+        // Recorded before they are created (see forget, destroy and reconcile).
+        cgroup: this.cgroups ? JSON.stringify(sandboxCgroupDirs(this.cgroups, id)) : null,
+        limits: JSON.stringify(limits),
         ready_ms: null,
         error: null,
         metadata,
@@ -280,8 +328,9 @@ export class SandboxManager implements SandboxService {
     const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
     const forget = async (row: SandboxRow) => {
-      const current = this.db.sandbox(row.id);
-      if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+      await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+        this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
+      );
       // A restore that failed killed its QEMU; what remains of the network is the namespace and veth.
       await this.networks
         .detach(row.id)
@@ -322,19 +371,22 @@ export class SandboxManager implements SandboxService {
         while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
+            // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited.
+            const cgroups = this.cgroups
+              ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
+              : undefined;
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
               outliveHost: true,
               signal: request.signal,
               nic: nics.get(row.id),
+              confinement: this.confinement,
+              cgroups,
+              diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+              consoleLogBytes: this.consoleLogBytes,
               onSpawned: async (pid) => {
                 const startTime = await processStartTime(pid);
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
-                if (cgroupRoot && memoryLimit !== null) {
-                  const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
-                  this.db.updateSandbox(row.id, { cgroup });
-                  row.cgroup = cgroup;
-                }
               },
             });
             started.push(sandbox);
@@ -593,6 +645,24 @@ export class SandboxManager implements SandboxService {
     await this.networks.close();
   }
 
+  // ---- confinement ----
+
+  confinementStatus(): ConfinementStatus {
+    const version = (c: "memory" | "cpu" | "pids") => {
+      const h = this.cgroups?.hierarchies[c];
+      return h ? (`v${h.version}` as const) : null;
+    };
+    return {
+      mode: this.confinement.mode,
+      summary: this.confinement.summary,
+      uid_base: this.confinement.uids?.base ?? null,
+      seccomp: this.confinement.seccomp,
+      cgroups: { memory: version("memory"), cpu: version("cpu"), pids: version("pids") },
+      default_disk_limit_mib: this.confinement.mode === "on" ? this.diskLimitMiB : null,
+      console_log_bytes: this.consoleLogBytes,
+    };
+  }
+
   // ---- network ----
 
   /** How this daemon networks its sandboxes (for status and doctor). */
@@ -750,6 +820,7 @@ export class SandboxManager implements SandboxService {
           handle: live.handle,
           lastBranchTag: row.last_branch_tag,
           liveFork: row.live_fork === 1,
+          beforeLive: () => this.allowLiveCapture(live.handle),
         },
         branchRequest,
       );
@@ -766,6 +837,38 @@ export class SandboxManager implements SandboxService {
       }
     }
     return { ...result, snapshot: await this.snapshots.get(result.tag) };
+  }
+
+  /** A live BRANCH of a confined QEMU needs the host to let it create its userfaultfd (isolation/userfaultfd.ts). */
+  private async allowLiveCapture(handle: SandboxHandle): Promise<void> {
+    if (handle.vmOwner === null) return;
+    if (this.options.allowUnprivilegedUserfaultfd === false) {
+      throw new ForkdError(
+        "not_implemented",
+        `a live BRANCH of ${handle.id} needs vm.unprivileged_userfaultfd=1 for its unprivileged QEMU, which this ` +
+          "daemon was told not to set (--no-unprivileged-userfaultfd); use mode diff",
+      );
+    }
+    if (await allowUnprivilegedUserfaultfd()) {
+      this.log.warn(
+        { sysctl: "vm.unprivileged_userfaultfd=1" },
+        "enabled unprivileged userfaultfd for live BRANCH of confined QEMUs (see docs/security.md)",
+      );
+    }
+  }
+
+  /** The last `maxBytes` of sandbox `id`'s serial console (bounded per sandbox; see vmm/console-log.ts). */
+  async console(id: string, maxBytes = CONSOLE_READ_BYTES): Promise<string> {
+    const row = this.row(id);
+    if (!isIntIn(maxBytes, 1, MAX_CONSOLE_READ_BYTES)) {
+      throw invalidArgument(`bytes must be an integer in 1..${MAX_CONSOLE_READ_BYTES}`);
+    }
+    if (row.status === "dead") return "";
+    const live = this.live.get(id);
+    const data = live
+      ? await live.handle.console.tail(maxBytes)
+      : await readTail(path.join(row.run_dir, RUN_FILES.console), maxBytes).catch(() => Buffer.alloc(0));
+    return printableConsole(data);
   }
 
   private info(row: SandboxRow): SandboxInfo {
@@ -785,6 +888,7 @@ export class SandboxManager implements SandboxService {
       last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
+      limits: parseLimits(row),
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }
@@ -815,7 +919,9 @@ export class SandboxManager implements SandboxService {
       for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
       await rm(row.run_dir, { recursive: true, force: true });
     }
-    if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+      this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
+    );
     this.metricsSampler.forget(row.id);
     this.requestCollection();
     await this.networks.detach(row.id);
@@ -828,12 +934,31 @@ export class SandboxManager implements SandboxService {
   }
 
   private watchExit(sandbox: Sandbox): void {
-    sandbox.vm.exited.then(async () => {
+    sandbox.vm.exited.then(async (exit) => {
       const live = this.live.get(sandbox.id);
       if (!live || live.killing) return;
       const row = this.db.sandbox(sandbox.id);
-      if (row) await this.markDead(row, "its VM exited");
+      if (row) await this.markDead(row, await this.whyItExited(row, `its VM ${describeExit(exit)}`));
     });
+  }
+
+  /**
+   * Why a sandbox's VM ended on its own, for its record: the OOM killer at its memory limit if that was it,
+   * and the last lines of its console (a guest panic's message), read before its run directory goes.
+   */
+  private async whyItExited(row: SandboxRow, what: string): Promise<string> {
+    const oom = this.cgroups ? await readOomKills(this.cgroups, row.id).catch(() => 0) : 0;
+    const limits = parseLimits(row);
+    const cause =
+      oom > 0
+        ? `${what}: killed by the kernel's OOM killer at its memory limit (${limits.memory_mib} MiB)`
+        : what;
+    const console = printableConsole(
+      await readTail(path.join(row.run_dir, RUN_FILES.console), EXIT_CONSOLE_TAIL_BYTES).catch(() =>
+        Buffer.alloc(0),
+      ),
+    ).trim();
+    return console ? `${cause}\n--- guest console (last lines) ---\n${console}` : cause;
   }
 
   private async reconcile(): Promise<void> {
@@ -856,7 +981,7 @@ export class SandboxManager implements SandboxService {
         if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
         const handle = await AdoptedSandbox.adopt(
           { ...row, identity, memory_image: row.memory_image },
-          { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
+          { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator], consoleLogBytes: this.consoleLogBytes },
         );
         this.live.set(row.id, { handle, killing: false });
         this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
@@ -866,6 +991,11 @@ export class SandboxManager implements SandboxService {
     }
     // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
     await this.networks.reconcile(new Set(this.live.keys()));
+    if (this.cgroups) {
+      const busy = await sweepCgroups(this.cgroups, new Set(this.live.keys()));
+      if (busy.length > 0)
+        this.log.warn({ cgroups: busy }, "cgroups of no known sandbox still hold processes");
+    }
     this.db.setMeta(BOOT_ID_KEY, currentBootId());
   }
 
@@ -905,7 +1035,7 @@ export class SandboxManager implements SandboxService {
       const live = this.live.get(row.id);
       // Not our child, so no exit event: its identity (a zombie or a reused pid is not it) says whether it lives.
       if (live?.handle instanceof AdoptedSandbox && !(await isAlive(live.handle.identity))) {
-        await this.markDead(row, "its VM exited");
+        await this.markDead(row, await this.whyItExited(row, "its VM exited"));
       }
     }
     if (this.collectionRequested || now - this.lastCollection > EPHEMERAL_COLLECTION_INTERVAL_MS) {
@@ -920,11 +1050,19 @@ export class SandboxManager implements SandboxService {
   private requestCollection(): void {
     this.collectionRequested = true;
   }
+}
 
-  private memoryCgroupRoot(): Promise<MemoryCgroupRoot | null> {
-    this.cgroupRoot ??= detectMemoryCgroupRoot();
-    return this.cgroupRoot;
-  }
+/** The limits recorded for a sandbox (rows from before they were recorded: none known). */
+export function parseLimits(row: Pick<SandboxRow, "limits">): SandboxLimits {
+  const none: SandboxLimits = { memory_mib: null, cpu_millicores: null, pids: null, disk_mib: null };
+  return { ...none, ...(JSON.parse(row.limits || "{}") as Partial<SandboxLimits>) };
+}
+
+/** The cgroup directories recorded for a sandbox: a JSON array (rows before confinement: one path, or none). */
+export function cgroupDirsOf(row: Pick<SandboxRow, "cgroup">): string[] {
+  if (row.cgroup === null) return [];
+  if (!row.cgroup.startsWith("[")) return [row.cgroup];
+  return JSON.parse(row.cgroup) as string[];
 }
 
 /**

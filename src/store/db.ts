@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 4;
+export const SCHEMA_VERSION = 5;
 
 export interface SandboxRow {
   id: string;
@@ -36,7 +36,10 @@ export interface SandboxRow {
   branch_blocked: string | null;
   /** 1 when the sandbox maps its RAM from tmpfs (live_fork), 0 otherwise. */
   live_fork: number;
+  /** JSON array of the sandbox's cgroup directories, recorded before they are created (older rows: one path). */
   cgroup: string | null;
+  /** JSON SandboxLimits (controller/sandbox-limits.ts): what it runs with; "{}" for rows older than v5. */
+  limits: string;
   ready_ms: number | null;
   error: string | null;
   /** JSON object of string metadata the caller attached (E2B's sandbox metadata). */
@@ -192,6 +195,9 @@ export class StateDb {
         );
       `);
     }
+    if (version < 5) {
+      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`);
+    }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
@@ -215,10 +221,10 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias, network)
+           metadata, env_vars, access_token, traffic_token, template_alias, network, limits)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network)`,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @limits)`,
       )
       .run(row);
   }

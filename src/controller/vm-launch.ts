@@ -1,0 +1,110 @@
+/**
+ * How every VM forkd starts is launched: a sandbox, a snapshot's parent, the accelerator probe and the
+ * cold-boot baseline all go through the same launcher with the same confinement (isolation/confinement.ts),
+ * plus what each needs of its own: its NIC's namespace and tap, its cgroups, a cap on what it writes, the
+ * files it may read.
+ */
+import { lstat } from "node:fs/promises";
+import path from "node:path";
+import type { ConfinementConfig } from "../isolation/confinement.js";
+import { vmUidOf } from "../isolation/identity.js";
+import { type LaunchPlan, launcherPrefix } from "../isolation/launcher.js";
+import type { StoredSnapshot } from "../store/snapshot-store.js";
+import { type MachineSpec, QMP_FD } from "../vmm/qemu-args.js";
+import type { FileOwner } from "../vmm/unix-listener.js";
+import { SNAPSHOT_FILES } from "./machine.js";
+import type { NicAttachment } from "./sandbox-network.js";
+
+export interface VmLaunch {
+  spec: MachineSpec;
+  runDir: string;
+  /**
+   * Files QEMU reads besides those the spec names (its disk's backing chain); a symlink is kept, and what it
+   * points to is readable too.
+   */
+  readOnly?: readonly string[];
+  nic?: NicAttachment;
+  /** Inherited fds QEMU keeps (the device state's). */
+  keepFds?: readonly number[];
+  cgroups?: readonly string[];
+  /** RLIMIT_FSIZE: the cap on the VM's writable disk layer. */
+  fileSizeLimitBytes?: number;
+  /** Kill QEMU when this process exits (a VM that must not outlive its daemon or CLI). */
+  dieWithParent: boolean;
+}
+
+/**
+ * `spec` as `confinement` runs it: with QEMU's seccomp sandbox, and (with a uid of its own) its monitor on a
+ * socket the launcher binds, so QEMU creates no file at all.
+ */
+export function confineSpec(confinement: ConfinementConfig, spec: MachineSpec): MachineSpec {
+  return {
+    ...spec,
+    seccomp: confinement.seccomp,
+    qmpFd: confinement.uids ? QMP_FD : undefined,
+  };
+}
+
+/**
+ * The launcher prefix for `launch` (its spec from `confineSpec`) under `confinement`, or undefined when QEMU
+ * can be started directly.
+ */
+export function vmLaunchPrefix(confinement: ConfinementConfig, launch: VmLaunch): string[] | undefined {
+  const plan: LaunchPlan = {
+    ...(launch.nic?.launch ?? {}),
+    keepFds: launch.keepFds,
+    cgroups: launch.cgroups?.length ? launch.cgroups : undefined,
+    fileSizeLimitBytes: launch.fileSizeLimitBytes,
+    dieWithParent: launch.dieWithParent,
+  };
+  if (confinement.uids) {
+    const { spec } = launch;
+    // What QEMU writes: the sockets it connects to, its disk overlay, a parent's shared RAM file.
+    const own = [spec.consoleSocketPath];
+    if (spec.agent) own.push(spec.agent.socketPath);
+    if (spec.disk) own.push(spec.disk.overlayPath);
+    const readOnly = [...(launch.readOnly ?? [])];
+    if (spec.memoryFile) (spec.memoryFile.shared ? own : readOnly).push(spec.memoryFile.path);
+    // A restored child never boots, so it needs no kernel (see qemu-args.ts).
+    if (!spec.restore) readOnly.push(spec.kernel, spec.initrd);
+    if (spec.qmpFd !== undefined) plan.listen = { path: spec.qmpSocketPath, fd: spec.qmpFd };
+    plan.confine = {
+      uidBase: confinement.uids.base,
+      runDir: launch.runDir,
+      own,
+      readOnly,
+      devices: spec.accel === "kvm" ? ["kvm"] : [],
+    };
+  }
+  const needed =
+    plan.netns !== undefined ||
+    plan.confine !== undefined ||
+    plan.cgroups !== undefined ||
+    plan.fileSizeLimitBytes !== undefined ||
+    plan.dieWithParent === true;
+  return needed ? launcherPrefix(plan) : undefined;
+}
+
+/** The uid/gid a VM with `pid` runs as under `confinement`, or null when it runs as this process's user. */
+export function vmOwner(confinement: ConfinementConfig, pid: number): FileOwner | null {
+  if (!confinement.uids) return null;
+  const uid = vmUidOf(confinement.uids, pid);
+  return { uid, gid: uid };
+}
+
+/** What a child of `chain` reads besides its memory image: every disk layer and the image's root filesystem. */
+export async function chainDiskFiles(chain: readonly StoredSnapshot[]): Promise<string[]> {
+  const files: string[] = [];
+  for (const snapshot of chain) {
+    files.push(path.join(snapshot.dir, SNAPSHOT_FILES.disk));
+    const base = path.join(snapshot.dir, SNAPSHOT_FILES.baseDisk);
+    if (
+      await lstat(base).then(
+        () => true,
+        () => false,
+      )
+    )
+      files.push(base);
+  }
+  return files;
+}
