@@ -254,7 +254,12 @@ export class ServicesDouble {
           last_branch_memory_path: null,
           metadata: request.metadata ?? {},
           template_alias: request.templateAlias ?? null,
-          limits: { memory_mib: request.memoryLimitMiB ?? 768, cpu_millicores: 1000, pids: 128, disk_mib: 2048 },
+          limits: {
+            memory_mib: request.memoryLimitMiB ?? 768,
+            cpu_millicores: 1000,
+            pids: 128,
+            disk_mib: 2048,
+          },
           network: {
             kind: "netns",
             netns: `forkd-${id}`,

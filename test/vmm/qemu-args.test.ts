@@ -135,7 +135,10 @@ describe("buildQemuArgs", () => {
   });
 
   test("commas in any path are refused, naming the field", () => {
-    expectInvalid({ ...parent, consoleSocketPath: "/run/p/console.sock,append=on" }, /consoleLogPath .*comma/);
+    expectInvalid(
+      { ...parent, consoleSocketPath: "/run/p/console.sock,append=on" },
+      /consoleSocketPath .*comma/,
+    );
     expectInvalid(
       { ...parent, agent: { socketPath: "/run/a,server=on/agent.sock" } },
       /agent\.socketPath .*comma/,
