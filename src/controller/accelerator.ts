@@ -9,7 +9,7 @@ import type { BuiltImage } from "../image/index.js";
 import { type ConfinementConfig, resolveConfinement } from "../isolation/confinement.js";
 import { type AcceleratorProbe, PROBE_CACHE_FILE, probeAccelerator } from "../vmm/accel.js";
 import type { Accelerator } from "../vmm/qemu-args.js";
-import { confineSpec, vmLaunchPrefix } from "./vm-launch.js";
+import { confineSpec, vmStart } from "./vm-launch.js";
 
 export interface AcceleratorChoice {
   accel: Accelerator;
@@ -36,7 +36,7 @@ export async function probeHost(
     refresh: options.refresh,
     confine: (plain, runDir) => {
       const spec = confineSpec(confinement, plain);
-      return { spec, prefix: vmLaunchPrefix(confinement, { spec, runDir, dieWithParent: true }) };
+      return { spec, ...vmStart(confinement, { spec, runDir, dieWithParent: true }) };
     },
   });
 }

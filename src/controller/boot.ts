@@ -16,7 +16,7 @@ import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
 import { type NicAttachment, privateNic } from "./sandbox-network.js";
-import { confineSpec, vmLaunchPrefix } from "./vm-launch.js";
+import { confineSpec, vmStart } from "./vm-launch.js";
 
 /**
  * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
@@ -120,18 +120,15 @@ export async function bootWarmVm(options: {
   const vm = await (async () => {
     await mkdir(runDir, { recursive: true, mode: 0o700 });
     await createRamFile(options.memoryFile, shape.memoryMiB);
-    return launchVm(spec, {
+    const start = vmStart(confinement, {
+      spec,
       runDir,
-      signal: bootSignal,
-      prefix: vmLaunchPrefix(confinement, {
-        spec,
-        runDir,
-        readOnly: options.diskBacking,
-        nic: nic?.attachment,
-        // A parent is saved by the program that booted it; without that program it is of no use to anyone.
-        dieWithParent: true,
-      }),
+      readOnly: options.diskBacking,
+      nic: nic?.attachment,
+      // A parent is saved by the program that booted it; without that program it is of no use to anyone.
+      dieWithParent: true,
     });
+    return launchVm(spec, { runDir, signal: bootSignal, ...start });
   })().catch((err: unknown) => {
     bootDeadline.dispose();
     throw err;

@@ -20,7 +20,7 @@ import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
 import { type NicAttachment, privateNic } from "./sandbox-network.js";
-import { chainDiskFiles, confineSpec, vmLaunchPrefix, vmOwner } from "./vm-launch.js";
+import { chainDiskFiles, confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -132,22 +132,23 @@ export class Sandbox implements SandboxHandle {
           nicBackend: nic?.backend,
         }),
       );
+      const start = vmStart(confinement, {
+        spec,
+        runDir,
+        readOnly: await chainDiskFiles(plan.chain),
+        nic,
+        keepFds: [DEVICE_STATE_FD],
+        cgroups: options.cgroups,
+        fileSizeLimitBytes: options.diskLimitBytes,
+        // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
+        dieWithParent: options.outliveHost !== true,
+      });
       vm = await launchVm(spec, {
         runDir,
         signal,
         outliveHost: options.outliveHost,
         consoleLog: { maxBytes: options.consoleLogBytes },
-        prefix: vmLaunchPrefix(confinement, {
-          spec,
-          runDir,
-          readOnly: await chainDiskFiles(plan.chain),
-          nic,
-          keepFds: [DEVICE_STATE_FD],
-          cgroups: options.cgroups,
-          fileSizeLimitBytes: options.diskLimitBytes,
-          // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
-          dieWithParent: options.outliveHost !== true,
-        }),
+        ...start,
       });
       const launched = vm;
       const owner = vmOwner(confinement, launched.pid);

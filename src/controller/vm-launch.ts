@@ -8,7 +8,7 @@ import { lstat } from "node:fs/promises";
 import path from "node:path";
 import type { ConfinementConfig } from "../isolation/confinement.js";
 import { vmUidOf } from "../isolation/identity.js";
-import { type LaunchPlan, launcherPrefix } from "../isolation/launcher.js";
+import { type LaunchPlan, launcherPrefix, readOnlyRamPreload } from "../isolation/launcher.js";
 import type { StoredSnapshot } from "../store/snapshot-store.js";
 import { type MachineSpec, QMP_FD } from "../vmm/qemu-args.js";
 import type { FileOwner } from "../vmm/unix-listener.js";
@@ -45,11 +45,16 @@ export function confineSpec(confinement: ConfinementConfig, spec: MachineSpec): 
   };
 }
 
-/**
- * The launcher prefix for `launch` (its spec from `confineSpec`) under `confinement`, or undefined when QEMU
- * can be started directly.
- */
-export function vmLaunchPrefix(confinement: ConfinementConfig, launch: VmLaunch): string[] | undefined {
+export interface VmStart {
+  /** The launcher and its arguments (undefined: QEMU is started directly). */
+  prefix: string[] | undefined;
+  /** Added to QEMU's environment. */
+  env: Record<string, string> | undefined;
+}
+
+/** How to start the VM of `launch` (its spec from `confineSpec`) under `confinement`. */
+export function vmStart(confinement: ConfinementConfig, launch: VmLaunch): VmStart {
+  let env: Record<string, string> | undefined;
   const plan: LaunchPlan = {
     ...(launch.nic?.launch ?? {}),
     keepFds: launch.keepFds,
@@ -64,7 +69,15 @@ export function vmLaunchPrefix(confinement: ConfinementConfig, launch: VmLaunch)
     if (spec.agent) own.push(spec.agent.socketPath);
     if (spec.disk) own.push(spec.disk.overlayPath);
     const readOnly = [...(launch.readOnly ?? [])];
-    if (spec.memoryFile) (spec.memoryFile.shared ? own : readOnly).push(spec.memoryFile.path);
+    const libraries: string[] = [];
+    if (spec.memoryFile?.shared) own.push(spec.memoryFile.path);
+    else if (spec.memoryFile) {
+      // A child's RAM image is every sibling's too: QEMU gets it read-only (see isolation/ro-ram/ro-ram.c).
+      readOnly.push(spec.memoryFile.path);
+      const preload = readOnlyRamPreload([spec.memoryFile.path]);
+      libraries.push(preload.library);
+      env = preload.env;
+    }
     // A restored child never boots, so it needs no kernel (see qemu-args.ts).
     if (!spec.restore) readOnly.push(spec.kernel, spec.initrd);
     if (spec.qmpFd !== undefined) plan.listen = { path: spec.qmpSocketPath, fd: spec.qmpFd };
@@ -73,6 +86,7 @@ export function vmLaunchPrefix(confinement: ConfinementConfig, launch: VmLaunch)
       runDir: launch.runDir,
       own,
       readOnly,
+      libraries,
       devices: spec.accel === "kvm" ? ["kvm"] : [],
     };
   }
@@ -82,7 +96,7 @@ export function vmLaunchPrefix(confinement: ConfinementConfig, launch: VmLaunch)
     plan.cgroups !== undefined ||
     plan.fileSizeLimitBytes !== undefined ||
     plan.dieWithParent === true;
-  return needed ? launcherPrefix(plan) : undefined;
+  return { prefix: needed ? launcherPrefix(plan) : undefined, env };
 }
 
 /** The uid/gid a VM with `pid` runs as under `confinement`, or null when it runs as this process's user. */

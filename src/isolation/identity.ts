@@ -132,7 +132,7 @@ export function ensureVmIdentity(range: VmUidRange): Promise<IdentityStatus> {
         "--shell",
         "/usr/sbin/nologin",
         "--comment",
-        "forkd: reserves the uids sandboxed QEMUs run as",
+        "forkd reserves the uid range of sandboxed QEMUs",
         VM_USER,
       ]).catch((err: unknown) => {
         throw new ForkdError("unavailable", `cannot create the ${VM_USER} user: ${String(err)}`);

@@ -42,6 +42,8 @@ export interface Confinement {
   runDir: string;
   own?: readonly string[];
   readOnly?: readonly string[];
+  /** Read-only and executable: libraries the program preloads. */
+  libraries?: readonly string[];
   /** Extra /dev nodes (the program gets each node's group). */
   devices?: readonly "kvm"[];
 }
@@ -53,6 +55,25 @@ export const MAX_UID = 2 ** 31 - 2;
 /** $FORKD_LAUNCHER, or the binary `npm run build` puts into dist/. */
 export function launcherBinary(env: NodeJS.ProcessEnv = process.env): string {
   return env.FORKD_LAUNCHER ?? path.join(packageRoot(), "dist", "forkd-launcher");
+}
+
+/**
+ * The library a confined QEMU preloads so that it opens its (shared, read-only) RAM image read-only
+ * (src/isolation/ro-ram/ro-ram.c), and the environment that tells it which files those are.
+ */
+export function readOnlyRamPreload(files: readonly string[]): {
+  library: string;
+  env: Record<string, string>;
+} {
+  for (const file of files) {
+    if (file.includes(":") || !path.isAbsolute(file)) {
+      throw invalidArgument(
+        `read-only RAM file ${JSON.stringify(file)} must be an absolute path without ':'`,
+      );
+    }
+  }
+  const library = path.join(packageRoot(), "dist", "forkd-ro-ram.so");
+  return { library, env: { LD_PRELOAD: library, FORKD_RO_RAM: files.join(":") } };
 }
 
 const NETNS_PATH = /^\/run\/netns\/[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
@@ -131,6 +152,7 @@ function confineArgs(confine: Confinement): string[] {
   const args = ["--uid-base", String(uidBase), "--run-dir", confinedPath(confine.runDir)];
   for (const file of confine.own ?? []) args.push("--own", confinedPath(file));
   for (const file of confine.readOnly ?? []) args.push("--ro", confinedPath(file));
+  for (const file of confine.libraries ?? []) args.push("--ro-exec", confinedPath(file));
   for (const device of confine.devices ?? []) {
     if (device !== "kvm") throw invalidArgument(`launcher: device ${JSON.stringify(device)} is not allowed`);
     args.push("--dev", device);

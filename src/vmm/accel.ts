@@ -89,7 +89,7 @@ export interface ProbeOptions {
 export type ConfineVm = (
   spec: MachineSpec,
   runDir: string,
-) => { spec: MachineSpec; prefix: readonly string[] | undefined };
+) => { spec: MachineSpec; prefix: readonly string[] | undefined; env?: Record<string, string> };
 
 interface CacheKey {
   format: number;
@@ -184,6 +184,7 @@ async function bootProbe(
       signal: options.signal,
       qemuBinary: options.qemuBinary,
       prefix: confined.prefix,
+      env: confined.env,
     });
     // A plain clock comparison: polling `.aborted` of an AbortSignal.any() deadline is unreliable on Node 20.
     const deadlineAt = performance.now() + deadlineMs;

@@ -61,6 +61,8 @@ export interface LaunchOptions {
   outliveHost?: boolean;
   /** A launcher QEMU is started through (see SpawnQemuOptions.prefix); needed for a NIC on a tap. */
   prefix?: readonly string[];
+  /** Added to QEMU's environment. */
+  env?: Readonly<Record<string, string>>;
   /** The console log's file and budget (default: console.log beside the console socket, 4 MiB). */
   consoleLog?: { path?: string; maxBytes?: number };
 }
@@ -124,6 +126,7 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
       extraFds: stateFd === undefined ? [] : [stateFd],
       outliveHost: options.outliveHost,
       prefix: options.prefix,
+      env: options.env,
     });
   } catch (err) {
     listener?.close();

@@ -22,7 +22,6 @@ func listenUnix(p *Plan) error {
 	if err != nil {
 		return fmt.Errorf("socket: %w", err)
 	}
-	defer syscall.Close(fd)
 	old := syscall.Umask(0o177)
 	err = syscall.Bind(fd, &syscall.SockaddrUnix{Name: p.ListenPath})
 	syscall.Umask(old)
@@ -30,10 +29,22 @@ func listenUnix(p *Plan) error {
 		return fmt.Errorf("bind %s: %w", p.ListenPath, err)
 	}
 	if err := syscall.Listen(fd, 8); err != nil {
+		syscall.Close(fd)
 		return fmt.Errorf("listen %s: %w", p.ListenPath, err)
 	}
-	if err := syscall.Dup3(fd, p.ListenFd, 0); err != nil {
-		return fmt.Errorf("dup3 to fd %d: %w", p.ListenFd, err)
+	return placeFd(fd, p.ListenFd)
+}
+
+// placeFd leaves the open fd at number `at` without close-on-exec (the program inherits it) and closes the
+// original. Whatever was inherited at `at` is replaced.
+func placeFd(fd, at int) error {
+	if fd == at {
+		_, err := fcntl(fd, syscall.F_SETFD, 0)
+		return err
 	}
-	return nil
+	if err := syscall.Dup3(fd, at, 0); err != nil {
+		syscall.Close(fd)
+		return fmt.Errorf("dup3 to fd %d: %w", at, err)
+	}
+	return syscall.Close(fd)
 }

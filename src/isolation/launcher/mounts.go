@@ -18,6 +18,7 @@ import (
 //	<run dir> (rw)                its own sockets and disk overlay, chowned to it (confine.go)
 //	--own files (rw)              files it writes outside its run directory (a snapshot parent's RAM file)
 //	--ro paths (ro)               what it reads: memory images, disk layers, kernel, initrd (symlinks kept)
+//	--ro-exec files (ro, exec)    a library it preloads
 //	/dev: null zero full random urandom (+ --dev nodes)
 //	/proc                         a new procfs that shows only its own processes (hidepid=invisible)
 //
@@ -151,6 +152,11 @@ func collectView(p *Plan) ([]viewEntry, error) {
 	}
 	for _, path := range p.Confine.ReadOnly {
 		if err := addReadOnly(&entries, add, path); err != nil {
+			return nil, err
+		}
+	}
+	for _, lib := range p.Confine.Libraries {
+		if err := add(lib, false, true, false); err != nil {
 			return nil, err
 		}
 	}

@@ -57,6 +57,8 @@ type Confinement struct {
 	RunDir   string
 	Own      []string
 	ReadOnly []string
+	// Libraries are read-only too, but mapped executable (a library the program preloads).
+	Libraries []string
 	// Devices are extra /dev nodes by name (e.g. "kvm"); the program gets each one's group as a supplementary
 	// group, so it can open the node and nothing else that group owns.
 	Devices []string
@@ -68,7 +70,8 @@ const usage = `usage: forkd-launcher [--netns /run/netns/NAME | --new-netns] [--
                       [--tap NAME --tap-fd N [--tap-vnet-hdr]] [--keep-fd N ...]
                       [--listen-socket PATH --listen-fd N]
                       [--cgroup /sys/fs/cgroup/... ...] [--fsize-limit BYTES] [--die-with-parent PID]
-                      [--uid-base N --run-dir DIR [--own FILE ...] [--ro PATH ...] [--dev NAME ...]]
+                      [--uid-base N --run-dir DIR [--own FILE ...] [--ro PATH ...] [--ro-exec FILE ...]
+                      [--dev NAME ...]]
                       -- PROGRAM [ARG ...]`
 
 var (
@@ -224,6 +227,12 @@ func ParsePlan(argv []string) (*Plan, error) {
 					confine.ReadOnly = append(confine.ReadOnly, v)
 				}
 			}
+		case "--ro-exec":
+			if v, err = value(arg); err == nil {
+				if err = checkPath(arg, v); err == nil {
+					confine.Libraries = append(confine.Libraries, v)
+				}
+			}
 		case "--dev":
 			if v, err = value(arg); err == nil {
 				if !allowedDevices[v] {
@@ -243,10 +252,10 @@ func ParsePlan(argv []string) (*Plan, error) {
 	}
 	plan.Program, plan.Args = argv[i], argv[i+1:]
 	confining := uidBaseSet || confine.RunDir != "" || len(confine.Own) > 0 || len(confine.ReadOnly) > 0 ||
-		len(confine.Devices) > 0
+		len(confine.Libraries) > 0 || len(confine.Devices) > 0
 	if confining {
 		if !uidBaseSet || confine.RunDir == "" {
-			return nil, errors.New("--uid-base and --run-dir go together (and --own, --ro, --dev need both)")
+			return nil, errors.New("--uid-base and --run-dir go together (and --own, --ro, --ro-exec, --dev need both)")
 		}
 		plan.Confine = &confine
 	}
