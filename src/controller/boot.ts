@@ -13,10 +13,11 @@ import { type ConfinementConfig, resolveConfinement } from "../isolation/confine
 import { privateNetnsUnavailable } from "../isolation/launcher.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
+import type { FileOwner } from "../vmm/unix-listener.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
 import { type NicAttachment, privateNic } from "./sandbox-network.js";
-import { confineSpec, vmStart } from "./vm-launch.js";
+import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
  * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
@@ -34,6 +35,8 @@ export const WARMUP_TIMEOUT_MS = 300_000;
 
 export interface BootedVm {
   vm: VmHandle;
+  /** Who the VM's QEMU runs as (null: this process's user); files made for it are handed over. */
+  owner: FileOwner | null;
   agent: AgentClient;
   shape: MachineShape;
   bootMs: number;
@@ -159,7 +162,7 @@ export async function bootWarmVm(options: {
       warmupMs = performance.now() - warmStarted;
       progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
     }
-    return { vm, agent, shape, bootMs, warmupMs };
+    return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs };
   } catch (err) {
     agent?.close();
     const tail = await vm.consoleTail(2000).catch(() => "");

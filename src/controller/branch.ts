@@ -342,6 +342,7 @@ export class Brancher {
         memoryFile: handle.memoryImage,
         memoryBytes: ramBytes,
         deviceStatePath,
+        deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
         whileStopped,
         buffer,
         signal,

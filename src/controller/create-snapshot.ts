@@ -127,7 +127,11 @@ export async function createSnapshot(
 
     progress({ step: "save", message: "pausing parent and saving device state" });
     const qmp = await booted.vm.qmp({ signal });
-    const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), { signal });
+    const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), {
+      signal,
+      // A confined parent sees only its run directory: it writes the state there first.
+      drop: booted.owner ? { dir: runDir, owner: booted.owner } : undefined,
+    });
     booted.agent.close();
     // The parent must never run again: its RAM file is now the snapshot's memory.
     await booted.vm.kill({ graceMs: 2000 });

@@ -165,7 +165,8 @@ function confinedPath(file: string): string {
   if (!isCleanAbsolute(file) || file === "/" || file.length > MAX_PATH || file.includes("\0")) {
     throw invalidArgument(`launcher: ${JSON.stringify(file)} is not a clean absolute path`);
   }
-  if (/^\/(proc|dev|sys)(\/|$)/.test(file)) {
+  // /dev/shm is a tmpfs (a live_fork RAM image lives there), not device nodes.
+  if (/^\/(proc|dev|sys)(\/|$)/.test(file) && !file.startsWith("/dev/shm/")) {
     throw invalidArgument(`launcher: ${file} is provided by the launcher itself`);
   }
   return file;

@@ -268,6 +268,10 @@ func checkPath(flag, v string) error {
 		len(v) > maxPath || strings.ContainsRune(v, 0) {
 		return fmt.Errorf("%s %q: must be a clean absolute path other than /", flag, v)
 	}
+	// /dev/shm is a tmpfs (a live_fork sandbox's RAM image lives there), not device nodes.
+	if strings.HasPrefix(v, "/dev/shm/") {
+		return nil
+	}
 	for _, reserved := range []string{"/proc", "/dev", "/sys"} {
 		if v == reserved || strings.HasPrefix(v, reserved+"/") {
 			return fmt.Errorf("%s %q: %s is provided by the launcher itself", flag, v, reserved)
