@@ -92,9 +92,11 @@ func dropPrivileges(p *Plan) error {
 		if err := syscall.Stat("/dev/"+name, &st); err != nil {
 			return fmt.Errorf("/dev/%s: %w", name, err)
 		}
-		if st.Gid != 0 {
-			groups = append(groups, int(st.Gid))
+		// Reached through its group (udev gives /dev/kvm to group kvm, mode 0660); never through root's group.
+		if st.Gid == 0 || st.Mode&0o060 != 0o060 {
+			return fmt.Errorf("/dev/%s is not open to a group (uid %d gid %d mode %o): a confined QEMU reaches it through its group, as udev sets it up (chgrp kvm /dev/%s; chmod 0660 /dev/%s)", name, st.Uid, st.Gid, st.Mode&0o777, name, name)
 		}
+		groups = append(groups, int(st.Gid))
 	}
 	// The bounding set: drop every capability the kernel knows (EINVAL marks the first one past the last).
 	for c := 0; ; c++ {
