@@ -20,7 +20,14 @@ import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import { E2B_ROUTE_TAG, type E2bSettings, registerE2b, surfaceConstraint } from "../e2b/index.js";
+import {
+  E2B_ROUTE_TAG,
+  type E2bSettings,
+  isSandboxOrigin,
+  registerE2b,
+  sandboxAddressOf,
+  surfaceConstraint,
+} from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
@@ -29,7 +36,12 @@ import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
-import { portUpgradeHandler, registerNetworkRoutes, registerPortProxyRoutes } from "./routes/network.js";
+import {
+  portUpgradeHandler,
+  refuseUpgrade,
+  registerNetworkRoutes,
+  registerPortProxyRoutes,
+} from "./routes/network.js";
 import { registerPackRoutes } from "./routes/packs.js";
 import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
@@ -71,6 +83,11 @@ export interface ApiOptions {
   /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
   tokens?: readonly Token[];
   /**
+   * Every token of the daemon, whichever listener takes them (default `tokens`): removed from requests the
+   * port proxy passes on to a sandbox, so a client's daemon credential never reaches a guest.
+   */
+  daemonTokens?: readonly Token[];
+  /**
    * TCP only: the names this listener answers to (see origin-policy.ts). The port is read from the bound
    * server, so a listener on port 0 gets its real one.
    */
@@ -91,6 +108,8 @@ export interface ApiContext {
   services: DaemonServices;
   snapshotsDir: string;
   metrics: DaemonMetrics;
+  /** See ApiOptions.daemonTokens. */
+  daemonTokens: readonly Token[];
 }
 
 declare module "fastify" {
@@ -146,7 +165,13 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   app.addConstraintStrategy(surfaceConstraint);
 
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
-  const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
+  const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
+  const context: ApiContext = {
+    services: options.services,
+    snapshotsDir: options.snapshotsDir,
+    metrics,
+    daemonTokens,
+  };
 
   app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
   app.setErrorHandler(
@@ -164,14 +189,25 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   });
 
   const originPolicy = lazyOriginPolicy(app, options.origin);
+  const scheme = options.https ? "https" : "http";
+  /** Before authentication: a rebinding page must learn nothing, not even whether it needs a token. */
+  const checkOrigin = (headers: IncomingMessage["headers"]) => {
+    const policy = originPolicy();
+    if (!policy) return;
+    checkHostAndOrigin(policy, headers, scheme);
+    // A page served from a sandbox's port is the guest's content: it may call sandboxes, never the daemon.
+    if (sandboxAddressOf(headers) === null && isSandboxOrigin(headers.origin)) {
+      throw new ForkdError(
+        "forbidden",
+        `cross-origin request from a sandbox's page (${JSON.stringify(String(headers.origin).slice(0, 200))}) ` +
+          "refused: sandbox pages reach sandboxes only, never the daemon's API",
+      );
+    }
+  };
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
-    // Before authentication: a rebinding page must learn nothing, not even whether it needs a token.
-    const policy = originPolicy();
-    if (policy) {
-      request.caller = `${options.transport}:${request.ip}`;
-      checkHostAndOrigin(policy, request.headers, options.https ? "https" : "http");
-    }
+    request.caller = `${options.transport}:${request.ip}`;
+    checkOrigin(request.headers);
     request.caller = await identifyCaller(request, options);
   });
   app.addHook("onResponse", async (request, reply) => {
@@ -246,24 +282,31 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   await app.register(async (scope) => registerPackRoutes(scope, context));
   registerNetworkRoutes(app, context);
   await app.register(async (scope) => registerPortProxyRoutes(scope, context));
-  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check and
-  // authentication, then the port proxy.
-  app.server.on(
-    "upgrade",
-    portUpgradeHandler(context, async (req) => {
-      const policy = originPolicy();
-      if (policy) checkHostAndOrigin(policy, req.headers, options.https ? "https" : "http");
-      if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
-        authenticate(req.headers.authorization, options.tokens);
-      }
-    }),
-  );
   const e2b = await registerE2b(app, {
     services: options.services,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    daemonTokens,
     ...options.e2b,
   });
   app.decorate("e2bControlRoutes", e2b.controlRoutes);
+  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
+  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
+  // forkd port route, with the listener's authentication.
+  const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+      authenticate(req.headers.authorization, options.tokens);
+    }
+  });
+  app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    socket.on("error", () => {});
+    try {
+      checkOrigin(req.headers);
+    } catch (err) {
+      refuseUpgrade(socket, err);
+      return;
+    }
+    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
+  });
   return app;
 }
 

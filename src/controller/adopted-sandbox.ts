@@ -17,8 +17,12 @@ import { killAndWait } from "./host-processes.js";
 import { RUN_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
-/** Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. */
-export const REATTACH_TIMEOUT_MS = 60_000;
+/**
+ * Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. Short,
+ * because the API serves meanwhile and every sandbox is re-attached in parallel: one unresponsive guest must not
+ * hold the others (or a kill of it) for long.
+ */
+export const REATTACH_TIMEOUT_MS = 20_000;
 
 export class AdoptedSandbox implements SandboxHandle {
   private destroyed: Promise<void> | undefined;
@@ -55,6 +59,10 @@ export class AdoptedSandbox implements SandboxHandle {
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     let console: ConsoleLog | undefined;
     try {
+      // A daemon that died mid-BRANCH can leave its source stopped (the pause of a capture): running is the only
+      // state a sandbox of ours is left in, so continue it. A deliberately paused sandbox has no QEMU to adopt.
+      const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
+      if (status.status === "paused") await qmp.execute("cont", {}, { signal });
       // An unprivileged QEMU may only connect to sockets handed to its uid.
       const uid = await processUid(identity.pid);
       const owner = uid === process.getuid?.() ? null : { uid, gid: uid };

@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 5;
+export const SCHEMA_VERSION = 7;
 
 export interface SandboxRow {
   id: string;
@@ -38,7 +38,7 @@ export interface SandboxRow {
   live_fork: number;
   /** JSON array of the sandbox's cgroup directories, recorded before they are created (older rows: one path). */
   cgroup: string | null;
-  /** JSON SandboxLimits (controller/sandbox-limits.ts): what it runs with; "{}" for rows older than v5. */
+  /** JSON SandboxLimits (controller/sandbox-limits.ts): what it runs with; "{}" for rows older than v7. */
   limits: string;
   ready_ms: number | null;
   error: string | null;
@@ -54,6 +54,8 @@ export interface SandboxRow {
   template_alias: string | null;
   /** "netns": its own namespace (a sandbox_networks row); "private": a NIC with no uplink; "none": no NIC. */
   network: "netns" | "private" | "none";
+  /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
+  inbound: string;
 }
 
 /**
@@ -196,6 +198,11 @@ export class StateDb {
       `);
     }
     if (version < 5) {
+      // Rows from before keep E2B's defaults: public traffic, the request's own Host, plain HTTP.
+      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
+    }
+    // v6 belongs to pause/workspaces (another branch); a database at 5 skips straight past it here.
+    if (version < 7) {
       this.db.exec(`ALTER TABLE sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`);
     }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
@@ -221,10 +228,10 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias, network, limits)
+           metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, limits)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @limits)`,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @limits)`,
       )
       .run(row);
   }
