@@ -235,6 +235,10 @@ export class SandboxManager implements SandboxService {
     if (confinement.cgroups) {
       cgroups = await detectCgroupLayout(homeKey(paths.home));
       await prepareCgroupParents(cgroups);
+      for (const [controller, why] of Object.entries(cgroups.missing)) {
+        // Never silent: spawns get no default limit of this kind and asking for one is refused (501).
+        options.log?.warn({ controller, why }, "cgroup controller unavailable: its per-sandbox limit is off");
+      }
     }
     const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
     const manager = new SandboxManager(paths, db, networks, confinement, cgroups, options);

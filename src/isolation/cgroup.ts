@@ -141,7 +141,9 @@ export async function detectCgroupLayout(homeKey: string, proc = "/proc/self"): 
     }
     layout.missing[controller] = v1
       ? `the ${controller} hierarchy does not show this process's cgroup`
-      : `no cgroup hierarchy has the ${controller} controller`;
+      : unifiedOwn
+        ? `cgroup v2 does not delegate ${controller} to this process's cgroup (${path.join(unifiedOwn, "cgroup.controllers")} lacks it: enable it in the parent's cgroup.subtree_control, or run the daemon as a systemd service with Delegate=yes)`
+        : `no cgroup hierarchy has the ${controller} controller`;
   }
   return layout;
 }
