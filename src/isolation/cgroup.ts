@@ -44,6 +44,9 @@ export interface CgroupLimits {
   pids?: number;
 }
 
+/** cgroup v2: the leaf the daemon's cgroup's processes move into so that cgroup may pass controllers on. */
+const DAEMON_LEAF = "forkd-daemon";
+
 /** The CFS period the CPU quota is expressed in. */
 export const CPU_PERIOD_US = 100_000;
 
@@ -113,7 +116,7 @@ export async function detectCgroupLayout(homeKey: string, proc = "/proc/self"): 
   const own = parseProcCgroup(await readFile(`${proc}/cgroup`, "utf8").catch(() => ""));
   const layout: CgroupLayout = { hierarchies: {}, missing: {}, swapAccounted: false };
   const unified = mounts.find((m) => m.version === 2);
-  const unifiedOwn = unified ? ownDir(unified, own.get("")) : null;
+  const unifiedOwn = daemonCgroupOf(unified ? ownDir(unified, own.get("")) : null);
   const unifiedControllers = unifiedOwn
     ? (await readFile(path.join(unifiedOwn, "cgroup.controllers"), "utf8").catch(() => "")).split(/\s+/)
     : [];
@@ -148,6 +151,16 @@ export async function detectCgroupLayout(homeKey: string, proc = "/proc/self"): 
   return layout;
 }
 
+/**
+ * The cgroup a v2 daemon delegates from: its own, or the one above when it already sits in the
+ * `forkd-daemon` leaf `prepareCgroupParents` moved it (or the process that started it) into. Without this
+ * every later start would nest another leaf, and processes started from a moved one would look for the
+ * sandboxes' cgroups one level too deep.
+ */
+function daemonCgroupOf(dir: string | null): string | null {
+  return dir !== null && path.basename(dir) === DAEMON_LEAF ? path.dirname(dir) : dir;
+}
+
 /** The directories sandbox `id`'s cgroups have in `layout` (one per distinct hierarchy), before they exist. */
 export function sandboxCgroupDirs(layout: CgroupLayout, sandboxId: string): string[] {
   assertSandboxId(sandboxId);
@@ -176,7 +189,7 @@ export async function prepareCgroupParents(layout: CgroupLayout): Promise<void> 
     await writeFile(path.join(daemonCgroup, "cgroup.subtree_control"), controllers);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "EBUSY") throw err;
-    const leaf = path.join(daemonCgroup, "forkd-daemon");
+    const leaf = path.join(daemonCgroup, DAEMON_LEAF);
     await mkdir(leaf, { recursive: true });
     for (const pid of (await readFile(path.join(daemonCgroup, "cgroup.procs"), "utf8")).split("\n")) {
       if (pid) await writeFile(path.join(leaf, "cgroup.procs"), pid).catch(() => {});

@@ -59,6 +59,20 @@ describe("cgroup v2 layout (a v2 tree of the test's own)", () => {
     assert.equal(resolveLimits({}, context).cpu_millicores, null);
   });
 
+  it("a process already in the daemon's forkd-daemon leaf finds the same parents (no nesting)", async () => {
+    const own = path.join(mount, "system.slice", "forkd.service");
+    await writeFile(path.join(own, "cgroup.controllers"), "memory cpu pids\n");
+    await mkdir(path.join(own, "forkd-daemon"), { recursive: true });
+    const leafProc = path.join(dir, "proc-leaf");
+    await mkdir(leafProc);
+    await writeFile(path.join(leafProc, "mountinfo"), await readFile(path.join(proc, "mountinfo"), "utf8"));
+    await writeFile(path.join(leafProc, "cgroup"), "0::/system.slice/forkd.service/forkd-daemon\n");
+    const fromLeaf = await detectCgroupLayout(KEY, leafProc);
+    const fromUnit = await detectCgroupLayout(KEY, proc);
+    assert.equal(fromLeaf.hierarchies.pids?.parent, path.join(own, "forkd", KEY));
+    assert.deepEqual(fromLeaf, fromUnit);
+  });
+
   it("delegates down the path and writes a sandbox's limits", async () => {
     const own = path.join(mount, "system.slice", "forkd.service");
     await writeFile(path.join(own, "cgroup.controllers"), "cpuset cpu io memory pids\n");
