@@ -30,7 +30,17 @@ export interface SandboxInfo {
   /** forkd v0.5 field, "10.42.0.2:0": the guest's address (the same in every sandbox; the port is 0). */
   guest_addr?: string | null;
   network?: SandboxNetwork;
+  /** What it may use of the host (asked for at spawn, or the daemon's defaults); null = not enforced there. */
+  limits?: SandboxLimits;
   [field: string]: unknown;
+}
+
+/** A sandbox's limits as on the wire (docs/security.md, Limits). */
+export interface SandboxLimits {
+  memory_mib: number | null;
+  cpu_millicores: number | null;
+  pids: number | null;
+  disk_mib: number | null;
 }
 
 /** An egress policy as on the wire (docs/network.md). */

@@ -340,6 +340,9 @@ class Controller:
         live_fork: bool = False,
         hugepages: bool = False,
         *,
+        cpu_limit_millicores: Optional[int] = None,
+        pids_limit: Optional[int] = None,
+        disk_limit_mib: Optional[int] = None,
         lifetime: Optional[float] = None,
         request_timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
@@ -350,6 +353,8 @@ class Controller:
         ``lifetime``: seconds until the daemon kills each sandbox (0 = no limit); default: the daemon's, none
         unless it runs with ``--default-timeout-ms``. ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
         ``per_child_netns``, ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
+        Limits (``memory_limit_mib``, ``cpu_limit_millicores``, ``pids_limit``, ``disk_limit_mib``): absent ones
+        get the daemon's defaults; one the daemon's host cannot enforce is a 501 (docs/security.md, Limits).
         The call waits ``request_timeout`` plus one second per child.
         """
         body: Dict[str, Any] = {
@@ -359,6 +364,12 @@ class Controller:
         }
         if memory_limit_mib is not None:
             body["memory_limit_mib"] = memory_limit_mib
+        if cpu_limit_millicores is not None:
+            body["cpu_limit_millicores"] = cpu_limit_millicores
+        if pids_limit is not None:
+            body["pids_limit"] = pids_limit
+        if disk_limit_mib is not None:
+            body["disk_limit_mib"] = disk_limit_mib
         if prewarm:
             body["prewarm"] = True
         if live_fork:
