@@ -4,6 +4,9 @@
  * a static binary (CGO_ENABLED=0) with no paths of this machine in it (-trimpath). The Go toolchain is
  * Debian's golang-go; no module is downloaded (GOPROXY=off, GOFLAGS=-mod=mod with no requirements).
  *
+ * Also builds dist/forkd-ro-ram.so (src/isolation/ro-ram/ro-ram.c, libc only, with the machine's C compiler
+ * `cc` or $CC): the library confined QEMUs preload so they open their shared RAM image read-only.
+ *
  * Usage: node scripts/build-launcher.mjs [--out <file>]   (default dist/forkd-launcher). Written beside the
  * target and renamed into place, so a failed build never leaves a half-written binary.
  */
@@ -40,3 +43,30 @@ if (result.error || result.status !== 0) {
 }
 renameSync(staging, target);
 console.log(`launcher built into ${path.relative(root, target)}`);
+
+const library = path.join(path.dirname(target), "forkd-ro-ram.so");
+const libraryStaging = `${library}.tmp-${process.pid}`;
+const cc = process.env.CC ?? "cc";
+const built = spawnSync(
+  cc,
+  [
+    "-shared",
+    "-fPIC",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-o",
+    libraryStaging,
+    "src/isolation/ro-ram/ro-ram.c",
+  ],
+  { cwd: root, stdio: "inherit" },
+);
+if (built.error || built.status !== 0) {
+  rmSync(libraryStaging, { force: true });
+  const why = built.error ? String(built.error) : `${cc} exited with ${built.status}`;
+  console.error(`building forkd-ro-ram.so failed: ${why} (is gcc installed? scripts/install-deps.sh)`);
+  process.exit(1);
+}
+renameSync(libraryStaging, library);
+console.log(`read-only RAM preload built into ${path.relative(root, library)}`);

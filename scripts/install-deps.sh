@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what forkd needs on a Debian 12 host (as root): QEMU, the image builder's tools, iproute2 and nftables
 # (sandbox networks), Go (the guest agent and the sandbox launcher are static Go binaries built from src/ with
-# the standard library only), and the npm dependencies; plus what the Python SDK's tests use (python3-venv and
-# python3-wheel to build and install its wheel with no index, mypy to type-check it). Uses the machine's own apt
-# and npm configuration. Safe to run again.
+# the standard library only), a C compiler (the small library confined QEMUs preload, src/isolation/ro-ram),
+# and the npm dependencies; plus what the Python SDK's tests use (python3-venv and python3-wheel to build and
+# install its wheel with no index, mypy to type-check it). Then the identity sandboxed QEMUs run under: a system
+# user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so no other
+# account is ever given those ids (the daemon does the same at start if it is missing). Uses the machine's own
+# apt and npm configuration. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -15,6 +18,18 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
-  busybox-static python3 python3-venv python3-wheel mypy >/dev/null
+  gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy >/dev/null
+
+# The sandboxed QEMUs' uid range: FORKD_VM_UID_BASE (default 2000000000) + every possible pid (2^22).
+vm_base="${FORKD_VM_UID_BASE:-2000000000}"
+vm_range="${vm_base}-$((vm_base + 4194304 - 1))"
+if ! getent passwd forkd-vm >/dev/null; then
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+    --comment "forkd reserves the uid range of sandboxed QEMUs" forkd-vm
+fi
+if ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subuid 2>/dev/null ||
+  ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subgid 2>/dev/null; then
+  usermod --add-subuids "$vm_range" --add-subgids "$vm_range" forkd-vm
+fi
 npm ci --no-audit --no-fund
 npm run build

@@ -11,9 +11,19 @@ import {
   MAX_TIMEOUT_MS,
 } from "../agent/protocol/limits.js";
 import {
+  MAX_CPU_LIMIT_MILLICORES,
+  MAX_DISK_LIMIT_MIB,
   MAX_MEMORY_LIMIT_MIB,
-  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_PIDS_LIMIT,
+  MIN_CPU_LIMIT_MILLICORES,
+  MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
+  MIN_PIDS_LIMIT,
+} from "../controller/sandbox-limits.js";
+import {
+  CONSOLE_READ_BYTES,
+  MAX_CONSOLE_READ_BYTES,
+  MAX_SANDBOX_TIMEOUT_MS,
 } from "../controller/sandbox-manager.js";
 import { MAX_POLICY_ENTRIES } from "../controller/sandbox-network.js";
 import {
@@ -352,6 +362,54 @@ export const SandboxNetworkWire = Type.Object(
   { description: "A sandbox's network." },
 );
 
+const CgroupVersion = Nullable(Type.Union([Type.Literal("v1"), Type.Literal("v2")]));
+
+export const ConfinementStatusWire = Type.Object(
+  {
+    mode: Type.Union([Type.Literal("on"), Type.Literal("off")]),
+    summary: Type.String(),
+    uid_base: Nullable(
+      Type.Integer({
+        description: "Each QEMU runs as uid = gid = uid_base + its pid; null: as the daemon's user.",
+      }),
+    ),
+    seccomp: Type.Boolean({ description: "QEMU's seccomp sandbox is on." }),
+    cgroups: Type.Object(
+      { memory: CgroupVersion, cpu: CgroupVersion, pids: CgroupVersion },
+      { description: "Where each controller is (null: this host cannot enforce that limit)." },
+    ),
+    default_disk_limit_mib: Nullable(Type.Integer()),
+    console_log_bytes: Type.Integer({
+      description: "The console log kept per sandbox (a ring of two halves).",
+    }),
+  },
+  { description: "How this daemon confines its sandboxes' QEMUs." },
+);
+
+export const SandboxLimitsWire = Type.Object(
+  {
+    memory_mib: Nullable(Type.Integer({ description: "memory.max (no swap)." })),
+    cpu_millicores: Nullable(Type.Integer({ description: "CPU bandwidth, thousandths of a CPU." })),
+    pids: Nullable(Type.Integer({ description: "pids.max: QEMU's processes and threads." })),
+    disk_mib: Nullable(Type.Integer({ description: "Largest size of the writable disk layer." })),
+  },
+  { description: "What the sandbox may use of the host; null = not enforced here." },
+);
+
+export const ConsoleQuery = Type.Object(
+  {
+    bytes: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: MAX_CONSOLE_READ_BYTES,
+        default: CONSOLE_READ_BYTES,
+        description: "How much of the end of the log to return.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
 export const NetworkStatusWire = Type.Object(
   {
     mode: Type.Union([Type.Literal("netns"), Type.Literal("isolated")], {
@@ -464,6 +522,7 @@ export const SandboxInfoWire = Type.Object(
       }),
     ),
     network: SandboxNetworkWire,
+    limits: SandboxLimitsWire,
   },
   {
     description:
@@ -482,9 +541,35 @@ export const SpawnBody = Type.Object(
         Type.Integer({
           minimum: MIN_MEMORY_LIMIT_MIB,
           maximum: MAX_MEMORY_LIMIT_MIB,
-          description: "Memory limit (cgroup) per child; null = none.",
+          description:
+            "memory.max per child (no swap), MiB. Absent or null: guest RAM + 256 MiB where the host has the memory " +
+            "controller. 501 when asked for on a host that cannot enforce it.",
         }),
       ),
+    ),
+    cpu_limit_millicores: Type.Optional(
+      Type.Integer({
+        minimum: MIN_CPU_LIMIT_MILLICORES,
+        maximum: MAX_CPU_LIMIT_MILLICORES,
+        description:
+          "CPU bandwidth per child in thousandths of a CPU (default: one CPU per vCPU). 501 if unenforceable.",
+      }),
+    ),
+    pids_limit: Type.Optional(
+      Type.Integer({
+        minimum: MIN_PIDS_LIMIT,
+        maximum: MAX_PIDS_LIMIT,
+        description: "pids.max per child: QEMU's processes and threads (default 128). 501 if unenforceable.",
+      }),
+    ),
+    disk_limit_mib: Type.Optional(
+      Type.Integer({
+        minimum: MIN_DISK_LIMIT_MIB,
+        maximum: MAX_DISK_LIMIT_MIB,
+        description:
+          "Largest size of each child's writable disk layer, MiB (default: the daemon's --disk-limit-mib); writes " +
+          "past it fail in the guest with an I/O error. 501 without confinement.",
+      }),
     ),
     timeout_ms: Type.Optional(
       Type.Integer({

@@ -6,8 +6,10 @@ import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import type { BuiltImage } from "../image/index.js";
+import { type ConfinementConfig, resolveConfinement } from "../isolation/confinement.js";
 import { type AcceleratorProbe, PROBE_CACHE_FILE, probeAccelerator } from "../vmm/accel.js";
 import type { Accelerator } from "../vmm/qemu-args.js";
+import { confineSpec, vmStart } from "./vm-launch.js";
 
 export interface AcceleratorChoice {
   accel: Accelerator;
@@ -16,25 +18,33 @@ export interface AcceleratorChoice {
   tscKhz: number | undefined;
 }
 
-/** The probe boot of `image`'s kernel, answered from the per-boot cache when possible. */
-export function probeHost(
+/**
+ * The probe boot of `image`'s kernel, answered from the per-boot cache when possible. The probe VM is
+ * confined like every other VM (and dies with this process).
+ */
+export async function probeHost(
   paths: ForkdPaths,
   image: BuiltImage,
-  options: { signal?: AbortSignal; refresh?: boolean } = {},
+  options: { signal?: AbortSignal; refresh?: boolean; confinement?: ConfinementConfig } = {},
 ): Promise<AcceleratorProbe> {
+  const confinement = options.confinement ?? (await resolveConfinement());
   return probeAccelerator({
     kernel: image.kernel,
     probeInitrd: image.probeInitrd,
     cacheFile: path.join(paths.hostState, PROBE_CACHE_FILE),
     signal: options.signal,
     refresh: options.refresh,
+    confine: (plain, runDir) => {
+      const spec = confineSpec(confinement, plain);
+      return { spec, ...vmStart(confinement, { spec, runDir, dieWithParent: true }) };
+    },
   });
 }
 
 export async function chooseAccelerator(
   paths: ForkdPaths,
   image: BuiltImage,
-  options: { signal?: AbortSignal; env?: NodeJS.ProcessEnv } = {},
+  options: { signal?: AbortSignal; env?: NodeJS.ProcessEnv; confinement?: ConfinementConfig } = {},
 ): Promise<AcceleratorChoice> {
   const forced = (options.env ?? process.env).FORKD_ACCEL;
   if (forced !== undefined && forced !== "kvm" && forced !== "tcg" && forced !== "auto" && forced !== "") {

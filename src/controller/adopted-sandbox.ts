@@ -1,14 +1,18 @@
 /**
  * A sandbox whose QEMU outlived the daemon that started it. The new daemon re-attaches: QMP on the sandbox's
- * socket, and the agent chardev pointed at a fresh host listener with QMP `chardev-change`.
+ * socket, and the agent and console chardevs pointed at fresh host listeners with QMP `chardev-change` (the
+ * console log continues where the old daemon left it).
  */
 import { rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import type { ProcessIdentity } from "../common/processes.js";
-import { reattachAgent } from "../vmm/launch.js";
+import { processUid } from "../isolation/identity.js";
+import { ConsoleLog } from "../vmm/console-log.js";
+import { reattachAgent, reattachConsole } from "../vmm/launch.js";
 import { QmpClient } from "../vmm/qmp.js";
+import type { FileOwner } from "../vmm/unix-listener.js";
 import { killAndWait } from "./host-processes.js";
 import { RUN_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
@@ -31,6 +35,8 @@ export class AdoptedSandbox implements SandboxHandle {
     readonly snapshotTag: string,
     readonly memoryImage: string,
     readonly agent: AgentClient,
+    readonly vmOwner: FileOwner | null,
+    readonly console: ConsoleLog,
     private readonly qmpClient: QmpClient,
   ) {}
 
@@ -46,11 +52,12 @@ export class AdoptedSandbox implements SandboxHandle {
       snapshot_tag: string;
       memory_image: string;
     },
-    options: { callTimeoutMs: number },
+    options: { callTimeoutMs: number; consoleLogBytes?: number },
   ): Promise<AdoptedSandbox> {
     const { id, identity, run_dir: runDir } = row;
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
+    let console: ConsoleLog | undefined;
     try {
       // A daemon that died mid-BRANCH or mid-pause (before its layer was published) can leave its source stopped:
       // running is the only state a sandbox of ours is left in with a QEMU, so continue it (a paused sandbox has
@@ -58,12 +65,35 @@ export class AdoptedSandbox implements SandboxHandle {
       // chardev-change then fails ("does not support chardev hotswap").
       const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
       if (status.status === "paused") await qmp.execute("cont", {}, { signal });
-      const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
+      // An unprivileged QEMU may only connect to sockets handed to its uid.
+      const uid = await processUid(identity.pid);
+      const owner = uid === process.getuid?.() ? null : { uid, gid: uid };
+      const ownerOption = owner ? { owner } : {};
+      console = await ConsoleLog.open(path.join(runDir, RUN_FILES.console), options.consoleLogBytes);
+      await reattachConsole(qmp, path.join(runDir, RUN_FILES.consoleSocket), console, {
+        signal,
+        ...ownerOption,
+      });
+      const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), {
+        signal,
+        ...ownerOption,
+      });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });
-      return new AdoptedSandbox(id, identity, runDir, row.snapshot_tag, row.memory_image, agent, qmp);
+      return new AdoptedSandbox(
+        id,
+        identity,
+        runDir,
+        row.snapshot_tag,
+        row.memory_image,
+        agent,
+        owner,
+        console,
+        qmp,
+      );
     } catch (err) {
       qmp.close();
+      await console?.close();
       throw err;
     } finally {
       dispose();
@@ -84,6 +114,7 @@ export class AdoptedSandbox implements SandboxHandle {
       this.agent.close();
       this.qmpClient.close();
       await killAndWait(this.identity);
+      await this.console.close();
       await rm(this.runDir, { recursive: true, force: true });
     })();
     return this.destroyed;

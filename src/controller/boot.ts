@@ -3,17 +3,21 @@
  * baseline the spawn benchmark compares forks against. The guest agent announces itself with a hello when it
  * has opened its port: that handshake, never a fixed sleep, is what "booted" means.
  */
+import { mkdir, open } from "node:fs/promises";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal, sleep } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
 import { GUEST_MAC } from "../common/guest-network.js";
 import type { BuiltImage, Template } from "../image/index.js";
+import { type ConfinementConfig, resolveConfinement } from "../isolation/confinement.js";
 import { privateNetnsUnavailable } from "../isolation/launcher.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
+import type { FileOwner } from "../vmm/unix-listener.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
-import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
+import { type NicAttachment, privateNic } from "./sandbox-network.js";
+import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
  * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
@@ -31,6 +35,8 @@ export const WARMUP_TIMEOUT_MS = 300_000;
 
 export interface BootedVm {
   vm: VmHandle;
+  /** Who the VM's QEMU runs as (null: this process's user); files made for it are handed over. */
+  owner: FileOwner | null;
   agent: AgentClient;
   shape: MachineShape;
   bootMs: number;
@@ -88,6 +94,10 @@ export async function bootWarmVm(options: {
   disk: string;
   /** Boot with a NIC (default: the template's `network`). */
   network?: boolean;
+  /** What the disk overlay's backing chain reads (a symlink to the root filesystem, or the file itself). */
+  diskBacking: readonly string[];
+  /** Default: this process's (resolveConfinement()). */
+  confinement?: ConfinementConfig;
   signal?: AbortSignal;
   onProgress?: (step: "boot" | "warmup", message: string) => void;
 }): Promise<BootedVm> {
@@ -95,11 +105,13 @@ export async function bootWarmVm(options: {
   const progress = options.onProgress ?? (() => {});
   const nic = (options.network ?? template.network !== "none") ? await parentNic() : undefined;
   const shape: MachineShape = { ...machineShape(template, image, accel), nic: nic?.shape };
+  const confinement = options.confinement ?? (await resolveConfinement());
   const started = performance.now();
   const bootDeadline = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
   const bootSignal = bootDeadline.signal;
   progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel.accel})`);
-  const vm = await launchVm(
+  const spec = confineSpec(
+    confinement,
     machineSpec(shape, {
       runDir,
       memoryFile: options.memoryFile,
@@ -107,8 +119,20 @@ export async function bootWarmVm(options: {
       disk: options.disk,
       nicBackend: nic?.attachment.backend,
     }),
-    { runDir, signal: bootSignal, prefix: nicLaunchPrefix(nic?.attachment) },
-  ).catch((err: unknown) => {
+  );
+  const vm = await (async () => {
+    await mkdir(runDir, { recursive: true, mode: 0o700 });
+    await createRamFile(options.memoryFile, shape.memoryMiB);
+    const start = vmStart(confinement, {
+      spec,
+      runDir,
+      readOnly: options.diskBacking,
+      nic: nic?.attachment,
+      // A parent is saved by the program that booted it; without that program it is of no use to anyone.
+      dieWithParent: true,
+    });
+    return launchVm(spec, { runDir, signal: bootSignal, ...start });
+  })().catch((err: unknown) => {
     bootDeadline.dispose();
     throw err;
   });
@@ -138,7 +162,7 @@ export async function bootWarmVm(options: {
       warmupMs = performance.now() - warmStarted;
       progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
     }
-    return { vm, agent, shape, bootMs, warmupMs };
+    return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs };
   } catch (err) {
     agent?.close();
     const tail = await vm.consoleTail(2000).catch(() => "");
@@ -153,6 +177,20 @@ export async function bootWarmVm(options: {
     throw err;
   } finally {
     bootDeadline.dispose();
+  }
+}
+
+/**
+ * The parent's RAM file, made at its full size before QEMU starts: an unprivileged QEMU cannot create files
+ * outside its run directory, and QEMU only extends a file that is too small. Sparse: nothing is allocated
+ * until the guest writes.
+ */
+async function createRamFile(file: string, memoryMiB: number): Promise<void> {
+  const handle = await open(file, "wx", 0o600);
+  try {
+    await handle.truncate(memoryMiB * 2 ** 20);
+  } finally {
+    await handle.close();
   }
 }
 

@@ -16,7 +16,7 @@
  */
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { link, open, stat } from "node:fs/promises";
+import { lchown, link, open, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
@@ -96,6 +96,8 @@ export interface BranchSource {
   liveFork: boolean;
   /** The source's tenant, who owns every snapshot branched from it (null: an admin). */
   owner: string | null;
+  /** Runs before a live capture (what the host must allow for QEMU's userfaultfd; see isolation/userfaultfd.ts). */
+  beforeLive?: () => Promise<void>;
 }
 
 export interface BranchEvents {
@@ -238,9 +240,12 @@ export class Brancher {
       const qmp = await handle.qmp();
       // The source's next writable layer, made before the pause. Its header already names the frozen layer's
       // permanent place in the new snapshot (relative, like every layer).
+      if (mode === "live") await source.beforeLive?.();
       prepared = await prepareDiskFreeze(qmp, {
         overlayFile: path.join(handle.runDir, `disk-${Date.now()}-${randomBytes(3).toString("hex")}.qcow2`),
         backingPath: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
+        // An unprivileged QEMU opens its next writable layer read-write: it must be its own.
+        owner: handle.vmOwner ?? undefined,
         signal,
       });
       const freezePrepared = prepared;
@@ -250,6 +255,8 @@ export class Brancher {
       const whileStopped = async () => {
         frozen = await freezeDisk(qmp, freezePrepared, { signal });
         prepared = undefined;
+        // QEMU has reopened the frozen layer read-only; from now on the file is a snapshot layer, root's.
+        if (handle.vmOwner) await lchown(frozen.frozenFile, 0, 0);
       };
       const deviceStatePath = writer.file(SNAPSHOT_FILES.deviceState);
       const capture =
@@ -371,6 +378,7 @@ export class Brancher {
         memoryFile: handle.memoryImage,
         memoryBytes: ramBytes,
         deviceStatePath,
+        deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
         whileStopped,
         buffer,
         signal,
@@ -412,6 +420,7 @@ export class Brancher {
         memoryFile: handle.memoryImage,
         memoryBytes: ramBytes,
         socketDir: handle.runDir,
+        socketOwner: handle.vmOwner ?? undefined,
         deviceStatePath,
         sink,
         pages: "private",

@@ -6,6 +6,7 @@ import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 import type { ForkdPaths } from "../common/paths.js";
 import type { BuiltImage, Template } from "../image/index.js";
+import type { ConfinementConfig } from "../isolation/confinement.js";
 import { createOverlay } from "../vmm/qemu-tools.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { bootWarmVm } from "./boot.js";
@@ -29,6 +30,8 @@ export async function coldBootEval(
     image: BuiltImage;
     accel: AcceleratorChoice;
     code: string;
+    /** Default: this process's. */
+    confinement?: ConfinementConfig;
     signal?: AbortSignal;
   },
 ): Promise<ColdBootResult> {
@@ -46,6 +49,8 @@ export async function coldBootEval(
       runDir,
       memoryFile: path.join(runDir, "memory.bin"),
       disk,
+      diskBacking: [options.image.rootfs],
+      confinement: options.confinement,
       signal: options.signal,
     });
     try {

@@ -3,12 +3,13 @@
  * so saving it costs only the device state (milliseconds): the guest already wrote its memory into the file.
  */
 
-import { rm, symlink } from "node:fs/promises";
+import { lchown, rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
+import type { ConfinementConfig } from "../isolation/confinement.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { SnapshotStore } from "../store/snapshot-store.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
@@ -43,6 +44,8 @@ export interface CreateSnapshotOptions {
   replace?: boolean;
   /** Give the parent (and so every child) a NIC; default: the template's `network`. */
   network?: boolean;
+  /** How the parent VM is confined (default: this process's). */
+  confinement?: ConfinementConfig;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -91,7 +94,7 @@ export async function createSnapshot(
   else await trustFreshImage(paths, image);
 
   progress({ step: "accelerator", message: "choosing accelerator" });
-  const accel = await chooseAccelerator(paths, image, { signal });
+  const accel = await chooseAccelerator(paths, image, { signal, confinement: options.confinement });
   progress({ step: "accelerator", message: `accelerator ${accel.accel} (${accel.reason})` });
 
   // The parent's RAM file (up to its whole size) and what boot and warm-up write to its disk layer.
@@ -115,17 +118,25 @@ export async function createSnapshot(
       runDir,
       memoryFile: writer.file(SNAPSHOT_FILES.memory),
       disk: writer.file(SNAPSHOT_FILES.disk),
+      diskBacking: [writer.file(SNAPSHOT_FILES.baseDisk)],
       network: options.network,
+      confinement: options.confinement,
       signal,
       onProgress: (step, message) => progress({ step, message }),
     });
 
     progress({ step: "save", message: "pausing parent and saving device state" });
     const qmp = await booted.vm.qmp({ signal });
-    const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), { signal });
+    const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), {
+      signal,
+      // A confined parent sees only its run directory: it writes the state there first.
+      drop: booted.owner ? { dir: runDir, owner: booted.owner } : undefined,
+    });
     booted.agent.close();
     // The parent must never run again: its RAM file is now the snapshot's memory.
     await booted.vm.kill({ graceMs: 2000 });
+    // The parent's uid wrote them; from now on they are the snapshot's, and root's.
+    for (const name of [SNAPSHOT_FILES.memory, SNAPSHOT_FILES.disk]) await lchown(writer.file(name), 0, 0);
 
     progress({ step: "commit", message: "hashing and committing snapshot" });
     const version = await qemuVersion();

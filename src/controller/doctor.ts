@@ -5,16 +5,22 @@
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { access, constants, mkdir, readFile, statfs } from "node:fs/promises";
+import path from "node:path";
 import { promisify } from "node:util";
 import { errorMessage } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { findCachedImage, listTemplates } from "../image/index.js";
+import { CGROUP_CONTROLLERS, detectCgroupLayout } from "../isolation/cgroup.js";
+import { confinementMode, resolveConfinement } from "../isolation/confinement.js";
+import { identityStatus } from "../isolation/identity.js";
 import { privateNetnsUnavailable } from "../isolation/launcher.js";
+import { unprivilegedUserfaultfd } from "../isolation/userfaultfd.js";
 import { resolveNetworkConfig } from "../net/config.js";
 import { bridgeOwnerTag, hostNetworkState } from "../net/host.js";
 import { formatCidr } from "../net/ipv4.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
 import { probeHost } from "./accelerator.js";
+import { homeKey } from "./restore-plan.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -53,8 +59,9 @@ export async function runDoctor(
   ] as const) {
     add(await checkTool(tool, ["--version"], `apt-get install ${pkg} (needed to build guest images)`));
   }
+  add(await checkConfinement());
   add(await checkUserfaultfd());
-  add(await checkCgroups());
+  add(await checkCgroups(paths));
   add(await checkNetns());
   add(await checkTool("nft", ["--version"], "apt-get install nftables (sandbox egress policies and NAT)"));
   add(await checkSandboxNetwork(paths));
@@ -147,15 +154,43 @@ async function checkAccelerator(paths: ForkdPaths, signal?: AbortSignal): Promis
   }
 }
 
-async function checkUserfaultfd(): Promise<DoctorCheck> {
+async function checkConfinement(): Promise<DoctorCheck> {
+  const mode = confinementMode();
   try {
-    const value = (await readFile("/proc/sys/vm/unprivileged_userfaultfd", "utf8")).trim();
+    const config = await resolveConfinement(mode);
+    if (config.mode === "off") {
+      return {
+        name: "confinement",
+        status: "warn",
+        detail: config.summary,
+        fix: "unset FORKD_CONFINEMENT (or --confinement on): QEMU then never runs as root",
+      };
+    }
+    if (!config.uids) {
+      return { name: "confinement", status: "warn", detail: config.summary, fix: "run forkd as root" };
+    }
+    const identity = await identityStatus(config.uids);
+    const end = config.uids.base + config.uids.count - 1;
     return {
-      name: "userfaultfd",
+      name: "confinement",
       status: "ok",
-      detail: `available (vm.unprivileged_userfaultfd=${value}; forkd runs as root)`,
+      detail:
+        `${config.summary}; uids ${config.uids.base}..${end} reserved for ${identity.user} in /etc/subuid and ` +
+        "/etc/subgid (the daemon creates the user and the reservation if missing; so does scripts/install-deps.sh)",
     };
-  } catch {
+  } catch (err) {
+    return {
+      name: "confinement",
+      status: "fail",
+      detail: errorMessage(err),
+      fix: "see docs/security.md (Confinement); FORKD_VM_UID_BASE picks another uid range",
+    };
+  }
+}
+
+async function checkUserfaultfd(): Promise<DoctorCheck> {
+  const value = await unprivilegedUserfaultfd();
+  if (value === null) {
     return {
       name: "userfaultfd",
       status: "warn",
@@ -163,34 +198,35 @@ async function checkUserfaultfd(): Promise<DoctorCheck> {
       fix: "live BRANCH (background snapshot) needs a kernel with CONFIG_USERFAULTFD",
     };
   }
+  return {
+    name: "userfaultfd",
+    status: "ok",
+    detail:
+      value === "1"
+        ? "vm.unprivileged_userfaultfd=1: live BRANCH works for unprivileged QEMUs (and every local user may use userfaultfd)"
+        : "vm.unprivileged_userfaultfd=0: the daemon sets it to 1 at the first live BRANCH of a confined QEMU " +
+          "(QEMU 7.2 needs it), unless started with --no-unprivileged-userfaultfd",
+  };
 }
 
-async function checkCgroups(): Promise<DoctorCheck> {
-  for (const candidate of [
-    "/sys/fs/cgroup/cgroup.controllers",
-    "/sys/fs/cgroup/unified/cgroup.controllers",
-  ]) {
-    try {
-      const controllers = (await readFile(candidate, "utf8")).trim();
-      const mount = candidate.replace("/cgroup.controllers", "");
-      const hasMemory = controllers.split(/\s+/).includes("memory");
-      return {
-        name: "cgroups",
-        status: hasMemory ? "ok" : "warn",
-        detail: `cgroup v2 at ${mount}; controllers: ${controllers || "(none)"}`,
-        fix: hasMemory
-          ? undefined
-          : "per-sandbox memory limits need the memory controller on the cgroup v2 hierarchy",
-      };
-    } catch {
-      // try the next location
-    }
-  }
+async function checkCgroups(paths: ForkdPaths): Promise<DoctorCheck> {
+  const layout = await detectCgroupLayout(homeKey(paths.home));
+  const found = CGROUP_CONTROLLERS.map((c) => {
+    const h = layout.hierarchies[c];
+    return h
+      ? `${c}: v${h.version} (${path.dirname(path.dirname(h.parent))})`
+      : `${c}: missing (${layout.missing[c]})`;
+  });
+  const missing = CGROUP_CONTROLLERS.filter((c) => !layout.hierarchies[c]);
+  const swap = layout.hierarchies.memory && !layout.swapAccounted ? "; swap is not accounted (memsw)" : "";
   return {
     name: "cgroups",
-    status: "warn",
-    detail: "no cgroup v2 hierarchy found",
-    fix: "mount cgroup2 (systemd.unified_cgroup_hierarchy=1) for per-sandbox limits",
+    status: missing.length === 0 ? "ok" : "warn",
+    detail: `per-sandbox limits: ${found.join("; ")}${swap}`,
+    fix:
+      missing.length === 0
+        ? undefined
+        : `without ${missing.join(", ")} those limits are not applied by default and refused (501) when a spawn asks for them`,
   };
 }
 

@@ -28,6 +28,8 @@ export const SNAPSHOT_FILES = {
 export const RUN_FILES = {
   agentSocket: "agent.sock",
   qmpSocket: "qmp.sock",
+  /** QEMU's serial console connects here; the host keeps its output in `console` (bounded, vmm/console-log.ts). */
+  consoleSocket: "console.sock",
   console: "console.log",
   disk: "disk.qcow2",
 } as const;
@@ -111,7 +113,7 @@ export function machineSpec(shape: MachineShape, instance: MachineInstance): Mac
     disk: { overlayPath: instance.disk },
     agent: { socketPath: path.join(instance.runDir, RUN_FILES.agentSocket) },
     qmpSocketPath: path.join(instance.runDir, RUN_FILES.qmpSocket),
-    consoleLogPath: path.join(instance.runDir, RUN_FILES.console),
+    consoleSocketPath: path.join(instance.runDir, RUN_FILES.consoleSocket),
     restore: instance.restoreFrom ? { deviceStatePath: instance.restoreFrom } : undefined,
     rng: true,
     nic: shape.nic

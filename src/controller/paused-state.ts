@@ -6,9 +6,10 @@
  */
 import { readFile, rm } from "node:fs/promises";
 import { invalidArgument } from "../common/errors.js";
-import { removeCgroup } from "../isolation/cgroup.js";
+import { removeCgroups } from "../isolation/cgroup.js";
 import type { SandboxRow, StateDb } from "../store/db.js";
 import { killAndWait, processesMentioning } from "./host-processes.js";
+import { cgroupDirsOf } from "./sandbox-limits.js";
 import type { OnTimeout } from "./sandbox-service.js";
 
 /**
@@ -37,7 +38,7 @@ export function pausedRowUpdate(
 export async function settlePaused(db: StateDb, row: SandboxRow): Promise<void> {
   for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
   await rm(row.run_dir, { recursive: true, force: true });
-  if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+  await removeCgroups(cgroupDirsOf(row)).catch(() => {});
   db.updateSandbox(row.id, { status: "paused", pid: null, pid_start_time: null, cgroup: null });
 }
 

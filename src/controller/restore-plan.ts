@@ -266,6 +266,6 @@ export async function snapshotIsBootable(snapshot: StoredSnapshot): Promise<stri
 }
 
 /** Distinguishes the tmpfs caches of different FORKD_HOMEs on one host. */
-function homeKey(home: string): string {
+export function homeKey(home: string): string {
   return createHash("sha256").update(home).digest("hex").slice(0, 12);
 }

@@ -25,15 +25,27 @@ import {
   type ProcessIdentity,
 } from "../common/processes.js";
 import {
-  detectMemoryCgroupRoot,
-  limitMemory,
-  type MemoryCgroupRoot,
-  removeCgroup,
+  type CgroupLayout,
+  createSandboxCgroups,
+  detectCgroupLayout,
+  prepareCgroupParents,
+  readOomKills,
+  removeCgroups,
+  sandboxCgroupDirs,
+  sweepCgroups,
 } from "../isolation/cgroup.js";
+import {
+  type ConfinementConfig,
+  type ConfinementMode,
+  resolveConfinement,
+} from "../isolation/confinement.js";
+import { allowUnprivilegedUserfaultfd } from "../isolation/userfaultfd.js";
 import type { EgressPolicyInput } from "../net/policy.js";
 import { PortProxy, type PortTarget } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
+import { DEFAULT_CONSOLE_LOG_BYTES, printableConsole, readTail } from "../vmm/console-log.js";
+import { describeExit } from "../vmm/qemu-process.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest, interruptedBranchTag } from "./branch.js";
@@ -47,17 +59,27 @@ import {
 } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { KeyedLock } from "./keyed-lock.js";
-import { SNAPSHOT_FILES } from "./machine.js";
+import { RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
 import { pauseLayerTag, writePauseLayer } from "./pause.js";
 import { branchPausedState } from "./paused-branch.js";
 import { pausedRowUpdate, residentBytes, settlePaused, validateOnTimeout } from "./paused-state.js";
-import { prepareRestore, type RestorePlan } from "./restore-plan.js";
+import { homeKey, prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
+import {
+  cgroupDirsOf,
+  cgroupLimits,
+  DEFAULT_DISK_LIMIT_MIB,
+  parseLimits,
+  resolveLimits,
+  type SandboxLimits,
+  validateLimitsRequest,
+} from "./sandbox-limits.js";
 import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
+  ConfinementStatus,
   ForkChild,
   ForkOutcome,
   NetworkStatus,
@@ -91,8 +113,7 @@ import { Workspaces } from "./workspaces.js";
  */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
-export const MIN_MEMORY_LIMIT_MIB = 64;
-export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
+export { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB } from "./sandbox-limits.js";
 /** Default limit for the command of a snapshot-diff (package installs under TCG take minutes). */
 export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
@@ -110,6 +131,11 @@ const BOOT_ID_KEY = "boot_id";
 export const NETWORK_SETUP_CONCURRENCY = 8;
 /** A lifetime that ended in a pause that failed is tried again this much later (the sandbox keeps running). */
 export const TIMEOUT_PAUSE_RETRY_MS = 60_000;
+/** What a console read returns by default, and at most. */
+export const CONSOLE_READ_BYTES = 64 * 1024;
+export const MAX_CONSOLE_READ_BYTES = 4 * 2 ** 20;
+/** Console output kept in the record of a sandbox whose VM ended on its own. */
+export const EXIT_CONSOLE_TAIL_BYTES = 2048;
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;
@@ -130,6 +156,17 @@ export interface ManagerOptions {
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
   network?: Omit<SandboxNetworksOptions, "log">;
+  /** How QEMUs are confined (`forkd daemon --confinement`); default: FORKD_CONFINEMENT, else on. */
+  confinement?: ConfinementMode;
+  /** Cap on each sandbox's writable disk layer unless its spawn names one. @default DEFAULT_DISK_LIMIT_MIB */
+  diskLimitMiB?: number;
+  /** Console log budget per sandbox, in bytes. @default DEFAULT_CONSOLE_LOG_BYTES */
+  consoleLogBytes?: number;
+  /**
+   * Let the daemon set vm.unprivileged_userfaultfd=1 when a live BRANCH of an unprivileged QEMU needs it
+   * (QEMU 7.2 creates its userfaultfd with the plain system call). @default true
+   */
+  allowUnprivilegedUserfaultfd?: boolean;
 }
 
 interface Live {
@@ -156,20 +193,28 @@ export class SandboxManager implements SandboxService {
   private readonly metricsSampler = new MetricsSampler();
   private collectionRequested = false;
   private lastCollection = 0;
-  private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
   private readonly portProxy = new PortProxy();
   /** Pause, resume, kill and BRANCH of one sandbox run one at a time. */
   private readonly locks = new KeyedLock();
   /** Sandboxes whose lifetime ended and whose pause or kill is under way (the sweep starts each once). */
   private readonly timingOut = new Set<string>();
   readonly workspaces: Workspaces;
+  private readonly diskLimitMiB: number;
+  private readonly consoleLogBytes: number;
 
   private constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
     private readonly networks: SandboxNetworks,
-    options: ManagerOptions,
+    /** How this daemon's QEMUs are confined. */
+    readonly confinement: ConfinementConfig,
+    /** Where sandbox cgroups go (null: none, confinement off or not root). */
+    readonly cgroups: CgroupLayout | null,
+    private readonly options: ManagerOptions,
   ) {
+    this.diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
+    validateLimitsRequest({ diskLimitMiB: this.diskLimitMiB });
+    this.consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
     this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
@@ -179,6 +224,7 @@ export class SandboxManager implements SandboxService {
     }
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
+      confinement,
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
     });
@@ -208,8 +254,19 @@ export class SandboxManager implements SandboxService {
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
   static async open(paths: ForkdPaths, db: StateDb, options: ManagerOptions = {}): Promise<SandboxManager> {
+    const confinement = await resolveConfinement(options.confinement);
+    let cgroups: CgroupLayout | null = null;
+    if (confinement.cgroups) {
+      cgroups = await detectCgroupLayout(homeKey(paths.home));
+      await prepareCgroupParents(cgroups);
+      for (const [controller, why] of Object.entries(cgroups.missing)) {
+        // Never silent: spawns get no default limit of this kind and asking for one is refused (501).
+        options.log?.warn({ controller, why }, "cgroup controller unavailable: its per-sandbox limit is off");
+      }
+    }
     const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
-    const manager = new SandboxManager(paths, db, networks, options);
+    const manager = new SandboxManager(paths, db, networks, confinement, cgroups, options);
+    manager.log.info({ confinement: confinement.summary }, "sandbox confinement");
     await manager.snapshots.reconcile();
     await manager.reconcile();
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
@@ -238,12 +295,7 @@ export class SandboxManager implements SandboxService {
   ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
-    const memoryLimit = request.memoryLimitMiB ?? null;
-    if (memoryLimit !== null && !isIntIn(memoryLimit, MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB)) {
-      throw invalidArgument(
-        `memory_limit_mib must be an integer in ${MIN_MEMORY_LIMIT_MIB}..${MAX_MEMORY_LIMIT_MIB}`,
-      );
-    }
+    validateLimitsRequest(request);
     const timeoutMs = request.timeoutMs ?? this.defaultTimeoutMs;
     if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
@@ -261,7 +313,7 @@ export class SandboxManager implements SandboxService {
       for (const r of reservations) r.release();
     };
     let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
-    let cgroupRoot: MemoryCgroupRoot | null;
+    let limits: SandboxLimits;
     let snapshotNic: SnapshotManifest["machine"]["nic"] | null;
     let network: ReturnType<SandboxNetworks["resolvePolicy"]>;
     try {
@@ -273,13 +325,13 @@ export class SandboxManager implements SandboxService {
         );
       }
       network = this.networks.resolvePolicy(request.network);
-      cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
-      if (memoryLimit !== null && cgroupRoot === null) {
-        throw new ForkdError(
-          "not_implemented",
-          "memory_limit_mib needs a cgroup memory controller, and this host has none",
-        );
-      }
+      limits = resolveLimits(request, {
+        layout: this.cgroups,
+        diskCap: this.confinement.mode === "on",
+        defaultDiskMiB: this.diskLimitMiB,
+        ramMiB: snapshot.manifest.machine.memoryMiB,
+        vcpus: snapshot.manifest.machine.vcpus,
+      });
       // live_fork may copy the RAM image to tmpfs first: host memory that is gone before any child starts.
       if (request.liveFork === true) {
         const ramMiB = snapshot.manifest.memory.ramBytes / 2 ** 20;
@@ -303,13 +355,15 @@ export class SandboxManager implements SandboxService {
         accelerator,
         created_at_unix: Math.floor(Date.now() / 1000),
         expires_at_unix_ms: null,
-        memory_limit_mib: memoryLimit,
+        memory_limit_mib: request.memoryLimitMiB ?? null,
         memory_image: null,
         layer_tags: "[]",
         last_branch_tag: null,
         branch_blocked: null,
         live_fork: request.liveFork === true ? 1 : 0,
-        cgroup: null,
+        // Recorded before they are created (see forget, destroy and reconcile).
+        cgroup: this.cgroups ? JSON.stringify(sandboxCgroupDirs(this.cgroups, id)) : null,
+        limits: JSON.stringify(limits),
         ready_ms: null,
         error: null,
         metadata,
@@ -335,8 +389,9 @@ export class SandboxManager implements SandboxService {
     const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
     const forget = async (row: SandboxRow) => {
-      const current = this.db.sandbox(row.id);
-      if (current?.cgroup) await removeCgroup(current.cgroup).catch(() => {});
+      await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+        this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
+      );
       // A restore that failed killed its QEMU; what remains of the network is the namespace and veth.
       await this.networks
         .detach(row.id)
@@ -377,13 +432,21 @@ export class SandboxManager implements SandboxService {
         while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
+            // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited.
+            const cgroups = this.cgroups
+              ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
+              : undefined;
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
               outliveHost: true,
               signal: request.signal,
               nic: nics.get(row.id),
+              confinement: this.confinement,
+              cgroups,
+              diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+              consoleLogBytes: this.consoleLogBytes,
               onSpawned: async (pid) => {
-                row.cgroup = await this.recordSpawned(row.id, pid, cgroupRoot, memoryLimit);
+                await this.recordSpawned(row.id, pid);
               },
             });
             started.push(sandbox);
@@ -431,19 +494,10 @@ export class SandboxManager implements SandboxService {
     }
   }
 
-  /** Records a just-spawned QEMU (so a restart finds it) and puts it under its memory limit; returns its cgroup. */
-  private async recordSpawned(
-    id: string,
-    pid: number,
-    cgroupRoot: MemoryCgroupRoot | null,
-    memoryLimit: number | null,
-  ): Promise<string | null> {
+  /** Records a just-spawned QEMU, so a restart finds it (its cgroups were made before it started). */
+  private async recordSpawned(id: string, pid: number): Promise<void> {
     const startTime = await processStartTime(pid);
     this.db.updateSandbox(id, { pid, pid_start_time: startTime });
-    if (!cgroupRoot || memoryLimit === null) return null;
-    const cgroup = await limitMemory(cgroupRoot, id, memoryLimit, pid);
-    this.db.updateSandbox(id, { cgroup });
-    return cgroup;
   }
 
   /** See SandboxService.fork. */
@@ -619,7 +673,11 @@ export class SandboxManager implements SandboxService {
     await live.handle.destroy();
     this.live.delete(id);
     const row = this.db.sandbox(id);
-    if (row?.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    if (row) {
+      await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+        this.log.warn({ id, err: errorMessage(e) }, "could not remove a paused sandbox's cgroups"),
+      );
+    }
     this.db.updateSandbox(id, { pid: null, pid_start_time: null, cgroup: null });
     this.networks.release(id);
     this.metricsSampler.forget(id);
@@ -647,20 +705,29 @@ export class SandboxManager implements SandboxService {
     crashPoint("resume.started");
     try {
       const snapshot = await this.snapshots.bootable(tag);
-      const memoryLimit = row.memory_limit_mib;
-      const cgroupRoot = memoryLimit === null ? null : await this.memoryCgroupRoot();
       plan = await prepareRestore(this.paths, snapshot, {
         inMemory: row.live_fork === 1,
         memoryTag: row.memory_tag ?? row.snapshot_tag,
       });
       const nic = await this.networks.reattach(id, row.network, snapshot.manifest.machine.nic ?? null);
+      // The limits it was spawned with, in fresh cgroups (recorded before they are made, as at spawn).
+      const limits = parseLimits(row);
+      let cgroups: Awaited<ReturnType<typeof createSandboxCgroups>> | undefined;
+      if (this.cgroups) {
+        this.db.updateSandbox(id, { cgroup: JSON.stringify(sandboxCgroupDirs(this.cgroups, id)) });
+        cgroups = await createSandboxCgroups(this.cgroups, id, cgroupLimits(limits));
+      }
       const sandbox = await Sandbox.restore(this.paths, plan, {
         id,
         outliveHost: true,
         signal: request.signal,
         nic,
+        confinement: this.confinement,
+        cgroups,
+        diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+        consoleLogBytes: this.consoleLogBytes,
         onSpawned: async (pid) => {
-          await this.recordSpawned(id, pid, cgroupRoot, memoryLimit);
+          await this.recordSpawned(id, pid);
           crashPoint("resume.launched");
         },
       });
@@ -837,6 +904,24 @@ export class SandboxManager implements SandboxService {
     await this.killAll();
     this.portProxy.close();
     await this.networks.close();
+  }
+
+  // ---- confinement ----
+
+  confinementStatus(): ConfinementStatus {
+    const version = (c: "memory" | "cpu" | "pids") => {
+      const h = this.cgroups?.hierarchies[c];
+      return h ? (`v${h.version}` as const) : null;
+    };
+    return {
+      mode: this.confinement.mode,
+      summary: this.confinement.summary,
+      uid_base: this.confinement.uids?.base ?? null,
+      seccomp: this.confinement.seccomp,
+      cgroups: { memory: version("memory"), cpu: version("cpu"), pids: version("pids") },
+      default_disk_limit_mib: this.confinement.mode === "on" ? this.diskLimitMiB : null,
+      console_log_bytes: this.consoleLogBytes,
+    };
   }
 
   // ---- network ----
@@ -1048,6 +1133,7 @@ export class SandboxManager implements SandboxService {
           lastBranchTag: row.last_branch_tag,
           liveFork: row.live_fork === 1,
           owner: row.owner,
+          beforeLive: () => this.allowLiveCapture(live.handle),
         },
         branchRequest,
       );
@@ -1093,6 +1179,38 @@ export class SandboxManager implements SandboxService {
     return { ...result, snapshot: await this.snapshots.get(result.tag) };
   }
 
+  /** A live BRANCH of a confined QEMU needs the host to let it create its userfaultfd (isolation/userfaultfd.ts). */
+  private async allowLiveCapture(handle: SandboxHandle): Promise<void> {
+    if (handle.vmOwner === null) return;
+    if (this.options.allowUnprivilegedUserfaultfd === false) {
+      throw new ForkdError(
+        "not_implemented",
+        `a live BRANCH of ${handle.id} needs vm.unprivileged_userfaultfd=1 for its unprivileged QEMU, which this ` +
+          "daemon was told not to set (--no-unprivileged-userfaultfd); use mode diff",
+      );
+    }
+    if (await allowUnprivilegedUserfaultfd()) {
+      this.log.warn(
+        { sysctl: "vm.unprivileged_userfaultfd=1" },
+        "enabled unprivileged userfaultfd for live BRANCH of confined QEMUs (see docs/security.md)",
+      );
+    }
+  }
+
+  /** The last `maxBytes` of sandbox `id`'s serial console (bounded per sandbox; see vmm/console-log.ts). */
+  async console(id: string, maxBytes = CONSOLE_READ_BYTES): Promise<string> {
+    const row = this.row(id);
+    if (!isIntIn(maxBytes, 1, MAX_CONSOLE_READ_BYTES)) {
+      throw invalidArgument(`bytes must be an integer in 1..${MAX_CONSOLE_READ_BYTES}`);
+    }
+    if (row.status === "dead") return "";
+    const live = this.live.get(id);
+    const data = live
+      ? await live.handle.console.tail(maxBytes)
+      : await readTail(path.join(row.run_dir, RUN_FILES.console), maxBytes).catch(() => Buffer.alloc(0));
+    return printableConsole(data);
+  }
+
   private info(row: SandboxRow): SandboxInfo {
     return {
       id: row.id,
@@ -1117,6 +1235,7 @@ export class SandboxManager implements SandboxService {
       template_alias: row.template_alias,
       inbound: parseInbound(row.inbound),
       owner: row.owner,
+      limits: parseLimits(row),
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }
@@ -1147,7 +1266,9 @@ export class SandboxManager implements SandboxService {
       for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
       await rm(row.run_dir, { recursive: true, force: true });
     }
-    if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
+    await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+      this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
+    );
     this.metricsSampler.forget(row.id);
     this.requestCollection();
     await this.networks.detach(row.id);
@@ -1160,12 +1281,31 @@ export class SandboxManager implements SandboxService {
   }
 
   private watchExit(sandbox: Sandbox): void {
-    sandbox.vm.exited.then(async () => {
+    sandbox.vm.exited.then(async (exit) => {
       const live = this.live.get(sandbox.id);
       if (!live || live.killing) return;
       const row = this.db.sandbox(sandbox.id);
-      if (row) await this.markDead(row, "its VM exited");
+      if (row) await this.markDead(row, await this.whyItExited(row, `its VM ${describeExit(exit)}`));
     });
+  }
+
+  /**
+   * Why a sandbox's VM ended on its own, for its record: the OOM killer at its memory limit if that was it,
+   * and the last lines of its console (a guest panic's message), read before its run directory goes.
+   */
+  private async whyItExited(row: SandboxRow, what: string): Promise<string> {
+    const oom = this.cgroups ? await readOomKills(this.cgroups, row.id).catch(() => 0) : 0;
+    const limits = parseLimits(row);
+    const cause =
+      oom > 0
+        ? `${what}: killed by the kernel's OOM killer at its memory limit (${limits.memory_mib} MiB)`
+        : what;
+    const console = printableConsole(
+      await readTail(path.join(row.run_dir, RUN_FILES.console), EXIT_CONSOLE_TAIL_BYTES).catch(() =>
+        Buffer.alloc(0),
+      ),
+    ).trim();
+    return console ? `${cause}\n--- guest console (last lines) ---\n${console}` : cause;
   }
 
   /**
@@ -1211,7 +1351,13 @@ export class SandboxManager implements SandboxService {
     }
     // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
     // Paused sandboxes keep theirs (a host reboot removed the namespace: resume makes it again).
-    await this.networks.reconcile(new Set(survivors.map((s) => s.row.id)), paused);
+    const survivorIds = new Set(survivors.map((s) => s.row.id));
+    await this.networks.reconcile(survivorIds, paused);
+    if (this.cgroups) {
+      const busy = await sweepCgroups(this.cgroups, survivorIds);
+      if (busy.length > 0)
+        this.log.warn({ cgroups: busy }, "cgroups of no known sandbox still hold processes");
+    }
     this.db.setMeta(BOOT_ID_KEY, currentBootId());
     this.reattached = this.reattachAll(survivors);
   }
@@ -1244,7 +1390,7 @@ export class SandboxManager implements SandboxService {
       if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
       const handle = await AdoptedSandbox.adopt(
         { ...row, identity, memory_image: row.memory_image },
-        { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
+        { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator], consoleLogBytes: this.consoleLogBytes },
       );
       if (!this.db.sandbox(row.id) || this.closed) {
         // Killed (or the manager closed) while it was being re-attached.
@@ -1328,7 +1474,7 @@ export class SandboxManager implements SandboxService {
       const live = this.live.get(row.id);
       // Not our child, so no exit event: its identity (a zombie or a reused pid is not it) says whether it lives.
       if (live?.handle instanceof AdoptedSandbox && !(await isAlive(live.handle.identity))) {
-        await this.markDead(row, "its VM exited");
+        await this.markDead(row, await this.whyItExited(row, "its VM exited"));
       }
     }
     if (this.collectionRequested || now - this.lastCollection > EPHEMERAL_COLLECTION_INTERVAL_MS) {
@@ -1382,11 +1528,6 @@ export class SandboxManager implements SandboxService {
   /** Asks the next sweep to delete the daemon's own snapshots that nothing needs any more. */
   private requestCollection(): void {
     this.collectionRequested = true;
-  }
-
-  private memoryCgroupRoot(): Promise<MemoryCgroupRoot | null> {
-    this.cgroupRoot ??= detectMemoryCgroupRoot();
-    return this.cgroupRoot;
   }
 }
 

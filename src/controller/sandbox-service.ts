@@ -31,6 +31,7 @@ import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { ChainDetail } from "./chains.js";
 import type { PackResult, UnpackResult } from "./packs.js";
+import type { LimitsRequest, SandboxLimits } from "./sandbox-limits.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
 import type { ResolvedTemplate, TemplateAlias } from "./template-aliases.js";
 
@@ -110,6 +111,8 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   /** The template alias the sandbox was created by, or null when it was created by its snapshot tag. */
   template_alias: string | null;
+  /** What it may use of the host (asked for at spawn, or the defaults); null = not enforced on this host. */
+  limits: SandboxLimits;
   network: SandboxNetworkInfo;
   inbound: InboundSettings;
   /** The tenant that owns it (see tenancy.ts); null: an admin's. */
@@ -167,10 +170,23 @@ export interface SandboxMetrics {
   disk_used_bytes: number;
 }
 
-export interface SpawnRequest {
+/** How the daemon confines QEMU (GET /v1/status, forkd doctor). */
+export interface ConfinementStatus {
+  mode: "on" | "off";
+  summary: string;
+  /** The uid range QEMUs run in (uid = base + pid), or null when QEMU runs as the daemon's own user. */
+  uid_base: number | null;
+  seccomp: boolean;
+  /** Per controller: "v1" / "v2" where sandboxes get it, null where this host cannot enforce it. */
+  cgroups: { memory: "v1" | "v2" | null; cpu: "v1" | "v2" | null; pids: "v1" | "v2" | null };
+  /** The disk cap of sandboxes whose spawn names none (MiB), null without confinement. */
+  default_disk_limit_mib: number | null;
+  console_log_bytes: number;
+}
+
+export interface SpawnRequest extends LimitsRequest {
   snapshotTag: string;
   n: number;
-  memoryLimitMiB?: number;
   /** Lifetime in ms; 0 = no limit; absent: the daemon's default (none unless `--default-timeout-ms`). */
   timeoutMs?: number;
   /** Map RAM from a tmpfs copy of the snapshot's image, so the sandbox can be live-BRANCHed. */
@@ -330,6 +346,10 @@ export interface SandboxService {
   /** The sandbox-level environment variables given at spawn. */
   envVars(id: string): Record<string, string>;
   metrics(id: string, options?: { signal?: AbortSignal }): Promise<SandboxMetrics>;
+  /** The end of the sandbox's serial console (at most `maxBytes`; the log itself is bounded per sandbox). */
+  console(id: string, maxBytes?: number): Promise<string>;
+  /** How this daemon confines its QEMUs and which limits its host can enforce. */
+  confinementStatus(): ConfinementStatus;
   networkStatus(): NetworkStatus;
   /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
   setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;

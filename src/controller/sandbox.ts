@@ -10,17 +10,21 @@ import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { type ConfinementConfig, resolveConfinement } from "../isolation/confinement.js";
 import { readLayerIndex } from "../store/memory-layer.js";
+import type { ConsoleLog } from "../vmm/console-log.js";
 import { type GuestRamMapping, writePagesFromFile } from "../vmm/guest-memory.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { type DeferredDeviceState, deferredDeviceState, loadPagesThenState } from "../vmm/page-restore.js";
 import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
 import type { QmpClient } from "../vmm/qmp.js";
+import type { FileOwner } from "../vmm/unix-listener.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
-import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
+import { type NicAttachment, privateNic } from "./sandbox-network.js";
+import { chainDiskFiles, confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -41,6 +45,10 @@ export interface SandboxHandle {
   readonly snapshotTag: string;
   /** The flat RAM image its guest RAM maps MAP_PRIVATE. */
   readonly memoryImage: string;
+  /** Who its QEMU runs as, when not as the daemon's own user: files and sockets made for it are handed over. */
+  readonly vmOwner: FileOwner | null;
+  /** Its serial console's bounded log. */
+  readonly console: ConsoleLog;
   /** Its QMP connection (opened on first use). */
   qmp(): Promise<QmpClient>;
   /**
@@ -66,6 +74,14 @@ export interface RestoreOptions {
    * no uplink (SandboxNetworks.attach gives a sandbox its own network).
    */
   nic?: NicAttachment;
+  /** Default: this process's (resolveConfinement()). */
+  confinement?: ConfinementConfig;
+  /** Cgroups QEMU joins before it starts (created by the caller). */
+  cgroups?: readonly string[];
+  /** Cap on the sandbox's writable disk layer, in bytes (RLIMIT_FSIZE of its QEMU). */
+  diskLimitBytes?: number;
+  /** The console log's budget in bytes (default 4 MiB). */
+  consoleLogBytes?: number;
 }
 
 export class Sandbox implements SandboxHandle {
@@ -78,6 +94,7 @@ export class Sandbox implements SandboxHandle {
     readonly runDir: string,
     readonly vm: VmHandle,
     readonly agent: AgentClient,
+    readonly vmOwner: FileOwner | null,
     readonly createdAtUnix: number,
     /** From the start of the restore to the agent's answer to the fix-up. */
     readonly readyMs: number,
@@ -85,6 +102,10 @@ export class Sandbox implements SandboxHandle {
 
   get pid(): number {
     return this.vm.pid;
+  }
+
+  get console(): ConsoleLog {
+    return this.vm.console;
   }
 
   qmp(): Promise<QmpClient> {
@@ -117,7 +138,9 @@ export class Sandbox implements SandboxHandle {
       await copyFile(plan.overlayTemplate, disk);
       const snapshotNic = manifest.machine.nic;
       const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
-      vm = await launchVm(
+      const confinement = options.confinement ?? (await resolveConfinement());
+      const spec = confineSpec(
+        confinement,
         childSpec(manifest, {
           runDir,
           memoryFile: plan.memoryImage,
@@ -126,14 +149,27 @@ export class Sandbox implements SandboxHandle {
           restoreFrom: deferred?.path ?? deviceState,
           nicBackend: nic?.backend,
         }),
-        {
-          runDir,
-          signal,
-          outliveHost: options.outliveHost,
-          prefix: nicLaunchPrefix(nic, [DEVICE_STATE_FD]),
-        },
       );
+      const start = vmStart(confinement, {
+        spec,
+        runDir,
+        readOnly: await chainDiskFiles(plan.chain),
+        nic,
+        keepFds: [DEVICE_STATE_FD],
+        cgroups: options.cgroups,
+        fileSizeLimitBytes: options.diskLimitBytes,
+        // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
+        dieWithParent: options.outliveHost !== true,
+      });
+      vm = await launchVm(spec, {
+        runDir,
+        signal,
+        outliveHost: options.outliveHost,
+        consoleLog: { maxBytes: options.consoleLogBytes },
+        ...start,
+      });
       const launched = vm;
+      const owner = vmOwner(confinement, launched.pid);
       await options.onSpawned?.(launched.pid);
       if (deferred) {
         const layers = plan.pageLayers;
@@ -175,6 +211,7 @@ export class Sandbox implements SandboxHandle {
         runDir,
         launched,
         agent,
+        owner,
         Math.floor(Date.now() / 1000),
         readyMs,
       );

@@ -1,4 +1,5 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
+
 import { createWriteStream } from "node:fs";
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import path from "node:path";
@@ -7,6 +8,7 @@ import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from ".
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { imageOfFiles } from "../image/index.js";
+import type { ConfinementConfig } from "../isolation/confinement.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
@@ -29,6 +31,8 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly templateAliases: TemplateAliases;
   private readonly imageDirs: readonly string[];
 
+  private readonly confinement: ConfinementConfig | undefined;
+
   constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
@@ -38,8 +42,11 @@ export class DaemonSnapshots implements SnapshotService {
       defaultSnapshot?: string;
       /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
       imageDirs?: readonly string[];
+      /** How parent VMs are confined (the daemon's). */
+      confinement?: ConfinementConfig;
     } = {},
   ) {
+    this.confinement = options.confinement;
     this.store = new SnapshotStore(paths.snapshots);
     this.imageDirs = options.imageDirs ?? [paths.images];
     this.templateAliases = new TemplateAliases(db, this.store, options.defaultSnapshot);
@@ -205,6 +212,7 @@ export class DaemonSnapshots implements SnapshotService {
       await createSnapshot(this.paths, {
         tag,
         ...(image ? { image } : { template: request.template ?? tag }),
+        confinement: this.confinement,
         signal: request.signal,
       });
       this.db.deleteSnapshotJob(tag);

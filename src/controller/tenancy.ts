@@ -249,6 +249,8 @@ class TenantScope {
       envVars: mine((id) => inner.envVars(id)),
       metrics: mine((id, options?: { signal?: AbortSignal }) => inner.metrics(id, options)),
       networkStatus: () => inner.networkStatus(),
+      confinementStatus: () => inner.confinementStatus(),
+      console: mine((id, maxBytes?: number) => inner.console(id, maxBytes)),
       setNetworkPolicy: mine((id, policy: Parameters<SandboxService["setNetworkPolicy"]>[1]) =>
         inner.setNetworkPolicy(id, policy),
       ),

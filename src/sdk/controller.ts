@@ -76,7 +76,17 @@ export interface SpawnOptions extends RequestOptions {
   snapshotTag: string;
   /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
   n?: number;
+  /**
+   * Limits per sandbox (docs/security.md, Limits); absent: the daemon's defaults (memory = guest RAM + 256 MiB,
+   * one CPU per vCPU, 128 tasks, its --disk-limit-mib). One the daemon's host cannot enforce is a 501.
+   */
   memoryLimitMib?: number;
+  /** CPU bandwidth in thousandths of a CPU (500 = half a CPU). */
+  cpuLimitMillicores?: number;
+  /** Processes and threads of the sandbox's QEMU. */
+  pidsLimit?: number;
+  /** Largest size of the sandbox's writable disk layer. */
+  diskLimitMib?: number;
   /**
    * Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's: none (it lives
    * until killed) unless the daemon runs with `--default-timeout-ms`. `Sandbox.create` sends 5 minutes.
@@ -273,6 +283,9 @@ export class Controller {
       n: options.n ?? 1,
     };
     if (options.memoryLimitMib !== undefined) body.memory_limit_mib = options.memoryLimitMib;
+    if (options.cpuLimitMillicores !== undefined) body.cpu_limit_millicores = options.cpuLimitMillicores;
+    if (options.pidsLimit !== undefined) body.pids_limit = options.pidsLimit;
+    if (options.diskLimitMib !== undefined) body.disk_limit_mib = options.diskLimitMib;
     if (options.timeoutMs !== undefined) {
       checkDurationMs(options.timeoutMs, "timeoutMs");
       body.timeout_ms = options.timeoutMs;

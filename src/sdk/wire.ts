@@ -46,7 +46,17 @@ export interface SandboxInfo {
   network?: SandboxNetwork;
   /** The tenant that owns it (a tenant's token only ever sees its own); null: an admin's. */
   owner?: string | null;
+  /** What it may use of the host (asked for at spawn, or the daemon's defaults); null = not enforced there. */
+  limits?: SandboxLimits;
   [field: string]: unknown;
+}
+
+/** A sandbox's limits as on the wire (docs/security.md, Limits). */
+export interface SandboxLimits {
+  memory_mib: number | null;
+  cpu_millicores: number | null;
+  pids: number | null;
+  disk_mib: number | null;
 }
 
 /** An egress policy as on the wire (docs/network.md). */

@@ -40,7 +40,10 @@ export interface SandboxRow {
   branch_blocked: string | null;
   /** 1 when the sandbox maps its RAM from tmpfs (live_fork), 0 otherwise. */
   live_fork: number;
+  /** JSON array of the sandbox's cgroup directories, recorded before they are created (older rows: one path). */
   cgroup: string | null;
+  /** JSON SandboxLimits (controller/sandbox-limits.ts): what it runs with; "{}" for rows older than v7. */
+  limits: string;
   ready_ms: number | null;
   error: string | null;
   /** JSON object of string metadata the caller attached (E2B's sandbox metadata). */
@@ -243,6 +246,9 @@ export class StateDb {
       this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
     }
     if (version < 6) this.migrateToPauses();
+    if (version < 7) {
+      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`);
+    }
     if (version < 8) {
       // Tenancy: NULL owner = an admin's (every row from before). Snapshots have no table of their own (they
       // live on disk): snapshot_owners holds a row for each tenant's snapshot, none for an admin's.
@@ -336,11 +342,11 @@ export class StateDb {
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
            metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, pause_tags, pending_pause_tag,
-           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms, owner)
+           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms, limits, owner)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
            @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @pause_tags, @pending_pause_tag,
-           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms, @owner)`,
+           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms, @limits, @owner)`,
       )
       .run(row);
   }

@@ -78,7 +78,18 @@ export interface ProbeOptions {
   cacheFile?: string | null;
   /** Probe again even if the cache has an answer (the new answer is cached). */
   refresh?: boolean;
+  /** How the probe VM is started (the caller's confinement), as for every other VM. */
+  confine?: ConfineVm;
 }
+
+/**
+ * The caller's way of starting a VM: `spec` as it should run (seccomp, a monitor fd) and the launcher prefix
+ * it goes through (none: plain QEMU), for a VM whose run directory is `runDir`.
+ */
+export type ConfineVm = (
+  spec: MachineSpec,
+  runDir: string,
+) => { spec: MachineSpec; prefix: readonly string[] | undefined; env?: Record<string, string> };
 
 interface CacheKey {
   format: number;
@@ -150,7 +161,7 @@ async function bootProbe(
 ): Promise<AcceleratorVerdict> {
   await removeStaleProbeDirs();
   const runDir = await fsp.mkdtemp(path.join(os.tmpdir(), `${PROBE_DIR_PREFIX}${process.pid}-${accel}-`));
-  const spec: MachineSpec = {
+  const plainSpec: MachineSpec = {
     accel,
     cpuModel: accel === "kvm" ? "host" : "max",
     memoryMiB: PROBE_MEMORY_MIB,
@@ -161,13 +172,20 @@ async function bootProbe(
     tscKhz: accel === "tcg" ? tscKhz : undefined,
     disk: null,
     qmpSocketPath: path.join(runDir, "qmp.sock"),
-    consoleLogPath: path.join(runDir, "console.log"),
+    consoleSocketPath: path.join(runDir, "console.sock"),
   };
+  const confined = options.confine?.(plainSpec, runDir) ?? { spec: plainSpec, prefix: undefined };
+  const spec = confined.spec;
   const seconds = Math.round(deadlineMs / 100) / 10;
   let vm: VmHandle | undefined;
   const started = performance.now();
   try {
-    vm = await launchVm(spec, { signal: options.signal, qemuBinary: options.qemuBinary });
+    vm = await launchVm(spec, {
+      signal: options.signal,
+      qemuBinary: options.qemuBinary,
+      prefix: confined.prefix,
+      env: confined.env,
+    });
     // A plain clock comparison: polling `.aborted` of an AbortSignal.any() deadline is unreliable on Node 20.
     const deadlineAt = performance.now() + deadlineMs;
     for (;;) {

@@ -30,6 +30,7 @@ import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import { DEVICE_IDS } from "./qemu-args.js";
 import type { QmpClient } from "./qmp.js";
+import type { FileOwner } from "./unix-listener.js";
 
 export const QEMU_IMG = "qemu-img";
 const TOOL_TIMEOUT_MS = 30_000;
@@ -120,6 +121,8 @@ export interface PrepareDiskFreezeOptions {
   backingPath: string;
   /** Default: a fresh name derived from the disk node id. */
   overlayNode?: string;
+  /** Hands the overlay to an unprivileged QEMU's uid before it opens it read-write. */
+  owner?: FileOwner;
   signal?: AbortSignal;
   qemuImg?: string;
 }
@@ -156,6 +159,7 @@ export async function prepareDiskFreeze(
     top.virtualSize,
   );
   try {
+    if (options.owner) await fsp.lchown(options.overlayFile, options.owner.uid, options.owner.gid);
     await qmp.execute(
       "blockdev-add",
       {

@@ -13,10 +13,16 @@ import fsp from "node:fs/promises";
 import type net from "node:net";
 import { abortError, raceAbort, sleep, timeoutSignal } from "../common/deadline.js";
 import { ForkdError, invalidArgument } from "../common/errors.js";
+import { ConsoleLog, DEFAULT_CONSOLE_LOG_BYTES, printableConsole } from "./console-log.js";
 import { buildQemuArgs, DEVICE_IDS, type MachineSpec } from "./qemu-args.js";
 import { type QemuExit, type QemuProcess, spawnQemu } from "./qemu-process.js";
 import { QmpClient } from "./qmp.js";
-import { listenForOneConnection, type OneConnectionListener, removeStaleSocket } from "./unix-listener.js";
+import {
+  type FileOwner,
+  listenForOneConnection,
+  type OneConnectionListener,
+  removeStaleSocket,
+} from "./unix-listener.js";
 
 /**
  * QEMU connects the agent chardev within milliseconds of starting (measured ~30 ms under TCG); this bound
@@ -36,6 +42,15 @@ export const QMP_CONNECT_RETRY_MS = 10;
 /** Default size of `consoleTail()`: the last screen or so of the guest's serial console. */
 export const CONSOLE_TAIL_BYTES = 8192;
 
+/** After QEMU exits, how long the rest of its console output gets to reach the log. */
+export const CONSOLE_DRAIN_MS = 500;
+
+/** Where a VM's console log goes unless told otherwise: beside its console socket (`console.sock` -> `console.log`). */
+export function defaultConsoleLogPath(spec: Pick<MachineSpec, "consoleSocketPath">): string {
+  const socket = spec.consoleSocketPath;
+  return socket.endsWith(".sock") ? `${socket.slice(0, -".sock".length)}.log` : `${socket}.log`;
+}
+
 export interface LaunchOptions {
   /** Aborts the launch: QEMU is killed and `agentConnection` rejects. No effect once the agent connected. */
   signal?: AbortSignal;
@@ -46,6 +61,10 @@ export interface LaunchOptions {
   outliveHost?: boolean;
   /** A launcher QEMU is started through (see SpawnQemuOptions.prefix); needed for a NIC on a tap. */
   prefix?: readonly string[];
+  /** Added to QEMU's environment. */
+  env?: Readonly<Record<string, string>>;
+  /** The console log's file and budget (default: console.log beside the console socket, 4 MiB). */
+  consoleLog?: { path?: string; maxBytes?: number };
 }
 
 export interface VmHandle {
@@ -64,6 +83,8 @@ export interface VmHandle {
   kill(options?: { graceMs?: number }): Promise<QemuExit>;
   /** The end of the guest's serial console log, with control characters removed (guest output is untrusted). */
   consoleTail(maxBytes?: number): Promise<string>;
+  /** The console log (bounded; see console-log.ts). */
+  readonly console: ConsoleLog;
   /** Points the agent chardev at a fresh host listener (default: the spec's path) and resolves with its socket. */
   reattachAgent(options?: { socketPath?: string; signal?: AbortSignal }): Promise<net.Socket>;
 }
@@ -80,8 +101,22 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
   if (options.runDir) await fsp.mkdir(options.runDir, { recursive: true, mode: 0o700 });
   await removeStaleSocket(spec.qmpSocketPath);
 
+  const consoleLog = await ConsoleLog.open(
+    options.consoleLog?.path ?? defaultConsoleLogPath(spec),
+    options.consoleLog?.maxBytes ?? DEFAULT_CONSOLE_LOG_BYTES,
+  );
+  const consoleListener = await listenForOneConnection(spec.consoleSocketPath, "console socket").catch(
+    async (err: unknown) => {
+      await consoleLog.close();
+      throw err;
+    },
+  );
   const listener = spec.agent
-    ? await listenForOneConnection(spec.agent.socketPath, "agent socket")
+    ? await listenForOneConnection(spec.agent.socketPath, "agent socket").catch(async (err: unknown) => {
+        consoleListener.close();
+        await consoleLog.close();
+        throw err;
+      })
     : undefined;
   let stateFd: number | undefined;
   let qemu: QemuProcess;
@@ -93,15 +128,56 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
       extraFds: stateFd === undefined ? [] : [stateFd],
       outliveHost: options.outliveHost,
       prefix: options.prefix,
+      env: options.env,
     });
   } catch (err) {
     listener?.close();
+    consoleListener.close();
+    await consoleLog.close();
     throw err;
   } finally {
     // QEMU has its own copy of the fd now (or never got one).
     if (stateFd !== undefined) fs.closeSync(stateFd);
   }
-  return new Vm(spec, qemu, listener, options.signal);
+  const consolePump = consoleListener.connection.then(
+    (socket) => pumpConsole(socket, consoleLog),
+    () => {},
+  );
+  return new Vm(spec, qemu, listener, consoleListener, consolePump, consoleLog, options.signal);
+}
+
+/**
+ * Copies what QEMU writes to the console socket into the log, one write at a time (the socket is paused while
+ * a write is pending, so a guest printing faster than the disk takes it is slowed down, not buffered). Resolves
+ * when QEMU closes its end.
+ */
+export function pumpConsole(socket: net.Socket, log: ConsoleLog): Promise<void> {
+  return new Promise((resolve) => {
+    socket.on("data", (chunk: Buffer) => {
+      socket.pause();
+      log.write(chunk).then(
+        () => socket.resume(),
+        () => socket.destroy(),
+      );
+    });
+    socket.once("close", () => resolve());
+    socket.on("error", () => {});
+  });
+}
+
+/**
+ * Points a running VM's console chardev at a fresh listener at `socketPath` and copies what it prints into
+ * `log` (after a daemon restart: the old connection died with the old daemon). Resolves once connected, with
+ * a promise that settles when the console closes.
+ */
+export async function reattachConsole(
+  qmp: QmpClient,
+  socketPath: string,
+  log: ConsoleLog,
+  options: { signal?: AbortSignal; owner?: FileOwner } = {},
+): Promise<{ closed: Promise<void> }> {
+  const socket = await changeChardev(qmp, DEVICE_IDS.consoleChardev, socketPath, "console socket", options);
+  return { closed: pumpConsole(socket, log) };
 }
 
 /**
@@ -112,9 +188,19 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
 export async function reattachAgent(
   qmp: QmpClient,
   socketPath: string,
-  options: { signal?: AbortSignal } = {},
+  options: { signal?: AbortSignal; owner?: FileOwner } = {},
 ): Promise<net.Socket> {
-  const listener = await listenForOneConnection(socketPath, "agent socket");
+  return changeChardev(qmp, DEVICE_IDS.agentChardev, socketPath, "agent socket", options);
+}
+
+async function changeChardev(
+  qmp: QmpClient,
+  id: string,
+  socketPath: string,
+  what: string,
+  options: { signal?: AbortSignal; owner?: FileOwner },
+): Promise<net.Socket> {
+  const listener = await listenForOneConnection(socketPath, what, { owner: options.owner });
   const deadline = timeoutSignal(AGENT_CONNECT_TIMEOUT_MS, options.signal);
   const { signal } = deadline;
   try {
@@ -122,7 +208,7 @@ export async function reattachAgent(
     await qmp.execute(
       "chardev-change",
       {
-        id: DEVICE_IDS.agentChardev,
+        id,
         backend: {
           type: "socket",
           data: { addr: { type: "unix", data: { path: socketPath } }, server: false },
@@ -130,7 +216,11 @@ export async function reattachAgent(
       },
       { signal },
     );
-    return await raceAbort(listener.connection, signal, `waiting for QEMU to connect to ${socketPath}`);
+    return await raceAbort(
+      listener.connection,
+      signal,
+      `waiting for QEMU to connect to its ${what} ${socketPath}`,
+    );
   } finally {
     deadline.dispose();
     listener.close();
@@ -150,12 +240,20 @@ class Vm implements VmHandle {
     spec: MachineSpec,
     qemu: QemuProcess,
     listener: OneConnectionListener | undefined,
+    consoleListener: OneConnectionListener,
+    consolePump: Promise<void>,
+    readonly console: ConsoleLog,
     signal?: AbortSignal,
   ) {
     this.spec = spec;
     this.process = qemu;
     this.exited = qemu.exited.then(async (exit) => {
       listener?.close();
+      consoleListener.close();
+      // The console's last bytes (a panic message) arrive just before QEMU's end of the socket closes.
+      await Promise.race([consolePump, sleep(CONSOLE_DRAIN_MS).catch(() => {})]);
+      await console.close();
+      await removeStaleSocket(spec.consoleSocketPath).catch(() => {});
       this.connectedQmp?.close();
       this.agentSocket?.destroy();
       await removeStaleSocket(spec.qmpSocketPath).catch(() => {});
@@ -239,22 +337,7 @@ class Vm implements VmHandle {
   }
 
   async consoleTail(maxBytes = CONSOLE_TAIL_BYTES): Promise<string> {
-    let handle: fsp.FileHandle;
-    try {
-      handle = await fsp.open(this.spec.consoleLogPath, "r");
-    } catch {
-      return "";
-    }
-    try {
-      const { size } = await handle.stat();
-      const length = Math.min(size, maxBytes);
-      const buffer = Buffer.alloc(length);
-      await handle.read(buffer, 0, length, size - length);
-      // biome-ignore lint/suspicious/noControlCharactersInRegex: stripping control characters is the point
-      return buffer.toString("utf8").replace(/[\u0000-\u0008\u000b-\u001f\u007f]/g, "");
-    } finally {
-      await handle.close();
-    }
+    return printableConsole(await this.console.tail(maxBytes).catch(() => Buffer.alloc(0)));
   }
 
   async reattachAgent(options: { socketPath?: string; signal?: AbortSignal } = {}): Promise<net.Socket> {

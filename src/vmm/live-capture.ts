@@ -49,7 +49,7 @@ import {
 } from "./migration-stream.js";
 import { DEVICE_IDS, MAX_UNIX_SOCKET_PATH_BYTES } from "./qemu-args.js";
 import type { QmpClient, QmpEvent } from "./qmp.js";
-import { listenForOneConnection, type OneConnectionListener } from "./unix-listener.js";
+import { type FileOwner, listenForOneConnection, type OneConnectionListener } from "./unix-listener.js";
 
 /** A whole capture (RAM streamed + device state) of a few GiB guest; only bounds a stuck migration. */
 export const LIVE_CAPTURE_TIMEOUT_MS = 10 * 60_000;
@@ -74,6 +74,8 @@ export interface LiveCaptureOptions {
   memoryBytes: number;
   /** A private (0700) directory for the migration socket. */
   socketDir: string;
+  /** Hands the migration socket to an unprivileged QEMU's uid (it connects to it). */
+  socketOwner?: FileOwner;
   /** Where the device state is written (atomically: temp name, renamed when complete). */
   deviceStatePath: string;
   sink: PageSink;
@@ -153,7 +155,9 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   };
   try {
     await setCaptureCapabilities(qmp, true, signal);
-    const listening = await listenForOneConnection(socketPath, "migration socket");
+    const listening = await listenForOneConnection(socketPath, "migration socket", {
+      owner: options.socketOwner,
+    });
     listener = listening;
 
     qmp.on("event", onEvent);

@@ -9,7 +9,8 @@
  * below is a constant, why the device set depends only on the spec's machine-shape fields, and why
  * `restoreCompatibilityKey` exists: callers store it with a snapshot and compare it before a restore.
  * Only per-instance values may differ between parent and child: file paths (sockets, console, disk overlay),
- * `memory.shared`, `restore`, `startPaused` and the NIC's backend.
+ * `memory.shared`, `restore`, `startPaused`, the NIC's backend, and how the host confines QEMU (`seccomp`) and
+ * collects its console: neither is guest-visible state.
  */
 import { createHash } from "node:crypto";
 import path from "node:path";
@@ -27,6 +28,9 @@ export const DEVICE_STATE_FD = 3;
 /** The fd at which QEMU finds the NIC's tap (`-netdev tap,fd=N`), opened for it by the launcher. */
 export const TAP_FD = 4;
 
+/** The fd at which a confined QEMU finds its monitor's listening socket, bound for it by the launcher. */
+export const QMP_FD = 5;
+
 /** Device and object ids. Identical for parent and child: see the RESTORE INVARIANT above. */
 export const DEVICE_IDS = Object.freeze({
   memoryBackend: "mem",
@@ -39,6 +43,8 @@ export const DEVICE_IDS = Object.freeze({
   rng: "rng0",
   netdev: "net0",
   nic: "nic0",
+  /** The monitor's chardev when QMP comes as a listening fd (host-side only: not part of any device state). */
+  qmpChardev: "qmp0",
 });
 
 /** A virtio-net NIC's MAC: six lower-case hex pairs. */
@@ -98,7 +104,21 @@ export interface MachineSpec {
   /** Agent channel: QEMU connects as a client to a socket the host listens on. Omit for no agent channel. */
   agent?: { socketPath: string; portName?: string };
   qmpSocketPath: string;
-  consoleLogPath: string;
+  /**
+   * QMP's socket is already bound (at `qmpSocketPath`) and listening at this fd (the launcher's doing, so a
+   * confined QEMU never creates a file); without it QEMU binds `qmpSocketPath` itself.
+   */
+  qmpFd?: number;
+  /**
+   * The serial console: QEMU connects to this socket (the host listens first, as for the agent) and the host
+   * keeps what it reads in a bounded log (launch.ts), so a guest cannot fill the host's disk through it.
+   */
+  consoleSocketPath: string;
+  /**
+   * QEMU's seccomp sandbox: `-sandbox on` with obsolete system calls, privilege changes, spawning processes
+   * and resource control (scheduling, affinity, rlimits) all denied.
+   */
+  seccomp?: boolean;
   /** Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). */
   restore?: { deviceStatePath: string };
   /** -S: do not run the guest until QMP `cont` (also after a restore completes). */
@@ -114,8 +134,20 @@ export interface MachineSpec {
   nic?: { mac: string; vnetHdr: boolean; backend: "tap" | "none" };
 }
 
+/** What `-sandbox` is given when `MachineSpec.seccomp` is set. */
+export const SECCOMP_SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 /** Builds QEMU's argv (without the binary) for `spec`. Throws `invalid_argument` naming the bad field. */
 export function buildQemuArgs(spec: MachineSpec): string[] {
+  return renderArgs(spec, "run");
+}
+
+/**
+ * "identity" renders what the guest's machine is made of and nothing the host chooses per run: the console's
+ * backend appears as the file chardev it was before consoles became sockets and there is no -sandbox, so the
+ * restore key of every snapshot taken before either existed is unchanged.
+ */
+function renderArgs(spec: MachineSpec, mode: "run" | "identity"): string[] {
   validateSpec(spec);
   const ids = DEVICE_IDS;
   // ioapic2=off: no second IOAPIC and fewer virtio-mmio transports to create (-5 ms CPU per QEMU start under
@@ -150,7 +182,12 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
   // Without -kernel QEMU also skips keeping its 8 MiB copy of the kernel image (-9..12 ms CPU, -8 MiB per child).
   if (!spec.restore)
     args.push("-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec));
-  args.push("-chardev", `file,id=${ids.consoleChardev},path=${spec.consoleLogPath}`);
+  args.push(
+    "-chardev",
+    mode === "identity"
+      ? `file,id=${ids.consoleChardev},path=${spec.consoleSocketPath}`
+      : `socket,id=${ids.consoleChardev},path=${spec.consoleSocketPath},server=off`,
+  );
   args.push("-serial", `chardev:${ids.consoleChardev}`);
   if (spec.disk) {
     args.push(
@@ -186,9 +223,19 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
       args.push("-device", `virtio-net-device,id=${ids.nic},mac=${spec.nic.mac}`);
     }
   }
-  args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
+  if (spec.qmpFd !== undefined && mode === "run") {
+    args.push(
+      "-chardev",
+      `socket,id=${ids.qmpChardev},fd=${spec.qmpFd},server=on,wait=off`,
+      "-mon",
+      `chardev=${ids.qmpChardev},mode=control`,
+    );
+  } else {
+    args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
+  }
   // The guest's reboot means "this VM is done": exit instead of rebooting into a fresh boot.
   args.push("-no-reboot");
+  if (spec.seccomp && mode === "run") args.push("-sandbox", SECCOMP_SANDBOX);
   if (spec.startPaused) args.push("-S");
   if (spec.restore) {
     // xen-save-devices-state writes no configuration section, so the receiver must not expect one.
@@ -223,7 +270,9 @@ export function restoreCompatibilityKey(spec: MachineSpec): string {
     disk: spec.disk ? { overlayPath: placeholder } : null,
     agent: spec.agent ? { socketPath: placeholder, portName: spec.agent.portName } : undefined,
     qmpSocketPath: placeholder,
-    consoleLogPath: placeholder,
+    qmpFd: undefined,
+    consoleSocketPath: placeholder,
+    seccomp: undefined,
     restore: undefined,
     startPaused: false,
     // The backend is per instance; what the guest saw (MAC, offloads) is not.
@@ -231,8 +280,8 @@ export function restoreCompatibilityKey(spec: MachineSpec): string {
   };
   // Offloads are not on the command line (the tap fd carries them) but in the NIC's saved state.
   const identity = shape.nic
-    ? [buildQemuArgs(shape), { nicVnetHdr: shape.nic.vnetHdr }]
-    : buildQemuArgs(shape);
+    ? [renderArgs(shape, "identity"), { nicVnetHdr: shape.nic.vnetHdr }]
+    : renderArgs(shape, "identity");
   return createHash("sha256").update(JSON.stringify(identity)).digest("hex");
 }
 
@@ -272,8 +321,9 @@ function validateSpec(spec: MachineSpec): void {
   if (/[\n\r\0]/.test(spec.kernelCmdline)) {
     throw invalidArgument("machine spec: kernelCmdline must not contain newlines or NUL");
   }
-  assertOptionPath("consoleLogPath", spec.consoleLogPath);
+  assertSocketPath("consoleSocketPath", spec.consoleSocketPath);
   assertSocketPath("qmpSocketPath", spec.qmpSocketPath);
+  if (spec.qmpFd !== undefined) assertIntegerIn("qmpFd", spec.qmpFd, 3, 1023);
   if (spec.disk) assertOptionPath("disk.overlayPath", spec.disk.overlayPath);
   if (spec.agent) {
     assertSocketPath("agent.socketPath", spec.agent.socketPath);

@@ -43,6 +43,8 @@ export interface SpawnQemuOptions {
    * whatever the launcher set up (a network namespace, a tap at a known fd) and keeps the launcher's pid.
    */
   prefix?: readonly string[];
+  /** Variables added to QEMU's environment (it inherits the host program's otherwise). */
+  env?: Readonly<Record<string, string>>;
   /**
    * Leave this QEMU running when the host program exits (a daemon restarting without stopping its VMs).
    * Default false: the exit/signal hooks kill it.
@@ -208,6 +210,7 @@ export function spawnQemu(options: SpawnQemuOptions): Promise<QemuProcess> {
         // tears QEMU down in order, and a group kill also reaches anything QEMU spawned.
         detached: true,
         stdio: ["ignore", "pipe", "pipe", ...(options.extraFds ?? [])],
+        env: options.env ? { ...process.env, ...options.env } : process.env,
       });
     } catch (err) {
       reject(new ForkdError("unavailable", `cannot start QEMU (${binary}): ${String(err)}`, { cause: err }));

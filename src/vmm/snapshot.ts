@@ -18,6 +18,66 @@ import fsp from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { QmpClient } from "./qmp.js";
+import type { FileOwner } from "./unix-listener.js";
+
+/**
+ * Where QEMU writes a file for the host when it cannot reach the file's own directory: a confined QEMU sees
+ * only its run directory, and can create nothing even there. The host makes the file there, hands it to
+ * QEMU's uid, and moves it into place (root's again) once QEMU has written it.
+ */
+export interface QemuFileDrop {
+  dir: string;
+  owner: FileOwner;
+}
+
+/** A file for QEMU to write that becomes `target` (atomically) on `finish`, or nothing on `discard`. */
+export interface QemuWrittenFile {
+  /** The path to give QEMU. */
+  path: string;
+  /** Moves it to `target`; resolves with its size. */
+  finish(): Promise<number>;
+  discard(): Promise<void>;
+}
+
+export async function qemuWrittenFile(target: string, drop?: QemuFileDrop): Promise<QemuWrittenFile> {
+  if (!path.isAbsolute(target)) {
+    throw new ForkdError("invalid_argument", `device state path must be absolute: ${target}`);
+  }
+  const name = `.${path.basename(target)}.${randomBytes(4).toString("hex")}.partial`;
+  if (!drop) {
+    const partial = path.join(path.dirname(target), name);
+    return {
+      path: partial,
+      finish: async () => {
+        const { size } = await fsp.stat(partial);
+        await fsp.rename(partial, target);
+        return size;
+      },
+      discard: () => fsp.rm(partial, { force: true }),
+    };
+  }
+  const dropped = path.join(drop.dir, name);
+  const handle = await fsp.open(dropped, "wx", 0o600);
+  await handle.close();
+  await fsp.lchown(dropped, drop.owner.uid, drop.owner.gid);
+  return {
+    path: dropped,
+    finish: async () => {
+      await fsp.lchown(dropped, 0, 0);
+      const { size } = await fsp.stat(dropped);
+      // Run directories and snapshots live under one home, normally one filesystem.
+      await fsp.rename(dropped, target).catch(async (err: NodeJS.ErrnoException) => {
+        if (err.code !== "EXDEV") throw err;
+        const partial = path.join(path.dirname(target), name);
+        await fsp.copyFile(dropped, partial);
+        await fsp.rename(partial, target);
+        await fsp.rm(dropped, { force: true });
+      });
+      return size;
+    },
+    discard: () => fsp.rm(dropped, { force: true }),
+  };
+}
 
 export interface SavedDeviceState {
   /** Wall time of stop + save, i.e. how long the guest was frozen for the snapshot. */
@@ -33,25 +93,18 @@ export interface SavedDeviceState {
 export async function saveDeviceState(
   qmp: QmpClient,
   file: string,
-  options: { signal?: AbortSignal } = {},
+  options: { signal?: AbortSignal; drop?: QemuFileDrop } = {},
 ): Promise<SavedDeviceState> {
-  if (!path.isAbsolute(file))
-    throw new ForkdError("invalid_argument", `device state path must be absolute: ${file}`);
-  const partial = path.join(
-    path.dirname(file),
-    `.${path.basename(file)}.${randomBytes(4).toString("hex")}.partial`,
-  );
+  const out = await qemuWrittenFile(file, options.drop);
   const started = performance.now();
   try {
     // Explicit stop first: xen-save-devices-state restarts a VM that was running when it was called.
     await qmp.execute("stop", undefined, options);
-    await qmp.execute("xen-save-devices-state", { filename: partial, live: false }, options);
+    await qmp.execute("xen-save-devices-state", { filename: out.path, live: false }, options);
     const ms = performance.now() - started;
-    const { size } = await fsp.stat(partial);
-    await fsp.rename(partial, file);
-    return { ms, bytes: size };
+    return { ms, bytes: await out.finish() };
   } catch (err) {
-    await fsp.rm(partial, { force: true });
+    await out.discard();
     throw err;
   }
 }

@@ -7,12 +7,10 @@
  * The device state comes from `xen-save-devices-state`, which saves run state "running": a child runs as soon as
  * its load completes. A child needs the pages in RAM BEFORE it loads that state (page-restore.ts).
  */
-import { randomBytes } from "node:crypto";
-import fsp from "node:fs/promises";
-import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import { findGuestRamMapping, PAGE_SIZE, readPages, scanPrivatePages } from "./guest-memory.js";
 import type { QmpClient } from "./qmp.js";
+import { type QemuFileDrop, qemuWrittenFile } from "./snapshot.js";
 
 export interface StoppedCaptureOptions {
   qmp: QmpClient;
@@ -21,6 +19,8 @@ export interface StoppedCaptureOptions {
   memoryBytes: number;
   /** Written atomically (temp name in the same directory, renamed once complete). */
   deviceStatePath: string;
+  /** Where a QEMU that cannot reach `deviceStatePath`'s directory writes it first (see snapshot.ts). */
+  deviceStateDrop?: QemuFileDrop;
   /** Runs while the VM is stopped, before the device state is saved: the disk freeze belongs here. */
   whileStopped?: () => Promise<void>;
   /**
@@ -58,10 +58,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
   if (!mapping.private) {
     throw new ForkdError("invalid_argument", "a stop-and-copy diff needs a share=off VM");
   }
-  const partial = path.join(
-    path.dirname(options.deviceStatePath),
-    `.${path.basename(options.deviceStatePath)}.${randomBytes(4).toString("hex")}.partial`,
-  );
+  const out = await qemuWrittenFile(options.deviceStatePath, options.deviceStateDrop);
   const wasRunning =
     (await qmp.execute<{ status: string }>("query-status", undefined, { signal })).status === "running";
   const started = performance.now();
@@ -71,7 +68,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
     if (options.whileStopped) await options.whileStopped();
     const stateStarted = performance.now();
     // live:false is about Xen's log-dirty mode; with the VM stopped the state is one instant.
-    await qmp.execute("xen-save-devices-state", { filename: partial, live: false }, { signal });
+    await qmp.execute("xen-save-devices-state", { filename: out.path, live: false }, { signal });
     const stateMs = performance.now() - stateStarted;
     const scan = scanPrivatePages(mapping);
     const bytes = scan.pages.length * PAGE_SIZE;
@@ -81,8 +78,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
     if (wasRunning && !options.leaveStopped) await qmp.execute("cont", undefined, { signal });
     resumed = true;
     const pauseMs = performance.now() - started;
-    const { size } = await fsp.stat(partial);
-    await fsp.rename(partial, options.deviceStatePath);
+    const size = await out.finish();
     return {
       pages: scan.pages,
       data: buffer.subarray(0, bytes),
@@ -94,7 +90,7 @@ export async function captureStopped(options: StoppedCaptureOptions): Promise<St
       deviceStateBytes: size,
     };
   } catch (err) {
-    await fsp.rm(partial, { force: true });
+    await out.discard();
     throw err;
   } finally {
     // The source must keep running whatever happened to the capture (unless it was paused to begin with).

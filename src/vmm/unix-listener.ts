@@ -8,6 +8,12 @@ import net from "node:net";
 import { ForkdError, invalidArgument } from "../common/errors.js";
 import { MAX_UNIX_SOCKET_PATH_BYTES } from "./qemu-args.js";
 
+/** Who a host-side socket (or file) is handed to, so an unprivileged QEMU may connect to (or write) it. */
+export interface FileOwner {
+  uid: number;
+  gid: number;
+}
+
 export interface OneConnectionListener {
   connection: Promise<net.Socket>;
   /** Stops listening (which unlinks the socket); a connection still awaited then rejects. */
@@ -16,11 +22,13 @@ export interface OneConnectionListener {
 
 /**
  * Listens on `socketPath` for exactly one connection (QEMU's). Later connections are refused by closing the
- * listener as soon as the first arrives. `what` names the socket in errors ("agent socket").
+ * listener as soon as the first arrives. `what` names the socket in errors ("agent socket"). With `owner` the
+ * socket is handed to that uid (connecting needs write permission on it).
  */
 export async function listenForOneConnection(
   socketPath: string,
   what: string,
+  options: { owner?: FileOwner } = {},
 ): Promise<OneConnectionListener> {
   if (Buffer.byteLength(socketPath) > MAX_UNIX_SOCKET_PATH_BYTES) {
     throw invalidArgument(`${what} path ${JSON.stringify(socketPath)} is too long for a unix socket`);
@@ -54,6 +62,15 @@ export async function listenForOneConnection(
     throw new ForkdError("unavailable", `cannot listen on ${what} ${socketPath}: ${err.code ?? err.message}`);
   });
   server.on("error", () => {});
+  if (options.owner) {
+    await fsp.lchown(socketPath, options.owner.uid, options.owner.gid).catch((err: NodeJS.ErrnoException) => {
+      server.close();
+      throw new ForkdError(
+        "unavailable",
+        `cannot hand ${what} ${socketPath} over: ${err.code ?? err.message}`,
+      );
+    });
+  }
   return {
     connection,
     close: () => {

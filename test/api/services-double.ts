@@ -284,6 +284,12 @@ export class ServicesDouble {
           paused_at_unix_ms: null,
           inbound,
           owner: request.owner ?? null,
+          limits: {
+            memory_mib: request.memoryLimitMiB ?? 768,
+            cpu_millicores: 1000,
+            pids: 128,
+            disk_mib: 2048,
+          },
           network: {
             kind: "netns",
             netns: `forkd-${id}`,
@@ -363,6 +369,19 @@ export class ServicesDouble {
       sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
       return sb;
     },
+    console: async (id) => {
+      this.sandbox(id);
+      return "console of the double\n";
+    },
+    confinementStatus: () => ({
+      mode: "on",
+      summary: "on (the double)",
+      uid_base: 2_000_000_000,
+      seccomp: true,
+      cgroups: { memory: "v1", cpu: "v1", pids: "v1" },
+      default_disk_limit_mib: 2048,
+      console_log_bytes: 4 * 2 ** 20,
+    }),
     networkStatus: () => ({
       mode: "netns",
       reason: null,

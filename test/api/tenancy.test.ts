@@ -165,6 +165,7 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
       ["GET", "/v1/sandboxes/:ID/files/list?path=/etc"],
       ["GET", "/v1/sandboxes/:ID/files/stat?path=/etc/secret"],
       ["GET", "/v1/sandboxes/:ID/ports/8080/"],
+      ["GET", "/v1/sandboxes/:ID/console"],
       ["POST", "/v1/sandboxes/:ID/pause"],
       ["POST", "/v1/sandboxes/:ID/resume"],
     ] as [string, string, unknown?][]) {

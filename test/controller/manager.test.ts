@@ -12,7 +12,6 @@ import { ForkdError } from "../../src/common/errors.js";
 import { REATTACH_TIMEOUT_MS } from "../../src/controller/adopted-sandbox.js";
 import { BRANCH_INTERRUPTED } from "../../src/controller/branch.js";
 import { openServices, SandboxManager } from "../../src/controller/sandbox-manager.js";
-import { detectMemoryCgroupRoot } from "../../src/isolation/cgroup.js";
 import { StateDb } from "../../src/store/db.js";
 import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
@@ -155,13 +154,16 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
   });
 
   it("limits a sandbox's memory with a cgroup", { skip: false }, async (t) => {
-    const root = await detectMemoryCgroupRoot();
-    if (!root) return t.skip("no cgroup memory controller on this host");
     const services = await openServices(home);
+    const root = services.sandboxes.cgroups?.hierarchies.memory;
+    if (!root) {
+      await services.close();
+      return t.skip("no cgroup memory controller on this host");
+    }
     try {
       const [info] = await services.sandboxes.spawn({ snapshotTag: tag, n: 1, memoryLimitMiB: 768 });
       const id = (info as { id: string; pid: number }).id;
-      const dir = path.join(root.dir, id);
+      const dir = path.join(root.parent, id);
       const limitFile = root.version === 2 ? "memory.max" : "memory.limit_in_bytes";
       assert.equal(Number((await readFile(path.join(dir, limitFile), "utf8")).trim()), 768 * 1024 * 1024);
       const procs = (await readFile(path.join(dir, "cgroup.procs"), "utf8"))
@@ -172,7 +174,7 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
       assert.equal(info?.memory_limit_mib, 768);
       await services.sandboxes.kill(id);
       assert.deepEqual(
-        (await entries(root.dir)).filter((n) => n === id),
+        (await entries(root.parent)).filter((n) => n === id),
         [],
         "cgroup removed",
       );

@@ -64,6 +64,9 @@ for (const where of ["unix", "tcp"] as const) {
         n: 1,
         timeoutMs: 0,
         memoryLimitMib: 128,
+        cpuLimitMillicores: 500,
+        pidsLimit: 64,
+        diskLimitMib: 256,
       });
       assert.equal(spawned[0]?.snapshot_tag, "py");
       const got = server.received.at(-1);
@@ -75,6 +78,9 @@ for (const where of ["unix", "tcp"] as const) {
         snapshot_tag: "py",
         n: 1,
         memory_limit_mib: 128,
+        cpu_limit_millicores: 500,
+        pids_limit: 64,
+        disk_limit_mib: 256,
         timeout_ms: 0,
       });
       assert.deepEqual(await controller.listSandboxes(), [SANDBOX]);

@@ -27,7 +27,7 @@ const MACHINE_FINGERPRINT = restoreCompatibilityKey({
   disk: { overlayPath: "/d" },
   agent: { socketPath: "/a" },
   qmpSocketPath: "/q",
-  consoleLogPath: "/c",
+  consoleSocketPath: "/c",
   nic: { mac: "02:fd:00:00:00:02", vnetHdr: true, backend: "tap" },
 });
 

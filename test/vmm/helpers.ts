@@ -140,7 +140,7 @@ export function counterSpec(input: CounterSpecInput): MachineSpec {
     disk: null,
     agent: { socketPath: path.join(input.runDir, `${input.name}.agent.sock`) },
     qmpSocketPath: path.join(input.runDir, `${input.name}.qmp.sock`),
-    consoleLogPath: path.join(input.runDir, `${input.name}.console.log`),
+    consoleSocketPath: path.join(input.runDir, `${input.name}.console.sock`),
     rng: true,
   };
 }

@@ -23,7 +23,7 @@ const parent: MachineSpec = {
   disk: { overlayPath: "/run/p/disk.qcow2" },
   agent: { socketPath: "/run/p/agent.sock" },
   qmpSocketPath: "/run/p/qmp.sock",
-  consoleLogPath: "/run/p/console.log",
+  consoleSocketPath: "/run/p/console.sock",
 };
 
 const child: MachineSpec = {
@@ -32,7 +32,7 @@ const child: MachineSpec = {
   disk: { overlayPath: "/run/c/disk.qcow2" },
   agent: { socketPath: "/run/c/agent.sock" },
   qmpSocketPath: "/run/c/qmp.sock",
-  consoleLogPath: "/run/c/console.log",
+  consoleSocketPath: "/run/c/console.sock",
   restore: { deviceStatePath: "/srv/snap/devices.state" },
 };
 
@@ -135,7 +135,10 @@ describe("buildQemuArgs", () => {
   });
 
   test("commas in any path are refused, naming the field", () => {
-    expectInvalid({ ...parent, consoleLogPath: "/run/p/console.log,append=on" }, /consoleLogPath .*comma/);
+    expectInvalid(
+      { ...parent, consoleSocketPath: "/run/p/console.sock,append=on" },
+      /consoleSocketPath .*comma/,
+    );
     expectInvalid(
       { ...parent, agent: { socketPath: "/run/a,server=on/agent.sock" } },
       /agent\.socketPath .*comma/,

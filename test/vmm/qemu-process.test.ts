@@ -105,7 +105,7 @@ describe("QEMU process", () => {
       disk: null,
       agent: { socketPath: path.join(dir, "agent.sock") },
       qmpSocketPath: path.join(dir, "qmp.sock"),
-      consoleLogPath: path.join(dir, "console.log"),
+      consoleSocketPath: path.join(dir, "console.sock"),
     });
     t.after(() => vm.kill({ graceMs: 0 }));
     await assert.rejects(vm.qmp(), (err: unknown) => {

@@ -340,6 +340,9 @@ class Controller:
         live_fork: bool = False,
         hugepages: bool = False,
         *,
+        cpu_limit_millicores: Optional[int] = None,
+        pids_limit: Optional[int] = None,
+        disk_limit_mib: Optional[int] = None,
         lifetime: Optional[float] = None,
         on_timeout: Optional[str] = None,
         request_timeout: Optional[float] = None,
@@ -352,6 +355,8 @@ class Controller:
         unless it runs with ``--default-timeout-ms``. ``on_timeout``: what the end of the lifetime does, ``"kill"``
         (the default) or ``"pause"`` (to disk; :meth:`resume_sandbox` wakes it). ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
         ``per_child_netns``, ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
+        Limits (``memory_limit_mib``, ``cpu_limit_millicores``, ``pids_limit``, ``disk_limit_mib``): absent ones
+        get the daemon's defaults; one the daemon's host cannot enforce is a 501 (docs/security.md, Limits).
         The call waits ``request_timeout`` plus one second per child.
         """
         body: Dict[str, Any] = {
@@ -361,6 +366,12 @@ class Controller:
         }
         if memory_limit_mib is not None:
             body["memory_limit_mib"] = memory_limit_mib
+        if cpu_limit_millicores is not None:
+            body["cpu_limit_millicores"] = cpu_limit_millicores
+        if pids_limit is not None:
+            body["pids_limit"] = pids_limit
+        if disk_limit_mib is not None:
+            body["disk_limit_mib"] = disk_limit_mib
         if prewarm:
             body["prewarm"] = True
         if live_fork:

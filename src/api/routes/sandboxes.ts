@@ -11,6 +11,8 @@ import { clientSignal } from "../request-signal.js";
 import {
   BranchBody,
   BranchResultWire,
+  ConfinementStatusWire,
+  ConsoleQuery,
   DEFAULT_EXEC_TIMEOUT_SECS,
   EvalBody,
   EvalResponse,
@@ -92,6 +94,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           snapshotTag: body.snapshot_tag,
           n: body.n ?? 1,
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
+          cpuLimitMillicores: body.cpu_limit_millicores,
+          pidsLimit: body.pids_limit,
+          diskLimitMiB: body.disk_limit_mib,
           timeoutMs: body.timeout_ms,
           liveFork: body.live_fork === true,
           metadata: body.metadata,
@@ -409,6 +414,42 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
         ),
       });
     },
+  );
+
+  app.get<{ Params: Static<typeof SandboxParams>; Querystring: Static<typeof ConsoleQuery> }>(
+    "/v1/sandboxes/:id/console",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "The end of the sandbox's serial console",
+        description:
+          "The guest's serial output as the host kept it: a bounded log per sandbox (forkd daemon --console-log-kib, " +
+          "4 MiB by default), older output dropped first; control characters removed. Kept across daemon restarts.",
+        params: SandboxParams,
+        querystring: ConsoleQuery,
+        produces: ["text/plain"],
+        response: { 200: { type: "string" }, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const text = await servicesOf(request, context).sandboxes.console(
+        request.params.id,
+        request.query.bytes,
+      );
+      return reply.type("text/plain; charset=utf-8").send(text);
+    },
+  );
+
+  app.get(
+    "/v1/confinement",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "How this daemon confines its sandboxes (uids, seccomp, cgroups, disk and console bounds)",
+        response: { 200: ConfinementStatusWire, ...errorResponses },
+      },
+    },
+    async (request) => servicesOf(request, context).sandboxes.confinementStatus(),
   );
 
   app.get<IdRequest>(

@@ -1,6 +1,7 @@
 /** Every command that runs or talks to the daemon, registered in one place (src/cli/main.ts calls this). */
 import type { Command } from "commander";
 import { addDaemonOptions } from "../daemon-client.js";
+import { registerConsole } from "./console.js";
 import { registerDaemon } from "./daemon.js";
 import { registerEval } from "./eval.js";
 import { registerExec } from "./exec.js";
@@ -29,6 +30,7 @@ export function registerDaemonCommands(program: Command): void {
   registerExec(program);
   registerEval(program);
   registerPing(program);
+  registerConsole(program);
   registerSetTimeout(program);
   registerFiles(program);
   registerNetwork(program);

@@ -12,8 +12,19 @@ import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
+import {
+  DEFAULT_DISK_LIMIT_MIB,
+  MAX_DISK_LIMIT_MIB,
+  MIN_DISK_LIMIT_MIB,
+} from "../../controller/sandbox-limits.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { limitTenants } from "../../controller/tenancy.js";
+import { confinementMode } from "../../isolation/confinement.js";
+import {
+  DEFAULT_CONSOLE_LOG_BYTES,
+  MAX_CONSOLE_LOG_BYTES,
+  MIN_CONSOLE_LOG_BYTES,
+} from "../../vmm/console-log.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
 
@@ -51,6 +62,10 @@ interface DaemonOptions {
   netSubnet?: string;
   dnsUpstream?: string[];
   dnsPort?: number;
+  confinement?: string;
+  diskLimitMib?: number;
+  consoleLogKib?: number;
+  unprivilegedUserfaultfd: boolean;
 }
 
 export function registerDaemon(program: Command): void {
@@ -171,6 +186,24 @@ export function registerDaemon(program: Command): void {
       "the DNS forwarder's port on the bridge (default 53)",
       parseIntOption("--dns-port", 1, 65535),
     )
+    .option(
+      "--confinement <on|off>",
+      "confine every QEMU (own uid, no capabilities, mount namespace, seccomp, cgroups); off only to measure it (env FORKD_CONFINEMENT)",
+    )
+    .option(
+      "--disk-limit-mib <n>",
+      `largest writable disk layer of a sandbox whose spawn names none (default ${DEFAULT_DISK_LIMIT_MIB})`,
+      parseIntOption("--disk-limit-mib", MIN_DISK_LIMIT_MIB, MAX_DISK_LIMIT_MIB),
+    )
+    .option(
+      "--console-log-kib <n>",
+      `serial console log kept per sandbox, a ring (default ${DEFAULT_CONSOLE_LOG_BYTES / 1024})`,
+      parseIntOption("--console-log-kib", MIN_CONSOLE_LOG_BYTES / 1024, MAX_CONSOLE_LOG_BYTES / 1024),
+    )
+    .option(
+      "--no-unprivileged-userfaultfd",
+      "never set vm.unprivileged_userfaultfd=1 (live BRANCH of confined sandboxes is then refused)",
+    )
     .addHelpText(
       "after",
       "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
@@ -256,6 +289,15 @@ export function registerDaemon(program: Command): void {
             // close() without killing: sandboxes outlive a daemon restart and are re-attached on the next start.
             const services = await openServices(paths, {
               limits,
+              confinement:
+                opts.confinement === undefined
+                  ? undefined
+                  : confinementMode({
+                      FORKD_CONFINEMENT: opts.confinement,
+                    }),
+              diskLimitMiB: opts.diskLimitMib,
+              consoleLogBytes: opts.consoleLogKib === undefined ? undefined : opts.consoleLogKib * 1024,
+              allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
               defaultTimeoutMs: opts.defaultTimeoutMs,
               branchConcurrency: opts.branchConcurrency,
               extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),

@@ -3,6 +3,16 @@ import { type Command, Option } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
 import { MAX_SPAWN_N } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
+import {
+  MAX_CPU_LIMIT_MILLICORES,
+  MAX_DISK_LIMIT_MIB,
+  MAX_MEMORY_LIMIT_MIB,
+  MAX_PIDS_LIMIT,
+  MIN_CPU_LIMIT_MILLICORES,
+  MIN_DISK_LIMIT_MIB,
+  MIN_MEMORY_LIMIT_MIB,
+  MIN_PIDS_LIMIT,
+} from "../../controller/sandbox-limits.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -25,8 +35,23 @@ export function registerSpawn(program: Command): void {
         )
         .option(
           "--memory-limit-mib <mib>",
-          "memory limit per sandbox",
-          parseIntOption("--memory-limit-mib", 1, 1 << 20),
+          "memory limit per sandbox (default: guest RAM + 256 MiB where the host has the memory controller)",
+          parseIntOption("--memory-limit-mib", MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB),
+        )
+        .option(
+          "--cpu-limit-millicores <n>",
+          "CPU bandwidth per sandbox, thousandths of a CPU (default: one CPU per vCPU)",
+          parseIntOption("--cpu-limit-millicores", MIN_CPU_LIMIT_MILLICORES, MAX_CPU_LIMIT_MILLICORES),
+        )
+        .option(
+          "--pids-limit <n>",
+          "processes and threads QEMU may have (default 128)",
+          parseIntOption("--pids-limit", MIN_PIDS_LIMIT, MAX_PIDS_LIMIT),
+        )
+        .option(
+          "--disk-limit-mib <mib>",
+          "largest writable disk layer per sandbox (default: the daemon's --disk-limit-mib)",
+          parseIntOption("--disk-limit-mib", MIN_DISK_LIMIT_MIB, MAX_DISK_LIMIT_MIB),
         )
         .option(
           "--timeout-ms <ms>",
@@ -55,6 +80,11 @@ export function registerSpawn(program: Command): void {
             snapshot_tag: opts.tag,
             n: opts.count,
             ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
+            ...(opts.cpuLimitMillicores === undefined
+              ? {}
+              : { cpu_limit_millicores: opts.cpuLimitMillicores }),
+            ...(opts.pidsLimit === undefined ? {} : { pids_limit: opts.pidsLimit }),
+            ...(opts.diskLimitMib === undefined ? {} : { disk_limit_mib: opts.diskLimitMib }),
             ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }),
             ...(opts.onTimeout === "pause" ? { on_timeout: "pause" } : {}),
             ...(opts.liveFork ? { live_fork: true } : {}),

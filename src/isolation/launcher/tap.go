@@ -49,17 +49,7 @@ func openTap(p *Plan) error {
 		syscall.Close(fd)
 		return fmt.Errorf("TUNSETIFF %s: %w", p.TapName, err)
 	}
-	if fd == p.TapFd {
-		_, err = fcntl(fd, syscall.F_SETFD, 0)
-		return err
-	}
-	// dup3 without O_CLOEXEC: the copy at TapFd is inherited by the program, the original is not. Whatever was
-	// inherited at TapFd (not a --keep-fd: validated) is replaced.
-	if err := syscall.Dup3(fd, p.TapFd, 0); err != nil {
-		syscall.Close(fd)
-		return fmt.Errorf("dup3 to fd %d: %w", p.TapFd, err)
-	}
-	return syscall.Close(fd)
+	return placeFd(fd, p.TapFd)
 }
 
 func fcntl(fd int, cmd int, arg int) (int, error) {
