@@ -26,7 +26,7 @@
  * never run again).
  */
 import { randomBytes } from "node:crypto";
-import { link, stat } from "node:fs/promises";
+import { lchown, link, stat } from "node:fs/promises";
 import path from "node:path";
 import { crashPoint } from "../common/crash-points.js";
 import { conflict, ForkdError } from "../common/errors.js";
@@ -125,6 +125,8 @@ export async function writePauseLayer(
       memoryFile: handle.memoryImage,
       memoryBytes: ramBytes,
       deviceStatePath: writer.file(SNAPSHOT_FILES.deviceState),
+      // A confined QEMU cannot see the snapshot store: it writes into its run directory, moved in afterwards.
+      deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
       whileStopped: async () => {
         stopped = true;
         crashPoint("pause.stopped");
@@ -156,6 +158,8 @@ export async function writePauseLayer(
       await writeDiskOnLayer({ topLayer: top.file, baseTag: layerParent.tag, snapshotDir: writer, signal });
     } else {
       await link(top.file, writer.file(SNAPSHOT_FILES.disk));
+      // The VM never runs again on this file: from now on it is a snapshot layer, root's (not the VM's uid).
+      if (handle.vmOwner) await lchown(writer.file(SNAPSHOT_FILES.disk), 0, 0);
     }
     crashPoint("pause.captured");
     const pauseMs = captured.pauseMs;
