@@ -5,6 +5,7 @@
 
 import { rm, symlink } from "node:fs/promises";
 import path from "node:path";
+import { crashPoint } from "../common/crash-points.js";
 import { invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -101,6 +102,7 @@ export async function createSnapshot(
   });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
+  crashPoint("snapshot.staged");
   try {
     await symlink(image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
     await createOverlay({
@@ -120,9 +122,11 @@ export async function createSnapshot(
       onProgress: (step, message) => progress({ step, message }),
     });
 
+    crashPoint("snapshot.booted");
     progress({ step: "save", message: "pausing parent and saving device state" });
     const qmp = await booted.vm.qmp({ signal });
     const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), { signal });
+    crashPoint("snapshot.saved");
     booted.agent.close();
     // The parent must never run again: its RAM file is now the snapshot's memory.
     await booted.vm.kill({ graceMs: 2000 });

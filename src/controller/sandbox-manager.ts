@@ -12,6 +12,7 @@ import type net from "node:net";
 import path from "node:path";
 import type { AgentClient } from "../agent/host/client.js";
 import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { lockHome } from "../common/home-lock.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
@@ -297,6 +298,7 @@ export class SandboxManager implements SandboxService {
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
     for (const row of rows) this.db.insertSandbox(row);
+    crashPoint("spawn.recorded");
     const started: Sandbox[] = [];
     const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
@@ -319,6 +321,7 @@ export class SandboxManager implements SandboxService {
         row.layer_tags = layerTags;
         this.db.updateSandbox(row.id, { layer_tags: layerTags });
       }
+      crashPoint("spawn.planned");
       // Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace
       // and device setup), not CPU, so overlapping them hides that latency.
       // Every setup is waited for, failed or not, so the cleanup below never races one still creating.
@@ -351,14 +354,17 @@ export class SandboxManager implements SandboxService {
               onSpawned: async (pid) => {
                 const startTime = await processStartTime(pid);
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
+                crashPoint("spawn.launched");
                 if (cgroupRoot && memoryLimit !== null) {
                   const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
+                  crashPoint("spawn.limited");
                   this.db.updateSandbox(row.id, { cgroup });
                   row.cgroup = cgroup;
                 }
               },
             });
             started.push(sandbox);
+            crashPoint("spawn.restored");
             row.pid = sandbox.pid;
             row.memory_image = sandbox.memoryImage;
             row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
@@ -388,6 +394,7 @@ export class SandboxManager implements SandboxService {
         this.watchExit(sandbox);
       }
       this.log.info({ tag, n, ids: started.map((s) => s.id), failed: failed.size }, "spawned");
+      crashPoint("spawn.running");
       return rows.map((r): ForkChild => {
         const error = failed.get(r.id);
         return error ? { error } : { sandbox: this.info(this.db.sandbox(r.id) as SandboxRow) };
@@ -760,6 +767,7 @@ export class SandboxManager implements SandboxService {
       signal: request.signal,
     });
     const id = (sandbox as SandboxInfo).id;
+    crashPoint("diff.spawned");
     try {
       const ran = await this.exec(id, request.command, { timeoutMs, signal: request.signal });
       const stdout = ran.stdout.toString("utf8");
@@ -776,7 +784,9 @@ export class SandboxManager implements SandboxService {
       }
       // Page cache and journal are in the captured RAM anyway; sync makes the disk layer self-explanatory.
       await this.exec(id, ["sync"], { timeoutMs: 60_000 });
+      crashPoint("diff.ran");
       const outcome = await this.branch(id, { tag: request.tag, mode: "diff", signal: request.signal });
+      crashPoint("diff.branched");
       return { ...outcome, exit_code: ran.exitCode, stdout, stderr };
     } finally {
       await this.kill(id).catch(() => {});

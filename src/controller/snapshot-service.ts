@@ -1,8 +1,10 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
+
 import { createWriteStream } from "node:fs";
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import path from "node:path";
 import { pipeline } from "node:stream/promises";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -193,12 +195,14 @@ export class DaemonSnapshots implements SnapshotService {
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
+    crashPoint("snapshot.claimed");
     try {
       await createSnapshot(this.paths, {
         tag,
         ...(image ? { image } : { template: request.template ?? tag }),
         signal: request.signal,
       });
+      crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
       // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
@@ -253,8 +257,10 @@ export class DaemonSnapshots implements SnapshotService {
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
+    crashPoint("compact.claimed");
     try {
       await compactSnapshot(this.paths, { from: request.from, to, signal: request.signal });
+      crashPoint("compact.committed");
     } finally {
       // A failed compaction leaves nothing behind (it was staged): the tag is simply free again.
       this.db.deleteSnapshotJob(to);
@@ -295,6 +301,7 @@ export class DaemonSnapshots implements SnapshotService {
     try {
       const file = path.join(dir, "pack.tar.zst");
       await receive(request.body, file, request.maxBytes, request.signal);
+      crashPoint("unpack.received");
       return await unpackSnapshot(this.paths, {
         file,
         tag: request.tag,

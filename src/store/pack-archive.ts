@@ -3,6 +3,7 @@
  * zstd), always through argv arrays. The reader hands out entries one at a time as they stream past and never
  * lets node-tar write anything itself: what reaches the disk is decided by the caller, entry by entry.
  */
+
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash, type Hash } from "node:crypto";
 import { constants as fsConstants } from "node:fs";
@@ -10,6 +11,7 @@ import { type FileHandle, mkdir, mkdtemp, open, rename, rm, symlink, writeFile }
 import os from "node:os";
 import path from "node:path";
 import { Pack, Parser, type ReadEntry } from "tar";
+import { crashPoint } from "../common/crash-points.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 
 export const ZSTD_BINARY = "zstd";
@@ -47,6 +49,7 @@ export async function writeArchive(
       else await writeFile(at, entry.source, { mode: 0o600 });
     }
     output = await open(partial, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o600);
+    crashPoint("pack.writing");
     const zstd = spawnZstd(["-q", "-T0", `-${level}`, "-c"], ["pipe", output.fd, "pipe"], options.signal);
     const pack = new Pack({ cwd: farm, follow: true, portable: true, noMtime: true, strict: true });
     const packed = new Promise<void>((resolve, reject) => {

@@ -6,7 +6,8 @@ import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
-import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
+import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
 import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
@@ -181,6 +182,14 @@ export function registerDaemon(program: Command): void {
           { name: "forkd", level: opts.logLevel },
           pino.destination({ dest: 2, sync: true }),
         );
+        // A misspelt crash point must fail here, not silently never fire in a crash-safety test.
+        try {
+          const armed = armCrashPoints();
+          if (armed.length > 0)
+            logger.warn({ crashPoints: armed }, `${CRASH_AT_ENV} is set: this daemon will SIGKILL itself`);
+        } catch (err) {
+          throw invalidArgument(errorMessage(err));
+        }
         if (opts.egress !== "allow" && opts.egress !== "deny") {
           throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
         }
