@@ -29,6 +29,7 @@ import {
   limitMemory,
   type MemoryCgroupRoot,
   removeCgroup,
+  sandboxCgroupDir,
 } from "../isolation/cgroup.js";
 import type { EgressPolicyInput } from "../net/policy.js";
 import { PortProxy, type PortTarget } from "../net/port-proxy.js";
@@ -356,10 +357,12 @@ export class SandboxManager implements SandboxService {
                 this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
                 crashPoint("spawn.launched");
                 if (cgroupRoot && memoryLimit !== null) {
-                  const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
+                  // Recorded before it is created: a daemon killed in between leaves a record the restart
+                  // removes it by (seen: a cgroup leaked by a kill between creating and recording it).
+                  row.cgroup = sandboxCgroupDir(cgroupRoot, row.id);
+                  this.db.updateSandbox(row.id, { cgroup: row.cgroup });
+                  await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
                   crashPoint("spawn.limited");
-                  this.db.updateSandbox(row.id, { cgroup });
-                  row.cgroup = cgroup;
                 }
               },
             });

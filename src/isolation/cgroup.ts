@@ -31,6 +31,11 @@ export async function detectMemoryCgroupRoot(): Promise<MemoryCgroupRoot | null>
   return null;
 }
 
+/** Where sandbox `sandboxId`'s cgroup lives under `root` (known before it exists, so it can be recorded first). */
+export function sandboxCgroupDir(root: MemoryCgroupRoot, sandboxId: string): string {
+  return path.join(root.dir, assertSandboxId(sandboxId));
+}
+
 /** Creates the sandbox's cgroup with `limitMiB` and moves `pid` into it. Returns the cgroup's directory. */
 export async function limitMemory(
   root: MemoryCgroupRoot,
@@ -45,7 +50,7 @@ export async function limitMemory(
     await writeFile(path.join(path.dirname(root.dir), "cgroup.subtree_control"), "+memory").catch(() => {});
     await writeFile(path.join(root.dir, "cgroup.subtree_control"), "+memory");
   }
-  const dir = path.join(root.dir, sandboxId);
+  const dir = sandboxCgroupDir(root, sandboxId);
   await mkdir(dir, { recursive: true });
   const bytes = String(limitMiB * 1024 * 1024);
   try {

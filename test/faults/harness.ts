@@ -13,8 +13,8 @@ import { execFile } from "node:child_process";
 import { randomInt } from "node:crypto";
 import { readdir } from "node:fs/promises";
 import path from "node:path";
-import { promisify } from "node:util";
 import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
 import { CRASH_AT_ENV, type CrashPoint } from "../../src/common/crash-points.js";
 import { type DaemonProcess, startDaemonProcess } from "../api/daemon-process.js";
 import { type RawResponse, send } from "../api/raw-http.js";
@@ -177,7 +177,8 @@ async function assertNoHalfSnapshots(ctx: FaultContext): Promise<void> {
     }
   }
   const ready = new Set(listed.filter((s) => s.status === "ready").map((s) => s.tag));
-  for (const name of onDisk) assert.ok(ready.has(name), `${path.join("snapshots", name)} is on disk but not listed`);
+  for (const name of onDisk)
+    assert.ok(ready.has(name), `${path.join("snapshots", name)} is on disk but not listed`);
 }
 
 /**

@@ -53,7 +53,8 @@ faultSuite("spawn and network setup survive a daemon killed at any step", [
       const listed = (await ctx.api("GET", "/v1/sandboxes")).json<SandboxInfo[]>();
       const bystander = listed.find((s) => s.id === [...ctx.seen][0]);
       for (const s of listed) {
-        if (s.id !== bystander?.id) assert.equal((await ctx.api("DELETE", `/v1/sandboxes/${s.id}`)).status, 204);
+        if (s.id !== bystander?.id)
+          assert.equal((await ctx.api("DELETE", `/v1/sandboxes/${s.id}`)).status, 204);
       }
     },
   },

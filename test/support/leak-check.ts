@@ -70,7 +70,9 @@ export function databaseProblems(paths: ForkdPaths): string[] {
       )
       .all() as { id: string; state: string; status: string | null }[]) {
       if (row.status === null || row.status === "dead")
-        problems.push(`network record of ${row.id} (${row.state}) for a sandbox that is ${row.status ?? "gone"}`);
+        problems.push(
+          `network record of ${row.id} (${row.state}) for a sandbox that is ${row.status ?? "gone"}`,
+        );
       else if (row.state !== "ready") problems.push(`network record of ${row.id} left ${row.state}`);
     }
     for (const row of db
@@ -133,7 +135,9 @@ export async function inspectHome(
   // Run directories (with their QMP/agent sockets): one per running sandbox, nothing else.
   for (const name of await readdir(paths.run).catch(() => [] as string[])) {
     if (running.has(name)) continue;
-    problems.push(`run directory ${name} leaked (${(await socketsUnder(path.join(paths.run, name))).length} sockets)`);
+    problems.push(
+      `run directory ${name} leaked (${(await socketsUnder(path.join(paths.run, name))).length} sockets)`,
+    );
   }
 
   // Snapshot store: only complete snapshots.
@@ -146,7 +150,8 @@ export async function inspectHome(
   const dirs = cacheDirs(paths);
   for (const dir of [dirs.tmpfsDir, dirs.cacheDir]) {
     for (const name of await readdir(dir).catch(() => [] as string[])) {
-      if (name.endsWith(".partial")) problems.push(`RAM image cache ${dir}: partial file ${name} left behind`);
+      if (name.endsWith(".partial"))
+        problems.push(`RAM image cache ${dir}: partial file ${name} left behind`);
     }
   }
   for (const name of await readdir(paths.transfers).catch(() => [] as string[])) {
@@ -181,7 +186,8 @@ async function deadPackScratch(before: ReadonlySet<string>): Promise<string[]> {
   for (const name of await packScratchDirs()) {
     if (before.has(name)) continue;
     const pid = /^forkd-pack-(\d+)-/.exec(name)?.[1];
-    if (pid === undefined || !(await exists(`/proc/${pid}`))) problems.push(`pack scratch ${name} left behind`);
+    if (pid === undefined || !(await exists(`/proc/${pid}`)))
+      problems.push(`pack scratch ${name} left behind`);
   }
   return problems;
 }
