@@ -215,6 +215,8 @@ export class SandboxManager implements SandboxService {
   private async spawnChildren(
     request: SpawnRequest,
     policy: "all-or-nothing" | "each",
+    /** The daemon's own call that needs these sandboxes only while it runs (see StateDb.markTransientSandbox). */
+    transientFor?: string,
   ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
@@ -298,7 +300,10 @@ export class SandboxManager implements SandboxService {
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
-    for (const row of rows) this.db.insertSandbox(row);
+    for (const row of rows) {
+      this.db.insertSandbox(row);
+      if (transientFor !== undefined) this.db.markTransientSandbox(row.id, transientFor);
+    }
     crashPoint("spawn.recorded");
     const started: Sandbox[] = [];
     const failed = new Map<string, ForkdError>();
@@ -763,13 +768,14 @@ export class SandboxManager implements SandboxService {
       throw conflict(`snapshot ${JSON.stringify(request.tag)} already exists`);
     }
     const timeoutMs = request.timeoutMs ?? SNAPSHOT_DIFF_EXEC_TIMEOUT_MS;
-    const [sandbox] = await this.spawn({
-      snapshotTag: request.from,
-      n: 1,
-      timeoutMs: 0,
-      signal: request.signal,
-    });
-    const id = (sandbox as SandboxInfo).id;
+    // Transient: a daemon killed mid-way must not leave it running forever (it has no lifetime) for the restart
+    // to re-attach (seen in the fault suite: diff.ran left it running).
+    const [child] = await this.spawnChildren(
+      { snapshotTag: request.from, n: 1, timeoutMs: 0, signal: request.signal },
+      "all-or-nothing",
+      "snapshot-diff",
+    );
+    const id = (child?.sandbox as SandboxInfo).id;
     crashPoint("diff.spawned");
     try {
       const ran = await this.exec(id, request.command, { timeoutMs, signal: request.signal });
@@ -917,6 +923,12 @@ export class SandboxManager implements SandboxService {
     const survivors: { row: SandboxRow; identity: ProcessIdentity }[] = [];
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
+      const owner = this.db.transientSandboxOwner(row.id);
+      if (owner !== undefined) {
+        await this.destroy(row, `its ${owner} ended with the daemon`);
+        this.db.deleteSandbox(row.id);
+        continue;
+      }
       const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
       const alive = identity !== null && (await isOurProcess(identity, row.run_dir));
       if (row.status !== "running" || !alive || identity === null) {
