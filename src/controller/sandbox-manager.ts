@@ -775,7 +775,7 @@ export class SandboxManager implements SandboxService {
       "all-or-nothing",
       "snapshot-diff",
     );
-    const id = (child?.sandbox as SandboxInfo).id;
+    const id = ((child as ForkChild).sandbox as SandboxInfo).id;
     crashPoint("diff.spawned");
     try {
       const ran = await this.exec(id, request.command, { timeoutMs, signal: request.signal });
