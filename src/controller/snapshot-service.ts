@@ -10,6 +10,7 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { imageOfFiles } from "../image/index.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
+import { sweepDeadPackScratch } from "../store/pack-archive.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
@@ -117,8 +118,9 @@ export class DaemonSnapshots implements SnapshotService {
       }
     }
     await sweepStaleSnapshotFiles(this.store);
-    // Packs in transit belong to requests of a daemon that is gone.
+    // Packs in transit belong to requests of a daemon that is gone; so do the link farms of packs it wrote.
     await rm(this.paths.transfers, { recursive: true, force: true });
+    await sweepDeadPackScratch();
   }
 
   async list(): Promise<SnapshotInfo[]> {

@@ -180,13 +180,14 @@ export async function packScratchDirs(): Promise<Set<string>> {
   return new Set(names.filter((n) => n.startsWith("forkd-pack-")));
 }
 
-/** Pack scratch directories made since `before` whose writer is gone (or unknown: no pid in the name). */
+/** Pack scratch directories made since `before` whose writer is gone. */
 async function deadPackScratch(before: ReadonlySet<string>): Promise<string[]> {
   const problems: string[] = [];
   for (const name of await packScratchDirs()) {
     if (before.has(name)) continue;
-    const pid = /^forkd-pack-(\d+)-/.exec(name)?.[1];
-    if (pid === undefined || !(await exists(`/proc/${pid}`)))
+    // forkd-pack-<pid>.<start time>.<boot>-*: other processes' scratch without a token is not ours to judge.
+    const pid = /^forkd-pack-(\d+)\.\d+\.[0-9a-f]{8}-/.exec(name)?.[1];
+    if (pid !== undefined && !(await exists(`/proc/${pid}`)))
       problems.push(`pack scratch ${name} left behind`);
   }
   return problems;
