@@ -6,6 +6,8 @@ import { Controller } from "../../src/sdk/index.js";
 
 export interface BenchDaemon {
   url: string;
+  /** The daemon's process id (for sampling its fds and memory). */
+  pid: number;
   controller: Controller;
   stop(): Promise<void>;
 }
@@ -43,6 +45,7 @@ export async function startBenchDaemon(
   }
   return {
     url,
+    pid: child.pid as number,
     controller,
     stop: async () => {
       await controller.killSandboxes({ all: true }).catch(() => {});

@@ -14,11 +14,13 @@
  * runs through every branch taken of it. After a full branch that chain runs through the full snapshot's own
  * disk (the same content as the frozen layer and everything under it), so later branches build on it.
  */
+
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { lchown, link, open, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { assertTag, isValidTag } from "../common/names.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
@@ -222,6 +224,7 @@ export class Brancher {
     if (!this.db.claimSnapshotJob({ ...job(tag, "writing", mode, null), owner: source.owner })) {
       throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     }
+    crashPoint("branch.claimed");
     const ramBytes = parent.manifest.memory.ramBytes;
     let writer: SnapshotWriter | undefined;
     let frozen: FrozenDisk | undefined;
@@ -249,14 +252,17 @@ export class Brancher {
         signal,
       });
       const freezePrepared = prepared;
+      crashPoint("branch.prepared");
       // Written ahead of the disk switch: a daemon that dies between the switch and the commit leaves the mark,
       // and the restart then knows the source's chain runs through a layer no snapshot may own.
       this.events.blocked(handle.id, `${BRANCH_INTERRUPTED} ${tag}`);
+      crashPoint("branch.marked");
       const whileStopped = async () => {
         frozen = await freezeDisk(qmp, freezePrepared, { signal });
         prepared = undefined;
         // QEMU has reopened the frozen layer read-only; from now on the file is a snapshot layer, root's.
         if (handle.vmOwner) await lchown(frozen.frozenFile, 0, 0);
+        crashPoint("branch.stopped");
       };
       const deviceStatePath = writer.file(SNAPSHOT_FILES.deviceState);
       const capture =
@@ -265,6 +271,7 @@ export class Brancher {
           : this.captureStopped(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal);
       const finish = async (): Promise<BranchResult> => {
         const raw = await capture.done;
+        crashPoint("branch.captured");
         // A diff layer stores what changed relative to its parent, not everything the source changed since its
         // restore: after earlier branches of the same source most of those pages are already in their layers.
         const captured =
@@ -301,6 +308,7 @@ export class Brancher {
           await writeMemoryLayer(activeWriter.file(memoryFile), ramBytes, captured.pages, captured.data);
         }
         captured.release();
+        crashPoint("branch.written");
         const manifest = await activeWriter.commit(
           branchManifest(parent.manifest, {
             parent: flat ? null : { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
@@ -310,6 +318,7 @@ export class Brancher {
           [memoryFile, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
           signal,
         );
+        crashPoint("branch.committed");
         this.events.branched(handle.id, tag);
         this.db.deleteSnapshotJob(tag);
         return {

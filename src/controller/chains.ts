@@ -3,11 +3,13 @@
  * snapshots without pulling layers from under their dependents or running sandboxes (rmi), and folding a chain
  * into one flat snapshot (compact).
  */
+
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { copyFile, readdir, readFile, readlink, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -437,6 +439,7 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
   const writer = await store.beginWrite(to, {
     expectedBytes: head.manifest.memory.ramBytes + layerDiskBytes,
   });
+  crashPoint("compact.staged");
   try {
     progress("writing the flat RAM image");
     const image = await flatImageFor(chain, memoryImageOptions(paths));
@@ -457,6 +460,7 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
       signal,
     });
 
+    crashPoint("compact.written");
     progress("hashing and committing");
     const ramBytes = head.manifest.memory.ramBytes;
     const { format: _f, tag: _t, files: _files, createdAtUnix: _c, ...rest } = head.manifest;

@@ -5,6 +5,7 @@
 
 import { lchown, rm, symlink } from "node:fs/promises";
 import path from "node:path";
+import { crashPoint } from "../common/crash-points.js";
 import { invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -104,6 +105,7 @@ export async function createSnapshot(
   });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
+  crashPoint("snapshot.staged");
   try {
     await symlink(image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
     await createOverlay({
@@ -125,6 +127,7 @@ export async function createSnapshot(
       onProgress: (step, message) => progress({ step, message }),
     });
 
+    crashPoint("snapshot.booted");
     progress({ step: "save", message: "pausing parent and saving device state" });
     const qmp = await booted.vm.qmp({ signal });
     const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), {
@@ -132,6 +135,7 @@ export async function createSnapshot(
       // A confined parent sees only its run directory: it writes the state there first.
       drop: booted.owner ? { dir: runDir, owner: booted.owner } : undefined,
     });
+    crashPoint("snapshot.saved");
     booted.agent.close();
     // The parent must never run again: its RAM file is now the snapshot's memory.
     await booted.vm.kill({ graceMs: 2000 });

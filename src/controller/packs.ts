@@ -4,10 +4,12 @@
  * runs as root: every entry is checked against the pack manifest as it streams past, every hash is verified,
  * disk layers are held to forkd's own shape, and nothing becomes visible until all of it checked out.
  */
+
 import { createHash } from "node:crypto";
 import { chmod, mkdir, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
+import { crashPoint } from "../common/crash-points.js";
 import { fsyncPath, writeDurably } from "../common/durable-fs.js";
 import { conflict, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
@@ -175,8 +177,10 @@ export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Pro
     { path: PACK_MANIFEST_PATH, source: Buffer.from(`${JSON.stringify(manifest, null, 2)}\n`) },
     ...files.map((f) => ({ path: f.path, source: f.source })),
   ];
+  crashPoint("pack.verified");
   progress(`writing ${out}`);
   const written = await writeArchive(out, entries, { level: options.level, signal: options.signal });
+  crashPoint("pack.written");
   return {
     out,
     chain: chain.map((s) => s.tag),
@@ -247,6 +251,7 @@ export async function unpackSnapshot(paths: ForkdPaths, options: UnpackOptions):
   const session = new UnpackSession(paths, store, staging, newHeadTag, options, progress);
   try {
     await session.read(file);
+    crashPoint("unpack.read");
     await session.install();
   } finally {
     await session.cleanup();
@@ -668,6 +673,7 @@ class UnpackSession {
         (this.pack as PackManifest).image.hash,
         false,
       );
+      crashPoint("unpack.image");
       const present = await readImageDir(this.importedDir(), (this.pack as PackManifest).image.hash);
       if (!present) throw new ForkdError("unprocessable", "the packed image is not a complete forkd image");
       if (present.manifest.buildId !== (this.pack as PackManifest).image.buildId) {
@@ -711,8 +717,10 @@ class UnpackSession {
           }
           throw err;
         });
+        crashPoint("unpack.layer");
       }
       await fsyncPath(this.paths.snapshots);
+      crashPoint("unpack.published");
     } catch (err) {
       await this.rollback();
       throw err;

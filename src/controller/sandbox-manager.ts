@@ -292,6 +292,8 @@ export class SandboxManager implements SandboxService {
   private async spawnChildren(
     request: SpawnRequest,
     policy: "all-or-nothing" | "each",
+    /** The daemon's own call that needs these sandboxes only while it runs (see StateDb.markTransientSandbox). */
+    transientFor?: string,
   ): Promise<ForkChild[]> {
     const tag = assertTag(request.snapshotTag, "snapshot_tag");
     const n = validateChildCount(request.n);
@@ -384,7 +386,11 @@ export class SandboxManager implements SandboxService {
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
-    for (const row of rows) this.db.insertSandbox(row);
+    for (const row of rows) {
+      this.db.insertSandbox(row);
+      if (transientFor !== undefined) this.db.markTransientSandbox(row.id, transientFor);
+    }
+    crashPoint("spawn.recorded");
     const started: Sandbox[] = [];
     const failed = new Map<string, ForkdError>();
     let plan: RestorePlan | undefined;
@@ -408,6 +414,7 @@ export class SandboxManager implements SandboxService {
         row.layer_tags = layerTags;
         this.db.updateSandbox(row.id, { layer_tags: layerTags });
       }
+      crashPoint("spawn.planned");
       // Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace
       // and device setup), not CPU, so overlapping them hides that latency.
       // Every setup is waited for, failed or not, so the cleanup below never races one still creating.
@@ -436,6 +443,7 @@ export class SandboxManager implements SandboxService {
             const cgroups = this.cgroups
               ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
               : undefined;
+            crashPoint("spawn.limited");
             const sandbox = await Sandbox.restore(this.paths, restorePlan, {
               id: row.id,
               outliveHost: true,
@@ -447,9 +455,11 @@ export class SandboxManager implements SandboxService {
               consoleLogBytes: this.consoleLogBytes,
               onSpawned: async (pid) => {
                 await this.recordSpawned(row.id, pid);
+                crashPoint("spawn.launched");
               },
             });
             started.push(sandbox);
+            crashPoint("spawn.restored");
             row.pid = sandbox.pid;
             row.memory_image = sandbox.memoryImage;
             row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
@@ -479,6 +489,7 @@ export class SandboxManager implements SandboxService {
         this.watchExit(sandbox);
       }
       this.log.info({ tag, n, ids: started.map((s) => s.id), failed: failed.size }, "spawned");
+      crashPoint("spawn.running");
       return rows.map((r): ForkChild => {
         const error = failed.get(r.id);
         return error ? { error } : { sandbox: this.info(this.db.sandbox(r.id) as SandboxRow) };
@@ -1073,14 +1084,15 @@ export class SandboxManager implements SandboxService {
       throw conflict(`snapshot ${JSON.stringify(request.tag)} already exists`);
     }
     const timeoutMs = request.timeoutMs ?? SNAPSHOT_DIFF_EXEC_TIMEOUT_MS;
-    const [sandbox] = await this.spawn({
-      snapshotTag: request.from,
-      n: 1,
-      timeoutMs: 0,
-      owner: request.owner,
-      signal: request.signal,
-    });
-    const id = (sandbox as SandboxInfo).id;
+    // Transient: a daemon killed mid-way must not leave it running forever (it has no lifetime) for the restart
+    // to re-attach (seen in the fault suite: diff.ran left it running).
+    const [child] = await this.spawnChildren(
+      { snapshotTag: request.from, n: 1, timeoutMs: 0, owner: request.owner, signal: request.signal },
+      "all-or-nothing",
+      "snapshot-diff",
+    );
+    const id = ((child as ForkChild).sandbox as SandboxInfo).id;
+    crashPoint("diff.spawned");
     try {
       const ran = await this.exec(id, request.command, { timeoutMs, signal: request.signal });
       const stdout = ran.stdout.toString("utf8");
@@ -1097,7 +1109,9 @@ export class SandboxManager implements SandboxService {
       }
       // Page cache and journal are in the captured RAM anyway; sync makes the disk layer self-explanatory.
       await this.exec(id, ["sync"], { timeoutMs: 60_000 });
+      crashPoint("diff.ran");
       const outcome = await this.branch(id, { tag: request.tag, mode: "diff", signal: request.signal });
+      crashPoint("diff.branched");
       return { ...outcome, exit_code: ran.exitCode, stdout, stderr };
     } finally {
       await this.kill(id).catch(() => {});
@@ -1322,6 +1336,12 @@ export class SandboxManager implements SandboxService {
     const survivors: { row: SandboxRow; identity: ProcessIdentity }[] = [];
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
+      const owner = this.db.transientSandboxOwner(row.id);
+      if (owner !== undefined) {
+        await this.destroy(row, `its ${owner} ended with the daemon`);
+        this.db.deleteSandbox(row.id);
+        continue;
+      }
       const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
       const alive = identity !== null && (await isOurProcess(identity, row.run_dir));
       if (row.status === "pausing") {

@@ -11,7 +11,9 @@
  *             egress policy this mode can enforce ("deny"). QEMU's user networking is not used: it maps the
  *             gateway to the host's loopback, so it could not keep a guest off the host's services.
  */
+
 import { randomInt } from "node:crypto";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError } from "../common/errors.js";
 import { GUEST_IP } from "../common/guest-network.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -184,12 +186,14 @@ export class SandboxNetworks {
       );
     }
     const policy = compilePolicy(request);
+    crashPoint("net.recorded");
     try {
       await createSandboxNetwork({ sandboxId, address, config: this.config, policy, generation: 1 });
     } catch (err) {
       this.db.deleteNetwork(sandboxId);
       throw err;
     }
+    crashPoint("net.ruled");
     this.db.updateNetwork(sandboxId, { state: "ready" });
     this.register(sandboxId, address, policy);
     return tapIn(names.netns, nic.vnetHdr);

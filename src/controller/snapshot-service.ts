@@ -4,12 +4,14 @@ import { createWriteStream } from "node:fs";
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import path from "node:path";
 import { pipeline } from "node:stream/promises";
+import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { imageOfFiles } from "../image/index.js";
 import type { ConfinementConfig } from "../isolation/confinement.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
+import { sweepDeadPackScratch } from "../store/pack-archive.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
@@ -127,8 +129,9 @@ export class DaemonSnapshots implements SnapshotService {
       }
     }
     await sweepStaleSnapshotFiles(this.store);
-    // Packs in transit belong to requests of a daemon that is gone.
+    // Packs in transit belong to requests of a daemon that is gone; so do the link farms of packs it wrote.
     await rm(this.paths.transfers, { recursive: true, force: true });
+    await sweepDeadPackScratch();
   }
 
   async list(): Promise<SnapshotInfo[]> {
@@ -208,6 +211,7 @@ export class DaemonSnapshots implements SnapshotService {
       owner: request.owner ?? null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
+    crashPoint("snapshot.claimed");
     try {
       await createSnapshot(this.paths, {
         tag,
@@ -215,6 +219,7 @@ export class DaemonSnapshots implements SnapshotService {
         confinement: this.confinement,
         signal: request.signal,
       });
+      crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
       // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
@@ -277,8 +282,10 @@ export class DaemonSnapshots implements SnapshotService {
       owner: request.owner ?? null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
+    crashPoint("compact.claimed");
     try {
       await compactSnapshot(this.paths, { from: request.from, to, signal: request.signal });
+      crashPoint("compact.committed");
     } finally {
       // A failed compaction leaves nothing behind (it was staged): the tag is simply free again.
       this.db.deleteSnapshotJob(to);
@@ -319,6 +326,7 @@ export class DaemonSnapshots implements SnapshotService {
     try {
       const file = path.join(dir, "pack.tar.zst");
       await receive(request.body, file, request.maxBytes, request.signal);
+      crashPoint("unpack.received");
       const result = await unpackSnapshot(this.paths, {
         file,
         tag: request.tag,

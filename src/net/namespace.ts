@@ -4,7 +4,9 @@
  * namespace's rules (nft.ts). Removing it removes all of that: the rules and the tap live in the namespace,
  * and deleting the veth's host end deletes its peer.
  */
+
 import { access } from "node:fs/promises";
+import { crashPoint } from "../common/crash-points.js";
 import { ForkdError } from "../common/errors.js";
 import {
   GATEWAY_IP,
@@ -49,6 +51,7 @@ export async function createSandboxNetwork(spec: SandboxNetworkSpec): Promise<Sa
       `link set dev ${names.veth} type bridge_slave isolated on`,
       `link set dev ${names.veth} up`,
     ]);
+    crashPoint("net.linked");
     await ipBatch(
       [
         "link set dev lo up",
@@ -64,6 +67,7 @@ export async function createSandboxNetwork(spec: SandboxNetworkSpec): Promise<Sa
       ],
       names.netns,
     );
+    crashPoint("net.configured");
     await nftInNamespace(names.netns, namespaceRules(spec), NAMESPACE_SYSCTLS);
     return names;
   } catch (err) {

@@ -359,7 +359,22 @@ export class StateDb {
   }
 
   deleteSandbox(id: string): void {
-    this.db.prepare("DELETE FROM sandboxes WHERE id = ?").run(id);
+    this.db.transaction(() => {
+      this.db.prepare("DELETE FROM sandboxes WHERE id = ?").run(id);
+      this.db.prepare("DELETE FROM meta WHERE key = ?").run(transientSandboxKey(id));
+    })();
+  }
+
+  /**
+   * Marks sandbox `id` as the daemon's own helper for one call (`owner`, e.g. snapshot-diff): it must not outlive
+   * the daemon that made it, so a restart kills it instead of re-attaching. Deleting the sandbox drops the mark.
+   */
+  markTransientSandbox(id: string, owner: string): void {
+    this.setMeta(transientSandboxKey(id), owner);
+  }
+
+  transientSandboxOwner(id: string): string | undefined {
+    return this.meta(transientSandboxKey(id));
   }
 
   sandboxes(): SandboxRow[] {
@@ -577,4 +592,8 @@ export class StateDb {
 export async function jobWriterAlive(job: SnapshotJobRow): Promise<boolean> {
   if (job.writer_start_time === null) return job.writer_pid === process.pid;
   return isAlive({ pid: job.writer_pid, startTime: job.writer_start_time, bootId: currentBootId() });
+}
+
+function transientSandboxKey(id: string): string {
+  return `transient-sandbox:${id}`;
 }

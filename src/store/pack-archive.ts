@@ -3,16 +3,54 @@
  * zstd), always through argv arrays. The reader hands out entries one at a time as they stream past and never
  * lets node-tar write anything itself: what reaches the disk is decided by the caller, entry by entry.
  */
+
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash, type Hash } from "node:crypto";
 import { constants as fsConstants } from "node:fs";
-import { type FileHandle, mkdir, mkdtemp, open, rename, rm, symlink, writeFile } from "node:fs/promises";
+import {
+  type FileHandle,
+  mkdir,
+  mkdtemp,
+  open,
+  readdir,
+  rename,
+  rm,
+  symlink,
+  writeFile,
+} from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { Pack, Parser, type ReadEntry } from "tar";
+import { crashPoint } from "../common/crash-points.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
+import { OWNER_TOKEN_PATTERN, ownerTokenAlive, selfOwnerToken } from "../common/processes.js";
 
 export const ZSTD_BINARY = "zstd";
+const FARM_PREFIX = "forkd-pack-";
+const PARTIAL_INFIX = ".partial-";
+
+/**
+ * Removes what killed pack writers left: their link farms in the temp directory and, next to `out` (when
+ * given), partial archives of the same name (seen: a pack killed mid-write left both behind for good).
+ */
+export async function sweepDeadPackScratch(out?: string): Promise<void> {
+  const farm = new RegExp(`^${FARM_PREFIX}(${OWNER_TOKEN_PATTERN})-`);
+  for (const name of await readdir(os.tmpdir()).catch(() => [] as string[])) {
+    const token = farm.exec(name)?.[1];
+    if (token !== undefined && !(await ownerTokenAlive(token))) {
+      await rm(path.join(os.tmpdir(), name), { recursive: true, force: true });
+    }
+  }
+  if (out === undefined) return;
+  const prefix = `${path.basename(out)}${PARTIAL_INFIX}`;
+  for (const name of await readdir(path.dirname(out)).catch(() => [] as string[])) {
+    if (!name.startsWith(prefix)) continue;
+    const token = name.slice(prefix.length);
+    if (new RegExp(`^${OWNER_TOKEN_PATTERN}$`).test(token) && !(await ownerTokenAlive(token))) {
+      await rm(path.join(path.dirname(out), name), { force: true });
+    }
+  }
+}
 export const DEFAULT_ZSTD_LEVEL = 3;
 
 export interface ArchiveSource {
@@ -35,9 +73,11 @@ export async function writeArchive(
   if (!Number.isInteger(level) || level < 1 || level > 19) {
     throw new ForkdError("invalid_argument", `zstd level must be an integer in 1..19, got ${level}`);
   }
+  await sweepDeadPackScratch(out);
   // node-tar names entries by their path under one directory: lay the archive's tree out as links to the sources.
-  const farm = await mkdtemp(path.join(os.tmpdir(), "forkd-pack-"));
-  const partial = `${out}.partial-${process.pid}`;
+  // Both scratch names carry the writer's owner token, so a later pack can tell a killed writer's leftovers.
+  const farm = await mkdtemp(path.join(os.tmpdir(), `${FARM_PREFIX}${selfOwnerToken()}-`));
+  const partial = `${out}${PARTIAL_INFIX}${selfOwnerToken()}`;
   let output: FileHandle | undefined;
   try {
     for (const entry of entries) {
@@ -47,6 +87,7 @@ export async function writeArchive(
       else await writeFile(at, entry.source, { mode: 0o600 });
     }
     output = await open(partial, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o600);
+    crashPoint("pack.writing");
     const zstd = spawnZstd(["-q", "-T0", `-${level}`, "-c"], ["pipe", output.fd, "pipe"], options.signal);
     const pack = new Pack({ cwd: farm, follow: true, portable: true, noMtime: true, strict: true });
     const packed = new Promise<void>((resolve, reject) => {

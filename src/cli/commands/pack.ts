@@ -7,6 +7,7 @@ import type { Command } from "commander";
 import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { packSnapshot } from "../../controller/packs.js";
+import { armCliCrashPoints } from "../arm-crash-points.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 import { bytes } from "./snapshot-info.js";
@@ -25,6 +26,7 @@ export function registerPack(program: Command): void {
     .option("--json", "print the result as JSON")
     .action((opts: { tag: string; out: string; level: string; withoutImage?: boolean; json?: boolean }) =>
       runCommand(async (signal) => {
+        armCliCrashPoints();
         const level = Number(opts.level);
         if (!Number.isInteger(level)) throw invalidArgument(`--level must be an integer, got ${opts.level}`);
         const progress = startProgress(`packing ${opts.tag}`);

@@ -5,6 +5,7 @@
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
 import { unpackSnapshot } from "../../controller/packs.js";
+import { armCliCrashPoints } from "../arm-crash-points.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
@@ -18,6 +19,7 @@ export function registerUnpack(program: Command): void {
     .option("--json", "print the result as JSON")
     .action((file: string, opts: { tag?: string; force?: boolean; json?: boolean }) =>
       runCommand(async (signal) => {
+        armCliCrashPoints();
         const progress = startProgress(`unpacking ${file}`);
         try {
           const result = await unpackSnapshot(resolvePaths(), {
