@@ -24,11 +24,13 @@ import { E2B_ROUTE_TAG, type E2bSettings, registerE2b, surfaceConstraint } from 
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
+import type { ApiExtension, ListenerInfo } from "./extensions.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
+import { registerHostRoutes } from "./routes/host.js";
 import { portUpgradeHandler, registerNetworkRoutes, registerPortProxyRoutes } from "./routes/network.js";
 import { registerPackRoutes } from "./routes/packs.js";
 import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
@@ -85,6 +87,8 @@ export interface ApiOptions {
   https?: { key: Buffer; cert: Buffer };
   /** The E2B API's settings (see src/e2b). */
   e2b?: E2bSettings;
+  /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
+  extensions?: readonly ApiExtension[];
 }
 
 export interface ApiContext {
@@ -163,6 +167,13 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     },
   });
 
+  const extensions = options.extensions ?? [];
+  const listener: ListenerInfo = {
+    transport: options.transport,
+    tls: options.https !== undefined,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    snapshotsDir: options.snapshotsDir,
+  };
   const originPolicy = lazyOriginPolicy(app, options.origin);
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
@@ -172,7 +183,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
       request.caller = `${options.transport}:${request.ip}`;
       checkHostAndOrigin(policy, request.headers, options.https ? "https" : "http");
     }
-    request.caller = await identifyCaller(request, options);
+    for (const extension of extensions) extension.screen?.(request, listener);
+    request.caller = await identifyCaller(request, options, extensions, listener);
   });
   app.addHook("onResponse", async (request, reply) => {
     const route = request.routeOptions.url ?? "unmatched";
@@ -241,23 +253,37 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSandboxRoutes(app, context);
   registerForkRoutes(app, context);
   registerTemplateAliasRoutes(app, context);
+  registerHostRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   await app.register(async (scope) => registerPackRoutes(scope, context));
   registerNetworkRoutes(app, context);
   await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+  for (const extension of extensions) await extension.register(app, listener);
   // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check and
-  // authentication, then the port proxy.
-  app.server.on(
-    "upgrade",
-    portUpgradeHandler(context, async (req) => {
-      const policy = originPolicy();
-      if (policy) checkHostAndOrigin(policy, req.headers, options.https ? "https" : "http");
-      if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
-        authenticate(req.headers.authorization, options.tokens);
-      }
-    }),
-  );
+  // authentication, then an extension's upgrade (which authenticates its own) or the port proxy.
+  const checkUpgradeOrigin = (req: IncomingMessage) => {
+    const policy = originPolicy();
+    if (policy) checkHostAndOrigin(policy, req.headers, options.https ? "https" : "http");
+  };
+  const proxyUpgrade = portUpgradeHandler(context, async (req) => {
+    if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+      authenticate(req.headers.authorization, options.tokens);
+    }
+  });
+  app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    try {
+      checkUpgradeOrigin(req);
+    } catch (err) {
+      socket.on("error", () => {});
+      refuseUpgrade(socket, err);
+      return;
+    }
+    for (const extension of extensions) {
+      if (extension.upgrade?.(req, socket, head, listener)) return;
+    }
+    proxyUpgrade(req, socket, head);
+  });
   const e2b = await registerE2b(app, {
     services: options.services,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
@@ -323,7 +349,12 @@ function lazyOriginPolicy(
 
 const callerBySocket = new WeakMap<Socket, Promise<string>>();
 
-async function identifyCaller(request: FastifyRequest, options: ApiOptions): Promise<string> {
+async function identifyCaller(
+  request: FastifyRequest,
+  options: ApiOptions,
+  extensions: readonly ApiExtension[],
+  listener: ListenerInfo,
+): Promise<string> {
   if (options.transport === "unix") {
     const socket = request.raw.socket;
     let caller = callerBySocket.get(socket);
@@ -340,9 +371,25 @@ async function identifyCaller(request: FastifyRequest, options: ApiOptions): Pro
     if (request.url === "/healthz" || request.url === "/healthz/") return address;
     // Named before the check so a rejected request is audited with where it came from.
     request.caller = address;
+    if (request.headers.authorization === undefined) {
+      for (const extension of extensions) {
+        const caller = extension.identify?.(request, listener);
+        if (caller !== undefined) return caller;
+      }
+    }
     return authenticate(request.headers.authorization, options.tokens).id;
   }
   return address;
+}
+
+/** Answers a refused upgrade with the error's status and JSON body, then closes the socket. */
+function refuseUpgrade(socket: Socket, err: unknown): void {
+  const httpError = toHttpError(err);
+  const body = JSON.stringify({ error: httpError.message, code: httpError.code });
+  socket.end(
+    `HTTP/1.1 ${httpError.status} Error\r\ncontent-type: application/json\r\n` +
+      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
 }
 
 /** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */

@@ -21,7 +21,7 @@ import { FileVerifier } from "../store/verify.js";
 import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { cacheDirs, memoryImageOptions, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
-import type { SnapshotDetail } from "./sandbox-service.js";
+import type { SnapshotDetail, SnapshotInfo } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -187,6 +187,7 @@ export async function localSnapshotDetail(
     // Aliases and the daemon's own snapshots are the daemon's records; the CLI alone does not read them.
     aliases: [],
     ephemeral: false,
+    ...(await originFacts(s)),
     ...chain,
   };
 }
@@ -247,6 +248,20 @@ async function layerUsage(s: StoredSnapshot): Promise<LayerUsage> {
       backing: header?.backingFile ?? null,
     },
     vmstate_bytes: (await stat(path.join(s.dir, SNAPSHOT_FILES.deviceState)).catch(() => null))?.size ?? 0,
+  };
+}
+
+/** How a stored snapshot came to be and what its own files occupy on disk (SnapshotInfo's origin fields). */
+export async function originFacts(
+  s: StoredSnapshot,
+): Promise<Pick<SnapshotInfo, "origin" | "branch_mode" | "disk_bytes">> {
+  const sizes = await Promise.all(
+    Object.keys(s.manifest.files).map((name) => physicalBytes(path.join(s.dir, name))),
+  );
+  return {
+    origin: s.manifest.origin.kind,
+    branch_mode: s.manifest.origin.kind === "branch" ? s.manifest.origin.mode : null,
+    disk_bytes: sizes.reduce((sum, n) => sum + n, 0),
   };
 }
 

@@ -38,6 +38,7 @@ import {
   processStartTime,
   recordedIdentity,
 } from "./host-processes.js";
+import { type HostStatus, type SandboxUsage, UsageSampler } from "./host-usage.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
@@ -126,6 +127,7 @@ export class SandboxManager implements SandboxService {
   private readonly log: ManagerLog;
   private sweeper: NodeJS.Timeout | undefined;
   private readonly metricsSampler = new MetricsSampler();
+  private readonly usageSampler = new UsageSampler();
   private collectionRequested = false;
   private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
@@ -520,6 +522,21 @@ export class SandboxManager implements SandboxService {
     });
   }
 
+  async usage(filter: { ids?: readonly string[] } = {}): Promise<SandboxUsage[]> {
+    const wanted = filter.ids === undefined ? undefined : new Set(filter.ids);
+    const handles = [...this.live.values()]
+      .filter((l) => !l.killing && (wanted === undefined || wanted.has(l.handle.id)))
+      .map((l) => l.handle);
+    const samples = await Promise.all(handles.map((h) => this.usageSampler.sandbox(h.id, h.pid)));
+    return samples.filter((u): u is SandboxUsage => u !== null);
+  }
+
+  async host(): Promise<HostStatus> {
+    const counts: HostStatus["sandboxes"] = { starting: 0, running: 0, stopping: 0, dead: 0 };
+    for (const row of this.db.sandboxes()) counts[row.status]++;
+    return this.usageSampler.host(counts);
+  }
+
   // ---- calls into the guest ----
 
   ping(id: string, options: { signal?: AbortSignal } = {}) {
@@ -817,6 +834,7 @@ export class SandboxManager implements SandboxService {
     }
     if (row.cgroup) await removeCgroup(row.cgroup).catch(() => {});
     this.metricsSampler.forget(row.id);
+    this.usageSampler.forget(row.id);
     this.requestCollection();
     await this.networks.detach(row.id);
     this.log.info({ id: row.id, reason }, "sandbox stopped");

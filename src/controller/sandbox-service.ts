@@ -30,11 +30,12 @@ import type {
 import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { ChainDetail } from "./chains.js";
+import type { HostStatus, SandboxUsage } from "./host-usage.js";
 import type { PackResult, UnpackResult } from "./packs.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
 import type { ResolvedTemplate, TemplateAlias } from "./template-aliases.js";
 
-export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
+export type { EgressPolicy, EgressPolicyInput, HostStatus, NetworkRequest, SandboxNetworkInfo, SandboxUsage };
 
 /** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
 export interface NetworkStatus {
@@ -206,6 +207,13 @@ export interface SandboxService {
   /** The sandbox-level environment variables given at spawn. */
   envVars(id: string): Record<string, string>;
   metrics(id: string, options?: { signal?: AbortSignal }): Promise<SandboxMetrics>;
+  /**
+   * Host-side use of running sandboxes (all, or those of `ids`; unknown or stopped ones are left out): memory of
+   * each VM's QEMU process (RSS, PSS, private) and its CPU. Asks nothing of the guests.
+   */
+  usage(filter?: { ids?: readonly string[] }): Promise<SandboxUsage[]>;
+  /** The host the daemon runs on: CPUs, load, memory, and how many sandboxes are in each state. */
+  host(): Promise<HostStatus>;
   networkStatus(): NetworkStatus;
   /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
   setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;
@@ -308,6 +316,12 @@ export interface SnapshotInfo {
   aliases: string[];
   /** Made by the daemon for its own use (a fork point); deleted once nothing needs it. */
   ephemeral: boolean;
+  /** How it came to be: booted from a template, BRANCHed from a sandbox, compacted from a chain (null: not on disk). */
+  origin: "template" | "branch" | "compact" | null;
+  /** A branch's mode (full: stands alone; diff/live: a layer on its parent); null for other origins. */
+  branch_mode: "full" | "diff" | "live" | null;
+  /** Bytes its own files occupy on disk (allocated blocks; sparse RAM images count only what is stored). */
+  disk_bytes: number;
 }
 
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */

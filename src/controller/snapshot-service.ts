@@ -9,7 +9,7 @@ import type { ForkdPaths } from "../common/paths.js";
 import { imageOfFiles } from "../image/index.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
-import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
+import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
 import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
 import { snapshotIsBootable } from "./restore-plan.js";
@@ -144,6 +144,9 @@ export class DaemonSnapshots implements SnapshotService {
           source_sandbox: null,
           aliases: [],
           ephemeral: false,
+          origin: null,
+          branch_mode: null,
+          disk_bytes: 0,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -330,6 +333,7 @@ export class DaemonSnapshots implements SnapshotService {
       source_sandbox: s.manifest.origin.sourceSandbox,
       aliases: this.templateAliases.namesOf(s.tag),
       ephemeral,
+      ...(await originFacts(s)),
     };
   }
 }
