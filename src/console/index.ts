@@ -152,10 +152,11 @@ class WebConsole implements ApiExtension {
       if (ifNoneMatch === file.etag) return reply.status(304).send();
       return reply.type(file.type).send(file.body);
     };
+    // The router ignores a trailing slash: /console and /console/ are one route, the page.
     scope.get(
       CONSOLE_PATH,
       { config: { console: "public" }, schema: { hide: true } },
-      async (_request, reply) => reply.redirect(`${CONSOLE_PATH}/`),
+      async (request, reply) => sendFile(reply, "index.html", request.headers["if-none-match"]),
     );
     scope.get(
       `${CONSOLE_PATH}/*`,
