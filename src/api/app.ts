@@ -20,7 +20,14 @@ import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import { E2B_ROUTE_TAG, type E2bSettings, registerE2b, surfaceConstraint } from "../e2b/index.js";
+import {
+  E2B_ROUTE_TAG,
+  type E2bSettings,
+  isSandboxOrigin,
+  registerE2b,
+  sandboxAddressOf,
+  surfaceConstraint,
+} from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
@@ -31,7 +38,12 @@ import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerHostRoutes } from "./routes/host.js";
-import { portUpgradeHandler, registerNetworkRoutes, registerPortProxyRoutes } from "./routes/network.js";
+import {
+  portUpgradeHandler,
+  refuseUpgrade,
+  registerNetworkRoutes,
+  registerPortProxyRoutes,
+} from "./routes/network.js";
 import { registerPackRoutes } from "./routes/packs.js";
 import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
@@ -73,6 +85,11 @@ export interface ApiOptions {
   /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
   tokens?: readonly Token[];
   /**
+   * Every token of the daemon, whichever listener takes them (default `tokens`): removed from requests the
+   * port proxy passes on to a sandbox, so a client's daemon credential never reaches a guest.
+   */
+  daemonTokens?: readonly Token[];
+  /**
    * TCP only: the names this listener answers to (see origin-policy.ts). The port is read from the bound
    * server, so a listener on port 0 gets its real one.
    */
@@ -95,6 +112,8 @@ export interface ApiContext {
   services: DaemonServices;
   snapshotsDir: string;
   metrics: DaemonMetrics;
+  /** See ApiOptions.daemonTokens. */
+  daemonTokens: readonly Token[];
 }
 
 declare module "fastify" {
@@ -150,7 +169,13 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   app.addConstraintStrategy(surfaceConstraint);
 
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
-  const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
+  const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
+  const context: ApiContext = {
+    services: options.services,
+    snapshotsDir: options.snapshotsDir,
+    metrics,
+    daemonTokens,
+  };
 
   app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
   app.setErrorHandler(
@@ -175,14 +200,25 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     snapshotsDir: options.snapshotsDir,
   };
   const originPolicy = lazyOriginPolicy(app, options.origin);
+  const scheme = options.https ? "https" : "http";
+  /** Before authentication: a rebinding page must learn nothing, not even whether it needs a token. */
+  const checkOrigin = (headers: IncomingMessage["headers"]) => {
+    const policy = originPolicy();
+    if (!policy) return;
+    checkHostAndOrigin(policy, headers, scheme);
+    // A page served from a sandbox's port is the guest's content: it may call sandboxes, never the daemon.
+    if (sandboxAddressOf(headers) === null && isSandboxOrigin(headers.origin)) {
+      throw new ForkdError(
+        "forbidden",
+        `cross-origin request from a sandbox's page (${JSON.stringify(String(headers.origin).slice(0, 200))}) ` +
+          "refused: sandbox pages reach sandboxes only, never the daemon's API",
+      );
+    }
+  };
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
-    // Before authentication: a rebinding page must learn nothing, not even whether it needs a token.
-    const policy = originPolicy();
-    if (policy) {
-      request.caller = `${options.transport}:${request.ip}`;
-      checkHostAndOrigin(policy, request.headers, options.https ? "https" : "http");
-    }
+    request.caller = `${options.transport}:${request.ip}`;
+    checkOrigin(request.headers);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -260,36 +296,35 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerNetworkRoutes(app, context);
   await app.register(async (scope) => registerPortProxyRoutes(scope, context));
   for (const extension of extensions) await extension.register(app, listener);
-  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check and
-  // authentication, then an extension's upgrade (which authenticates its own) or the port proxy.
-  const checkUpgradeOrigin = (req: IncomingMessage) => {
-    const policy = originPolicy();
-    if (policy) checkHostAndOrigin(policy, req.headers, options.https ? "https" : "http");
-  };
-  const proxyUpgrade = portUpgradeHandler(context, async (req) => {
+  const e2b = await registerE2b(app, {
+    services: options.services,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    daemonTokens,
+    ...options.e2b,
+  });
+  app.decorate("e2bControlRoutes", e2b.controlRoutes);
+  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
+  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
+  // forkd port route, with the listener's authentication.
+  const forkdUpgrade = portUpgradeHandler(context, async (req) => {
     if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
       authenticate(req.headers.authorization, options.tokens);
     }
   });
   app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    socket.on("error", () => {});
     try {
-      checkUpgradeOrigin(req);
+      checkOrigin(req.headers);
     } catch (err) {
-      socket.on("error", () => {});
       refuseUpgrade(socket, err);
       return;
     }
+    // An extension's upgrade (the console's terminals) authenticates its own.
     for (const extension of extensions) {
       if (extension.upgrade?.(req, socket, head, listener)) return;
     }
-    proxyUpgrade(req, socket, head);
+    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
   });
-  const e2b = await registerE2b(app, {
-    services: options.services,
-    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
-    ...options.e2b,
-  });
-  app.decorate("e2bControlRoutes", e2b.controlRoutes);
   return app;
 }
 
@@ -380,16 +415,6 @@ async function identifyCaller(
     return authenticate(request.headers.authorization, options.tokens).id;
   }
   return address;
-}
-
-/** Answers a refused upgrade with the error's status and JSON body, then closes the socket. */
-function refuseUpgrade(socket: Socket, err: unknown): void {
-  const httpError = toHttpError(err);
-  const body = JSON.stringify({ error: httpError.message, code: httpError.code });
-  socket.end(
-    `HTTP/1.1 ${httpError.status} Error\r\ncontent-type: application/json\r\n` +
-      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-  );
 }
 
 /** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */

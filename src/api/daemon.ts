@@ -152,6 +152,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       maxConnections: config.maxConnections,
       headersTimeoutMs: config.headersTimeoutMs,
       e2b: config.e2b,
+      daemonTokens: checked.tokens,
     };
     const urls: string[] = [];
     if (config.socketPath !== null) {

@@ -58,13 +58,26 @@ export async function isAlive(identity: ProcessIdentity): Promise<boolean> {
   return (await processStartTime(identity.pid)) === identity.startTime;
 }
 
-/** Parses an identity stored as JSON; null for anything that is not one (a file from an older forkd, garbage). */
+/**
+ * Parses an identity stored as JSON; null for anything that is not one. Older forkd wrote `{pid, startTime}` with
+ * the start time as a string and no boot: read as this boot's, so a live older writer is not taken for dead.
+ */
 export function parseIdentity(value: unknown): ProcessIdentity | null {
   if (typeof value !== "object" || value === null) return null;
   const { pid, startTime, bootId } = value as Record<string, unknown>;
   if (!Number.isInteger(pid) || (pid as number) <= 0) return null;
-  if (!Number.isInteger(startTime) || typeof bootId !== "string") return null;
-  return { pid: pid as number, startTime: startTime as number, bootId };
+  const start = typeof startTime === "string" && /^\d+$/.test(startTime) ? Number(startTime) : startTime;
+  if (!Number.isInteger(start)) return null;
+  if (bootId !== undefined && typeof bootId !== "string") return null;
+  return { pid: pid as number, startTime: start as number, bootId: bootId ?? currentBootId() };
+}
+
+/**
+ * An identity as JSON, with the start time as a string: the form older forkd reads too, so processes of two
+ * versions sharing a directory (the image cache) never take each other's work for a dead writer's.
+ */
+export function identityJson(identity: ProcessIdentity): string {
+  return JSON.stringify({ ...identity, startTime: String(identity.startTime) });
 }
 
 /**

@@ -4,6 +4,7 @@
  * matched. Shared by every surface that takes a daemon token (bearer on the forkd API, X-API-Key on the E2B API).
  */
 import { createHash, timingSafeEqual } from "node:crypto";
+import type { IncomingHttpHeaders } from "node:http";
 import { ForkdError } from "./errors.js";
 
 /** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
@@ -33,4 +34,16 @@ export function matchToken(presented: string, tokens: readonly Token[]): Token |
     if (timingSafeEqual(digest, token.digest) && !found) found = token;
   }
   return found;
+}
+
+/**
+ * Removes the headers of a request that carry one of the daemon's tokens (`Authorization: Bearer`, and
+ * `X-API-Key` as E2B clients send it) before the request is passed on to a sandbox: a daemon credential must
+ * never reach a guest. Headers with other values are the guest's business and stay.
+ */
+export function stripDaemonTokens(headers: IncomingHttpHeaders, tokens: readonly Token[]): void {
+  const bearer = /^Bearer[ ]+(\S+)[ ]*$/i.exec(headers.authorization ?? "");
+  if (bearer && matchToken(bearer[1] as string, tokens)) delete headers.authorization;
+  const key = headers["x-api-key"];
+  if (typeof key === "string" && matchToken(key, tokens)) delete headers["x-api-key"];
 }

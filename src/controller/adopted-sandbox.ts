@@ -13,8 +13,12 @@ import { killAndWait } from "./host-processes.js";
 import { RUN_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
-/** Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. */
-export const REATTACH_TIMEOUT_MS = 60_000;
+/**
+ * Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. Short,
+ * because the API serves meanwhile and every sandbox is re-attached in parallel: one unresponsive guest must not
+ * hold the others (or a kill of it) for long.
+ */
+export const REATTACH_TIMEOUT_MS = 20_000;
 
 export class AdoptedSandbox implements SandboxHandle {
   private destroyed: Promise<void> | undefined;
@@ -48,6 +52,10 @@ export class AdoptedSandbox implements SandboxHandle {
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
+      // A daemon that died mid-BRANCH can leave its source stopped (the pause of a capture): running is the only
+      // state a sandbox of ours is left in, so continue it. A deliberately paused sandbox has no QEMU to adopt.
+      const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
+      if (status.status === "paused") await qmp.execute("cont", {}, { signal });
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });
@@ -62,6 +70,11 @@ export class AdoptedSandbox implements SandboxHandle {
 
   async qmp(): Promise<QmpClient> {
     return this.qmpClient;
+  }
+
+  release(): void {
+    this.agent.close();
+    this.qmpClient.close();
   }
 
   destroy(): Promise<void> {

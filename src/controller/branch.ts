@@ -20,7 +20,7 @@ import { link, open, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
-import { assertTag } from "../common/names.js";
+import { assertTag, isValidTag } from "../common/names.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
@@ -102,18 +102,35 @@ export interface BranchSource {
 }
 
 export interface BranchEvents {
-  /** The branch is committed; the source's next branch chains onto it. */
+  /** The branch is committed (and any BRANCH_INTERRUPTED mark cleared); the next branch chains onto it. */
   branched(sandboxId: string, tag: string): void;
   /**
-   * The branch failed after the source's disk was switched: its chain now holds a frozen layer no snapshot
-   * owns (it lives in the run directory), so a later branch would depend on a file that dies with the source.
+   * The source may not be branched (again): a branch failed after the source's disk was switched (its chain now
+   * holds a frozen layer no snapshot owns, in the run directory, so a later branch would depend on a file that
+   * dies with the source), or one is about to switch it (BRANCH_INTERRUPTED, cleared by branched/unblocked).
+   * Persisted, so a daemon restart knows it.
    */
   blocked(sandboxId: string, reason: string): void;
+  /** A branch failed before its disk switch: the BRANCH_INTERRUPTED mark goes. */
+  unblocked(sandboxId: string): void;
 }
 
 export function defaultBranchTag(sandboxId: string): string {
   const stamp = new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "-");
   return `branch-${sandboxId}-${stamp}-${randomBytes(2).toString("hex")}`;
+}
+
+/**
+ * The mark a BRANCH leaves on its source while its disk switch is not backed by a committed snapshot yet (see
+ * SandboxManager.settleInterruptedBranch): the branch_blocked reason, followed by the new snapshot's tag.
+ */
+export const BRANCH_INTERRUPTED = "a BRANCH was interrupted (the daemon stopped) after switching the disk to";
+
+/** The tag an interrupted BRANCH was writing, from a branch_blocked reason; null for any other reason. */
+export function interruptedBranchTag(reason: string | null): string | null {
+  if (reason === null || !reason.startsWith(`${BRANCH_INTERRUPTED} `)) return null;
+  const tag = reason.slice(BRANCH_INTERRUPTED.length + 1);
+  return isValidTag(tag) ? tag : null;
 }
 
 export class Brancher {
@@ -135,6 +152,11 @@ export class Brancher {
   /** BRANCHes admitted and not finished (waiting for an earlier branch of the same source included). */
   get inFlight(): number {
     return this.running;
+  }
+
+  /** Whether a BRANCH of `sandboxId` is running or queued in this process. */
+  isBranching(sandboxId: string): boolean {
+    return this.perSource.has(sandboxId);
   }
 
   async branch(source: BranchSource, request: BranchRequest): Promise<BranchResult> {
@@ -200,6 +222,7 @@ export class Brancher {
     const fail = async (err: unknown) => {
       if (frozen)
         this.events.blocked(handle.id, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
+      else this.events.unblocked(handle.id);
       await prepared?.abandon().catch(() => {});
       await writer?.abort();
       this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
@@ -216,6 +239,9 @@ export class Brancher {
         signal,
       });
       const freezePrepared = prepared;
+      // Written ahead of the disk switch: a daemon that dies between the switch and the commit leaves the mark,
+      // and the restart then knows the source's chain runs through a layer no snapshot may own.
+      this.events.blocked(handle.id, `${BRANCH_INTERRUPTED} ${tag}`);
       const whileStopped = async () => {
         frozen = await freezeDisk(qmp, freezePrepared, { signal });
         prepared = undefined;

@@ -16,7 +16,13 @@ import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from ".
 import { lockHome } from "../common/home-lock.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import { currentBootId, isAlive, OWNER_TOKEN_PATTERN, ownerTokenAlive } from "../common/processes.js";
+import {
+  currentBootId,
+  isAlive,
+  OWNER_TOKEN_PATTERN,
+  ownerTokenAlive,
+  type ProcessIdentity,
+} from "../common/processes.js";
 import {
   detectMemoryCgroupRoot,
   limitMemory,
@@ -24,12 +30,12 @@ import {
   removeCgroup,
 } from "../isolation/cgroup.js";
 import type { EgressPolicyInput } from "../net/policy.js";
-import { PortProxy } from "../net/port-proxy.js";
+import { PortProxy, type PortTarget } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
-import { Brancher, type BranchRequest } from "./branch.js";
+import { Brancher, type BranchRequest, interruptedBranchTag } from "./branch.js";
 import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
 import {
   isOurProcess,
@@ -44,7 +50,7 @@ import { SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
 import { prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import { SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
+import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
@@ -57,11 +63,14 @@ import type {
   SpawnRequest,
 } from "./sandbox-service.js";
 import {
+  hostHeaderFor,
   layerEnv,
   newAccessToken,
+  parseInbound,
   parseStringMap,
   tokenMatches,
   validateEnvVars,
+  validateInbound,
   validateMetadata,
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
@@ -84,6 +93,8 @@ export const SWEEP_INTERVAL_MS = 1000;
 export const EPHEMERAL_COLLECTION_INTERVAL_MS = 60_000;
 /** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
 export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
+/** Sandboxes re-attached at once after a restart (QMP and one agent round trip each; mostly waiting). */
+export const REATTACH_CONCURRENCY = 8;
 /** meta key: the boot the recorded pids and start times belong to. */
 const BOOT_ID_KEY = "boot_id";
 /** Sandbox networks created at once within one spawn request. */
@@ -120,6 +131,9 @@ export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
   private readonly brancher: Brancher;
   private readonly live = new Map<string, Live>();
+  /** Sandboxes found running at start-up and not re-attached yet, each with its re-attach. */
+  private readonly reattaching = new Map<string, Promise<void>>();
+  private closed = false;
   /** Kills in progress, so a concurrent kill of the same sandbox waits for the first instead of racing it. */
   private readonly killing = new Map<string, Promise<void>>();
   private readonly admission: Admission;
@@ -156,11 +170,16 @@ export class SandboxManager implements SandboxService {
       db,
       {
         blocked: (sandboxId, reason) => this.db.updateSandbox(sandboxId, { branch_blocked: reason }),
+        unblocked: (sandboxId) => this.db.updateSandbox(sandboxId, { branch_blocked: null }),
         branched: (sandboxId, tag) => {
           const current = this.db.sandbox(sandboxId);
           if (!current) return;
           const layers = [...(JSON.parse(current.layer_tags) as string[]), tag];
-          this.db.updateSandbox(sandboxId, { last_branch_tag: tag, layer_tags: JSON.stringify(layers) });
+          this.db.updateSandbox(sandboxId, {
+            last_branch_tag: tag,
+            layer_tags: JSON.stringify(layers),
+            branch_blocked: null,
+          });
         },
       },
       options.branchConcurrency,
@@ -211,6 +230,7 @@ export class SandboxManager implements SandboxService {
     }
     const metadata = JSON.stringify(validateMetadata(request.metadata));
     const envVars = JSON.stringify(validateEnvVars(request.env));
+    const inbound = JSON.stringify(validateInbound(request.inbound));
     // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
     const reservations = [this.admission.reserveSpawn(n)];
     const releaseAll = () => {
@@ -274,6 +294,7 @@ export class SandboxManager implements SandboxService {
         traffic_token: newAccessToken(),
         template_alias: request.templateAlias ?? null,
         network: networkKind,
+        inbound,
       };
     });
     // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
@@ -409,6 +430,10 @@ export class SandboxManager implements SandboxService {
         metadata: parseStringMap(row.metadata),
         env: parseStringMap(row.env_vars),
         templateAlias: row.template_alias ?? undefined,
+        // Forks keep the source's egress policy (as it is now) and inbound settings: a fork is never less
+        // confined than what it was forked from.
+        network: this.networkOf(row),
+        inbound: parseInbound(row.inbound),
         signal: request.signal,
       },
       "each",
@@ -447,6 +472,8 @@ export class SandboxManager implements SandboxService {
     }
     if (row.status === "starting") throw conflict(`sandbox ${id} is still starting; kill it once spawned`);
     const killing = (async () => {
+      // A sandbox being re-attached is killed once that is settled (bounded by REATTACH_TIMEOUT_MS).
+      await this.reattaching.get(id);
       await this.destroy(row, "killed");
       this.db.deleteSandbox(id);
     })();
@@ -595,8 +622,11 @@ export class SandboxManager implements SandboxService {
 
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
   async close(): Promise<void> {
+    this.closed = true;
     if (this.sweeper) clearInterval(this.sweeper);
-    for (const { handle } of this.live.values()) handle.agent.close();
+    // Re-attaches in flight let go of what they adopt once they see `closed`.
+    await this.reattached.catch(() => {});
+    for (const { handle } of this.live.values()) handle.release();
     this.live.clear();
     this.portProxy.close();
     await this.networks.close();
@@ -639,8 +669,8 @@ export class SandboxManager implements SandboxService {
     port: number,
     req: http.IncomingMessage,
     res: http.ServerResponse,
-  ): Promise<void> {
-    await this.portProxy.web(req, res, this.portTarget(id, port));
+  ): Promise<string | null> {
+    return this.portProxy.web(req, res, this.portTarget(id, port));
   }
 
   /** Proxies a WebSocket (HTTP upgrade) to TCP port `port` of sandbox `id`. */
@@ -648,15 +678,29 @@ export class SandboxManager implements SandboxService {
     this.portProxy.upgrade(req, socket, head, this.portTarget(id, port));
   }
 
-  private portTarget(id: string, port: number) {
+  private portTarget(id: string, port: number): PortTarget {
     if (!isIntIn(port, 1, 65535)) throw invalidArgument(`port must be an integer in 1..65535, got ${port}`);
     this.liveOrThrow(id);
-    return this.networks.portTarget(id, port);
+    const inbound = parseInbound(this.row(id).inbound);
+    return {
+      ...this.networks.portTarget(id, port),
+      tls: inbound.httpsPorts.includes(port),
+      hostHeader: hostHeaderFor(inbound, port),
+    };
+  }
+
+  /** The network request that gives a new sandbox the network `row`'s sandbox has now. */
+  private networkOf(row: SandboxRow): NetworkRequest {
+    if (row.network === "none") return undefined;
+    const policy = this.networks.info(row.id, true).policy;
+    return row.network === "private" || policy === null ? "none" : policy;
   }
 
   // ---- internals ----
 
   private async call<T>(id: string, fn: (agent: AgentClient) => Promise<T>): Promise<T> {
+    // A call right after a restart waits for its own sandbox's re-attach (at most REATTACH_TIMEOUT_MS), not others'.
+    await this.reattaching.get(id)?.catch(() => {});
     const live = this.liveOrThrow(id);
     try {
       return await fn(live.handle.agent);
@@ -674,6 +718,12 @@ export class SandboxManager implements SandboxService {
     const row = this.row(id);
     const live = this.live.get(id);
     if (live && !live.killing) return live;
+    if (this.reattaching.has(id)) {
+      throw new ForkdError(
+        "unavailable",
+        `sandbox ${id} is re-attaching after a daemon restart; retry in a moment`,
+      );
+    }
     if (row.status === "dead") throw conflict(`sandbox ${id} is dead: ${row.error ?? "its VM exited"}`);
     if (row.status === "starting") throw conflict(`sandbox ${id} is still starting`);
     throw conflict(`sandbox ${id} is being stopped`);
@@ -754,7 +804,11 @@ export class SandboxManager implements SandboxService {
   async branch(id: string, request: BranchRequest & { alias?: string } = {}): Promise<BranchOutcome> {
     const live = this.liveOrThrow(id);
     const row = this.row(id);
-    if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
+    // The mark of a BRANCH this process is running is no obstacle: branches of one source queue behind each other.
+    const inFlight = this.brancher.isBranching(id) && interruptedBranchTag(row.branch_blocked) !== null;
+    if (row.branch_blocked && !inFlight) {
+      throw conflict(`sandbox ${id} cannot be branched again: ${row.branch_blocked}`);
+    }
     if (request.alias !== undefined) assertAlias(request.alias);
     const { alias, ...branchRequest } = request;
     // The copy of the source's private pages is held in memory: at most its whole RAM.
@@ -802,6 +856,7 @@ export class SandboxManager implements SandboxService {
       last_branch_memory_path: this.branchMemoryPath(row.last_branch_tag),
       metadata: parseStringMap(row.metadata),
       template_alias: row.template_alias,
+      inbound: parseInbound(row.inbound),
       network:
         row.status === "dead"
           ? { kind: row.network, netns: null, address: null, guestAddress: null, policy: null }
@@ -854,10 +909,17 @@ export class SandboxManager implements SandboxService {
     });
   }
 
+  /**
+   * Start-up: sandboxes whose VM is gone are marked dead at once; the survivors are re-attached in the background,
+   * several at a time with a short deadline each (REATTACH_TIMEOUT_MS), so the API serves meanwhile and one
+   * unresponsive guest delays nobody: a call to a sandbox waits only for that sandbox's re-attach, and what cannot
+   * wait (setTimeout, branch) answers 503 "re-attaching".
+   */
   private async reconcile(): Promise<void> {
     await this.sweepRunDir();
     // Start times count from boot: recorded ones belong to the boot the database last saw (unknown = this one).
     const recordedBoot = this.db.meta(BOOT_ID_KEY) ?? currentBootId();
+    const survivors: { row: SandboxRow; identity: ProcessIdentity }[] = [];
     for (const row of this.db.sandboxes()) {
       if (row.status === "dead") continue;
       const identity = recordedIdentity(row.pid, row.pid_start_time, recordedBoot);
@@ -870,21 +932,73 @@ export class SandboxManager implements SandboxService {
         await this.markDead(row, why);
         continue;
       }
-      try {
-        if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
-        const handle = await AdoptedSandbox.adopt(
-          { ...row, identity, memory_image: row.memory_image },
-          { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
-        );
-        this.live.set(row.id, { handle, killing: false });
-        this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
-      } catch (err) {
-        await this.markDead(row, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
-      }
+      survivors.push({ row, identity });
     }
     // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
-    await this.networks.reconcile(new Set(this.live.keys()));
+    await this.networks.reconcile(new Set(survivors.map((s) => s.row.id)));
     this.db.setMeta(BOOT_ID_KEY, currentBootId());
+    this.reattached = this.reattachAll(survivors);
+  }
+
+  /** Resolves once every sandbox found running at start-up is re-attached or marked dead (tests, shutdown). */
+  reattached: Promise<void> = Promise.resolve();
+
+  private async reattachAll(survivors: { row: SandboxRow; identity: ProcessIdentity }[]): Promise<void> {
+    const done = new Map<string, () => void>();
+    for (const { row } of survivors) {
+      this.reattaching.set(row.id, new Promise<void>((resolve) => done.set(row.id, resolve)));
+    }
+    let next = 0;
+    const worker = async () => {
+      while (next < survivors.length) {
+        const { row, identity } = survivors[next++] as (typeof survivors)[number];
+        try {
+          await this.reattach(row, identity);
+        } finally {
+          this.reattaching.delete(row.id);
+          done.get(row.id)?.();
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(REATTACH_CONCURRENCY, survivors.length) }, worker));
+  }
+
+  private async reattach(row: SandboxRow, identity: ProcessIdentity): Promise<void> {
+    try {
+      if (row.memory_image === null) throw new ForkdError("internal", "no memory image recorded");
+      const handle = await AdoptedSandbox.adopt(
+        { ...row, identity, memory_image: row.memory_image },
+        { callTimeoutMs: CHILD_READY_TIMEOUT_MS[row.accelerator] },
+      );
+      if (!this.db.sandbox(row.id) || this.closed) {
+        // Killed (or the manager closed) while it was being re-attached.
+        if (this.closed) handle.release();
+        else await handle.destroy();
+        return;
+      }
+      this.live.set(row.id, { handle, killing: false });
+      await this.settleInterruptedBranch(row);
+      this.log.info({ id: row.id, pid: row.pid }, "re-attached sandbox");
+    } catch (err) {
+      const current = this.db.sandbox(row.id);
+      if (current)
+        await this.markDead(current, `could not re-attach after a daemon restart: ${errorMessage(err)}`);
+    }
+  }
+
+  /**
+   * A BRANCH marks its source before the disk switch (BRANCH_INTERRUPTED); a daemon that died after the switch
+   * leaves the mark, and the source's disk chain then runs through a layer no snapshot owns unless the snapshot
+   * was committed after all. Committed: the mark goes; not: it stays, and the source cannot be branched again.
+   */
+  private async settleInterruptedBranch(row: SandboxRow): Promise<void> {
+    const tag = interruptedBranchTag(row.branch_blocked);
+    if (tag === null) return;
+    const committed = await this.snapshots.store.get(tag).then(
+      () => true,
+      () => false,
+    );
+    if (committed) this.db.updateSandbox(row.id, { branch_blocked: null });
   }
 
   /**

@@ -93,6 +93,21 @@ export interface SandboxInfo {
   /** The template alias the sandbox was created by, or null when it was created by its snapshot tag. */
   template_alias: string | null;
   network: SandboxNetworkInfo;
+  inbound: InboundSettings;
+}
+
+/**
+ * How a sandbox's ports are reached through the daemon (E2B's network.allowPublicTraffic, maskRequestHost and
+ * httpsPorts; see sandbox-settings.ts for the checks). `hostHeader` and `httpsPorts` hold for every front (the
+ * forkd port route too); `requireTrafficToken` is the E2B data plane's rule (the forkd API has its own tokens).
+ */
+export interface InboundSettings {
+  /** E2B data-plane requests to its ports must carry its traffic access token (allowPublicTraffic: false). */
+  requireTrafficToken: boolean;
+  /** The Host header its servers are sent, with `${PORT}` replaced by the port; null: the request's own. */
+  hostHeader: string | null;
+  /** Ports whose servers speak HTTPS: the daemon connects to them with TLS (their certificates unchecked). */
+  httpsPorts: number[];
 }
 
 /** One child of a fork: its sandbox, or why it did not start (the other children are unaffected). */
@@ -148,6 +163,8 @@ export interface SpawnRequest {
   templateAlias?: string;
   /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
   network?: NetworkRequest;
+  /** How its ports are reached; default: public, the request's own Host, plain HTTP (E2B's defaults). */
+  inbound?: Partial<InboundSettings>;
   signal?: AbortSignal;
 }
 
@@ -218,10 +235,17 @@ export interface SandboxService {
   /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
   setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;
   /**
-   * Proxies one HTTP request to TCP `port` in sandbox `id` (`req.url` is the path in the guest); a port nothing
-   * listens on answers 502. Rejects (before writing anything) for an unknown or unreachable sandbox.
+   * Proxies one HTTP request to TCP `port` in sandbox `id` (`req.url` is the path in the guest), under the
+   * sandbox's inbound settings (Host header, HTTPS ports). Resolves with null once the response is done, or
+   * with why the port could not be reached (nothing written yet: the caller answers in its API's shape).
+   * Rejects (before writing anything) for an unknown sandbox or one without a network the daemon can reach.
    */
-  proxyHttp(id: string, port: number, req: http.IncomingMessage, res: http.ServerResponse): Promise<void>;
+  proxyHttp(
+    id: string,
+    port: number,
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+  ): Promise<string | null>;
   /** Proxies an HTTP upgrade (WebSocket) to TCP `port` in sandbox `id`; throws like proxyHttp. */
   proxyUpgrade(id: string, port: number, req: http.IncomingMessage, socket: net.Socket, head: Buffer): void;
   ping(id: string, options?: { signal?: AbortSignal }): Promise<PingInfo>;

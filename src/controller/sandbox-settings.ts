@@ -5,6 +5,7 @@
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import { invalidArgument } from "../common/errors.js";
+import type { InboundSettings } from "./sandbox-service.js";
 
 export const MAX_METADATA_ENTRIES = 64;
 export const MAX_METADATA_KEY_CHARS = 128;
@@ -97,4 +98,60 @@ export function tokenMatches(presented: string | undefined, stored: string | nul
 export function parseStringMap(json: string): StringMap {
   const value = JSON.parse(json) as unknown;
   return isPlainObject(value) ? (value as StringMap) : {};
+}
+
+/** Placeholder of a sandbox's Host header that stands for the port a request is for (E2B's maskRequestHost). */
+// biome-ignore lint/suspicious/noTemplateCurlyInString: E2B's literal placeholder, not a template.
+export const PORT_PLACEHOLDER = "${PORT}";
+export const MAX_HTTPS_PORTS = 64;
+const HOST_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+const HOST_HEADER = new RegExp(`^${HOST_LABEL}(?:\\.${HOST_LABEL})*(?::\\d{1,5})?$`);
+
+export const PUBLIC_INBOUND: InboundSettings = Object.freeze({
+  requireTrafficToken: false,
+  hostHeader: null,
+  httpsPorts: [],
+}) as InboundSettings;
+
+/**
+ * Inbound settings from any caller, completed with the defaults (public, the request's own Host, plain HTTP).
+ * The Host header becomes a header value sent to the guest: a host name or IPv4 address with an optional port,
+ * `${PORT}` anywhere in it, nothing else.
+ */
+export function validateInbound(value: Partial<InboundSettings> | undefined): InboundSettings {
+  const hostHeader = value?.hostHeader ?? null;
+  if (hostHeader !== null) {
+    const sample = hostHeader.split(PORT_PLACEHOLDER).join("1");
+    if (typeof hostHeader !== "string" || hostHeader.length > 300 || !HOST_HEADER.test(sample)) {
+      throw invalidArgument(
+        `host header ${JSON.stringify(String(hostHeader).slice(0, 80))} is not a host[:port] (ASCII letters, ` +
+          `digits, dots and hyphens; ${PORT_PLACEHOLDER} stands for the port)`,
+      );
+    }
+  }
+  const ports = value?.httpsPorts ?? [];
+  if (!Array.isArray(ports) || ports.length > MAX_HTTPS_PORTS) {
+    throw invalidArgument(`https ports must be a list of at most ${MAX_HTTPS_PORTS} ports`);
+  }
+  for (const port of ports) {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw invalidArgument(`https port ${JSON.stringify(port)} is not a port (an integer in 1..65535)`);
+    }
+  }
+  return {
+    requireTrafficToken: value?.requireTrafficToken === true,
+    hostHeader,
+    httpsPorts: [...new Set(ports)].sort((a, b) => a - b),
+  };
+}
+
+/** A stored row's inbound settings (rows older than them are E2B's defaults). */
+export function parseInbound(json: string): InboundSettings {
+  const value = JSON.parse(json) as Partial<InboundSettings> | null;
+  return validateInbound(isPlainObject(value) ? value : {});
+}
+
+/** The Host header a request for `port` is sent with, or null to keep the request's own. */
+export function hostHeaderFor(inbound: InboundSettings, port: number): string | null {
+  return inbound.hostHeader === null ? null : inbound.hostHeader.split(PORT_PLACEHOLDER).join(String(port));
 }

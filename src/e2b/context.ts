@@ -12,14 +12,24 @@ export interface E2bOptions {
    * without --token-file, the Unix socket), as on the forkd API.
    */
   tokens: readonly Token[];
+  /**
+   * Every token of the daemon (whichever listener takes it): removed from requests proxied to a sandbox's
+   * ports, so no client's daemon credential ever reaches a guest. Default: `tokens`.
+   */
+  daemonTokens?: readonly Token[];
   /** Base domain of sandbox host names (`<port>-<sandboxId>.<domain>`), returned as the sandboxes' domain. */
   domain?: string;
   /** Largest upload one POST /files may carry (default MAX_UPLOAD_BYTES, 1 GiB). */
   maxUploadBytes?: number;
+  /**
+   * Every sandbox's ports need its traffic access token, whatever its creator asked (E2B's default is public:
+   * anyone who reaches the listener and knows the sandbox id). For hosts whose other users are not trusted.
+   */
+  privateTraffic?: boolean;
 }
 
 /** The daemon's E2B settings (flags of `forkd daemon`). */
-export type E2bSettings = Pick<E2bOptions, "domain" | "maxUploadBytes">;
+export type E2bSettings = Pick<E2bOptions, "domain" | "maxUploadBytes" | "privateTraffic">;
 
 export interface E2bContext extends E2bOptions {
   facts: TemplateFacts;

@@ -3,21 +3,28 @@
  * E2B_SANDBOX_URL (E2b-Sandbox-Id / E2b-Sandbox-Port headers) or at `<port>-<sandboxId>.<domain>`, all on the
  * daemon's own listener. Requests addressed to a sandbox only ever match data-plane routes (see routing.ts).
  */
+import type http from "node:http";
+import type net from "node:net";
 import type { FastifyInstance, RouteOptions } from "fastify";
 import { createE2bContext, type E2bContext, type E2bOptions } from "./context.js";
 import { registerControlPlane } from "./control/index.js";
 import { registerEnvd } from "./envd/index.js";
 import { registerInterpreter } from "./interpreter/index.js";
-import { registerPorts } from "./ports.js";
+import { registerPorts, upgradeToSandboxPort } from "./ports.js";
 import { type SandboxSurface, SURFACE_CONSTRAINT } from "./routing.js";
 
 export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
-export { surfaceConstraint } from "./routing.js";
+export { isSandboxOrigin, sandboxAddressOf, surfaceConstraint } from "./routing.js";
 
 export interface E2bRegistration {
   /** Routes of the control plane, for the E2B OpenAPI document. */
   controlRoutes: RouteOptions[];
+  /**
+   * Handles an HTTP upgrade addressed to a sandbox (a WebSocket to one of its ports) and returns true, or
+   * returns false for any other upgrade. The listener's Host/Origin check must have passed before.
+   */
+  upgrade: (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => boolean;
 }
 
 /**
@@ -36,7 +43,7 @@ export async function registerE2b(app: FastifyInstance, options: E2bOptions): Pr
   app.addHook("onClose", async () => {
     await context.watchers.closeAll();
   });
-  return { controlRoutes };
+  return { controlRoutes, upgrade: upgradeToSandboxPort(context) };
 }
 
 async function registerSurface(

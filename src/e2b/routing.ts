@@ -12,7 +12,7 @@ export const INTERPRETER_PORT = 49999;
 
 export const SURFACE_CONSTRAINT = "e2bSandboxSurface";
 
-/** envd, the code interpreter, or any other port of the sandbox (what the networking issue will proxy). */
+/** envd, the code interpreter, or any other port of the sandbox (proxied to the guest: ports.ts). */
 export type SandboxSurface = "envd" | "interpreter" | "port";
 
 export interface SandboxAddress {
@@ -38,6 +38,20 @@ export function sandboxAddressOf(headers: IncomingHttpHeaders): SandboxAddress |
   const host = HOST_PATTERN.exec(header(headers, "host") ?? "");
   if (host) return { sandboxId: (host[2] as string).toLowerCase(), port: parsePort(host[1]) };
   return null;
+}
+
+/**
+ * Whether a browser `Origin` is a page served from a sandbox's port (`<port>-<sandboxId>.<domain>`): content
+ * the guest controls. Such pages may call the data plane, as on E2B; the forkd API and the control plane
+ * refuse them (src/api/app.ts), so a sandbox's web page can never drive the daemon.
+ */
+export function isSandboxOrigin(origin: string | undefined): boolean {
+  if (origin === undefined) return false;
+  try {
+    return HOST_PATTERN.test(new URL(origin).hostname);
+  } catch {
+    return false;
+  }
 }
 
 function parsePort(value: string | undefined): number {

@@ -3,6 +3,7 @@
  * E2B's 502), and that the request carries that sandbox's secret. One sandbox's token never opens another:
  * tokens are per sandbox and checked against the sandbox the request names.
  */
+import type { IncomingHttpHeaders } from "node:http";
 import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
 import { isValidSandboxId } from "../common/names.js";
@@ -25,7 +26,16 @@ declare module "fastify" {
 
 /** The running sandbox a data-plane request addresses; SandboxUnreachable (502) otherwise. */
 export function resolveSandbox(request: FastifyRequest, context: E2bContext): SandboxSession {
-  const address = sandboxAddressOf(request.headers);
+  const session = sandboxSession(request.headers, context);
+  request.e2bSandbox = session;
+  request.caller = `sandbox:${session.sandboxId}`;
+  request.auditIds.push(session.sandboxId);
+  return session;
+}
+
+/** resolveSandbox for a request that never reaches a route (a WebSocket upgrade). */
+export function sandboxSession(headers: IncomingHttpHeaders, context: E2bContext): SandboxSession {
+  const address = sandboxAddressOf(headers);
   if (address === null) throw new ForkdError("invalid_argument", "no sandbox named (E2b-Sandbox-Id header)");
   const { sandboxId, port } = address;
   if (!isValidSandboxId(sandboxId)) {
@@ -38,17 +48,16 @@ export function resolveSandbox(request: FastifyRequest, context: E2bContext): Sa
     throw new SandboxUnreachable(`sandbox ${sandboxId} not found`);
   }
   if (status !== "running") throw new SandboxUnreachable(`sandbox ${sandboxId} is not running (${status})`);
-  const session = { sandboxId, port };
-  request.e2bSandbox = session;
-  request.caller = `sandbox:${sandboxId}`;
-  request.auditIds.push(sandboxId);
-  return session;
+  return { sandboxId, port };
 }
 
-function header(request: FastifyRequest, name: string): string | undefined {
-  const value = request.headers[name];
+export function header(headers: IncomingHttpHeaders, name: string): string | undefined {
+  const value = headers[name];
   return Array.isArray(value) ? value[0] : value;
 }
+
+/** Where E2B clients send a sandbox's traffic access token (its ports, the interpreter's context routes). */
+export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 
 /** Whether the request carries one of the sandbox's secrets of the kinds accepted. */
 export function hasAccessToken(
@@ -59,8 +68,8 @@ export function hasAccessToken(
 ): boolean {
   const { sandboxes } = context.services;
   const presented: Record<keyof AccessTokens, string | undefined> = {
-    envd: header(request, "x-access-token"),
-    traffic: header(request, "e2b-traffic-access-token"),
+    envd: header(request.headers, "x-access-token"),
+    traffic: header(request.headers, TRAFFIC_TOKEN_HEADER),
   };
   return accepted.some((kind) => sandboxes.verifyAccessToken(session.sandboxId, kind, presented[kind]));
 }

@@ -16,7 +16,13 @@ import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
-import { isAlive, type ProcessIdentity, parseIdentity, selfIdentity } from "../common/processes.js";
+import {
+  identityJson,
+  isAlive,
+  type ProcessIdentity,
+  parseIdentity,
+  selfIdentity,
+} from "../common/processes.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
 export const IMAGE_FILES = {
@@ -126,7 +132,7 @@ export async function createStaging(cacheDir: string, hash: string): Promise<Sta
   );
   // Traversable by all: apt downloads into it as the unprivileged _apt user.
   await fs.mkdir(dir, { mode: 0o755 });
-  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(selfIdentity()));
+  await fs.writeFile(path.join(dir, "owner.json"), identityJson(selfIdentity()));
   const staging = { dir, out: path.join(dir, "out"), work: path.join(dir, "work") };
   await fs.mkdir(staging.out, { mode: 0o755 });
   await fs.mkdir(staging.work, { mode: 0o755 });

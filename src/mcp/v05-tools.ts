@@ -121,7 +121,7 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
     },
     async ({ tag, template, kernel, rootfs, tap }) => {
       if (tap !== undefined)
-        throw new Error("tap is not supported by this forkd: guests have no network device yet");
+        throw new Error("tap is not supported by this forkd: the daemon attaches every NIC itself");
       const created = await controller.createSnapshot({
         tag,
         ...(template === undefined ? {} : { template }),

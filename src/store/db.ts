@@ -9,7 +9,7 @@ import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
 
 /** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 4;
+export const SCHEMA_VERSION = 5;
 
 export interface SandboxRow {
   id: string;
@@ -51,6 +51,8 @@ export interface SandboxRow {
   template_alias: string | null;
   /** "netns": its own namespace (a sandbox_networks row); "private": a NIC with no uplink; "none": no NIC. */
   network: "netns" | "private" | "none";
+  /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
+  inbound: string;
 }
 
 /**
@@ -192,6 +194,10 @@ export class StateDb {
         );
       `);
     }
+    if (version < 5) {
+      // Rows from before keep E2B's defaults: public traffic, the request's own Host, plain HTTP.
+      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
+    }
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
   }
 
@@ -215,10 +221,10 @@ export class StateDb {
       .prepare(
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
-           metadata, env_vars, access_token, traffic_token, template_alias, network)
+           metadata, env_vars, access_token, traffic_token, template_alias, network, inbound)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
-           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network)`,
+           @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound)`,
       )
       .run(row);
   }

@@ -11,6 +11,10 @@
  *   flood BYTES         writes BYTES of "x" in 64 KiB chunks, as fast as possible
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
+ *
+ * Its sandboxes' ports (proxyHttp, proxyUpgrade) answer 200 with a JSON echo of what reached them: {sandbox,
+ * port, method, url, headers}. Policies and inbound settings are checked by the manager's own validators. The
+ * real port proxy, to servers in real guests, is tested on VMs (test/net, test/e2b/sdk-e2e).
  */
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -34,7 +38,9 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
+import { validateInbound } from "../../src/controller/sandbox-settings.js";
 import type { TemplateAlias } from "../../src/controller/template-aliases.js";
+import { parseEgressPolicy } from "../../src/net/policy.js";
 
 export class ServicesDouble {
   readonly snapshotsByTag = new Map<string, SnapshotInfo>();
@@ -236,6 +242,11 @@ export class ServicesDouble {
     spawn: async (request) => {
       this.lastSpawn = request;
       const snap = this.snapshot(request.snapshotTag);
+      const policy =
+        typeof request.network === "object"
+          ? parseEgressPolicy({ default: "allow", ...request.network })
+          : { default: "allow" as const, allowOut: [], denyOut: [] };
+      const inbound = validateInbound(request.inbound);
       if (!snap.bootable) throw new ForkdError("conflict", `snapshot ${snap.tag} is not bootable`);
       const out: SandboxInfo[] = [];
       for (let i = 0; i < request.n; i++) {
@@ -257,12 +268,13 @@ export class ServicesDouble {
           last_branch_memory_path: null,
           metadata: request.metadata ?? {},
           template_alias: request.templateAlias ?? null,
+          inbound,
           network: {
             kind: "netns",
             netns: `forkd-${id}`,
             address: "10.43.0.2",
             guestAddress: "10.42.0.2",
-            policy: { default: "allow", allowOut: [], denyOut: [] },
+            policy,
           },
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
@@ -301,15 +313,26 @@ export class ServicesDouble {
     setNetworkPolicy: async (id, policy) => {
       const sb = this.sandbox(id);
       this.lastNetworkPolicy = policy;
-      sb.network = { ...sb.network, policy: { default: "allow", allowOut: [], denyOut: [], ...policy } };
+      sb.network = { ...sb.network, policy: parseEgressPolicy({ default: "allow", ...policy }) };
       return sb;
     },
-    // The port proxy needs a real sandbox network: it is tested on real VMs (test/net/network-vm.test.ts).
-    proxyHttp: async () => {
-      throw new ForkdError("not_implemented", "the services double has no sandbox networks");
+    proxyHttp: async (id, port, req, res) => {
+      if (this.sandbox(id).network.kind !== "netns") {
+        throw new ForkdError("conflict", `sandbox ${id} has no network the daemon can reach`);
+      }
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(echo(id, port, req));
+      return null;
     },
-    proxyUpgrade: () => {
-      throw new ForkdError("not_implemented", "the services double has no sandbox networks");
+    proxyUpgrade: (id, port, req, socket) => {
+      if (this.sandbox(id).network.kind !== "netns") {
+        throw new ForkdError("conflict", `sandbox ${id} has no network the daemon can reach`);
+      }
+      const body = echo(id, port, req);
+      socket.end(
+        `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+          `connection: close\r\n\r\n${body}`,
+      );
     },
     snapshotDiff: async (request) => {
       this.lastSnapshotDiff = request;
@@ -601,4 +624,9 @@ export class ServicesDouble {
 /** What the HTTP tests never reach: the real manager serves it (test/e2b, test/api/e2e.test.ts). */
 function notInDouble(what: string): never {
   throw new ForkdError("not_implemented", `${what} is not part of the HTTP test double`);
+}
+
+/** What a double's sandbox port answers: the request as it reached the guest. */
+function echo(id: string, port: number, req: { method?: string; url?: string; headers: object }): string {
+  return JSON.stringify({ sandbox: id, port, method: req.method, url: req.url, headers: req.headers });
 }

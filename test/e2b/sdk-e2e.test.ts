@@ -1,11 +1,15 @@
 /**
  * The unmodified `e2b` and `@e2b/code-interpreter` packages against a real forkd daemon (TCP listener, token)
  * with real VMs, configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Few sandboxes, many
- * assertions each: one source sandbox, two forks of it.
+ * assertions each: one source sandbox, two forks of it, one locked-down sandbox for the network options. As
+ * root the sandboxes have networks: egress against the tests' own "internet" (test/support/test-internet.ts)
+ * and servers started in them reached through getHost(port).
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -13,6 +17,7 @@ import { promisify } from "node:util";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import {
+  ALL_TRAFFIC,
   AuthenticationError,
   CommandExitError,
   FileNotFoundError,
@@ -23,26 +28,52 @@ import {
   TimeoutError,
 } from "@e2b/code-interpreter";
 import { Sandbox as BaseSandbox } from "e2b";
+import WebSocket from "ws";
 import { Filesystem } from "../../src/e2b/envd/gen/filesystem/filesystem_pb.js";
 import { Process } from "../../src/e2b/envd/gen/process/process_pb.js";
+import { send } from "../api/raw-http.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
+import { FETCH_DEF, HTTP_ECHO, WS_ECHO } from "../support/guest-programs.js";
 import { waitFor } from "../support/host.js";
+import { INTERNET_HOSTS, startTestInternet, type TestInternet } from "../support/test-internet.js";
 
 const execFileAsync = promisify(execFile);
 const LIFETIME_MS = 20 * 60_000;
 const MAX_UPLOAD_MIB = 8;
+/** Sandbox networks need root (namespaces, nftables); without it the network tests are skipped. */
+const root = process.getuid?.() === 0;
+const needsNetworks = { skip: !root && "needs root: sandbox networks" };
+const E2B_DOMAIN = "e2b.forkd.test";
+const HTTPS_PORT = 8443;
+// biome-ignore lint/suspicious/noTemplateCurlyInString: E2B's literal placeholder for the port.
+const MASK = "app-${PORT}.internal";
+
+interface Echoed {
+  path: string;
+  host: string;
+  headers: Record<string, string>;
+  body: string;
+  tls: boolean;
+}
 
 describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
   let daemon: TestDaemon;
   let sbx: Sandbox;
+  let internet: TestInternet | undefined;
+  /** Created without internet, public traffic or the request's Host; its network changes while it runs. */
+  let locked: Sandbox | undefined;
   const saved = { ...process.env };
 
   before(async () => {
+    if (root) internet = await startTestInternet();
     daemon = await startDaemon([
       "--default-snapshot",
       "shared-pyagent",
       "--e2b-max-upload-mib",
       String(MAX_UPLOAD_MIB),
+      "--e2b-domain",
+      E2B_DOMAIN,
+      ...(internet ? ["--dns-upstream", internet.dns] : []),
     ]);
     // The three variables, as a user switching from E2B sets them.
     process.env.E2B_API_URL = daemon.tcpUrl;
@@ -52,18 +83,58 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
       envs: { GREETING: "from-create" },
       metadata: { suite: "e2b-e2e", run: randomBytes(4).toString("hex") },
       timeoutMs: LIFETIME_MS,
+      // A deny list (the internet but one address) and one port serving HTTPS.
+      ...(root ? { network: { denyOut: [INTERNET_HOSTS.denied], httpsPorts: [HTTPS_PORT] } } : {}),
     });
   });
 
   after(async () => {
     process.env = saved;
+    await locked?.kill().catch(() => {});
     if (daemon) {
       const log = daemon.log();
       await daemon.stop().catch((err: unknown) => {
         throw new Error(`${(err as Error).message}\ndaemon log:\n${log.slice(-4000)}`);
       });
     }
+    await internet?.stop();
   });
+
+  /** What `fetch(url)` (FETCH_DEF) in the sandbox's interpreter prints: "OK <body>" or "ERR <why>". */
+  const fetchIn = async (sandbox: Sandbox, url: string, timeout = 8) => {
+    const run = await sandbox.runCode(`print(fetch(${JSON.stringify(url)}, ${timeout}))`, {
+      timeoutMs: (timeout + 30) * 1000,
+    });
+    assert.equal(run.error, undefined, JSON.stringify(run.error));
+    return run.logs.stdout.join("").trim();
+  };
+  /** A request to the daemon's listener with exactly these headers (a Host of getHost(port), say). */
+  const toListener = (pathAndQuery: string, headers: Record<string, string>, body?: string) => {
+    const { hostname, port } = new URL(daemon.tcpUrl);
+    return send({ host: hostname, port: Number(port) }, body === undefined ? "GET" : "POST", pathAndQuery, {
+      headers,
+      body,
+    });
+  };
+  /** The echo of a WebSocket message sent through the listener, or the refusal's status. */
+  const throughWebSocket = (headers: Record<string, string>, message: string) =>
+    new Promise<{ echoed?: string; status?: number }>((resolve, reject) => {
+      const ws = new WebSocket(`${daemon.tcpUrl.replace(/^http/, "ws")}/socket`, { headers });
+      ws.once("open", () => ws.send(message));
+      ws.once("message", (data) => {
+        resolve({ echoed: String(data) });
+        ws.close();
+      });
+      ws.once("unexpected-response", (_req, res) => resolve({ status: res.statusCode }));
+      ws.once("error", reject);
+    });
+  const trafficToken = (s: Sandbox) => (s as unknown as { trafficAccessToken: string }).trafficAccessToken;
+  /** Starts a guest program in the background, as E2B code does: commands.run(..., { background: true }). */
+  const serve = async (sandbox: Sandbox, name: string, program: string, args: string) => {
+    await sandbox.files.write(`/tmp/${name}.py`, program);
+    const handle = await sandbox.commands.run(`python3 /tmp/${name}.py ${args}`, { background: true });
+    assert.ok(handle.pid > 0);
+  };
 
   it("runs code in the warm interpreter: values, state across cells, output, errors, env, contexts", async () => {
     // numpy was imported before the snapshot: no import here.
@@ -364,6 +435,181 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     assert.equal((await connected.commands.run("echo connected")).stdout, "connected\n");
   });
 
+  it(
+    "egress as E2B defines it: a deny list, allowInternetAccess: false, allowOut/denyOut, updateNetwork while running",
+    needsNetworks,
+    async () => {
+      await sbx.runCode(FETCH_DEF);
+      const info = await sbx.getInfo();
+      assert.equal(info.allowInternetAccess, true);
+      assert.deepEqual(info.network?.denyOut, [INTERNET_HOSTS.denied]);
+      assert.match(await fetchIn(sbx, "http://other.test/open"), /^OK .*"path": ?"\/open"/);
+      assert.match(await fetchIn(sbx, `http://${INTERNET_HOSTS.denied}/`, 4), /^ERR /, "the denied address");
+
+      locked = await Sandbox.create({
+        timeoutMs: LIFETIME_MS,
+        allowInternetAccess: false,
+        network: { allowPublicTraffic: false, maskRequestHost: MASK },
+      });
+      await locked.runCode(FETCH_DEF);
+      const lockedInfo = await locked.getInfo();
+      assert.equal(lockedInfo.allowInternetAccess, false);
+      assert.deepEqual(lockedInfo.network?.denyOut, [ALL_TRAFFIC]);
+      assert.equal(lockedInfo.network?.allowPublicTraffic, false);
+      assert.match(await fetchIn(locked, "http://allowed.test/"), /^ERR URLError/, "no name resolves");
+      assert.match(
+        await fetchIn(locked, `http://${INTERNET_HOSTS.other}/`, 4),
+        /^ERR /,
+        "no address is reachable",
+      );
+
+      // An allow list, while it runs: the named domain and CIDR, nothing else.
+      await locked.updateNetwork({
+        allowOut: ["allowed.test", `${INTERNET_HOSTS.cidrAllowed}/32`],
+        denyOut: [ALL_TRAFFIC],
+      });
+      assert.match(await fetchIn(locked, "http://allowed.test/a"), /^OK .*198\.51\.100\.10/);
+      assert.match(await fetchIn(locked, `http://${INTERNET_HOSTS.cidrAllowed}/`), /^OK /);
+      assert.match(await fetchIn(locked, "http://other.test/"), /^ERR URLError/);
+      assert.match(await fetchIn(locked, `http://${INTERNET_HOSTS.other}/`, 4), /^ERR /);
+      assert.deepEqual((await locked.getInfo()).network?.allowOut, [
+        INTERNET_HOSTS.cidrAllowed,
+        "allowed.test",
+      ]);
+
+      // A deny list replaces it (E2B's update replaces the whole configuration).
+      await locked.updateNetwork({ denyOut: [INTERNET_HOSTS.other] });
+      assert.match(await fetchIn(locked, `http://${INTERNET_HOSTS.denied}/`), /^OK /, "allowed now");
+      assert.match(await fetchIn(locked, "http://a.wild.test/"), /^OK /);
+      assert.match(await fetchIn(locked, `http://${INTERNET_HOSTS.other}/`, 4), /^ERR /, "denied now");
+      assert.equal((await locked.getInfo()).allowInternetAccess, true);
+    },
+  );
+
+  it(
+    "servers started with commands.run(background) are reached through getHost(port): HTTP, HTTPS, WebSocket",
+    needsNetworks,
+    async () => {
+      const { cert, key } = await selfSignedCertificate();
+      await sbx.files.write("/tmp/tls/cert.pem", cert);
+      await sbx.files.write("/tmp/tls/key.pem", key);
+      await serve(sbx, "http_echo", HTTP_ECHO, "8080");
+      await serve(sbx, "https_echo", HTTP_ECHO, `${HTTPS_PORT} /tmp/tls/cert.pem /tmp/tls/key.pem`);
+      await serve(sbx, "ws_echo", WS_ECHO, "8081");
+      const host = sbx.getHost(8080);
+      assert.equal(host, `8080-${sbx.sandboxId}.${E2B_DOMAIN}`, "getHost gives E2B's host-name form");
+
+      // By host name (what getHost(port) gives), no token: the sandbox is public, E2B's default.
+      const byHost = await waitFor("the guest's HTTP server", 60_000, async () => {
+        const r = await toListener("/hello?x=1", { host }).catch(() => undefined);
+        return r?.status === 200 ? r.json<Echoed>() : undefined;
+      });
+      assert.equal(byHost.path, "/hello?x=1");
+      assert.equal(byHost.host, host, "the guest's server sees the Host the client sent");
+      // By header, through E2B_SANDBOX_URL; a body streams through.
+      const posted = "x".repeat(256 * 1024);
+      const byHeader = await toListener(
+        "/upload",
+        { "e2b-sandbox-id": sbx.sandboxId, "e2b-sandbox-port": "8080", "x-api-key": daemon.token },
+        posted,
+      );
+      assert.equal(byHeader.status, 200, byHeader.text);
+      assert.equal(byHeader.json<Echoed>().body.length, posted.length);
+      assert.equal(byHeader.json<Echoed>().headers["x-api-key"], undefined, "the daemon token stays out");
+
+      const https = await waitFor("the guest's HTTPS server", 60_000, async () => {
+        const r = await toListener("/tls", { host: sbx.getHost(HTTPS_PORT) }).catch(() => undefined);
+        return r?.status === 200 ? r.json<Echoed>() : undefined;
+      });
+      assert.equal(https.tls, true, "a port listed in httpsPorts is reached over TLS");
+
+      const echoed = await waitFor(
+        "the guest's WebSocket server",
+        60_000,
+        async () =>
+          (await throughWebSocket({ host: sbx.getHost(8081) }, "by host name").catch(() => undefined))
+            ?.echoed,
+      );
+      assert.equal(echoed, "by host name");
+      assert.deepEqual(
+        await throughWebSocket({ "e2b-sandbox-id": sbx.sandboxId, "e2b-sandbox-port": "8081" }, "by header"),
+        { echoed: "by header" },
+      );
+      const closed = await toListener("/", { host: sbx.getHost(8099) });
+      assert.equal(closed.status, 502, "nothing listens on 8099");
+      assert.match(closed.json<{ message: string }>().message, /port 8099/);
+    },
+  );
+
+  it(
+    "a sandbox without public traffic answers only its own traffic token, with its masked Host",
+    needsNetworks,
+    async () => {
+      const sandbox = locked as Sandbox;
+      await serve(sandbox, "http_echo", HTTP_ECHO, "8080");
+      await serve(sandbox, "ws_echo", WS_ECHO, "8081");
+      const host = sandbox.getHost(8080);
+      const own = { "e2b-traffic-access-token": trafficToken(sandbox) };
+      const answer = await waitFor("the locked sandbox's HTTP server", 60_000, async () => {
+        const r = await toListener("/private", { host, ...own }).catch(() => undefined);
+        return r?.status === 200 ? r.json<Echoed>() : undefined;
+      });
+      assert.equal(answer.host, "app-8080.internal", "maskRequestHost, its port placeholder replaced");
+      assert.equal(
+        answer.headers["e2b-traffic-access-token"],
+        undefined,
+        "the token is not the guest's to see",
+      );
+
+      const missing = await toListener("/private", { host });
+      assert.equal(missing.status, 403);
+      assert.match(missing.json<{ message: string }>().message, /E2B-Traffic-Access-Token/);
+      assert.equal((await toListener("/private", { host, "e2b-traffic-access-token": "wrong" })).status, 403);
+      const foreign = await toListener("/private", { host, "e2b-traffic-access-token": trafficToken(sbx) });
+      assert.equal(foreign.status, 403, "another sandbox's traffic token does not open this one");
+      const envdToken = (sandbox as unknown as { envdAccessToken: string }).envdAccessToken;
+      assert.equal((await toListener("/private", { host, "x-access-token": envdToken })).status, 403);
+
+      const wsHeaders = { "e2b-sandbox-id": sandbox.sandboxId, "e2b-sandbox-port": "8081" };
+      assert.deepEqual(await throughWebSocket(wsHeaders, "no token"), { status: 403 });
+      assert.deepEqual(
+        await throughWebSocket({ ...wsHeaders, "e2b-traffic-access-token": trafficToken(sbx) }, "wrong"),
+        { status: 403 },
+      );
+      const echoed = await waitFor(
+        "the locked sandbox's WebSocket server",
+        60_000,
+        async () =>
+          (await throughWebSocket({ ...wsHeaders, ...own }, "with its token").catch(() => undefined))?.echoed,
+      );
+      assert.equal(echoed, "with its token");
+      // The same token opens nothing of the public sandbox's that was not already open, and envd still needs its own.
+      assert.equal((await toListener("/", { host: sbx.getHost(8080), ...own })).status, 200);
+      await locked?.kill();
+      locked = undefined;
+    },
+  );
+
+  it("a sandbox spawned without a network answers E2B's 502 naming why", needsNetworks, async () => {
+    const spawned = await fetch(`${daemon.tcpUrl}/v1/sandboxes`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${daemon.token}`, "content-type": "application/json" },
+      body: JSON.stringify({ snapshot_tag: daemon.tag, network: "none", timeout_ms: 120_000 }),
+    });
+    assert.equal(spawned.status, 201, await spawned.clone().text());
+    const id = ((await spawned.json()) as { id: string }[])[0]?.id as string;
+    try {
+      const answer = await toListener("/", { "e2b-sandbox-id": id, "e2b-sandbox-port": "8080" });
+      assert.equal(answer.status, 502);
+      assert.match(
+        answer.json<{ message: string }>().message,
+        /no network the daemon can reach .*network "none"/,
+      );
+    } finally {
+      await Sandbox.kill(id);
+    }
+  });
+
   it("forks: state, interpreter and files carried; forks isolated from each other and the source", async () => {
     await sbx.files.write("fork-me.txt", "before the fork");
     await sbx.runCode("import random\nmarker = [1, 2, 3]");
@@ -386,6 +632,19 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
           processes.some((p) => p.pid === worker.pid && p.args.includes("while true; do sleep 1; done")),
           "a process running in the source runs on in its forks",
         );
+        if (root) {
+          const network = (await child.getInfo()).network;
+          assert.deepEqual(network?.denyOut, [INTERNET_HOSTS.denied], "the egress policy carried");
+          assert.deepEqual(network?.httpsPorts, [HTTPS_PORT], "and the inbound settings");
+        }
+      }
+      if (root) {
+        assert.match(
+          await fetchIn(a, `http://${INTERNET_HOSTS.denied}/`, 4),
+          /^ERR /,
+          "a fork is as confined",
+        );
+        assert.match(await fetchIn(a, `http://${INTERNET_HOSTS.other}/`), /^OK /);
       }
       await worker.kill();
 
@@ -494,3 +753,31 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     });
   });
 });
+
+/** A throwaway self-signed certificate for a guest's HTTPS server (the daemon does not verify it, as E2B's proxy). */
+async function selfSignedCertificate(): Promise<{ cert: string; key: string }> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-e2b-tls-"));
+  try {
+    const [cert, key] = [path.join(dir, "cert.pem"), path.join(dir, "key.pem")];
+    await execFileAsync("openssl", [
+      "req",
+      "-x509",
+      "-newkey",
+      "ec",
+      "-pkeyopt",
+      "ec_paramgen_curve:prime256v1",
+      "-nodes",
+      "-keyout",
+      key,
+      "-out",
+      cert,
+      "-days",
+      "2",
+      "-subj",
+      "/CN=sandbox",
+    ]);
+    return { cert: await readFile(cert, "utf8"), key: await readFile(key, "utf8") };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}

@@ -214,10 +214,22 @@ describe("staging directories", () => {
     await fs.writeFile(path.join(dead.dir, "owner.json"), JSON.stringify({ pid: deadPid, startTime: "1" }));
     await fs.writeFile(path.join(dead.work, "junk"), "x");
 
+    // A live build of an older forkd (owner {pid, startTime: "<string>"}, no boot id) sharing the cache.
+    const older = await createStaging(cacheDir, "c".repeat(64));
+    const self = await fs.readFile(`/proc/${process.pid}/stat`, "utf8");
+    const startTime = self.slice(self.lastIndexOf(")") + 2).split(" ")[19];
+    await fs.writeFile(path.join(older.dir, "owner.json"), JSON.stringify({ pid: process.pid, startTime }));
+
     const removed = await sweepStaleStaging(cacheDir);
     assert.deepEqual(removed, [dead.dir]);
     await assert.rejects(fs.stat(dead.dir));
     assert.ok((await fs.stat(live.dir)).isDirectory());
+    assert.ok((await fs.stat(older.dir)).isDirectory(), "an older forkd's live build is not swept");
+    // And what this forkd writes, an older one reads as live: the start time is a string.
+    const owner = JSON.parse(await fs.readFile(path.join(live.dir, "owner.json"), "utf8")) as {
+      startTime: unknown;
+    };
+    assert.equal(owner.startTime, startTime);
   });
 });
 

@@ -21,6 +21,7 @@ import type { SandboxInfo } from "../../src/controller/sandbox-service.js";
 import { resolveNetworkConfig } from "../../src/net/config.js";
 import { sandboxNetworkExists } from "../../src/net/namespace.js";
 import { StateDb } from "../../src/store/db.js";
+import { FETCH_DEF, HTTP_ECHO, WS_ECHO } from "../support/guest-programs.js";
 import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 import {
@@ -33,34 +34,6 @@ import {
 const run = promisify(execFile);
 const root = process.getuid?.() === 0;
 const TOKEN = "network-test-token-0123456789abcdef";
-
-/** Defined once in each sandbox's warm interpreter: fetch(url) -> "OK <body>" or "ERR <exception>". */
-const FETCH_DEF = `
-import urllib.request
-def fetch(url, timeout=8):
-    try:
-        return "OK " + urllib.request.urlopen(url, timeout=timeout).read().decode()
-    except Exception as e:
-        return "ERR " + type(e).__name__ + " " + str(e)
-`;
-
-/** A stdlib WebSocket echo server (text frames up to 125 bytes), for the proxy's upgrade path. */
-const WS_ECHO = `
-import base64, hashlib, socket
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("0.0.0.0", 8081)); srv.listen(4)
-while True:
-    c, _ = srv.accept()
-    head = b""
-    while b"\\r\\n\\r\\n" not in head: head += c.recv(1024)
-    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\\r\\n") if l.lower().startswith(b"sec-websocket-key")][0]
-    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: " + accept + b"\\r\\n\\r\\n")
-    frame = c.recv(2 + 4 + 125)
-    n = frame[1] & 0x7f; mask = frame[2:6]
-    data = bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:6 + n]))
-    c.sendall(bytes([0x81, len(data)]) + data); c.close()
-`;
 
 describe("sandbox networks on real VMs", { timeout: 40 * 60_000, skip: !root && "needs root" }, () => {
   let home: Awaited<ReturnType<typeof tempHome>>;
@@ -253,16 +226,25 @@ describe("sandbox networks on real VMs", { timeout: 40 * 60_000, skip: !root && 
   it("proxies HTTP and WebSocket to a server in the sandbox", async () => {
     const sb = await spawnOne();
     await services.sandboxes.files.write(sb.id, "/tmp/ws.py", Buffer.from(WS_ECHO));
-    await services.sandboxes.files.write(sb.id, "/tmp/www/hello.txt", Buffer.from("hello from the guest\n"));
-    await startServer(sb.id, "python3 -m http.server 8080 -d /tmp/www");
-    await startServer(sb.id, "python3 /tmp/ws.py");
+    await services.sandboxes.files.write(sb.id, "/tmp/http_echo.py", Buffer.from(HTTP_ECHO));
+    await startServer(sb.id, "python3 /tmp/http_echo.py 8080");
+    await startServer(sb.id, "python3 /tmp/ws.py 8081");
     const auth = { authorization: `Bearer ${TOKEN}` };
     const base = `127.0.0.1:${apiPort}/v1/sandboxes/${sb.id}/ports`;
     const page = await waitFor("the guest's HTTP server", 60_000, async () => {
-      const r = await fetch(`http://${base}/8080/hello.txt?x=1`, { headers: auth }).catch(() => undefined);
-      return r?.status === 200 ? r.text() : undefined;
+      const r = await fetch(`http://${base}/8080/hello.txt?x=1`, {
+        method: "POST",
+        headers: { ...auth, "x-app": "kept" },
+        body: "posted body",
+      }).catch(() => undefined);
+      return r?.status === 200
+        ? ((await r.json()) as { path: string; headers: Record<string, string>; body: string })
+        : undefined;
     });
-    assert.equal(page, "hello from the guest\n");
+    assert.equal(page.path, "/hello.txt?x=1");
+    assert.equal(page.body, "posted body");
+    assert.equal(page.headers["x-app"], "kept");
+    assert.equal(page.headers.authorization, undefined, "the daemon's token is not passed on to the guest");
     const closed = await fetch(`http://${base}/8099/`, { headers: auth });
     assert.equal(closed.status, 502, "nothing listens on 8099");
     assert.equal((await fetch(`http://${base}/8080/hello.txt`)).status, 401, "the proxy needs the token");

@@ -1,13 +1,15 @@
 /**
  * Sandbox networks: the daemon's network status, a running sandbox's egress policy, and the port proxy
  * (`/v1/sandboxes/:id/ports/:port/<path>`: HTTP requests and WebSocket upgrades to TCP port `port` in the
- * sandbox, streamed both ways). The proxied path is `<path>` plus the query string.
+ * sandbox, streamed both ways). The proxied path is `<path>` plus the query string; the bearer token that opened
+ * the route is not passed on to the guest.
  */
 import type http from "node:http";
 import type net from "node:net";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { assertSandboxId } from "../../common/names.js";
+import { stripDaemonTokens } from "../../common/tokens.js";
 import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
 import {
@@ -86,14 +88,22 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
         sandboxes.get(id);
         request.raw.url = `/${request.params["*"] ?? ""}${query}`;
+        stripDaemonTokens(request.raw.headers, context.daemonTokens);
         reply.hijack();
-        await sandboxes.proxyHttp(id, port, request.raw, reply.raw).catch((err: unknown) => {
-          const httpError = toHttpError(err);
-          if (!reply.raw.headersSent) {
-            reply.raw.writeHead(httpError.status, { "content-type": "application/json" });
-            reply.raw.end(JSON.stringify({ error: httpError.message, code: httpError.code }));
-          } else reply.raw.destroy();
-        });
+        const res = reply.raw;
+        const failure = await sandboxes.proxyHttp(id, port, request.raw, res).catch((err: unknown) => err);
+        if (failure === null) return;
+        if (res.headersSent) {
+          res.destroy();
+          return;
+        }
+        // Nothing answered on the port (a string), or the sandbox could not be proxied to (an error).
+        const { status, code, message } =
+          typeof failure === "string"
+            ? { status: 502, code: "unavailable", message: failure }
+            : toHttpError(failure);
+        res.writeHead(status, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: message, code }));
       },
     });
   }
@@ -108,7 +118,6 @@ export function portUpgradeHandler(
   authorize: (req: http.IncomingMessage) => Promise<void>,
 ): (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void {
   return (req, socket, head) => {
-    socket.on("error", () => {});
     const match = PORT_ROUTE.exec(req.url ?? "");
     if (!match) {
       refuse(socket, 404, "not_found", `no upgrade route for ${req.url}`);
@@ -119,13 +128,17 @@ export function portUpgradeHandler(
       .then(() => {
         assertSandboxId(id);
         req.url = `${rest ?? "/"}${query ?? ""}`;
+        stripDaemonTokens(req.headers, context.daemonTokens);
         context.services.sandboxes.proxyUpgrade(id, Number(portText), req, socket, head);
       })
-      .catch((err: unknown) => {
-        const httpError = toHttpError(err);
-        refuse(socket, httpError.status, httpError.code, httpError.message);
-      });
+      .catch((err: unknown) => refuseUpgrade(socket, err));
   };
+}
+
+/** Answers an upgrade that is refused (forkd's error body) and closes the connection. */
+export function refuseUpgrade(socket: net.Socket, err: unknown): void {
+  const httpError = toHttpError(err);
+  refuse(socket, httpError.status, httpError.code, httpError.message);
 }
 
 function refuse(socket: net.Socket, status: number, code: string, message: string): void {

@@ -323,7 +323,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
         description:
           "The source keeps running (paused briefly: live when it was spawned with live_fork, else diff). Each " +
           "child succeeds or fails on its own: 201 with one entry per child. Children inherit the source's " +
-          "metadata and env. The fork's snapshot is deleted once nothing uses it.",
+          "metadata, env and egress policy (as it is now). The fork's snapshot is deleted once nothing uses it.",
         params: SandboxParams,
         body: ForkBody,
         response: { 201: ForkResponse, ...errorResponses },

@@ -54,8 +54,8 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       const body = request.body;
       if ((body.tap ?? null) !== null) {
         throw notImplemented(
-          "tap (a host tap device for the parent, forkd v0.5) is not supported: forkd guests have no network " +
-            "device yet; leave tap out",
+          "tap (a host tap device for the parent, forkd v0.5) is not supported: the daemon attaches every " +
+            "NIC itself (a parent to a private namespace, each sandbox to its own); leave tap out",
         );
       }
       if ((body.kernel === undefined) !== (body.rootfs === undefined)) {

@@ -43,6 +43,7 @@ interface DaemonOptions {
   defaultSnapshot?: string;
   e2bDomain?: string;
   e2bMaxUploadMib?: number;
+  e2bPrivateTraffic?: boolean;
   egress: string;
   netBridge?: string;
   netSubnet?: string;
@@ -142,6 +143,10 @@ export function registerDaemon(program: Command): void {
       parseIntOption("--e2b-max-upload-mib", 1, 1 << 20),
     )
     .option(
+      "--e2b-private-traffic",
+      "every E2B sandbox's ports need its traffic access token (E2B's default is public: anyone who reaches the listener)",
+    )
+    .option(
       "--egress <allow|deny>",
       "egress of sandboxes whose spawn names no policy (deny: the stricter default for multi-tenant hosts)",
       "allow",
@@ -221,6 +226,7 @@ export function registerDaemon(program: Command): void {
             ],
             e2b: {
               domain: opts.e2bDomain,
+              privateTraffic: opts.e2bPrivateTraffic === true,
               ...(opts.e2bMaxUploadMib === undefined
                 ? {}
                 : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),

@@ -39,7 +39,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
         description:
           "The source is paused briefly (live BRANCH when it was spawned with live_fork, else diff) and keeps its " +
           "id and lifetime. 201 with one entry per fork, each its sandbox or its error. Default count 1, default " +
-          `timeout ${DEFAULT_FORK_TIMEOUT_SECONDS} s (E2B's declared default). Children inherit metadata and envVars.`,
+          `timeout ${DEFAULT_FORK_TIMEOUT_SECONDS} s (E2B's declared default). Children inherit metadata, envVars and the source's network configuration.`,
         params: SandboxIdParams,
         body: OptionalBody(ForkBody),
         response: { 201: Type.Array(ForkResult), ...errorResponses },

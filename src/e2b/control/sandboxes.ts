@@ -1,7 +1,8 @@
 /**
  * E2B's sandbox routes: create, list (paginated, metadata and state filters), get, kill, lifetimes, connect,
- * metrics, and the pause/resume/network routes whose features forkd does not have yet (a clear error, never a
- * fake success). Handlers translate to SandboxService calls; the behaviour lives in the controller.
+ * metrics, the network update, and the pause/resume routes whose features forkd does not have yet (a clear
+ * error, never a fake success). Handlers translate to SandboxService calls; the behaviour lives in the
+ * controller (network options: network.ts).
  */
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
@@ -11,6 +12,7 @@ import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
 import type { E2bContext } from "../context.js";
+import { egressFromE2b, networkFromE2b } from "./network.js";
 import {
   ConnectBody,
   DEFAULT_TIMEOUT_SECONDS,
@@ -21,6 +23,7 @@ import {
   ManyMetrics,
   ManyMetricsQuery,
   MetricsQuery,
+  NetworkUpdate,
   NewSandbox,
   OptionalBody,
   PauseBody,
@@ -66,12 +69,6 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
         "create without lifecycle.onTimeout='pause'",
     );
   }
-  if (body.allow_internet_access === true || body.network !== undefined) {
-    throw notBuilt(
-      "allow_internet_access/network: forkd sandboxes have no network yet (the networking issue); " +
-        "omit these options",
-    );
-  }
   if (body.mcp !== undefined && body.mcp !== null) {
     throw notBuilt("mcp: forkd templates have no MCP gateway; omit the mcp option");
   }
@@ -90,6 +87,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
   ): Promise<FastifyReply> => {
     const body = request.body;
     refuseUnsupported(body);
+    const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
     const template = await resolveTemplateName(context, body.templateID);
     const [info] = await sandboxes.spawn({
       snapshotTag: template.tag,
@@ -98,6 +96,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       metadata: body.metadata,
       env: body.envVars,
       templateAlias: template.alias ?? undefined,
+      network: network.egress,
+      inbound: network.inbound,
       signal: clientSignal(request, reply),
     });
     const created = info as SandboxInfo;
@@ -112,8 +112,10 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
           summary: url === "/sandboxes" ? "Create a sandbox (v1; `secure` is ignored)" : "Create a sandbox",
           description:
             "templateID is a template alias or snapshot tag; E2B's default names (base, code-interpreter-v1) " +
-            "mean the daemon's default snapshot. Default timeout 300 s. 404 unknown template; 501 for options " +
-            "forkd cannot honour (autoPause, network, mcp, volumeMounts, iam).",
+            "mean the daemon's default snapshot. Default timeout 300 s. allow_internet_access and network " +
+            "(allowOut, denyOut, allowPublicTraffic, maskRequestHost, httpsPorts) as E2B defines them; without " +
+            "either the daemon's --egress applies. 404 unknown template; 501 for options forkd cannot honour " +
+            "(autoPause, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
           body: NewSandbox,
           response: { 201: Sandbox, ...errorResponses },
         },
@@ -303,19 +305,25 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
   );
 
-  app.put<IdRequest>(
+  app.put<IdRequest & { Body: Static<typeof NetworkUpdate> }>(
     "/sandboxes/:sandboxID/network",
     {
       schema: {
-        summary: "Update the network configuration: not supported yet (501)",
+        summary: "Replace a running sandbox's egress configuration",
+        description:
+          "allow_internet_access, allowOut, denyOut as at create; a field left out is cleared, and an empty " +
+          "body gives the sandbox the daemon's default egress. Takes effect at once, for established " +
+          "connections too. 409 for a sandbox without a network of its own.",
         params: SandboxIdParams,
-        body: Type.Object({}, { additionalProperties: true }),
+        body: OptionalBody(NetworkUpdate),
         response: { 204: Type.Null(), ...errorResponses },
       },
     },
-    async (request) => {
+    async (request, reply) => {
       runningSandbox(context, request.params.sandboxID);
-      throw notBuilt("forkd sandboxes have no network yet (the networking issue): nothing to configure");
+      const egress = egressFromE2b(request.body ?? {});
+      await sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
+      return reply.status(204).send();
     },
   );
 

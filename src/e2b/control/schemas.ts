@@ -7,6 +7,7 @@
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { MAX_SANDBOX_TIMEOUT_MS } from "../../controller/sandbox-manager.js";
+import { PORT_PLACEHOLDER } from "../../controller/sandbox-settings.js";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;
@@ -42,6 +43,64 @@ const StringMap = (description: string) => Type.Record(Type.String(), Type.Strin
 
 export const SandboxIdParams = Type.Object({ sandboxID: Type.String({ maxLength: 128 }) });
 
+const EgressEntries = (description: string) =>
+  Type.Array(Type.String({ maxLength: 256 }), {
+    description: `${description} IPv4 addresses, CIDR blocks, domain names, *.domain wildcards.`,
+  });
+const EgressFields = {
+  allowOut: Type.Optional(EgressEntries("Destinations allowed; they win over denyOut.")),
+  denyOut: Type.Optional(
+    EgressEntries('Destinations denied; ALL_TRAFFIC ("0.0.0.0/0") denies whatever allowOut does not name.'),
+  ),
+  rules: Type.Optional(
+    Type.Record(Type.String(), Type.Array(Type.Object({}, open)), {
+      description: "Header transforms of outbound HTTPS requests: not supported (501 unless empty).",
+    }),
+  ),
+  egressProxy: Type.Optional(
+    Nullable(Type.Object({}, { ...open, description: "SOCKS5 egress proxy: not supported (501)." })),
+  ),
+};
+const HttpsPorts = Type.Array(Type.Integer({ minimum: 1, maximum: 65535 }), {
+  maxItems: 64,
+  description: "Sandbox ports whose servers speak HTTPS: the daemon connects to them with TLS (unverified).",
+});
+
+/** E2B's SandboxNetworkConfig, as create takes it. */
+export const NetworkConfig = Type.Object(
+  {
+    ...EgressFields,
+    allowPublicTraffic: Type.Optional(
+      Type.Boolean({
+        description: "false: requests to the sandbox's ports need E2B-Traffic-Access-Token. Default true.",
+      }),
+    ),
+    maskRequestHost: Type.Optional(
+      Type.String({
+        maxLength: 300,
+        description: `The Host header the sandbox's servers are sent; ${PORT_PLACEHOLDER} stands for the port.`,
+      }),
+    ),
+    httpsPorts: Type.Optional(HttpsPorts),
+  },
+  open,
+);
+
+/** E2B's SandboxNetworkUpdateConfig: replaces the egress configuration (a field left out is cleared). */
+export const NetworkUpdate = Type.Object(
+  { allow_internet_access: Type.Optional(Type.Boolean()), ...EgressFields },
+  open,
+);
+
+/** The network of a sandbox as SandboxDetail reports it (egress as it is now). */
+export const NetworkInfo = Type.Object({
+  allowOut: Type.Array(Type.String()),
+  denyOut: Type.Array(Type.String()),
+  allowPublicTraffic: Type.Boolean(),
+  maskRequestHost: Type.Optional(Type.String()),
+  httpsPorts: Type.Optional(Type.Array(Type.Integer())),
+});
+
 export const NewSandbox = Type.Object(
   {
     templateID: Type.String({ minLength: 1, maxLength: 256, description: "Template name or snapshot tag." }),
@@ -49,8 +108,10 @@ export const NewSandbox = Type.Object(
     metadata: Type.Optional(StringMap("Metadata to find the sandbox by (list's metadata filter).")),
     envVars: Type.Optional(StringMap("Environment variables of every process and cell in the sandbox.")),
     secure: Type.Optional(Type.Boolean({ description: "v1 field; every sandbox is secured, as in E2B v2." })),
-    allow_internet_access: Type.Optional(Type.Boolean()),
-    network: Type.Optional(Type.Object({}, open)),
+    allow_internet_access: Type.Optional(
+      Type.Boolean({ description: 'false: the same as network.denyOut ["0.0.0.0/0"].' }),
+    ),
+    network: Type.Optional(NetworkConfig),
     autoPause: Type.Optional(Type.Boolean()),
     autoPauseMemory: Type.Optional(Type.Boolean()),
     autoResume: Type.Optional(Type.Object({ enabled: Type.Boolean() }, open)),
@@ -98,7 +159,10 @@ export const SandboxDetail = Type.Object({
   ...SandboxSummary,
   envdAccessToken: Type.String(),
   domain: Nullable(Type.String()),
-  allowInternetAccess: Nullable(Type.Boolean()),
+  allowInternetAccess: Nullable(
+    Type.Boolean({ description: "Whether destinations no rule names are reachable." }),
+  ),
+  network: NetworkInfo,
   lifecycle: Type.Object({
     onTimeout: Type.Union([Type.Literal("kill"), Type.Literal("pause")]),
     autoResume: Type.Boolean(),

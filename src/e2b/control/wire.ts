@@ -3,6 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { invalidArgument } from "../../common/errors.js";
 import type { AccessTokens, SandboxInfo, SandboxMetrics } from "../../controller/sandbox-service.js";
 import { ENVD_VERSION } from "../envd/version.js";
+import { networkToE2b } from "./network.js";
 import type { ListedSandbox, Sandbox, SandboxDetail, SandboxMetric } from "./schemas.js";
 import type { MachineFacts } from "./template-facts.js";
 
@@ -56,8 +57,7 @@ export function detailToWire(
     ...listedToWire(info, facts),
     envdAccessToken: tokens.envd,
     domain,
-    // forkd guests have no network yet (issue 9): internet access is off, and says so.
-    allowInternetAccess: false,
+    ...networkToE2b(info),
     lifecycle: { onTimeout: "kill", autoResume: false },
   };
 }
