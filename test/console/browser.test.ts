@@ -7,6 +7,8 @@
  */
 import assert from "node:assert/strict";
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -70,8 +72,20 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
   });
 
   it("refuses the page's data without a login, and a wrong token", async () => {
-    await page.goto(`${daemon.tcpUrl}/console/`);
+    const response = await page.goto(`${daemon.tcpUrl}/console/`);
+    const csp = response?.headers()["content-security-policy"] ?? "";
+    assert.match(csp, /default-src 'none'/);
+    assert.match(csp, /script-src 'self'(;|$)/);
+    assert.match(csp, /frame-ancestors 'none'/);
     await page.getByLabel("Daemon token").waitFor();
+    // The browser enforces it: an inline script (what an injection would add) does not run.
+    const inlineRan = await page.evaluate(`new Promise((resolve) => {
+      document.addEventListener("securitypolicyviolation", () => resolve(window.__inline === 1), { once: true });
+      const script = document.createElement("script");
+      script.textContent = "window.__inline = 1";
+      document.head.append(script);
+    })`);
+    assert.equal(inlineRan, false, "the CSP blocked the inline script");
     await screenshot("login");
     const before = await page.evaluate(async () => {
       const list = await fetch("/v1/sandboxes");
@@ -117,7 +131,8 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     // The row sits in the list under its snapshot's row.
     const parentRow = row.locator("xpath=ancestor::li[2]/div[contains(@class,'row')]").first();
     assert.equal(await parentRow.getAttribute("data-testid"), `snapshot-${daemon.tag}`);
-    assert.equal(await row.getAttribute("data-status"), "running");
+    // The feed may have shown it starting; it turns running once the spawn is answered.
+    await page.locator(`[data-testid="sandbox-${id}"][data-status="running"]`).waitFor();
     await row.getByRole("button", { name: id }).click();
     const details = page.getByTestId("sandbox-details");
     await details.waitFor();
@@ -175,6 +190,45 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     assert.equal(await page.locator("[data-testid^=terminal-sb-]").count(), 1);
   });
 
+  it("cannot be driven by a page from another origin, even a same-site one holding the cookie", async () => {
+    const id = (await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid"))?.slice(
+      8,
+    );
+    assert.ok(id);
+    const before = await daemon.controller.getSandbox(id);
+    const daemonPort = new URL(daemon.tcpUrl).port;
+    // 127.0.0.1 on another port: same site (SameSite=Strict cookies go with its requests), another origin.
+    const attacker = http.createServer((_request, res) => {
+      res.writeHead(200, { "content-type": "text/html" });
+      res.end(attackerPage(daemonPort, id));
+    });
+    await new Promise<void>((resolve) => attacker.listen(0, "127.0.0.1", resolve));
+    const attackerPort = (attacker.address() as AddressInfo).port;
+    const evil = await context.newPage();
+    try {
+      await evil.goto(`http://127.0.0.1:${attackerPort}/`);
+      const results = (await evil.waitForFunction("window.results").then((h) => h.jsonValue())) as Record<
+        string,
+        string
+      >;
+      assert.equal(results.read, "blocked", "the page cannot read the API");
+      assert.equal(results.terminal, "refused", "the page cannot open a terminal");
+      await evil.waitForTimeout(1000); // the no-cors POSTs have landed (or been refused)
+    } finally {
+      await evil.close();
+      await new Promise((resolve) => attacker.close(resolve));
+    }
+    const after = await daemon.controller.getSandbox(id);
+    assert.equal(after.status, "running", "still running: the forged kill did nothing");
+    assert.equal(
+      after.expires_at_unix_ms ?? null,
+      before.expires_at_unix_ms ?? null,
+      "the forged timeout did nothing",
+    );
+    const all = await daemon.controller.listSandboxes();
+    assert.equal(all.length, 1, "the forged spawn did nothing");
+  });
+
   it("kills the sandbox after a confirmation and it leaves the tree", async () => {
     const details = page.getByTestId("sandbox-details");
     const id = (await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid"))?.slice(
@@ -207,3 +261,31 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     await screenshot("logged-out");
   });
 });
+
+/**
+ * A hostile page: with the victim's cookie jar it tries to read the sandbox list, spawn, set a timeout and kill
+ * (simple requests the browser sends without a preflight), and open a terminal WebSocket; it reports what it
+ * could observe in window.results.
+ */
+function attackerPage(daemonPort: string, id: string): string {
+  const api = `http://127.0.0.1:${daemonPort}`;
+  return `<!doctype html><script>
+(async () => {
+  const results = {};
+  try {
+    const list = await fetch(${JSON.stringify(`${api}/v1/sandboxes`)}, { credentials: "include" });
+    results.read = "read " + list.status;
+  } catch { results.read = "blocked"; }
+  const forged = { method: "POST", credentials: "include", mode: "no-cors", headers: { "content-type": "text/plain" } };
+  await fetch(${JSON.stringify(`${api}/v1/sandboxes`)}, { ...forged, body: JSON.stringify({ snapshot_tag: "pyagent" }) }).catch(() => {});
+  await fetch(${JSON.stringify(`${api}/v1/sandboxes/${id}/timeout`)}, { ...forged, body: JSON.stringify({ timeout_ms: 1000 }) }).catch(() => {});
+  await fetch(${JSON.stringify(`${api}/v1/sandboxes/${id}`)}, { method: "DELETE", credentials: "include", mode: "no-cors" }).catch(() => {});
+  results.terminal = await new Promise((resolve) => {
+    const ws = new WebSocket(${JSON.stringify(`ws://127.0.0.1:${daemonPort}/console/api/terminal?sandbox=${id}`)}, ["forkd-terminal.v1"]);
+    ws.onopen = () => resolve("opened");
+    ws.onerror = () => resolve("refused");
+  });
+  window.results = results;
+})();
+</script>`;
+}
