@@ -7,6 +7,7 @@ import { useState } from "preact/hooks";
 import type { ConsoleSession, SandboxWire, SnapshotWire, UsageWire } from "../../src/console/protocol.js";
 import { snapshotKind } from "../../src/console/tree.js";
 import { ApiError, actions, type BranchResult, type EvalResult, type ForkResult } from "./api.js";
+import { Files } from "./Files.js";
 import { age, bytes, duration, percent, remaining } from "./format.js";
 import type { ConsoleState } from "./store.js";
 
@@ -291,6 +292,7 @@ function SandboxDetails({
         <PauseResume sandbox={sb} available={features.pause} />
       </div>
       <RunCode sandbox={sb} />
+      <Files sandbox={sb} />
       <Branch sandbox={sb} />
       <Fork sandbox={sb} />
       <SetTimeout sandbox={sb} />

@@ -26,7 +26,8 @@ export function whenUnauthorized(handler: () => void): void {
   onUnauthorized = handler;
 }
 
-export async function call<T>(method: string, path: string, body?: unknown): Promise<T> {
+/** Sends a request; a non-2xx answer becomes an ApiError with the daemon's message and code. */
+async function request(method: string, path: string, body?: unknown): Promise<Response> {
   const headers: Record<string, string> = { accept: "application/json" };
   if (body !== undefined) headers["content-type"] = "application/json";
   if (method !== "GET" && csrf !== null) headers[CSRF_HEADER] = csrf;
@@ -41,22 +42,26 @@ export async function call<T>(method: string, path: string, body?: unknown): Pro
   } catch (err) {
     throw new ApiError(0, "unavailable", `the daemon did not answer: ${(err as Error).message}`);
   }
-  if (response.status === 204) return undefined as T;
-  const text = await response.text();
-  let parsed: unknown;
+  if (response.ok) return response;
+  const error = parseJson(await response.text()) as { error?: unknown; code?: unknown } | undefined;
+  const message = typeof error?.error === "string" ? error.error : `HTTP ${response.status}`;
+  const code = typeof error?.code === "string" ? error.code : "unknown";
+  if (response.status === 401 && !path.startsWith(`${CONSOLE_API}/login`)) onUnauthorized();
+  throw new ApiError(response.status, code, message);
+}
+
+function parseJson(text: string): unknown {
   try {
-    parsed = text === "" ? undefined : JSON.parse(text);
+    return text === "" ? undefined : JSON.parse(text);
   } catch {
-    parsed = undefined;
+    return undefined;
   }
-  if (!response.ok) {
-    const error = parsed as { error?: unknown; code?: unknown } | undefined;
-    const message = typeof error?.error === "string" ? error.error : `HTTP ${response.status}`;
-    const code = typeof error?.code === "string" ? error.code : "unknown";
-    if (response.status === 401 && !path.startsWith(`${CONSOLE_API}/login`)) onUnauthorized();
-    throw new ApiError(response.status, code, message);
-  }
-  return parsed as T;
+}
+
+export async function call<T>(method: string, path: string, body?: unknown): Promise<T> {
+  const response = await request(method, path, body);
+  if (response.status === 204) return undefined as T;
+  return parseJson(await response.text()) as T;
 }
 
 export const session = {
@@ -101,4 +106,33 @@ export const actions = {
   fork: (id: string, count: number) => call<ForkResult>("POST", `${sandbox(id)}/fork`, { count }),
   pause: (id: string) => call<unknown>("POST", `${sandbox(id)}/pause`),
   resume: (id: string) => call<unknown>("POST", `${sandbox(id)}/resume`),
+};
+
+export interface FileEntry {
+  name: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  link_target: string | null;
+}
+
+/** What the file viewer shows of one file; the rest is left in the sandbox. */
+export const MAX_VIEWED_FILE_BYTES = 256 * 1024;
+
+export const files = {
+  list: (id: string, path: string) =>
+    call<{ path: string; entries: FileEntry[]; truncated: boolean }>(
+      "GET",
+      `${sandbox(id)}/files/list?path=${encodeURIComponent(path)}`,
+    ),
+  /** A file's first MAX_VIEWED_FILE_BYTES as text (invalid UTF-8 shown as U+FFFD). */
+  read: async (id: string, path: string) => {
+    const response = await request("GET", `${sandbox(id)}/files?path=${encodeURIComponent(path)}`);
+    const bytes = new Uint8Array(await response.arrayBuffer());
+    const shown = bytes.subarray(0, MAX_VIEWED_FILE_BYTES);
+    return {
+      text: new TextDecoder().decode(shown),
+      bytes: bytes.length,
+      truncated: shown.length < bytes.length,
+    };
+  },
 };

@@ -39,6 +39,8 @@ export const CONSOLE_API_CALLS: readonly (readonly [method: string, route: strin
   ["GET", "/v1/sandboxes/:id"],
   ["DELETE", "/v1/sandboxes/:id"],
   ["GET", "/v1/sandboxes/:id/usage"],
+  ["GET", "/v1/sandboxes/:id/files/list"],
+  ["GET", "/v1/sandboxes/:id/files"],
   ["POST", "/v1/sandboxes/:id/timeout"],
   ["POST", "/v1/sandboxes/:id/eval"],
   ["POST", "/v1/sandboxes/:id/branch"],
