@@ -190,6 +190,30 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     assert.equal(await page.locator("[data-testid^=terminal-sb-]").count(), 1);
   });
 
+  it("lists a sandbox's directory and shows a file's text", async () => {
+    const id = (await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid"))?.slice(
+      8,
+    );
+    const put = await fetch(`${daemon.tcpUrl}/v1/sandboxes/${id}/files?path=/tmp/console-note.txt`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${daemon.token}`, "content-type": "application/octet-stream" },
+      body: "written through the API, read in the console\n",
+    });
+    assert.equal(put.status, 200, await put.text());
+    const files = page.getByTestId("files");
+    await files.getByLabel("guest path").fill("/tmp");
+    await files.getByRole("button", { name: "List" }).click();
+    await files.getByRole("button", { name: "console-note.txt" }).click();
+    await files
+      .getByTestId("file-content")
+      .getByText("written through the API, read in the console")
+      .waitFor();
+    await files.getByLabel("guest path").fill("/no/such/dir");
+    await files.getByRole("button", { name: "List" }).click();
+    assert.match((await files.getByTestId("files-error").textContent()) ?? "", /404 not_found/);
+    await screenshot("files");
+  });
+
   it("cannot be driven by a page from another origin, even a same-site one holding the cookie", async () => {
     const id = (await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid"))?.slice(
       8,
@@ -207,10 +231,9 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     const evil = await context.newPage();
     try {
       await evil.goto(`http://127.0.0.1:${attackerPort}/`);
-      const results = (await evil.waitForFunction("window.results").then((h) => h.jsonValue())) as Record<
-        string,
-        string
-      >;
+      const results = (await evil
+        .waitForFunction("window.results", undefined, { polling: 100 })
+        .then((h) => h.jsonValue())) as Record<string, string>;
       assert.equal(results.read, "blocked", "the page cannot read the API");
       assert.equal(results.terminal, "refused", "the page cannot open a terminal");
       await evil.waitForTimeout(1000); // the no-cors POSTs have landed (or been refused)
