@@ -20,8 +20,15 @@ import { parseCookie, stringifySetCookie } from "cookie";
 import type { FastifyRequest } from "fastify";
 import { authenticate } from "../api/auth.js";
 import type { ListenerInfo } from "../api/extensions.js";
+import { PORT_ROUTES } from "../api/routes/network.js";
 import { ForkdError } from "../common/errors.js";
-import { CONSOLE_API_CALLS, CONSOLE_PATH, CSRF_HEADER, CSRF_PROTOCOL_PREFIX } from "./protocol.js";
+import {
+  CONSOLE_API_CALLS,
+  CONSOLE_PATH,
+  CSRF_HEADER,
+  CSRF_PROTOCOL_PREFIX,
+  PORT_PROXY_HEADER,
+} from "./protocol.js";
 import { csrfMatches, type Session, type SessionLimits, SessionStore } from "./sessions.js";
 
 /** How a console route is reached: without any credential (the page, login), or with a session. */
@@ -41,6 +48,8 @@ export interface RequestFacts {
   method: string;
   url: string;
   headers: IncomingHttpHeaders;
+  /** The matched route's pattern, when routing has run. */
+  routeOptions?: { url?: string };
 }
 
 export class ConsoleAccess {
@@ -97,6 +106,18 @@ export class ConsoleAccess {
   screen(request: RequestFacts, listener: ListenerInfo): void {
     if (listener.transport !== "unix" || !looksLikeBrowser(request)) return;
     checkSocketBrowserOrigin(request.headers);
+    const route = request.routeOptions?.url;
+    if (
+      route !== undefined &&
+      PORT_ROUTES.includes(route) &&
+      request.headers[PORT_PROXY_HEADER] === undefined
+    ) {
+      throw new ForkdError(
+        "forbidden",
+        "a browser opening a sandbox's port through the Unix socket would share the console's origin: " +
+          "use `forkd port <id> <port>`, which gives the sandbox's pages an origin of their own",
+      );
+    }
     if (
       !SAFE_METHODS.has(request.method) &&
       !csrfMatches(header(request.headers, CSRF_HEADER), this.socketCsrf)

@@ -16,7 +16,12 @@ import WebSocket from "ws";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
 import { ConsoleAccess } from "../../src/console/access.js";
 import { consoleExtension } from "../../src/console/index.js";
-import { CSRF_HEADER, CSRF_PROTOCOL_PREFIX, TERMINAL_PROTOCOL } from "../../src/console/protocol.js";
+import {
+  CSRF_HEADER,
+  CSRF_PROTOCOL_PREFIX,
+  PORT_PROXY_HEADER,
+  TERMINAL_PROTOCOL,
+} from "../../src/console/protocol.js";
 import { open, responseOf, send, type Target } from "../api/raw-http.js";
 import { ServicesDouble } from "../api/services-double.js";
 
@@ -168,8 +173,7 @@ describe("console access over real listeners", () => {
     const notForCookies = [
       "/metrics",
       "/openapi.json",
-      `/v1/sandboxes/${id}/files?path=/etc/passwd`,
-      `/v1/sandboxes/${id}/files/list?path=/`,
+      `/v1/sandboxes/${id}/files/stat?path=/etc/passwd`,
       `/v1/sandboxes/${id}/ports/8080/`,
       "/v1/snapshots/py/pack",
       "/v1/template-aliases",
@@ -179,6 +183,15 @@ describe("console access over real listeners", () => {
       assert.equal(answer.status, 401, `${route} must want the bearer token: ${answer.text}`);
       assert.match(answer.json().error as string, /missing bearer token/);
     }
+    const list = await send(running.tcp, "GET", `/v1/sandboxes/${id}/files/list?path=/`, {
+      headers: { cookie },
+    });
+    assert.notEqual(list.status, 401, "the Files view reads by cookie");
+    const write = await send(running.tcp, "PUT", `/v1/sandboxes/${id}/files?path=/tmp/x`, {
+      headers: { cookie, origin: running.origin, "content-type": "application/octet-stream" },
+      body: "x",
+    });
+    assert.equal(write.status, 401, `writing files wants the bearer token: ${write.text}`);
     const e2b = await send(running.tcp, "GET", "/sandboxes", { headers: { cookie } });
     assert.equal(e2b.status, 401, "E2B's API takes its own key, never the console's cookie");
     const noCookie = await send(running.tcp, "GET", "/v1/sandboxes");
@@ -365,6 +378,25 @@ describe("console access over real listeners", () => {
       headers: { origin: "http://localhost", [CSRF_HEADER]: csrf },
     });
     assert.equal(login.status, 409, "no login on the socket");
+  });
+
+  it("on the Unix socket, keeps a sandbox's pages off the console's origin unless forkd port proxies them", async () => {
+    const navigate = { host: "127.0.0.1:8890", "sec-fetch-mode": "navigate", "sec-fetch-site": "none" };
+    const page = await send(running.socket, "GET", "/v1/sandboxes/sb-000000000001/ports/8080/index.html", {
+      headers: navigate,
+    });
+    assert.equal(page.status, 403, page.text);
+    assert.match(page.json().error as string, /forkd port/);
+    const bare = await send(running.socket, "GET", "/v1/sandboxes/sb-000000000001/ports/8080", {
+      headers: navigate,
+    });
+    assert.equal(bare.status, 403, "the port's root as well");
+    const viaForkdPort = await send(running.socket, "GET", "/v1/sandboxes/sb-000000000001/ports/8080/", {
+      headers: { ...navigate, [PORT_PROXY_HEADER]: "1" },
+    });
+    assert.notEqual(viaForkdPort.status, 403, viaForkdPort.text);
+    const sdk = await send(running.socket, "GET", "/v1/sandboxes/sb-000000000001/ports/8080/");
+    assert.notEqual(sdk.status, 403, "clients that are not browsers are unaffected");
   });
 
   it("marks the cookie Secure and __Host- under TLS", () => {
