@@ -52,6 +52,8 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
   };
 
   before(async () => {
+    // Only this run's screenshots, so the numbering tells the order.
+    await rm(outputDir, { recursive: true, force: true });
     await mkdir(outputDir, { recursive: true });
     daemon = await startDaemon();
     profile = await mkdtemp(path.join(os.tmpdir(), "forkd-chromium-"));
