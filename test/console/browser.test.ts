@@ -241,7 +241,9 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
       await evil.waitForTimeout(1000); // the no-cors POSTs have landed (or been refused)
     } finally {
       await evil.close();
-      await new Promise((resolve) => attacker.close(resolve));
+      const closed = new Promise((resolve) => attacker.close(resolve));
+      attacker.closeAllConnections(); // the browser's keep-alive connection would hold close() open
+      await closed;
     }
     const after = await daemon.controller.getSandbox(id);
     assert.equal(after.status, "running", "still running: the forged kill did nothing");
