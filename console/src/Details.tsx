@@ -442,7 +442,7 @@ function Fork({ sandbox: sb }: { sandbox: SandboxWire }) {
       </form>
       <ActionError error={action.error} />
       {result && (
-        <div class="ok">
+        <div class="ok" data-testid="fork-result">
           From <span class="mono">{result.snapshot_tag}</span> (paused {result.pause_ms} ms):
           <ul>
             {result.children.map((c, i) =>

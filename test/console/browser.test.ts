@@ -256,6 +256,32 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     assert.equal(all.length, 1, "the forged spawn did nothing");
   });
 
+  it("forks two children from the page and shows them under the fork's snapshot", async () => {
+    const details = page.getByTestId("sandbox-details");
+    const parentId = (await details.locator("h2 .mono").first().textContent()) ?? "";
+    await details.getByLabel("children").fill("2");
+    await details.getByRole("button", { name: "Fork", exact: true }).click();
+    const result = details.getByTestId("fork-result");
+    await result.waitFor();
+    const children = (await result.locator("li.mono").allTextContents()).map((t) => t.trim());
+    assert.equal(children.length, 2, await result.innerHTML());
+    const forkTag = ((await result.locator("span.mono").first().textContent()) ?? "").trim();
+    for (const child of children) {
+      const row = page.getByTestId(`sandbox-${child}`);
+      await row.waitFor();
+      const under = row.locator("xpath=ancestor::li[2]/div[contains(@class,'row')]").first();
+      assert.equal(
+        await under.getAttribute("data-testid"),
+        `snapshot-${forkTag}`,
+        "a child under its snapshot",
+      );
+    }
+    await screenshot("forked");
+    for (const child of children) await daemon.controller.killSandbox(child);
+    for (const child of children) await page.getByTestId(`sandbox-${child}`).waitFor({ state: "detached" });
+    assert.equal(((await details.locator("h2 .mono").first().textContent()) ?? "").trim(), parentId.trim());
+  });
+
   it("kills the sandbox after a confirmation and it leaves the tree", async () => {
     const details = page.getByTestId("sandbox-details");
     const id = (await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid"))?.slice(
