@@ -3,10 +3,11 @@
 # (sandbox networks), Go (the guest agent and the sandbox launcher are static Go binaries built from src/ with
 # the standard library only), a C compiler (the small library confined QEMUs preload, src/isolation/ro-ram),
 # and the npm dependencies; plus what the Python SDK's tests use (python3-venv and python3-wheel to build and
-# install its wheel with no index, mypy to type-check it). Then the identity sandboxed QEMUs run under: a system
-# user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so no other
-# account is ever given those ids (the daemon does the same at start if it is missing). Uses the machine's own
-# apt and npm configuration. Safe to run again.
+# install its wheel with no index, mypy to type-check it), and Chromium (the web console's browser tests drive
+# Debian's chromium through playwright-core; no browser download). Then the identity sandboxed QEMUs run under:
+# a system user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so
+# no other account is ever given those ids (the daemon does the same at start if it is missing). Uses the
+# machine's own apt and npm configuration. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -18,7 +19,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
-  gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy >/dev/null
+  gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium >/dev/null
 
 # The sandboxed QEMUs' uid range: FORKD_VM_UID_BASE (default 2000000000) + every possible pid (2^22).
 vm_base="${FORKD_VM_UID_BASE:-2000000000}"

@@ -31,12 +31,14 @@ import {
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
+import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
 import { ADMIN, principalOf } from "./principal.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
+import { registerHostRoutes } from "./routes/host.js";
 import {
   portUpgradeHandler,
   refuseUpgrade,
@@ -104,6 +106,8 @@ export interface ApiOptions {
   https?: { key: Buffer; cert: Buffer };
   /** The E2B API's settings (see src/e2b). */
   e2b?: E2bSettings;
+  /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
+  extensions?: readonly ApiExtension[];
 }
 
 export interface ApiContext {
@@ -191,6 +195,13 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     },
   });
 
+  const extensions = options.extensions ?? [];
+  const listener: ListenerInfo = {
+    transport: options.transport,
+    tls: options.https !== undefined,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    snapshotsDir: options.snapshotsDir,
+  };
   const originPolicy = lazyOriginPolicy(app, options.origin);
   const scheme = options.https ? "https" : "http";
   /** Before authentication: a rebinding page must learn nothing, not even whether it needs a token. */
@@ -211,7 +222,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
     checkOrigin(request.headers);
-    request.caller = await identifyCaller(request, options);
+    for (const extension of extensions) extension.screen?.(request, listener);
+    request.caller = await identifyCaller(request, options, extensions, listener);
   });
   app.addHook("onResponse", async (request, reply) => {
     const route = request.routeOptions.url ?? "unmatched";
@@ -285,11 +297,13 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerForkRoutes(app, context);
   registerTemplateAliasRoutes(app, context);
   registerWorkspaceRoutes(app, context);
+  registerHostRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
   await app.register(async (scope) => registerPackRoutes(scope, context));
   registerNetworkRoutes(app, context);
   await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+  for (const extension of extensions) await extension.register(app, listener);
   const e2b = await registerE2b(app, {
     services: options.services,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
@@ -313,6 +327,10 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     } catch (err) {
       refuseUpgrade(socket, err);
       return;
+    }
+    // An extension's upgrade (the console's terminals) authenticates its own.
+    for (const extension of extensions) {
+      if (extension.upgrade?.(req, socket, head, listener)) return;
     }
     if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
   });
@@ -377,10 +395,16 @@ const callerBySocket = new WeakMap<Socket, Promise<string>>();
 
 /**
  * Names the caller (for the audit log) and sets the request's principal: a tenant's token acts for its tenant;
- * an admin token, the Unix socket (root or the socket's group) and a listener without tokens act as admin. E2B
- * routes authenticate their own callers (src/e2b) and set the principal themselves.
+ * an admin token, the Unix socket (root or the socket's group), a listener without tokens and a console session
+ * (the console logs in admin tokens only) act as admin. E2B routes authenticate their own callers (src/e2b) and
+ * set the principal themselves.
  */
-async function identifyCaller(request: FastifyRequest, options: ApiOptions): Promise<string> {
+async function identifyCaller(
+  request: FastifyRequest,
+  options: ApiOptions,
+  extensions: readonly ApiExtension[],
+  listener: ListenerInfo,
+): Promise<string> {
   if (options.transport === "unix") {
     request.principal = ADMIN;
     const socket = request.raw.socket;
@@ -398,6 +422,17 @@ async function identifyCaller(request: FastifyRequest, options: ApiOptions): Pro
     if (request.url === "/healthz" || request.url === "/healthz/") return address;
     // Named before the check so a rejected request is audited with where it came from.
     request.caller = address;
+    if (request.headers.authorization === undefined) {
+      for (const extension of extensions) {
+        const caller = extension.identify?.(request, listener);
+        if (caller !== undefined) {
+          // A console session acts for the admin token it logged in with; the console's public routes (its
+          // page, login) get no principal, so they can reach no service.
+          if (caller.startsWith(CONSOLE_SESSION_CALLER)) request.principal = ADMIN;
+          return caller;
+        }
+      }
+    }
     const token = authenticate(request.headers.authorization, options.tokens);
     request.principal = principalOf(token);
     return token.id;

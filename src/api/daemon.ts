@@ -13,6 +13,7 @@ import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
+import type { ApiExtension, ApiExtensionFactory } from "./extensions.js";
 import {
   checkBindPolicy,
   isLoopbackHost,
@@ -59,6 +60,8 @@ export interface DaemonConfig {
   hostPaths?: readonly HostPathRedaction[];
   /** The E2B API's settings (see src/e2b). */
   e2b?: E2bSettings;
+  /** Surfaces mounted on every listener (the web console), made once over the opened services. */
+  extensions?: readonly ApiExtensionFactory[];
   logger?: Logger;
 }
 
@@ -120,7 +123,11 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
   const logger = config.logger ?? pino({ name: "forkd", level: "info" });
   const apps: FastifyInstance[] = [];
   let audit: AuditLog | undefined;
+  let extensions: ApiExtension[] = [];
+  const closeExtensions = () =>
+    Promise.allSettled(extensions.map((extension) => extension.close?.())).then(() => {});
   const closeAll = async () => {
+    await closeExtensions();
     await Promise.allSettled(apps.map((app) => app.close()));
     await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
     await audit?.close();
@@ -131,7 +138,11 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
     }
     const metrics = createMetrics(services, { version: FORKD_VERSION });
+    extensions = (config.extensions ?? []).map((make) =>
+      make({ services, metrics, snapshotsDir: config.snapshotsDir, logger }),
+    );
     const common = {
+      extensions,
       services,
       snapshotsDir: config.snapshotsDir,
       hostPaths: config.hostPaths,
@@ -176,6 +187,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     const stop = (reason: string) => {
       stopping ??= drainAndClose(
         apps,
+        closeExtensions,
         config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
         logger,
         reason,
@@ -202,11 +214,19 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
   }
 }
 
-async function drainAndClose(apps: FastifyInstance[], drainMs: number, logger: Logger, reason: string) {
+async function drainAndClose(
+  apps: FastifyInstance[],
+  closeExtensions: () => Promise<void>,
+  drainMs: number,
+  logger: Logger,
+  reason: string,
+) {
   logger.info(
     { reason, drain_timeout_ms: drainMs },
     "stopping: no new connections, draining in-flight requests",
   );
+  // Long-lived responses (event streams, terminals) would otherwise hold the drain for its whole timeout.
+  await closeExtensions();
   const closed = Promise.allSettled(apps.map((app) => app.close()));
   const drained = await Promise.race([closed.then(() => true), delay(drainMs).then(() => false)]);
   if (drained) return;

@@ -4,7 +4,6 @@
  * by hand. v0.5's names (forkd_snapshots_total, forkd_sandboxes_active, forkd_branches_in_flight,
  * forkd_branch_concurrency_cap, forkd_build_info) are kept.
  */
-import { readFile } from "node:fs/promises";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 
@@ -64,20 +63,21 @@ export function createMetrics(
 
   new Gauge({
     name: "forkd_sandbox_memory_bytes",
-    help: "Host memory of each sandbox's QEMU process (rss: resident; pss: shared pages divided among sharers).",
+    help:
+      "Host memory of each sandbox's QEMU process (rss: resident; pss: shared pages divided among sharers; " +
+      "private: pages only it holds).",
     labelNames: ["id", "snapshot_tag", "kind"],
     registers: [registry],
     async collect() {
       this.reset();
-      await Promise.all(
-        activeSandboxes(services.sandboxes).map(async (sb) => {
-          if (sb.pid === null) return;
-          const memory = await processMemory(sb.pid);
-          if (!memory) return;
-          this.set({ id: sb.id, snapshot_tag: sb.snapshot_tag, kind: "rss" }, memory.rss);
-          this.set({ id: sb.id, snapshot_tag: sb.snapshot_tag, kind: "pss" }, memory.pss);
-        }),
-      );
+      const tags = new Map(activeSandboxes(services.sandboxes).map((sb) => [sb.id, sb.snapshot_tag]));
+      for (const usage of await services.sandboxes.usage().catch(() => [])) {
+        const snapshot_tag = tags.get(usage.id);
+        if (snapshot_tag === undefined) continue;
+        this.set({ id: usage.id, snapshot_tag, kind: "rss" }, usage.rss_bytes);
+        this.set({ id: usage.id, snapshot_tag, kind: "pss" }, usage.pss_bytes);
+        this.set({ id: usage.id, snapshot_tag, kind: "private" }, usage.private_bytes);
+      }
     },
   });
 
@@ -140,15 +140,4 @@ export function createMetrics(
 
 function activeSandboxes(sandboxes: SandboxService) {
   return sandboxes.list().filter((sb) => sb.status === "starting" || sb.status === "running");
-}
-
-/** Rss and Pss of a process from /proc/<pid>/smaps_rollup; null if it is gone. */
-async function processMemory(pid: number): Promise<{ rss: number; pss: number } | null> {
-  const text = await readFile(`/proc/${pid}/smaps_rollup`, "utf8").catch(() => null);
-  if (text === null) return null;
-  const field = (name: string) => {
-    const match = new RegExp(`^${name}:\\s+(\\d+) kB$`, "m").exec(text);
-    return match ? Number(match[1]) * 1024 : 0;
-  };
-  return { rss: field("Rss"), pss: field("Pss") };
 }

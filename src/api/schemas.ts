@@ -145,6 +145,25 @@ export const SnapshotInfoWire = Type.Object(
     owner: Nullable(
       Type.String({ description: "The tenant that owns it (docs/security.md#tenancy); null: an admin's." }),
     ),
+    origin: Nullable(
+      Type.Union(
+        [Type.Literal("template"), Type.Literal("branch"), Type.Literal("compact"), Type.Literal("pause")],
+        {
+          description:
+            "Booted from a template, BRANCHed from a sandbox, compacted from a chain, or a sandbox's paused " +
+            "state; null if not on disk.",
+        },
+      ),
+    ),
+    branch_mode: Nullable(
+      Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")], {
+        description: "A branch's mode: full stands alone, diff and live are layers on parent_tag.",
+      }),
+    ),
+    disk_bytes: Type.Integer({
+      description:
+        "Bytes its own files occupy on disk (allocated blocks: sparse RAM images count what is stored).",
+    }),
   },
   { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
 );
@@ -662,6 +681,65 @@ export const SandboxMetricsWire = Type.Object({
   disk_total_bytes: Type.Integer({ description: "Not measured yet: 0." }),
   disk_used_bytes: Type.Integer({ description: "Not measured yet: 0." }),
 });
+
+export const SandboxUsageWire = Type.Object(
+  {
+    id: Type.String(),
+    timestamp_unix_ms: Type.Integer(),
+    rss_bytes: Type.Integer({ description: "Resident memory of the VM's QEMU process." }),
+    pss_bytes: Type.Integer({
+      description:
+        "Proportional set size: pages shared with the snapshot and other children divided among them.",
+    }),
+    private_bytes: Type.Integer({ description: "Pages only this VM holds (what killing it frees)." }),
+    cpu_seconds: Type.Number({ description: "Host CPU time used since the VM started." }),
+    cpu_used_pct: Type.Number({
+      description: "CPU seconds per second x100 over cpu_window_ms (100 = one core).",
+    }),
+    cpu_window_ms: Type.Integer({
+      description: "Since the previous usage sample of this sandbox (by any caller), or the VM's whole life.",
+    }),
+  },
+  { description: "What a running sandbox costs the host, measured on the host (no guest call)." },
+);
+
+export const UsageResponse = Type.Object({ sandboxes: Type.Array(SandboxUsageWire) });
+
+export const UsageQuery = Type.Object(
+  {
+    id: Type.Optional(
+      Type.Union([SandboxId, Type.Array(SandboxId, { maxItems: 1000 })], {
+        description: "Only these sandboxes (repeat the parameter); default all running ones.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const HostStatusWire = Type.Object(
+  {
+    timestamp_unix_ms: Type.Integer(),
+    cpu_count: Type.Integer(),
+    cpu_used_pct: Type.Number({ description: "Busy share of all host CPUs over cpu_window_ms, 0..100." }),
+    cpu_window_ms: Type.Integer({
+      description: "Since the previous host sample (by any caller), or since boot.",
+    }),
+    load_avg: Type.Tuple([Type.Number(), Type.Number(), Type.Number()]),
+    mem_total_bytes: Type.Integer(),
+    mem_available_bytes: Type.Integer({ description: "The host's MemAvailable." }),
+    daemon_rss_bytes: Type.Integer({ description: "The daemon process's own resident memory." }),
+    sandboxes: Type.Object(
+      {
+        starting: Type.Integer(),
+        running: Type.Integer(),
+        stopping: Type.Integer(),
+        dead: Type.Integer(),
+      },
+      { description: "Sandboxes the daemon knows, by status." },
+    ),
+  },
+  { description: "The host the daemon runs on." },
+);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Template aliases

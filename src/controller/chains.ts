@@ -23,7 +23,7 @@ import { FileVerifier } from "../store/verify.js";
 import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import { cacheDirs, memoryImageOptions, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
-import type { SnapshotDetail } from "./sandbox-service.js";
+import type { SnapshotDetail, SnapshotInfo } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -190,6 +190,7 @@ export async function localSnapshotDetail(
     aliases: [],
     ephemeral: false,
     owner: null,
+    ...(await originFacts(s)),
     ...chain,
   };
 }
@@ -250,6 +251,20 @@ async function layerUsage(s: StoredSnapshot): Promise<LayerUsage> {
       backing: header?.backingFile ?? null,
     },
     vmstate_bytes: (await stat(path.join(s.dir, SNAPSHOT_FILES.deviceState)).catch(() => null))?.size ?? 0,
+  };
+}
+
+/** How a stored snapshot came to be and what its own files occupy on disk (SnapshotInfo's origin fields). */
+export async function originFacts(
+  s: StoredSnapshot,
+): Promise<Pick<SnapshotInfo, "origin" | "branch_mode" | "disk_bytes">> {
+  const sizes = await Promise.all(
+    Object.keys(s.manifest.files).map((name) => physicalBytes(path.join(s.dir, name))),
+  );
+  return {
+    origin: s.manifest.origin.kind,
+    branch_mode: s.manifest.origin.kind === "branch" ? s.manifest.origin.mode : null,
+    disk_bytes: sizes.reduce((sum, n) => sum + n, 0),
   };
 }
 

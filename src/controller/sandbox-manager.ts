@@ -57,6 +57,7 @@ import {
   processStartTime,
   recordedIdentity,
 } from "./host-processes.js";
+import { type HostStatus, type SandboxUsage, UsageSampler } from "./host-usage.js";
 import { newSandboxId } from "./ids.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
@@ -191,6 +192,7 @@ export class SandboxManager implements SandboxService {
   private readonly log: ManagerLog;
   private sweeper: NodeJS.Timeout | undefined;
   private readonly metricsSampler = new MetricsSampler();
+  private readonly usageSampler = new UsageSampler();
   private collectionRequested = false;
   private lastCollection = 0;
   private readonly portProxy = new PortProxy();
@@ -841,6 +843,29 @@ export class SandboxManager implements SandboxService {
     });
   }
 
+  async usage(filter: { ids?: readonly string[] } = {}): Promise<SandboxUsage[]> {
+    const wanted = filter.ids === undefined ? undefined : new Set(filter.ids);
+    const handles = [...this.live.values()]
+      .filter((l) => !l.killing && (wanted === undefined || wanted.has(l.handle.id)))
+      .map((l) => l.handle);
+    const samples = await Promise.all(handles.map((h) => this.usageSampler.sandbox(h.id, h.pid)));
+    return samples.filter((u): u is SandboxUsage => u !== null);
+  }
+
+  async host(): Promise<HostStatus> {
+    const counts: HostStatus["sandboxes"] = {
+      starting: 0,
+      running: 0,
+      pausing: 0,
+      paused: 0,
+      resuming: 0,
+      stopping: 0,
+      dead: 0,
+    };
+    for (const row of this.db.sandboxes()) counts[row.status]++;
+    return this.usageSampler.host(counts);
+  }
+
   // ---- calls into the guest ----
 
   ping(id: string, options: { signal?: AbortSignal } = {}) {
@@ -1284,6 +1309,7 @@ export class SandboxManager implements SandboxService {
       this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
     );
     this.metricsSampler.forget(row.id);
+    this.usageSampler.forget(row.id);
     this.requestCollection();
     await this.networks.detach(row.id);
     this.log.info({ id: row.id, reason }, "sandbox stopped");

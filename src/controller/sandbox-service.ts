@@ -30,12 +30,13 @@ import type {
 import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { ChainDetail } from "./chains.js";
+import type { HostStatus, SandboxUsage } from "./host-usage.js";
 import type { PackResult, UnpackResult } from "./packs.js";
 import type { LimitsRequest, SandboxLimits } from "./sandbox-limits.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
 import type { ResolvedTemplate, TemplateAlias } from "./template-aliases.js";
 
-export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
+export type { EgressPolicy, EgressPolicyInput, HostStatus, NetworkRequest, SandboxNetworkInfo, SandboxUsage };
 
 /** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
 export interface NetworkStatus {
@@ -350,6 +351,13 @@ export interface SandboxService {
   console(id: string, maxBytes?: number): Promise<string>;
   /** How this daemon confines its QEMUs and which limits its host can enforce. */
   confinementStatus(): ConfinementStatus;
+  /**
+   * Host-side use of running sandboxes (all, or those of `ids`; unknown or stopped ones are left out): memory of
+   * each VM's QEMU process (RSS, PSS, private) and its CPU. Asks nothing of the guests.
+   */
+  usage(filter?: { ids?: readonly string[] }): Promise<SandboxUsage[]>;
+  /** The host the daemon runs on: CPUs, load, memory, and how many sandboxes are in each state. */
+  host(): Promise<HostStatus>;
   networkStatus(): NetworkStatus;
   /** Replaces a running sandbox's egress policy (src/net/policy.ts); conflict without a network of its own. */
   setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo>;
@@ -463,6 +471,15 @@ export interface SnapshotInfo {
   ephemeral: boolean;
   /** The tenant that owns it (see tenancy.ts); null: an admin's. */
   owner: string | null;
+  /**
+   * How it came to be: booted from a template, BRANCHed from a sandbox, compacted from a chain, a sandbox's paused
+   * state (null: not on disk).
+   */
+  origin: "template" | "branch" | "compact" | "pause" | null;
+  /** A branch's mode (full: stands alone; diff/live: a layer on its parent); null for other origins. */
+  branch_mode: "full" | "diff" | "live" | null;
+  /** Bytes its own files occupy on disk (allocated blocks; sparse RAM images count only what is stored). */
+  disk_bytes: number;
 }
 
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */

@@ -13,7 +13,7 @@ import type { ConfinementConfig } from "../isolation/confinement.js";
 import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { sweepDeadPackScratch } from "../store/pack-archive.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
-import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
+import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
 import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
 import { snapshotIsBootable } from "./restore-plan.js";
@@ -161,6 +161,9 @@ export class DaemonSnapshots implements SnapshotService {
           aliases: [],
           ephemeral: false,
           owner: owners.get(j.tag) ?? null,
+          origin: null,
+          branch_mode: null,
+          disk_bytes: 0,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -366,6 +369,7 @@ export class DaemonSnapshots implements SnapshotService {
       aliases: this.templateAliases.namesOf(s.tag),
       ephemeral,
       owner: owners.get(s.tag) ?? null,
+      ...(await originFacts(s)),
     };
   }
 }

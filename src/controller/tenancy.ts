@@ -250,6 +250,21 @@ class TenantScope {
       metrics: mine((id, options?: { signal?: AbortSignal }) => inner.metrics(id, options)),
       networkStatus: () => inner.networkStatus(),
       confinementStatus: () => inner.confinementStatus(),
+      usage: async (filter) => {
+        const own = inner
+          .list()
+          .filter((s) => s.owner === tenant)
+          .map((s) => s.id);
+        const ids = filter?.ids === undefined ? own : filter.ids.filter((id) => own.includes(id));
+        return inner.usage({ ids });
+      },
+      // Its sandbox counts describe every tenant's activity, like /metrics.
+      host: async () => {
+        throw new ForkdError(
+          "forbidden",
+          "the host's status is for admins (it counts every tenant's sandboxes)",
+        );
+      },
       console: mine((id, maxBytes?: number) => inner.console(id, maxBytes)),
       setNetworkPolicy: mine((id, policy: Parameters<SandboxService["setNetworkPolicy"]>[1]) =>
         inner.setNetworkPolicy(id, policy),

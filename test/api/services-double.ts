@@ -88,6 +88,9 @@ export class ServicesDouble {
       aliases: [],
       ephemeral: false,
       owner: null,
+      origin: "template",
+      branch_mode: null,
+      disk_bytes: 1024,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -460,6 +463,9 @@ export class ServicesDouble {
           aliases: request.alias === undefined ? [] : [request.alias],
           ephemeral: false,
           owner: sb.owner,
+          origin: "branch",
+          branch_mode: mode,
+          disk_bytes: 12288,
         },
       };
     },
@@ -552,6 +558,35 @@ export class ServicesDouble {
       return {};
     },
     metrics: async () => notInDouble("metrics"),
+    // Made-up numbers (the double has no processes): the shape is what HTTP tests check.
+    usage: async (filter = {}) =>
+      [...this.sandboxesById.values()]
+        .filter((sb) => sb.status === "running" && (filter.ids === undefined || filter.ids.includes(sb.id)))
+        .map((sb) => ({
+          id: sb.id,
+          timestamp_unix_ms: 1_700_000_500_000,
+          rss_bytes: 48 * 2 ** 20,
+          pss_bytes: 30 * 2 ** 20,
+          private_bytes: 20 * 2 ** 20,
+          cpu_seconds: 1.5,
+          cpu_used_pct: 2.5,
+          cpu_window_ms: 2000,
+        })),
+    host: async () => {
+      const sandboxes = { starting: 0, running: 0, pausing: 0, paused: 0, resuming: 0, stopping: 0, dead: 0 };
+      for (const sb of this.sandboxesById.values()) sandboxes[sb.status]++;
+      return {
+        timestamp_unix_ms: 1_700_000_500_000,
+        cpu_count: 2,
+        cpu_used_pct: 12.5,
+        cpu_window_ms: 2000,
+        load_avg: [0.5, 0.25, 0.125] as [number, number, number],
+        mem_total_bytes: 24 * 2 ** 30,
+        mem_available_bytes: 20 * 2 ** 30,
+        daemon_rss_bytes: 80 * 2 ** 20,
+        sandboxes,
+      };
+    },
     fork: async () => notInDouble("fork"),
     procs: {
       start: () => notInDouble("procs.start"),

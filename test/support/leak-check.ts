@@ -42,7 +42,6 @@ export interface HomeState {
   problems: string[];
 }
 
-
 /** Reads the home's database read-only (a daemon may hold it open; WAL readers do not block it). */
 export function readSandboxRecords(paths: ForkdPaths): SandboxRecord[] {
   const db = new Database(path.join(paths.home, "state.db"), { readonly: true, fileMustExist: true });

@@ -64,6 +64,12 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
   );
 }
 
+/** The port proxy's routes, as Fastify names them (src/console screens browsers' requests to them). */
+export const PORT_ROUTES: readonly string[] = [
+  "/v1/sandboxes/:id/ports/:port",
+  "/v1/sandboxes/:id/ports/:port/*",
+];
+
 /**
  * The port proxy's HTTP side, in its own scope: bodies are not parsed (they stream to the guest as they come),
  * and the reply is handed over to the proxy.
@@ -71,7 +77,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
 export async function registerPortProxyRoutes(app: FastifyInstance, context: ApiContext): Promise<void> {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", (_request, _payload, done) => done(null, undefined));
-  for (const url of ["/v1/sandboxes/:id/ports/:port", "/v1/sandboxes/:id/ports/:port/*"]) {
+  for (const url of PORT_ROUTES) {
     app.route<{ Params: Static<typeof PortParams> }>({
       method: [...PROXIED_METHODS],
       url,

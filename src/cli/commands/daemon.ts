@@ -10,6 +10,7 @@ import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
 import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
+import { consoleExtension } from "../../console/index.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
 import {
@@ -66,6 +67,7 @@ interface DaemonOptions {
   diskLimitMib?: number;
   consoleLogKib?: number;
   unprivilegedUserfaultfd: boolean;
+  console: boolean;
 }
 
 export function registerDaemon(program: Command): void {
@@ -109,6 +111,7 @@ export function registerDaemon(program: Command): void {
       DEFAULT_DRAIN_TIMEOUT_MS,
     )
     .option("--log-level <level>", "pino log level (trace, debug, info, warn, error)", "info")
+    .option("--no-console", "do not serve the web console at /console (docs/console.md)")
     .option("--max-sandboxes <n>", "sandboxes alive at once", parseIntOption("--max-sandboxes", 1, 100_000))
     .option(
       "--tenant-max-sandboxes <n>",
@@ -206,7 +209,8 @@ export function registerDaemon(program: Command): void {
     )
     .addHelpText(
       "after",
-      "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
+      "\nConsole: a web console at /console on every listener (TCP: log in with a token; the socket: through a local proxy).\n" +
+        "E2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
         "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
         "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
         "SIGHUP reopens the audit log.\n",
@@ -276,6 +280,7 @@ export function registerDaemon(program: Command): void {
                 ? {}
                 : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
             },
+            extensions: opts.console ? [consoleExtension()] : [],
             logger,
           },
           async () => {

@@ -8,6 +8,7 @@ import type net from "node:net";
 import type { Command } from "commander";
 import { createProxyServer } from "http-proxy-3";
 import { invalidArgument } from "../../common/errors.js";
+import { PORT_PROXY_HEADER } from "../../console/protocol.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";
@@ -37,7 +38,10 @@ export function registerPort(program: Command): void {
               port: Number(endpoint.base.port) || 80,
               protocol: endpoint.base.protocol,
             };
-      const headers = client.token ? { authorization: `Bearer ${client.token}` } : undefined;
+      // The mark lets a browser's requests through the socket (src/console/access.ts): this listener is the
+      // sandbox's own origin.
+      const headers: Record<string, string> = { [PORT_PROXY_HEADER]: "1" };
+      if (client.token) headers.authorization = `Bearer ${client.token}`;
       const proxy = createProxyServer({ target, headers, ws: true });
       const prefix = routePath`/v1/sandboxes/${id}/ports/${String(port)}`;
       const server = http.createServer((req, res) => {
