@@ -13,6 +13,7 @@ import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
+import type { StepTiming } from "./progress.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
 export const IMAGE_FILES = {
@@ -39,6 +40,8 @@ export interface ImageManifest {
   rootfs: { uuid: string; usedMib: number; diskMib: number; packages: string[] };
   /** Size of every file; sha256 of all but the (large, sparse) root filesystem image. */
   files: Record<string, { size: number; sha256?: string }>;
+  /** Format 2: the base and each build step of the build that made this image, cached or how long it took. */
+  steps?: StepTiming[];
 }
 
 export interface BuiltImage {
@@ -52,6 +55,8 @@ export interface BuiltImage {
   manifest: ImageManifest;
   /** True when the image came from the cache rather than from this call's build. */
   cached: boolean;
+  /** Format 2, built by this call: each base/step, cached or how long it took. */
+  steps?: StepTiming[];
 }
 
 const MAX_MANIFEST_BYTES = 1024 * 1024;
