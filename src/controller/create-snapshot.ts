@@ -18,7 +18,7 @@ import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 
 export interface ProgressEvent {
-  step: "image" | "accelerator" | "boot" | "warmup" | "save" | "commit";
+  step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
   message: string;
 }
 

@@ -120,6 +120,7 @@ export async function readImage(hash: string, options: ImageOptions = {}): Promi
 interface RootfsResult extends Ext4Result {
   /** Format 2: each base/step, cached or how long it took. */
   steps?: StepReport[];
+  settings?: ImageManifest["settings"];
 }
 
 /** Format 1: mmdebstrap of the host's suite with the template's packages. */
@@ -164,6 +165,7 @@ async function buildRootfsChain(
   const plan = resolved.plan;
   let tree = path.join(staging.work, "rootfs");
   let steps: StepReport[] | undefined;
+  let imageSettings: ImageManifest["settings"];
   const title = plan
     ? `root filesystem from ${plan.base.description}${plan.steps.length > 0 ? ` + ${plan.steps.length} steps` : ""}`
     : `Debian ${resolved.distro.suite} root filesystem (${rootfsPackages(template).join(", ")})`;
@@ -174,6 +176,7 @@ async function buildRootfsChain(
       tree = layered.root;
       steps = layered.steps;
       settings = { env: envRecord(layered.settings.env), workdir: layered.settings.workdir };
+      imageSettings = { ...settings, user: layered.settings.user };
       if (template.interpreter === "python" && !(await hasPython(tree, settings.env))) {
         throw new ForkdError(
           "invalid_argument",
@@ -199,7 +202,7 @@ async function buildRootfsChain(
     await fs.rm(tree, { recursive: true, force: true });
     return result;
   });
-  return { ...ext4, steps };
+  return { ...ext4, steps, settings: imageSettings };
 }
 
 /** Runs both chains; the first failure cancels the other, and both have stopped before this returns. */
@@ -308,7 +311,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
           packages: rootfsPackages(template),
         },
         files,
-        ...(ext4.steps ? { steps: ext4.steps } : {}),
+        ...(ext4.steps ? { steps: ext4.steps, settings: ext4.settings } : {}),
       };
       await fs.writeFile(
         path.join(staging.out, IMAGE_FILES.manifest),

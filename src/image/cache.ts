@@ -42,6 +42,8 @@ export interface ImageManifest {
   files: Record<string, { size: number; sha256?: string }>;
   /** Format 2: the base and each build step of the build that made this image, cached or how long it took. */
   steps?: StepTiming[];
+  /** Format 2: the image's environment, working directory and user after the last step. */
+  settings?: { env: Record<string, string>; workdir: string; user: string };
 }
 
 export interface BuiltImage {

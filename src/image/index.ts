@@ -13,5 +13,20 @@ export {
 } from "./initramfs.js";
 export type { ImageTemplate, Recipe } from "./recipe.js";
 export { BUILDER_VERSION } from "./recipe.js";
-export type { Interpreter, Template, TemplateFile } from "./template.js";
-export { listTemplates, loadTemplate, parseTemplate, TEMPLATE_DEFAULTS } from "./template.js";
+export type {
+  ImageSource,
+  Interpreter,
+  ReadyCheck,
+  Template,
+  TemplateCommand,
+  TemplateFile,
+  TemplateStep,
+} from "./template.js";
+export {
+  listTemplateEntries,
+  listTemplateNames,
+  listTemplates,
+  loadTemplate,
+  parseTemplate,
+  TEMPLATE_DEFAULTS,
+} from "./template.js";

@@ -181,7 +181,12 @@ export const StepSchema = Type.Object(
 const CommandTableSchema = Type.Object(
   {
     command: Type.Union([commandText, argvArray], { rule: "must be a shell command or an argv list" }),
-    user: Type.Optional(Type.String({ pattern: USER_PATTERN, rule: "must be a user of the image" })),
+    user: Type.Optional(
+      Type.String({
+        pattern: "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$",
+        rule: "must be the name of a user of the image",
+      }),
+    ),
     cwd: Type.Optional(
       Type.String({ minLength: 1, maxLength: 1024, rule: "must be an absolute guest path" }),
     ),
