@@ -327,7 +327,7 @@ async function checkSource(
     );
     const fileRelative = d.file ?? (contextRelative === "." ? "Dockerfile" : `${contextRelative}/Dockerfile`);
     const dockerfile = await resolveTemplatePath(file, "dockerfile.file", fileRelative, "file", problems);
-    const args = d.args ?? {};
+    const args = { ...d.args };
     if (Object.keys(args).length > V2_LIMITS.buildArgs) {
       problems.push(`${file}: field "dockerfile.args" has more than ${V2_LIMITS.buildArgs} entries`);
     } else checkEnv(file, "dockerfile.args", args, problems);

@@ -112,9 +112,6 @@ const TemplateFileSchema = Type.Object(
 
 const TemplateSchema = Type.Object(
   {
-    format: Type.Optional(
-      Type.Union([Type.Literal(1), Type.Literal(2)], { rule: "must be 1 or 2 (the template format)" }),
-    ),
     name: Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", rule: TAG_RULE }),
     description: Type.Optional(
       Type.String({
@@ -151,6 +148,9 @@ const TemplateSchema = Type.Object(
         maxItems: TEMPLATE_LIMITS.files,
         rule: `must be a list ([[files]] tables) of at most ${TEMPLATE_LIMITS.files} entries`,
       }),
+    ),
+    format: Type.Optional(
+      Type.Union([Type.Literal(1), Type.Literal(2)], { rule: "must be 1 or 2 (the template format)" }),
     ),
     from: Type.Optional(FromSchema),
     dockerfile: Type.Optional(DockerfileSchema),
