@@ -37,7 +37,7 @@ export async function buildGuest(outDir) {
         path.join(staging, "forkd-agent"),
         "./src/agent/guest",
       ],
-      { cwd: root, stdio: "inherit", env: { ...process.env, CGO_ENABLED: "0", GOFLAGS: "-mod=mod" } },
+      { cwd: root, stdio: "inherit", env: { ...process.env, CGO_ENABLED: "0" } },
     );
     await cp(path.join(root, "src/agent/guest/worker.py"), path.join(staging, "worker.py"));
     await rm(target, { recursive: true, force: true });

@@ -424,6 +424,30 @@ describe("contexts and eval v2", () => {
   });
 });
 
+describe("reaping", () => {
+  it("reaps orphans of daemonizing processes (the agent is a subreaper, and PID 1 in a guest)", async () => {
+    const { readFile, readdir } = await import("node:fs/promises");
+    const statOf = async (pid: number | string) => {
+      const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
+      return stat === "" ? undefined : stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    };
+    const out = await agent.client.exec(["sh", "-c", "sleep 1.2 >/dev/null 2>&1 & echo $!"]);
+    const orphan = Number(out.stdout.toString().trim());
+    const agentPid = agent.child.pid as number;
+    // Its parent exited: the orphan now belongs to the agent, not to the host's init.
+    assert.equal(Number((await statOf(orphan))?.[1]), agentPid);
+    await sleep(1800);
+    const zombies: number[] = [];
+    for (const entry of await readdir("/proc")) {
+      if (!/^\d+$/.test(entry)) continue;
+      const fields = await statOf(entry);
+      if (fields?.[0] === "Z" && Number(fields[1]) === agentPid) zombies.push(Number(entry));
+    }
+    assert.deepEqual(zombies, [], "no zombie children left under the agent");
+    assert.equal(await statOf(orphan), undefined, "the orphan was reaped");
+  });
+});
+
 describe("shutdown on SIGTERM", () => {
   it("ends every process it started, then exits", async () => {
     const other = await startAgent(guest, { name: "sigterm", interpreter: "none" });
