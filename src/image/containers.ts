@@ -62,30 +62,60 @@ export function registryTlsVerify(reference: string, insecure: boolean): boolean
   return !(insecure || isLoopbackRegistry(reference));
 }
 
-export interface SkopeoOptions extends Pick<RunOptions, "signal" | "onStderrLine"> {
+export interface SkopeoOptions extends Pick<RunOptions, "signal"> {
   srcTlsVerify?: boolean;
   destTlsVerify?: boolean;
   label?: string;
+  /** Called with each blob skopeo did not send because the destination already has it. */
+  onBlobSkipped?: (digest: string) => void;
+  /** Called with skopeo's progress lines ("Copying blob ..."). */
+  onLine?: (line: string) => void;
 }
 
-/** `skopeo copy src dest` for this host's platform. */
+const SKIPPED_BLOB = /Skipping blob (sha256:[0-9a-f]{64}) \(already present\)/;
+
+/**
+ * `skopeo copy src dest` for this host's platform. With `onBlobSkipped`, skopeo runs with --debug (the only way
+ * it says which blobs it skipped); its debug lines are matched, never shown or kept in an error message.
+ */
 export async function skopeoCopy(src: string, dest: string, options: SkopeoOptions = {}): Promise<void> {
+  const debug = options.onBlobSkipped !== undefined;
   const args = [
+    ...(debug ? ["--debug"] : []),
     "--override-os",
     GUEST_PLATFORM.os,
     "--override-arch",
     GUEST_PLATFORM.arch,
     "copy",
-    "--quiet",
   ];
+  if (!debug && !options.onLine) args.push("--quiet");
   if (options.srcTlsVerify !== undefined) args.push(`--src-tls-verify=${options.srcTlsVerify}`);
   if (options.destTlsVerify !== undefined) args.push(`--dest-tls-verify=${options.destTlsVerify}`);
   args.push("--", src, dest);
-  await run("skopeo", args, {
-    signal: options.signal,
-    stdout: "ignore",
-    label: options.label ?? `skopeo copy ${src} ${dest}`,
-  });
+  const label = options.label ?? `skopeo copy ${src} ${dest}`;
+  let plain = "";
+  const onLine = (line: string) => {
+    const skipped = SKIPPED_BLOB.exec(line);
+    if (skipped) options.onBlobSkipped?.(skipped[1] as string);
+    if (line.startsWith("time=")) return;
+    plain = `${plain}${line}\n`.slice(-4096);
+    options.onLine?.(line);
+  };
+  try {
+    await run("skopeo", args, {
+      signal: options.signal,
+      stdout: debug || options.onLine ? "lines" : "ignore",
+      onStderrLine: debug || options.onLine ? onLine : undefined,
+      label,
+      tailBytes: debug ? 0 : undefined,
+    });
+  } catch (err) {
+    if (!debug || !(err instanceof ForkdError) || options.signal?.aborted) throw err;
+    const status = /\((exit status \d+|killed by \w+)\)/.exec(err.message)?.[1] ?? "failed";
+    throw new ForkdError(err.code, `${label} failed (${status})${plain.trim() ? `:\n${plain.trim()}` : ""}`, {
+      cause: err,
+    });
+  }
 }
 
 /** A registry's raw manifest (`what: "manifest"`) or the config blob it names (`"config"`). */

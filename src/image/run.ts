@@ -31,6 +31,8 @@ const TOOL_PACKAGES: Record<string, string> = {
 
 const KILL_GRACE_MS = 5_000;
 const DEFAULT_TAIL_BYTES = 4_096;
+/** A line longer than this is handed out cut to its end. */
+const MAX_LINE_BYTES = 16_384;
 
 export interface RunOptions {
   cwd?: string;
@@ -48,7 +50,7 @@ export interface RunOptions {
   onStderrLine?: (line: string) => void;
   /** How errors name the command (default: the command and its first arguments). */
   label?: string;
-  /** Bytes of output a failure's message ends with (default 4 KiB). */
+  /** Bytes of output a failure's message ends with (default 4 KiB; 0: none). */
   tailBytes?: number;
 }
 
@@ -95,10 +97,10 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
     options.signal?.addEventListener("abort", onAbort, { once: true });
 
     const onText = (stream: "stdout" | "stderr", chunk: string) => {
-      stderrTail = (stderrTail + chunk).slice(-tailBytes);
+      stderrTail = tailBytes > 0 ? (stderrTail + chunk).slice(-tailBytes) : "";
       if (!options.onStderrLine) return;
       const lines = (partial[stream] + chunk).split("\n");
-      partial[stream] = (lines.pop() ?? "").slice(-tailBytes);
+      partial[stream] = (lines.pop() ?? "").slice(-MAX_LINE_BYTES);
       for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
     };
     child.stdout?.on("data", (chunk: Buffer) => {
