@@ -233,7 +233,7 @@ async function startAndWaitReady(
         user,
         cwd: ready.cwd,
         env: Object.keys(ready.env).length > 0 ? ready.env : undefined,
-        timeoutMs: Math.max(1000, Math.min(remaining, 60_000)),
+        timeoutMs: Math.round(Math.max(1000, Math.min(remaining, 60_000))),
         signal,
       });
       if (result.exitCode === 0) {

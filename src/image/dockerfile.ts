@@ -10,7 +10,8 @@
  * buildah's chroot isolation cannot create a network namespace, so the whole build runs under
  * `unshare --net` and has no network unless `dockerfile.network = true`), and `--layers` so unchanged
  * instructions come from buildah's own cache. buildah's storage lives in forkd's image cache, apart from any
- * other containers storage on the host.
+ * other containers storage on the host. buildah runs in the context directory, so a relative
+ * `FROM oci-archive:base.tar` names a file beside the Dockerfile.
  */
 
 import fs from "node:fs/promises";
@@ -77,9 +78,10 @@ export async function buildDockerfile(opts: {
   };
   try {
     if (source.network) {
-      await run("buildah", args, { signal: opts.signal, stdout: "lines", onStderrLine: onLine, label });
+      await run("buildah", args, { cwd: source.context, signal: opts.signal, stdout: "lines", onStderrLine: onLine, label });
     } else {
       await run("unshare", ["--net", "--", "buildah", ...args], {
+        cwd: source.context,
         signal: opts.signal,
         stdout: "lines",
         onStderrLine: onLine,

@@ -13,7 +13,7 @@ import { canonicalJson, hashTree, sha256File } from "./recipe.js";
 import type { ImageSource, Template, TemplateStep } from "./template.js";
 
 /** Bump when how a base is made or a step is applied changes (so old step entries are not reused). */
-export const STEP_BUILDER_VERSION = 1;
+export const STEP_BUILDER_VERSION = 2;
 
 export interface PlannedBase {
   key: string;

@@ -75,7 +75,10 @@ export async function copyIntoTree(options: CopyOptions): Promise<number> {
     if (existing && !existing.isDirectory()) {
       throw new ForkdError("invalid_argument", `${options.dest} exists in the image and is not a directory`);
     }
-    await fs.mkdir(destDir, { recursive: true, mode: 0o755 });
+    if (!existing) {
+      await fs.mkdir(destDir, { recursive: true, mode: 0o755 });
+      await fs.lchown(destDir, owner.uid, owner.gid);
+    }
     for (const name of (await fs.readdir(src)).sort()) {
       await place(path.join(src, name), path.posix.join(options.dest, name));
     }
