@@ -78,7 +78,13 @@ export async function buildDockerfile(opts: {
   };
   try {
     if (source.network) {
-      await run("buildah", args, { cwd: source.context, signal: opts.signal, stdout: "lines", onStderrLine: onLine, label });
+      await run("buildah", args, {
+        cwd: source.context,
+        signal: opts.signal,
+        stdout: "lines",
+        onStderrLine: onLine,
+        label,
+      });
     } else {
       await run("unshare", ["--net", "--", "buildah", ...args], {
         cwd: source.context,

@@ -4,7 +4,7 @@
 // and closes its side; the answer is util.inspect of the (awaited) value, or the error's stack with exit
 // status 1 (the first line of the answer says which: "ok" or "error"). State persists between calls, as
 // in a REPL.
-"use strict";
+
 const fs = require("node:fs");
 const net = require("node:net");
 const util = require("node:util");
