@@ -205,6 +205,8 @@ async function makeBase(
     if (source.kind === "debian") {
       await umociInitLayout(pending.layout, ctx.signal);
       await umociUnpack(pending.layout, ctx.bundle, ctx.signal);
+      // umoci makes the bundle 0700; apt downloads into the tree as its unprivileged _apt user.
+      await fs.chmod(ctx.bundle, 0o755);
       await debootstrap({
         suite: source.suite,
         packages: base.packages,

@@ -35,7 +35,7 @@ async function evaluate(code) {
     const value = await vm.runInContext(code, context, { filename: "node-eval" });
     return `ok\n${util.inspect(value, { depth: 4 })}\n`;
   } catch (err) {
-    return `error\n${err && err.stack ? err.stack : String(err)}\n`;
+    return `error\n${err?.stack ? err.stack : String(err)}\n`;
   }
 }
 
