@@ -37,7 +37,12 @@ import {
 import { blobPath, OCI_MANIFEST, REF_NAME_ANNOTATION, resolveImage } from "../image/oci-layout.js";
 import { digestFile } from "../store/hash.js";
 import { type ArchiveSource, readArchive, writeArchive } from "../store/pack-archive.js";
-import { classifyPackPath, MAX_PACK_MANIFEST_BYTES, PACK_MANIFEST_PATH } from "../store/pack-format.js";
+import {
+  classifyPackPath,
+  MAX_PACK_MANIFEST_BYTES,
+  PACK_MANIFEST_PATH,
+  parsePackManifest,
+} from "../store/pack-format.js";
 import {
   type PackedFile,
   type PackSource,
@@ -303,6 +308,17 @@ export async function pullSnapshot(paths: ForkdPaths, options: PullOptions): Pro
     throw new ForkdError(
       "unprocessable",
       `${reference}: its pack manifest does not match the digest the manifest names`,
+    );
+  }
+  // The parts are compressed archives of the files the pack manifest lists: they cannot be much larger than
+  // those files, and a registry claiming otherwise is not sent to fill this host's disk.
+  const listed = parsePackManifest(configText).files.reduce((n, f) => n + f.size, 0);
+  const parts = manifest.layers.reduce((n, l) => n + l.size, 0);
+  const allowed = listed * 1.01 + (manifest.layers.length + 1) * 1024 * 1024;
+  if (parts > allowed) {
+    throw new ForkdError(
+      "unprocessable",
+      `${reference}: its parts claim ${parts} bytes for ${listed} bytes of packed files (refused before downloading)`,
     );
   }
   const staging = await transferDir(paths);

@@ -18,6 +18,8 @@ import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { forkChildren } from "../../src/controller/fork.js";
 import { checkReference, pullSnapshot, pushSnapshot } from "../../src/controller/registry.js";
 import { openServices } from "../../src/controller/sandbox-manager.js";
+import { buildImage, loadTemplate } from "../../src/image/index.js";
+import { debugfsCat } from "../image/helpers.js";
 import { makeBusyboxLayout, saveArchive } from "../image/oci-fixtures.js";
 import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
 
@@ -337,6 +339,24 @@ describe("snapshots through an OCI registry", { skip: !isRoot && "needs root", t
       .filter(([method, uri]) => method === "GET" && uri.includes("/blobs/") && !uri.endsWith(config.digest));
     assert.deepEqual(blobGets, [], "no part was downloaded");
     assert.ok(!(await entries(homeB.snapshots)).includes("forged"));
+  });
+
+  it("a template from.image pulls from the registry (plain HTTP on loopback) and builds", async () => {
+    // The ordinary busybox image the previous test pushed.
+    const file = path.join(dir, "from-registry.toml");
+    await fs.writeFile(
+      file,
+      `format = 2\nname = "from-registry"\nmemory_mib = 256\ndisk_mib = 256\n[from]\nimage = "127.0.0.1:${registry.port}/plain/busybox:1"\n[[steps]]\nrun = "echo pulled > /pulled.txt"\n`,
+    );
+    const built = await buildImage(await loadTemplate(file), { cacheDir: path.join(dir, "images-registry") });
+    assert.equal(built.steps?.[0]?.cached, false);
+    assert.match(built.steps?.[0]?.description ?? "", /^image 127\.0\.0\.1:\d+\/plain\/busybox:1$/);
+    assert.equal(await debugfsCat(built.rootfs, "/pulled.txt"), "pulled\n");
+    assert.match(
+      await debugfsCat(built.rootfs, "/etc/passwd"),
+      /^app:x:4242:/m,
+      "the registry image's own files",
+    );
   });
 
   it("TLS: plain HTTP only on loopback unless --insecure; references are checked", () => {
