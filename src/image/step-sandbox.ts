@@ -4,7 +4,7 @@
  *   - the tree is the root of a private mount namespace (pivot_root, the host's root is unmounted), mounted
  *     nosuid and nodev, with a fresh /proc, a minimal /dev, and empty tmpfs on /tmp and /run;
  *   - own PID, IPC, UTS and cgroup namespaces; no network (an empty network namespace with loopback) unless
- *     the step asks for it;
+ *     the step asks for it (then the host's network and, over the image's own, the host's resolv.conf);
  *   - no_new_privs, and only a container's usual capabilities (chown, dac_override, fowner, fsetid, kill,
  *     setgid, setuid, setpcap, net_bind_service, sys_chroot, setfcap, audit_write): no mknod, no mounts, no
  *     raw devices, no module loading; setuid bits and file capabilities in the image give nothing;
@@ -60,6 +60,8 @@ export interface SandboxRun {
   network: boolean;
   /** Read-only host files or directories, each at `${SANDBOX_INPUTS}/<name>`. */
   inputs?: { host: string; name: string }[];
+  /** With network: the host's /etc/resolv.conf over the image's (set by runInImage when the image has one). */
+  hostResolver?: boolean;
   timeoutS: number;
   label: string;
   signal?: AbortSignal;
@@ -97,6 +99,7 @@ export function bwrapArgs(options: SandboxRun, runasBinary: string): string[] {
     args.push("--ro-bind", input.host, `${SANDBOX_INPUTS}/${input.name}`);
   }
   if (options.credentials) args.push("--ro-bind", runasBinary, RUNAS);
+  if (options.network && options.hostResolver) args.push("--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf");
   args.push("--cap-drop", "ALL");
   for (const cap of CAPABILITIES) args.push("--cap-add", cap);
   args.push("--clearenv");
@@ -127,10 +130,15 @@ export async function runInImage(options: SandboxRun): Promise<void> {
       `${options.label}: working directory ${options.cwd} does not exist in the image`,
     );
   }
+  // A step with network resolves names as the host does; only over a regular file (never through a link).
+  const resolver = await fs
+    .lstat(await resolveInRoot(options.root, "/etc/resolv.conf"))
+    .catch(() => undefined);
+  const hostResolver = options.network && resolver?.isFile() === true;
   const timeout = AbortSignal.timeout(options.timeoutS * 1000);
   const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;
   try {
-    await run("bwrap", bwrapArgs(options, runas), {
+    await run("bwrap", bwrapArgs({ ...options, hostResolver }, runas), {
       label: options.label,
       signal,
       stdout: "lines",
