@@ -12,7 +12,7 @@
  * emptied first), so "cold" is cold; the oci-archive and dockerfile recipes get the busybox image their tests make.
  */
 import { execFile } from "node:child_process";
-import { cp, mkdir, mkdtemp, readdir, rm } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { resolvePaths } from "../src/common/paths.js";
@@ -46,14 +46,27 @@ async function diskBytes(target: string): Promise<number> {
   return Number(stdout.split("\t")[0]);
 }
 
-/** The template of a recipe; oci-archive and dockerfile get a copy beside the busybox archive they need. */
-async function recipeTemplate(name: string, scratch: string): Promise<Template> {
-  if (name !== "oci-archive" && name !== "dockerfile") return loadTemplate(name);
+/** A copy of a recipe's directory in `scratch` (oci-archive and dockerfile with the busybox archive they need). */
+async function recipeCopy(name: string, scratch: string): Promise<string> {
   const dir = path.join(scratch, name);
   await cp(path.join(builtinTemplatesDir(), name), dir, { recursive: true });
-  const layout = await makeBusyboxLayout(await mkdtemp(path.join(scratch, "busybox-")));
-  await saveArchive(layout, "oci-archive", path.join(dir, name === "oci-archive" ? "image.tar" : "base.tar"));
-  return loadTemplate(path.join(dir, RECIPE_TEMPLATE_FILE));
+  if (name === "oci-archive" || name === "dockerfile") {
+    const layout = await makeBusyboxLayout(await mkdtemp(path.join(scratch, "busybox-")));
+    await saveArchive(
+      layout,
+      "oci-archive",
+      path.join(dir, name === "oci-archive" ? "image.tar" : "base.tar"),
+    );
+  }
+  return path.join(dir, RECIPE_TEMPLATE_FILE);
+}
+
+/** The recipe with one more step at the end: everything before it is cached, so only that step runs. */
+async function withExtraStep(templateFile: string): Promise<Template> {
+  const file = path.join(path.dirname(templateFile), "template-plus-one.toml");
+  const text = await readFile(templateFile, "utf8");
+  await writeFile(file, `${text}\n[[steps]]\nrun = "echo one more step > /bench-extra-step.txt"\n`);
+  return loadTemplate(file);
 }
 
 await rm(ROOT, { recursive: true, force: true });
@@ -85,6 +98,8 @@ interface RecipeResult {
   cold_build_s: number;
   cached_build_s: number;
   rebuild_on_cached_steps_s: number;
+  /** The recipe plus one step at the end: only that step runs (its chain cached), then the image. */
+  one_more_step_s: number;
   step_seconds: { number: number; description: string; seconds: number }[];
   image_used_mib: number;
   rootfs_disk_bytes: number;
@@ -105,7 +120,8 @@ for (const name of RECIPES) {
   const cacheDir = cacheOf(name);
   await cp(bootOnly, cacheDir, { recursive: true });
   const paths = pathsFor(name);
-  const template = await recipeTemplate(name, scratch);
+  const templateFile = await recipeCopy(name, scratch);
+  const template = await loadTemplate(templateFile);
   console.log(`\n== ${name}: cold build`);
   let started = performance.now();
   const cold = await buildImage(template, { cacheDir });
@@ -117,6 +133,13 @@ for (const name of RECIPES) {
   const forced = await buildImage(template, { cacheDir, force: true });
   const forcedMs = performance.now() - started;
   if (!forced.steps?.every((s) => s.cached)) throw new Error(`${name}: a forced rebuild re-ran a step`);
+  started = performance.now();
+  const plusOne = await buildImage(await withExtraStep(templateFile), { cacheDir });
+  const plusOneMs = performance.now() - started;
+  const rerun = plusOne.steps?.filter((s) => !s.cached).map((s) => s.number) ?? [];
+  if (rerun.length !== 1 || rerun[0] !== template.steps.length + 1) {
+    throw new Error(`${name}: one more step re-ran steps ${rerun.join(", ")}`);
+  }
   const stepsDir = path.join(cacheDir, ".steps");
   const stepCache = (await readdir(stepsDir).catch(() => [])).length > 0 ? await diskBytes(stepsDir) : 0;
 
@@ -145,6 +168,7 @@ for (const name of RECIPES) {
     cold_build_s: coldMs / 1000,
     cached_build_s: cachedMs / 1000,
     rebuild_on_cached_steps_s: forcedMs / 1000,
+    one_more_step_s: plusOneMs / 1000,
     step_seconds: (cold.steps ?? []).map((s) => ({
       number: s.number,
       description: s.description,
@@ -208,8 +232,8 @@ if (RECIPES.includes("postgres")) {
 const rows: Row[] = [];
 for (const r of results) {
   rows.push({
-    metric: `${r.recipe}: build cold / cached / forced on cached steps`,
-    value: `${seconds(r.cold_build_s * 1000)} / ${seconds(r.cached_build_s * 1000)} / ${seconds(r.rebuild_on_cached_steps_s * 1000)}`,
+    metric: `${r.recipe}: build cold / cached / forced on cached steps / one more step`,
+    value: `${seconds(r.cold_build_s * 1000)} / ${seconds(r.cached_build_s * 1000)} / ${seconds(r.rebuild_on_cached_steps_s * 1000)} / ${seconds(r.one_more_step_s * 1000)}`,
     note: `${r.steps} steps; slowest: ${[...r.step_seconds].sort((a, b) => b.seconds - a.seconds)[0]?.description ?? "-"}`,
   });
   rows.push({
@@ -254,7 +278,8 @@ await writeResults(
   `# bench/templates\n\n${host}; ${accelNote}; ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}\n\n` +
     "Cold: no image and no step of the recipe cached (the kernel/initramfs, shared by all templates, cached). " +
     "Cached: the same build again (the image is found by its recipe hash). Forced on cached steps: `--force` " +
-    "with every step cached (umoci unpack of the last step, the agent payload, mkfs). Rootfs on disk: the sparse " +
+    "with every step cached (umoci unpack of the last step, the agent payload, mkfs). One more step: the recipe " +
+    "with a `run` step appended (only it runs, then the image). Rootfs on disk: the sparse " +
     "ext4's allocated bytes. Snapshot on disk: memory.bin (allocated), device state and the parent's disk layer.\n",
 );
 await rm(scratch, { recursive: true, force: true });

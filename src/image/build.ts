@@ -48,7 +48,7 @@ import {
   debootstrap,
   type Ext4Result,
   makeExt4,
-  resolveInRoot,
+  onGuestPath,
   rootfsPackages,
 } from "./rootfs.js";
 import { type BuildPlan, planBuild } from "./step-plan.js";
@@ -143,16 +143,6 @@ async function debianTree(
   });
 }
 
-/** Whether the tree has python3 where the agent looks for it (its PATH, resolved inside the tree). */
-async function hasPython(tree: string, env: Record<string, string>): Promise<boolean> {
-  const dirs = (env.PATH ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":");
-  for (const dir of dirs.filter((d) => d.startsWith("/"))) {
-    const st = await fs.stat(await resolveInRoot(tree, `${dir}/python3`, true)).catch(() => undefined);
-    if (st?.isFile()) return true;
-  }
-  return false;
-}
-
 async function buildRootfsChain(
   template: Template,
   resolved: ResolvedRecipe,
@@ -177,7 +167,8 @@ async function buildRootfsChain(
       steps = layered.steps;
       settings = { env: envRecord(layered.settings.env), workdir: layered.settings.workdir };
       imageSettings = { ...settings, user: layered.settings.user };
-      if (template.interpreter === "python" && !(await hasPython(tree, settings.env))) {
+      // The agent starts "python3" from its PATH, which is the image's.
+      if (template.interpreter === "python" && !(await onGuestPath(tree, settings.env.PATH, "python3"))) {
         throw new ForkdError(
           "invalid_argument",
           `${template.source}: interpreter = "python", but the image has no python3 on its PATH ` +

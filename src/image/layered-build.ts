@@ -42,7 +42,7 @@ import {
   withEnv,
 } from "./oci-layout.js";
 import type { Emit } from "./progress.js";
-import { debootstrap, resolveInRoot } from "./rootfs.js";
+import { debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
 import { type Credentials, resolveCredentials, runInImage, SANDBOX_INPUTS } from "./step-sandbox.js";
@@ -305,17 +305,6 @@ function envFor(settings: ImageSettings, credentials: Credentials | null): strin
   return settings.env.some((e) => e.startsWith("HOME=")) ? settings.env : [...settings.env, `HOME=${home}`];
 }
 
-/** Whether `program` is on the image's PATH (resolved inside the tree). */
-async function onImagePath(root: string, settings: ImageSettings, program: string): Promise<boolean> {
-  const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5) ?? "/usr/local/bin:/usr/bin:/bin";
-  for (const dir of pathVar.split(":")) {
-    if (!dir.startsWith("/")) continue;
-    const st = await fs.stat(await resolveInRoot(root, `${dir}/${program}`, true)).catch(() => undefined);
-    if (st?.isFile() && (st.mode & 0o111) !== 0) return true;
-  }
-  return false;
-}
-
 async function applyStep(
   ctx: Context,
   planned: PlannedStep,
@@ -351,7 +340,8 @@ async function applyStep(
         break;
       }
       case "pip": {
-        if (!(await onImagePath(root, settings, "python3"))) {
+        const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
+        if (!(await onGuestPath(root, pathVar, "python3"))) {
           throw new ForkdError(
             "invalid_argument",
             "the image has no python3 on its PATH (pip steps use the image's own pip)",

@@ -408,3 +408,19 @@ export async function makeExt4(
   await run("e2fsck", ["-f", "-n", image], { signal, stdout: "ignore" });
   return { uuid, usedMib };
 }
+
+const DEFAULT_GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/** Whether `program` is an executable file on `pathVar` (the image's PATH), resolved inside the tree. */
+export async function onGuestPath(
+  root: string,
+  pathVar: string | undefined,
+  program: string,
+): Promise<boolean> {
+  for (const dir of (pathVar ?? DEFAULT_GUEST_PATH).split(":")) {
+    if (!dir.startsWith("/")) continue;
+    const st = await fs.stat(await resolveInRoot(root, `${dir}/${program}`, true)).catch(() => undefined);
+    if (st?.isFile() && (st.mode & 0o111) !== 0) return true;
+  }
+  return false;
+}
