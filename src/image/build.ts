@@ -151,6 +151,7 @@ async function buildRootfsChain(
   staging: Staging,
   emit: Emit,
   signal: AbortSignal,
+  force: boolean,
 ): Promise<RootfsResult> {
   const plan = resolved.plan;
   let tree = path.join(staging.work, "rootfs");
@@ -162,7 +163,7 @@ async function buildRootfsChain(
   await step(emit, "rootfs", title, async () => {
     let settings: { env: Record<string, string>; workdir: string } | undefined;
     if (plan) {
-      const layered = await buildLayeredTree({ plan, cacheDir, staging, emit, signal });
+      const layered = await buildLayeredTree({ plan, cacheDir, staging, emit, signal, fresh: force });
       tree = layered.root;
       steps = layered.steps;
       settings = { env: envRecord(layered.settings.env), workdir: layered.settings.workdir };
@@ -269,7 +270,8 @@ export async function buildImage(template: Template, options: BuildOptions = {})
           signal: s,
           force: options.force === true,
         }),
-      (s) => buildRootfsChain(template, resolved, payloadDir, cacheDir, staging, emit, s),
+      (s) =>
+        buildRootfsChain(template, resolved, payloadDir, cacheDir, staging, emit, s, options.force === true),
     );
     return await step(emit, "finalize", `publishing image ${hash.slice(0, 12)}`, async () => {
       const files: ImageManifest["files"] = {};

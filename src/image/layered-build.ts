@@ -72,6 +72,8 @@ interface Context {
   emit: Emit;
   signal: AbortSignal | undefined;
   total: number;
+  /** Replace existing cache entries (a forced build) instead of keeping the first one published. */
+  replace: boolean;
 }
 
 const seconds = (since: number) => Math.round((performance.now() - since) / 100) / 10;
@@ -86,6 +88,8 @@ export async function buildLayeredTree(opts: {
   staging: Staging;
   emit: Emit;
   signal?: AbortSignal;
+  /** Use no cached step: fetch the base and run every step again, replacing their cache entries. */
+  fresh?: boolean;
 }): Promise<LayeredTree> {
   const { plan } = opts;
   const ctx: Context = {
@@ -95,11 +99,12 @@ export async function buildLayeredTree(opts: {
     emit: opts.emit,
     signal: opts.signal,
     total: plan.steps.length,
+    replace: opts.fresh === true,
   };
   const links = [plan.base, ...plan.steps];
   let resumeAt = -1;
   let entry: StepEntry | undefined;
-  for (let i = links.length - 1; i >= 0 && !entry; i--) {
+  for (let i = links.length - 1; i >= 0 && !entry && !opts.fresh; i--) {
     entry = await readStepEntry(ctx.cacheDir, (links[i] as PlannedBase | PlannedStep).key);
     if (entry) resumeAt = i;
   }
@@ -217,13 +222,18 @@ async function makeBase(
           ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${message}` }),
       });
       await umociRepack(pending.layout, ctx.bundle, `forkd base: ${base.description}`, ctx.signal);
-      const entry = await publishStep(ctx.cacheDir, pending, {
-        key: base.key,
-        parent: null,
-        description: base.description,
-        settings: DEFAULT_SETTINGS,
-        seconds: seconds(started),
-      });
+      const entry = await publishStep(
+        ctx.cacheDir,
+        pending,
+        {
+          key: base.key,
+          parent: null,
+          description: base.description,
+          settings: DEFAULT_SETTINGS,
+          seconds: seconds(started),
+        },
+        ctx.replace,
+      );
       return { entry, unpacked: true, seconds: seconds(started) };
     }
     const dest = ociLayoutName(pending.layout, "image");
@@ -281,13 +291,18 @@ async function makeBase(
       message: `${label}: checking ${image.manifest.layers.length} layers`,
     });
     await checkLayers(pending.layout, image.manifest.layers, ctx.signal);
-    const entry = await publishStep(ctx.cacheDir, pending, {
-      key: base.key,
-      parent: null,
-      description: base.description,
-      settings: settingsOf(image.config),
-      seconds: seconds(started),
-    });
+    const entry = await publishStep(
+      ctx.cacheDir,
+      pending,
+      {
+        key: base.key,
+        parent: null,
+        description: base.description,
+        settings: settingsOf(image.config),
+        seconds: seconds(started),
+      },
+      ctx.replace,
+    );
     return { entry, unpacked: false, seconds: seconds(started) };
   } catch (err) {
     return fail(err);
@@ -415,12 +430,17 @@ async function applyStep(
     const message = errorMessage(err);
     throw new ForkdError(code, message.startsWith(label) ? message : `${label}: ${message}`, { cause: err });
   }
-  const entry = await publishStep(ctx.cacheDir, pending, {
-    key: planned.key,
-    parent: parent.record.key,
-    description: planned.description,
-    settings,
-    seconds: seconds(started),
-  });
+  const entry = await publishStep(
+    ctx.cacheDir,
+    pending,
+    {
+      key: planned.key,
+      parent: parent.record.key,
+      description: planned.description,
+      settings,
+      seconds: seconds(started),
+    },
+    ctx.replace,
+  );
   return { entry, settings };
 }

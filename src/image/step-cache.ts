@@ -77,7 +77,8 @@ export async function beginStep(stagingWork: string, key: string): Promise<Pendi
 
 /**
  * Writes the entry's record and renames it into the cache. When another build published the same key first,
- * that entry stays (both were made from the same inputs) and ours is left to the staging directory's removal.
+ * that entry stays (both were made from the same inputs) and ours is left to the staging directory's removal;
+ * with `replace` (a forced build) ours takes its place.
  */
 export async function publishStep(
   cacheDir: string,
@@ -89,6 +90,7 @@ export async function publishStep(
     settings: ImageSettings;
     seconds: number;
   },
+  replace = false,
 ): Promise<StepEntry> {
   const full: StepRecord = { ...record, builtAt: new Date().toISOString() };
   await fs.writeFile(path.join(pending.dir, STEP_RECORD), `${JSON.stringify(full, null, 2)}\n`, {
@@ -106,8 +108,9 @@ export async function publishStep(
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code !== "ENOTEMPTY" && code !== "EEXIST") throw err;
-      if (await readStepEntry(cacheDir, record.key)) break;
-      // A broken entry (damaged by hand, or half-removed): move it beside ours, to go with the staging dir.
+      if (!replace && (await readStepEntry(cacheDir, record.key))) break;
+      // A replaced (forced build) or broken entry: moved beside ours, to go with the staging directory. A build
+      // that already unpacked it is not disturbed: its tree is its own copy.
       await fs.rename(target, `${pending.dir}.broken`).catch(() => {});
     }
   }

@@ -142,6 +142,14 @@ run = "id -u > /home/app/uid && echo $HOME > /home/app/home"
     assert.ok(timings && timings.length === 7, "the build reports every step's timing");
     assert.ok(events.some((e) => /step 3\/6: copy app -> \/srv\/app \([0-9.]+ s\)/.test(e.message)));
     assert.ok(events.some((e) => /step 2\/6: workdir \/srv \(cached\)/.test(e.message)));
+
+    // --force uses no cached step: the base is fetched again and every step runs.
+    const forced = await buildImage(await template("steps", body("a")), { cacheDir, force: true });
+    assert.deepEqual(
+      forced.steps?.map((s) => s.cached),
+      [false, false, false, false, false, false, false],
+    );
+    assert.equal(await debugfsCat(forced.rootfs, "/srv/built.txt"), "built-prod-hello\nhello v2\n");
   });
 
   test("a failing step names itself and the tail of its output; nothing half-published, earlier steps kept", async () => {

@@ -17,6 +17,14 @@ export function registerImage(program: Command): void {
     .argument("<template>", "template name (see `forkd image ls`) or path to a .toml file")
     .option("--force", "rebuild even if the cache has this recipe")
     .option("--json", "print the built image as JSON")
+    .addHelpText(
+      "after",
+      "\nFormat-2 templates (docs/templates.md) build from a Debian suite, an OCI layout or archive, a registry\n" +
+        "image or a Dockerfile, then run their steps; each step is cached, and the build prints a table of them\n" +
+        "(cached, or the seconds it took). --force uses no cached step: the base is fetched again and every\n" +
+        "step runs again (their cache entries are replaced).\n\n" +
+        "Examples:\n  forkd image build postgres\n  forkd image build ./my-template.toml --json\n",
+    )
     .action((name: string, opts) =>
       runCommand(async (signal) => {
         const template = await loadTemplate(name);
