@@ -48,6 +48,8 @@ export async function buildDockerfile(opts: {
   layout: string;
   signal?: AbortSignal;
   onLine?: (line: string) => void;
+  /** A forced build: no instruction from buildah's layer cache. */
+  noCache?: boolean;
 }): Promise<DockerfileBuild> {
   const { source } = opts;
   const global = buildahGlobalArgs(opts.cacheDir);
@@ -62,6 +64,7 @@ export async function buildDockerfile(opts: {
     `${GUEST_PLATFORM.os}/${GUEST_PLATFORM.arch}`,
     "--iidfile",
     iidFile,
+    ...(opts.noCache ? ["--no-cache"] : []),
     "-f",
     source.file,
   ];

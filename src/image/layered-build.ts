@@ -266,6 +266,7 @@ async function makeBase(
           workDir: ctx.staging.work,
           layout: pending.layout,
           signal: ctx.signal,
+          noCache: ctx.replace,
           onLine: (line) => {
             if (/^STEP \d+\/\d+:/.test(line)) {
               ctx.emit({
