@@ -31,6 +31,8 @@ export async function buildGuest(outDir) {
       [
         "build",
         "-trimpath",
+        // No VCS stamp: the binary (and so the image recipe hash) depends on the sources, not on the commit.
+        "-buildvcs=false",
         "-ldflags",
         "-s -w",
         "-o",

@@ -10,7 +10,12 @@ export interface BenchDaemon {
   stop(): Promise<void>;
 }
 
-export async function startBenchDaemon(home: string, socketPath: string): Promise<BenchDaemon> {
+/** `extraArgs` go to `forkd daemon` as well (e.g. a TCP listener: --bind, --token-file). */
+export async function startBenchDaemon(
+  home: string,
+  socketPath: string,
+  extraArgs: string[] = [],
+): Promise<BenchDaemon> {
   const child: ChildProcess = spawn(
     process.execPath,
     [
@@ -23,6 +28,7 @@ export async function startBenchDaemon(home: string, socketPath: string): Promis
       "warn",
       "--max-concurrent-spawns",
       "8",
+      ...extraArgs,
     ],
     { env: { ...process.env, FORKD_HOME: home }, stdio: ["ignore", "ignore", "inherit"] },
   );

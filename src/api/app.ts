@@ -6,6 +6,7 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
+import path from "node:path";
 import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
 import Fastify, {
@@ -13,22 +14,40 @@ import Fastify, {
   type FastifyRequest,
   type FastifyServerOptions,
   LogController,
+  type RouteOptions,
 } from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import {
+  E2B_ROUTE_TAG,
+  type E2bSettings,
+  isSandboxOrigin,
+  registerE2b,
+  sandboxAddressOf,
+  surfaceConstraint,
+} from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
-import { errorHandler, notFoundHandler, toHttpError } from "./errors.js";
+import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
+import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
 import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
-import { registerSandboxRoutes } from "./routes/sandboxes.js";
+import {
+  portUpgradeHandler,
+  refuseUpgrade,
+  registerNetworkRoutes,
+  registerPortProxyRoutes,
+} from "./routes/network.js";
+import { registerPackRoutes } from "./routes/packs.js";
+import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
+import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -36,6 +55,17 @@ import { typeboxValidatorCompiler } from "./validation.js";
  * exec/stream, larger files through the files route (its own limit).
  */
 export const MAX_JSON_BODY_BYTES = 2 * 1024 * 1024;
+
+/**
+ * Time a client gets to send a whole request (headers and body; responses may take longer): a client trickling
+ * bytes would otherwise hold a socket and its buffers for ever. Long enough for the largest upload (the files
+ * route's limit) over a slow link.
+ */
+export const REQUEST_TIMEOUT_MS = 120_000;
+/** Time a client gets to send the request headers. */
+export const HEADERS_TIMEOUT_MS = 20_000;
+/** Connections one listener holds at once; more are refused by the kernel's accept path (Node closes them). */
+export const DEFAULT_MAX_CONNECTIONS = 1024;
 
 export interface DaemonServices {
   sandboxes: SandboxService;
@@ -46,23 +76,47 @@ export interface ApiOptions {
   services: DaemonServices;
   /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
   snapshotsDir: string;
+  /** Host directories named in error messages that callers get redacted (default: FORKD_HOME from snapshotsDir). */
+  hostPaths?: readonly HostPathRedaction[];
   /** "unix": caller = peer uid, no token; "tcp": tokens required when configured; "inject": tests, docs. */
   transport: "unix" | "tcp" | "inject";
   /** Bearer tokens; on TCP every route but /healthz requires one of them when the list is non-empty. */
   tokens?: readonly Token[];
+  /**
+   * Every token of the daemon, whichever listener takes them (default `tokens`): removed from requests the
+   * port proxy passes on to a sandbox, so a client's daemon credential never reaches a guest.
+   */
+  daemonTokens?: readonly Token[];
+  /**
+   * TCP only: the names this listener answers to (see origin-policy.ts). The port is read from the bound
+   * server, so a listener on port 0 gets its real one.
+   */
+  origin?: { bindHost: string; allowedHosts?: readonly string[]; allowedOrigins?: readonly string[] };
+  /** Connections held at once (default DEFAULT_MAX_CONNECTIONS). */
+  maxConnections?: number;
+  /** Time to receive the request headers (default HEADERS_TIMEOUT_MS; tests shorten it). */
+  headersTimeoutMs?: number;
   metrics?: DaemonMetrics;
   audit?: AuditLog;
   logger?: Logger;
   https?: { key: Buffer; cert: Buffer };
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
 }
 
 export interface ApiContext {
   services: DaemonServices;
   snapshotsDir: string;
   metrics: DaemonMetrics;
+  /** See ApiOptions.daemonTokens. */
+  daemonTokens: readonly Token[];
 }
 
 declare module "fastify" {
+  interface FastifyInstance {
+    /** The E2B control plane's routes, for its OpenAPI document (src/e2b/control/openapi.ts). */
+    e2bControlRoutes: RouteOptions[];
+  }
   interface FastifyRequest {
     /** Who made the request, for the audit log. */
     caller: string;
@@ -75,7 +129,17 @@ const REQUEST_ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 const MUTATING_METHODS = new Set(["POST", "PUT", "DELETE", "PATCH"]);
 
 export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
-  const fastifyOptions: FastifyServerOptions & { https?: { key: Buffer; cert: Buffer } } = {
+  const headersTimeout = options.headersTimeoutMs ?? HEADERS_TIMEOUT_MS;
+  // Node checks these timeouts on an interval (30 s by default): check often enough to honour them.
+  const serverTimeouts = {
+    headersTimeout,
+    requestTimeout: Math.max(REQUEST_TIMEOUT_MS, headersTimeout),
+    connectionsCheckingInterval: Math.min(1000, headersTimeout),
+  };
+  const fastifyOptions: FastifyServerOptions & {
+    https?: { key: Buffer; cert: Buffer } & typeof serverTimeouts;
+    http?: typeof serverTimeouts;
+  } = {
     bodyLimit: MAX_JSON_BODY_BYTES,
     genReqId: (req: IncomingMessage) => {
       const header = req.headers["x-request-id"];
@@ -85,19 +149,34 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     forceCloseConnections: "idle",
     // Idle keep-alive sockets would otherwise pin a client's connection slot for 72 s.
     keepAliveTimeout: 5_000,
-    routerOptions: { ignoreTrailingSlash: true },
+    requestTimeout: serverTimeouts.requestTimeout,
+    http: serverTimeouts,
+    // Params longer than the router's default (100) would get its own 414 body; the schemas bound them instead
+    // (ids 128, tags 64) and answer 400 naming the field.
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 1024 },
     // One debug line per request (below) instead of Fastify's two info lines; mutations are in the audit log.
     logController: new LogController({ disableRequestLogging: true }),
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
   };
-  if (options.https) fastifyOptions.https = options.https;
+  if (options.https) fastifyOptions.https = { ...options.https, ...serverTimeouts };
   const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
+  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
+  app.addConstraintStrategy(surfaceConstraint);
 
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
-  const context: ApiContext = { services: options.services, snapshotsDir: options.snapshotsDir, metrics };
+  const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
+  const context: ApiContext = {
+    services: options.services,
+    snapshotsDir: options.snapshotsDir,
+    metrics,
+    daemonTokens,
+  };
 
   app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
-  app.setErrorHandler(errorHandler);
+  app.setErrorHandler(
+    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
+  );
   app.setNotFoundHandler(notFoundHandler);
   installJsonParser(app);
 
@@ -109,8 +188,26 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     },
   });
 
+  const originPolicy = lazyOriginPolicy(app, options.origin);
+  const scheme = options.https ? "https" : "http";
+  /** Before authentication: a rebinding page must learn nothing, not even whether it needs a token. */
+  const checkOrigin = (headers: IncomingMessage["headers"]) => {
+    const policy = originPolicy();
+    if (!policy) return;
+    checkHostAndOrigin(policy, headers, scheme);
+    // A page served from a sandbox's port is the guest's content: it may call sandboxes, never the daemon.
+    if (sandboxAddressOf(headers) === null && isSandboxOrigin(headers.origin)) {
+      throw new ForkdError(
+        "forbidden",
+        `cross-origin request from a sandbox's page (${JSON.stringify(String(headers.origin).slice(0, 200))}) ` +
+          "refused: sandbox pages reach sandboxes only, never the daemon's API",
+      );
+    }
+  };
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
+    request.caller = `${options.transport}:${request.ip}`;
+    checkOrigin(request.headers);
     request.caller = await identifyCaller(request, options);
   });
   app.addHook("onResponse", async (request, reply) => {
@@ -149,6 +246,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   });
 
   await app.register(swagger, {
+    // The E2B API has its own document (docs/e2b-openapi.json, src/e2b/control/openapi.ts).
+    hiddenTag: E2B_ROUTE_TAG,
     openapi: {
       openapi: "3.0.3",
       info: {
@@ -167,6 +266,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
         { name: "snapshots", description: "Warm parent VMs children fork from" },
         { name: "sandboxes", description: "Child VMs" },
         { name: "files", description: "Files inside a sandbox" },
+        { name: "network", description: "Egress policies and the port proxy" },
       ],
     },
   });
@@ -175,8 +275,38 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSnapshotRoutes(app, context);
   registerSnapshotDiffRoutes(app, context);
   registerSandboxRoutes(app, context);
+  registerForkRoutes(app, context);
+  registerTemplateAliasRoutes(app, context);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
   await app.register(async (scope) => registerFileRoutes(scope, context));
+  await app.register(async (scope) => registerPackRoutes(scope, context));
+  registerNetworkRoutes(app, context);
+  await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+  const e2b = await registerE2b(app, {
+    services: options.services,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    daemonTokens,
+    ...options.e2b,
+  });
+  app.decorate("e2bControlRoutes", e2b.controlRoutes);
+  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
+  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
+  // forkd port route, with the listener's authentication.
+  const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+      authenticate(req.headers.authorization, options.tokens);
+    }
+  });
+  app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    socket.on("error", () => {});
+    try {
+      checkOrigin(req.headers);
+    } catch (err) {
+      refuseUpgrade(socket, err);
+      return;
+    }
+    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
+  });
   return app;
 }
 
@@ -214,6 +344,26 @@ function installJsonParser(app: FastifyInstance): void {
   });
 }
 
+/** The listener's origin policy, built on the first request (when the bound port is known). */
+function lazyOriginPolicy(
+  app: FastifyInstance,
+  origin: ApiOptions["origin"],
+): () => OriginPolicy | undefined {
+  let policy: OriginPolicy | undefined;
+  return () => {
+    if (origin === undefined) return undefined;
+    if (policy === undefined) {
+      const address = app.server.address();
+      const port = typeof address === "object" && address ? address.port : 0;
+      policy = originPolicyFor(origin.bindHost, port, {
+        hosts: origin.allowedHosts,
+        origins: origin.allowedOrigins,
+      });
+    }
+    return policy;
+  };
+}
+
 const callerBySocket = new WeakMap<Socket, Promise<string>>();
 
 async function identifyCaller(request: FastifyRequest, options: ApiOptions): Promise<string> {
@@ -227,6 +377,8 @@ async function identifyCaller(request: FastifyRequest, options: ApiOptions): Pro
     return caller;
   }
   const address = `${options.transport}:${request.ip}`;
+  // E2B routes check their own credentials (an API key, or a sandbox's access token).
+  if (request.routeOptions.config.e2b) return address;
   if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
     if (request.url === "/healthz" || request.url === "/healthz/") return address;
     // Named before the check so a rejected request is audited with where it came from.

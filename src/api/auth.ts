@@ -3,32 +3,20 @@
  * the old one is removed); each is at least MIN_TOKEN_BYTES and is compared in constant time. A token is never
  * logged: the audit log names it by a short hash (`token:<8 hex>`).
  */
-import { createHash, timingSafeEqual } from "node:crypto";
 import { readFile, stat } from "node:fs/promises";
 import { ForkdError } from "../common/errors.js";
+import { matchToken, type Token, tokenFromString } from "../common/tokens.js";
 
-/** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
-export const MIN_TOKEN_BYTES = 16;
+export { MIN_TOKEN_BYTES, type Token, tokenFromString } from "../common/tokens.js";
+
 /** More would only be a mistake (a binary or a key file given as the token file). */
 const MAX_TOKEN_FILE_BYTES = 64 * 1024;
 
-export interface Token {
-  /** sha256 of the token; compared in constant time against the presented token's digest. */
-  digest: Buffer;
-  /** What the audit log calls this token. */
-  id: string;
-}
-
-export function tokenFromString(token: string, what = "token"): Token {
-  if (Buffer.byteLength(token) < MIN_TOKEN_BYTES) {
-    throw new ForkdError("invalid_argument", `${what} is shorter than ${MIN_TOKEN_BYTES} bytes`);
-  }
-  if (/\s/.test(token)) throw new ForkdError("invalid_argument", `${what} contains whitespace`);
-  const digest = createHash("sha256").update(token).digest();
-  return { digest, id: `token:${digest.toString("hex").slice(0, 8)}` };
-}
-
-/** Reads a token file: one token per line; blank lines and `#` comments skipped. Refuses world-readable files. */
+/**
+ * Reads a token file: one token per line; blank lines and `#` comments skipped. The file must be the daemon's
+ * own and private (no group or other permission bits): a token readable or replaceable by another local user
+ * hands that user root.
+ */
 export async function loadTokenFile(file: string): Promise<Token[]> {
   const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
     throw new ForkdError("invalid_argument", `cannot read token file ${file}: ${err.code ?? err.message}`);
@@ -40,10 +28,18 @@ export async function loadTokenFile(file: string): Promise<Token[]> {
       `token file ${file} is larger than ${MAX_TOKEN_FILE_BYTES} bytes`,
     );
   }
-  if (info.mode & 0o004) {
+  const uid = process.getuid?.();
+  if (uid !== undefined && info.uid !== uid) {
     throw new ForkdError(
       "invalid_argument",
-      `token file ${file} is world-readable (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
+      `token file ${file} is owned by uid ${info.uid}, not by the daemon's user (uid ${uid}): chown it`,
+    );
+  }
+  if (info.mode & 0o077) {
+    const what = info.mode & 0o022 ? "writable" : "readable";
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is ${what} by other users (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
     );
   }
   const text = await readFile(file, "utf8");
@@ -66,13 +62,7 @@ export function authenticate(header: string | undefined, tokens: readonly Token[
   const match = /^Bearer[ ]+(\S+)[ ]*$/i.exec(header);
   if (!match)
     throw new ForkdError("unauthorized", "malformed Authorization header: expected 'Bearer <token>'");
-  const presented = createHash("sha256")
-    .update(match[1] as string)
-    .digest();
-  let found: Token | undefined;
-  for (const token of tokens) {
-    if (timingSafeEqual(presented, token.digest) && !found) found = token;
-  }
+  const found = matchToken(match[1] as string, tokens);
   if (!found) throw new ForkdError("unauthorized", "invalid bearer token");
   return found;
 }

@@ -8,11 +8,21 @@ import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
+import type { E2bSettings } from "../e2b/index.js";
 import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
-import { checkBindPolicy, listenTcp, listenUnix, parseBind, type TcpAddress } from "./listen.js";
+import type { HostPathRedaction } from "./errors.js";
+import {
+  checkBindPolicy,
+  isLoopbackHost,
+  listenTcp,
+  listenUnix,
+  parseBind,
+  type TcpAddress,
+} from "./listen.js";
 import { createMetrics } from "./metrics.js";
+import { originPolicyFor } from "./origin-policy.js";
 
 /** How long SIGTERM waits for in-flight requests (a spawn of many children, a long exec) before cutting them. */
 export const DEFAULT_DRAIN_TIMEOUT_MS = 30_000;
@@ -31,12 +41,24 @@ export interface DaemonConfig {
   /** "host:port" for TCP; absent = no TCP listener. */
   bind?: string;
   tokenFile?: string;
+  /** Extra names the TCP listener answers to (`Host`), e.g. a DNS name or `*.sandboxes.example`. */
+  allowedHosts?: string[];
+  /** Extra origins (scheme://host:port) whose browser requests the TCP listener serves. */
+  allowedOrigins?: string[];
+  /** Connections each listener holds at once. */
+  maxConnections?: number;
+  /** Time a client gets to send its request headers (tests shorten it). */
+  headersTimeoutMs?: number;
   tlsCert?: string;
   tlsKey?: string;
   /** Audit log path; null = no audit log (tests). */
   auditLog: string | null;
   drainTimeoutMs?: number;
   snapshotsDir: string;
+  /** Host directories redacted from error messages (FORKD_HOME, the image cache, the tmpfs image directory). */
+  hostPaths?: readonly HostPathRedaction[];
+  /** The E2B API's settings (see src/e2b). */
+  e2b?: E2bSettings;
   logger?: Logger;
 }
 
@@ -72,6 +94,13 @@ export async function checkConfig(config: DaemonConfig): Promise<CheckedConfig> 
   const tokens = config.tokenFile === undefined ? [] : await loadTokenFile(config.tokenFile);
   const tcp = config.bind === undefined ? undefined : parseBind(config.bind);
   if (tcp) checkBindPolicy(tcp, tokens.length > 0);
+  if ((config.allowedHosts?.length || config.allowedOrigins?.length) && tcp === undefined) {
+    throw invalidArgument("--allowed-host/--allowed-origin need --bind (they guard the TCP listener)");
+  }
+  // Validated now, so a typo fails the start instead of the first request.
+  if (tcp) {
+    originPolicyFor(tcp.host, tcp.port, { hosts: config.allowedHosts, origins: config.allowedOrigins });
+  }
   let https: CheckedConfig["https"];
   if (config.tlsCert !== undefined && config.tlsKey !== undefined) {
     const read = (file: string, what: string) =>
@@ -102,7 +131,18 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
     }
     const metrics = createMetrics(services, { version: FORKD_VERSION });
-    const common = { services, snapshotsDir: config.snapshotsDir, metrics, audit, logger };
+    const common = {
+      services,
+      snapshotsDir: config.snapshotsDir,
+      hostPaths: config.hostPaths,
+      metrics,
+      audit,
+      logger,
+      maxConnections: config.maxConnections,
+      headersTimeoutMs: config.headersTimeoutMs,
+      e2b: config.e2b,
+      daemonTokens: checked.tokens,
+    };
     const urls: string[] = [];
     if (config.socketPath !== null) {
       const app = await buildApi({ ...common, transport: "unix" });
@@ -116,6 +156,11 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
         transport: "tcp",
         tokens: checked.tokens,
         https: checked.https,
+        origin: {
+          bindHost: checked.tcp.host,
+          allowedHosts: config.allowedHosts,
+          allowedOrigins: config.allowedOrigins,
+        },
       });
       apps.push(app);
       await listenTcp(app, checked.tcp);
@@ -123,7 +168,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
       const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
       urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
-      if (!checked.https && checked.tokens.length > 0) {
+      if (!checked.https && !isLoopbackHost(checked.tcp.host)) {
         logger.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
       }
     }
@@ -183,6 +228,7 @@ export async function runDaemon(
   openServices: () => Promise<ClosableServices>,
 ): Promise<void> {
   const logger = config.logger ?? pino({ name: "forkd", level: "info" });
+  installCrashHandlers(logger);
   await checkConfig(config);
   const services = await openServices();
   const daemon = await startDaemon({ ...config, logger }, services);
@@ -203,6 +249,21 @@ export async function runDaemon(
     process.on("SIGTERM", onStop);
     process.on("SIGINT", onStop);
     process.on("SIGHUP", onHangup);
+  });
+}
+
+/**
+ * A rejected promise nobody awaited is a bug, not a reason to drop every connection and leave sandboxes
+ * re-attaching: log it with its stack and keep serving. An exception thrown to the top may have left state
+ * half-changed: log it and exit, and the next start reconciles.
+ */
+function installCrashHandlers(logger: Logger): void {
+  process.on("unhandledRejection", (reason) => {
+    logger.error({ err: reason }, "unhandled promise rejection (a bug); the daemon keeps running");
+  });
+  process.on("uncaughtException", (err) => {
+    logger.fatal({ err }, "uncaught exception: exiting (the next start re-attaches and reconciles)");
+    process.exit(1);
   });
 }
 

@@ -44,12 +44,40 @@ export function sendError(reply: FastifyReply, err: HttpError): FastifyReply {
   return reply.status(err.status).type("application/json").send({ error: err.message, code: err.code });
 }
 
-export function errorHandler(err: unknown, request: FastifyRequest, reply: FastifyReply): FastifyReply {
-  const httpError = toHttpError(err);
-  if (httpError.status >= 500) request.log.error({ err }, "request failed");
-  else request.log.info({ status: httpError.status, error: httpError.message }, "request rejected");
-  if (httpError.status === 401) reply.header("www-authenticate", 'Bearer realm="forkd"');
-  return sendError(reply, httpError);
+/** A host directory whose path an API caller is not told, and what its messages say instead. */
+export interface HostPathRedaction {
+  dir: string;
+  /** e.g. "$FORKD_HOME". */
+  name: string;
+}
+
+/**
+ * `message` with every redacted host directory replaced by its name where it appears as a whole path
+ * component (longest first, so nested roots work): `/var/lib/forkd/x` is redacted, `/var/lib/forkd-old` is not.
+ */
+export function redactHostPaths(message: string, redactions: readonly HostPathRedaction[]): string {
+  let out = message;
+  for (const { dir, name } of [...redactions].sort((a, b) => b.dir.length - a.dir.length)) {
+    if (dir.length <= 1) continue;
+    const escaped = dir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    out = out.replace(new RegExp(`${escaped}(?=/|[^A-Za-z0-9._-]|$)`, "g"), () => name);
+  }
+  return out;
+}
+
+/**
+ * The error handler: logs the full error (operators see host paths) and answers the caller with host
+ * directories redacted (where the daemon keeps its state is none of a caller's business, and a map of it helps
+ * an attacker).
+ */
+export function errorHandlerFor(redactions: readonly HostPathRedaction[] = []) {
+  return (err: unknown, request: FastifyRequest, reply: FastifyReply): FastifyReply => {
+    const httpError = toHttpError(err);
+    if (httpError.status >= 500) request.log.error({ err }, "request failed");
+    else request.log.info({ status: httpError.status, error: httpError.message }, "request rejected");
+    if (httpError.status === 401) reply.header("www-authenticate", 'Bearer realm="forkd"');
+    return sendError(reply, { ...httpError, message: redactHostPaths(httpError.message, redactions) });
+  };
 }
 
 export function notFoundHandler(request: FastifyRequest, reply: FastifyReply): FastifyReply {

@@ -33,12 +33,19 @@ export function isLoopbackHost(host: string): boolean {
   return false;
 }
 
-/** Refuses what would expose a root daemon to the network without a credential. */
+/**
+ * Refuses a TCP listener without a credential, loopback included: every local user (and, by DNS rebinding, every
+ * web page the host's browser opens) can reach a loopback port, and whoever reaches it runs code as root. The
+ * Unix socket is the credential-free way in: its file permissions decide who may use it.
+ */
 export function checkBindPolicy(address: TcpAddress, hasToken: boolean): void {
-  if (!hasToken && !isLoopbackHost(address.host)) {
+  if (!hasToken) {
+    const where = isLoopbackHost(address.host)
+      ? "every local user and any web page in a local browser (by DNS rebinding)"
+      : "anyone who can reach it";
     throw invalidArgument(
-      `refusing to listen on ${address.host}:${address.port} without a token: anyone who can reach it could run ` +
-        "code as root. Pass --token-file, or bind to 127.0.0.1/::1",
+      `refusing to listen on ${address.host}:${address.port} without a token: ${where} could run code as root. ` +
+        "Pass --token-file (or use the Unix socket, whose permissions guard it)",
     );
   }
 }

@@ -1,7 +1,8 @@
 /**
  * Prometheus metrics of one daemon (prom-client, a registry per daemon so tests can run several). Gauges that
  * describe state (sandboxes, snapshots, memory) are computed at scrape time from the services, never kept in step
- * by hand. v0.5's names (forkd_snapshots_total, forkd_sandboxes_active, forkd_build_info) are kept.
+ * by hand. v0.5's names (forkd_snapshots_total, forkd_sandboxes_active, forkd_branches_in_flight,
+ * forkd_branch_concurrency_cap, forkd_build_info) are kept.
  */
 import { readFile } from "node:fs/promises";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
@@ -41,6 +42,23 @@ export function createMetrics(
     registers: [registry],
     collect() {
       this.set(activeSandboxes(services.sandboxes).length);
+    },
+  });
+
+  new Gauge({
+    name: "forkd_branches_in_flight",
+    help: "BRANCHes admitted and not yet answered (the v0.5 name).",
+    registers: [registry],
+    collect() {
+      this.set(services.sandboxes.branchLoad().inFlight);
+    },
+  });
+  new Gauge({
+    name: "forkd_branch_concurrency_cap",
+    help: "BRANCHes allowed in flight at once; more are answered 503 (--branch-concurrency; the v0.5 name).",
+    registers: [registry],
+    collect() {
+      this.set(services.sandboxes.branchLoad().cap);
     },
   });
 

@@ -11,11 +11,18 @@ import {
   MAX_TIMEOUT_MS,
 } from "../agent/protocol/limits.js";
 import {
-  DEFAULT_SANDBOX_TIMEOUT_MS,
   MAX_MEMORY_LIMIT_MIB,
   MAX_SANDBOX_TIMEOUT_MS,
   MIN_MEMORY_LIMIT_MIB,
 } from "../controller/sandbox-manager.js";
+import { MAX_POLICY_ENTRIES } from "../controller/sandbox-network.js";
+import {
+  MAX_ENV_BYTES,
+  MAX_ENV_VARS,
+  MAX_METADATA_ENTRIES,
+  MAX_METADATA_KEY_CHARS,
+  MAX_METADATA_VALUE_CHARS,
+} from "../controller/sandbox-settings.js";
 
 /** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
 export const MAX_SPAWN_N = 1000;
@@ -35,7 +42,11 @@ export const DEFAULT_EXEC_TIMEOUT_SECS = 30;
 export const MAX_FILE_TRANSFER_BYTES = MAX_FILE_BYTES;
 
 const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
-const SANDBOX_ID_PATTERN = "^sb-[0-9a-f]{12}$";
+/**
+ * Any name that cannot be a path (src/common/names.ts, SANDBOX_REF_PATTERN): this daemon's ids are sb-<12 hex>, but
+ * a v0.5 client may ask about one of v0.5's (sb-<hex>-<hex>); that is an unknown sandbox (404), not a bad request.
+ */
+const SANDBOX_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
@@ -61,7 +72,12 @@ export const Tag = Type.String({
   pattern: TAG_PATTERN,
   description: "Snapshot tag: one safe path component.",
 });
-export const SandboxId = Type.String({ pattern: SANDBOX_ID_PATTERN, description: "sb-<12 hex>" });
+export const SandboxId = Type.String({
+  pattern: SANDBOX_REF_PATTERN,
+  description:
+    "A sandbox id (this daemon issues sb-<12 hex>). Any other name of letters, digits, '.', '_' and '-' (at most 128, " +
+    "not starting with '.' or '-') is an unknown sandbox (404); anything else is refused (400).",
+});
 
 export const TagParams = Type.Object({ tag: Tag }, { additionalProperties: false });
 export const SandboxParams = Type.Object({ id: SandboxId }, { additionalProperties: false });
@@ -107,6 +123,12 @@ export const SnapshotInfoWire = Type.Object(
     parent_tag: Nullable(Type.String()),
     bytes: Type.Integer({ description: "Bytes the snapshot's files take (logical sizes)." }),
     error: Nullable(Type.String()),
+    vcpus: Nullable(Type.Integer({ description: "vCPUs of the machine its children run on." })),
+    source_sandbox: Nullable(Type.String({ description: "The sandbox it was BRANCHed from." })),
+    aliases: Type.Array(Type.String(), { description: "Template aliases naming it." }),
+    ephemeral: Type.Boolean({
+      description: "Made by the daemon for a fork (or superseded under its alias): deleted once unused.",
+    }),
   },
   { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
 );
@@ -171,12 +193,26 @@ export const CreateSnapshotBody = Type.Object(
       Type.String({ pattern: TAG_PATTERN, description: "Template name (default: the tag)." }),
     ),
     kernel: Type.Optional(
-      Type.String({ description: "forkd v0.5 field (raw kernel path); 501 when given." }),
+      Type.String({
+        minLength: 1,
+        maxLength: MAX_PATH_CHARS,
+        description:
+          "forkd v0.5 field: a kernel on the daemon's host. Accepted when kernel and rootfs are the vmlinuz and " +
+          "rootfs.ext4 of one built forkd image in an allowed image directory (the image cache, plus " +
+          "`forkd daemon --allow-image-dir`); the snapshot is then made from that image. Anything else is 400.",
+      }),
     ),
     rootfs: Type.Optional(
-      Type.String({ description: "forkd v0.5 field (raw rootfs path); 501 when given." }),
+      Type.String({
+        minLength: 1,
+        maxLength: MAX_PATH_CHARS,
+        description:
+          "forkd v0.5 field: the root filesystem next to `kernel` (see there). Not without kernel.",
+      }),
     ),
-    rw: Type.Optional(Type.Boolean({ description: "forkd v0.5 field; ignored with a template." })),
+    rw: Type.Optional(
+      Type.Boolean({ description: "forkd v0.5 field; ignored (the image's root is mounted read-write)." }),
+    ),
     tap: Type.Optional(Nullable(Type.String({ description: "forkd v0.5 field; 501 when given." }))),
     boot_wait_secs: Type.Optional(
       Type.Integer({
@@ -202,6 +238,50 @@ export const DeleteSnapshotQuery = Type.Object(
   { additionalProperties: false },
 );
 
+/** Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; packs.ts bounds each file). */
+export const MAX_PACK_UPLOAD_BYTES = 256 * 1024 ** 3;
+
+export const PackQuery = Type.Object(
+  {
+    without_image: Type.Optional(
+      Type.Boolean({
+        description: "Leave the guest image out (the pack then unpacks only where that image build exists).",
+      }),
+    ),
+    level: Type.Optional(Type.Integer({ minimum: 1, maximum: 19, description: "zstd level (default 3)." })),
+  },
+  { additionalProperties: false },
+);
+
+export const UnpackQuery = Type.Object(
+  {
+    tag: Type.Optional(
+      Type.String({
+        pattern: TAG_PATTERN,
+        description: "Install the head under this tag (ancestors keep theirs).",
+      }),
+    ),
+    force: Type.Optional(
+      Type.Boolean({
+        description: "Replace existing snapshots of the same tags that differ from the packed ones.",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const UnpackResultWire = Type.Object({
+  head: Type.String(),
+  chain: Type.Array(Type.String(), { description: "Root first, as installed." }),
+  installed: Type.Array(Type.String()),
+  reused: Type.Array(Type.String(), { description: "Layers already present, identical, and kept." }),
+  replaced: Type.Array(Type.String(), { description: "Existing snapshots replaced (force)." }),
+  orphaned: Type.Array(Type.String(), { description: "Local snapshots left unbootable by a replacement." }),
+  image: Type.Union([Type.Literal("installed"), Type.Literal("present")]),
+  content_bytes: Type.Integer(),
+  ms: Type.Number(),
+});
+
 export const CompactSnapshotBody = Type.Object(
   {
     to: Type.String({ pattern: TAG_PATTERN, description: "Tag of the new flat snapshot (must not exist)." }),
@@ -209,6 +289,87 @@ export const CompactSnapshotBody = Type.Object(
   { additionalProperties: false },
 );
 export type CompactSnapshotBody = Static<typeof CompactSnapshotBody>;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Network
+
+const PolicyEntries = (what: string) =>
+  Type.Optional(
+    Type.Array(Type.String({ minLength: 1, maxLength: 260 }), {
+      maxItems: MAX_POLICY_ENTRIES,
+      description: `${what}: IPv4 addresses, CIDR blocks (a.b.c.d/n), domain names, or *.domain wildcards (every name below the domain).`,
+    }),
+  );
+
+export const EgressPolicyWire = Type.Object(
+  {
+    egress: Type.Optional(
+      Type.Union([Type.Literal("allow"), Type.Literal("deny")], {
+        description:
+          "What happens to destinations no entry names (default: the daemon's --egress). deny_out containing " +
+          "0.0.0.0/0 means deny, as in E2B.",
+      }),
+    ),
+    allow_out: PolicyEntries("Allowed destinations; an allow entry wins over a deny entry"),
+    deny_out: PolicyEntries("Denied destinations"),
+  },
+  {
+    additionalProperties: false,
+    description:
+      "Egress policy (E2B's allowInternetAccess / allowOut / denyOut). Domain entries act through the sandbox's " +
+      "DNS: only allowed names resolve, and their answers become reachable for the answer's TTL. Other sandboxes, " +
+      "the host and the daemon are never reachable, whatever the policy. See docs/network.md.",
+  },
+);
+export type EgressPolicyWire = Static<typeof EgressPolicyWire>;
+
+export const EgressPolicyOut = Type.Object({
+  egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+  allow_out: Type.Array(Type.String()),
+  deny_out: Type.Array(Type.String()),
+});
+
+export const SandboxNetworkWire = Type.Object(
+  {
+    kind: Type.Union([Type.Literal("netns"), Type.Literal("private"), Type.Literal("none")], {
+      description:
+        "netns: its own network namespace with an uplink and an egress policy; private: a NIC with no uplink " +
+        '(spawned with network "none", or the daemon runs isolated); none: no NIC (its template has network = "none").',
+    }),
+    address: Nullable(
+      Type.String({
+        description: "The namespace's address on the host bridge (what the port proxy connects to).",
+      }),
+    ),
+    egress: Nullable(EgressPolicyOut),
+  },
+  { description: "A sandbox's network." },
+);
+
+export const NetworkStatusWire = Type.Object(
+  {
+    mode: Type.Union([Type.Literal("netns"), Type.Literal("isolated")], {
+      description:
+        "netns: sandboxes get namespaces with uplinks; isolated: no root/netns here, no egress at all.",
+    }),
+    reason: Nullable(Type.String({ description: "Why the mode is isolated." })),
+    bridge: Nullable(Type.String()),
+    subnet: Nullable(Type.String()),
+    dns: Nullable(Type.String({ description: "The DNS forwarder (address:port on the bridge)." })),
+    dns_upstreams: Type.Array(Type.String()),
+    default_egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+  },
+  { description: "How this daemon networks its sandboxes." },
+);
+
+export const PortParams = Type.Object(
+  {
+    id: Type.String({ pattern: "^sb-[0-9a-f]{12}$" }),
+    port: Type.Integer({ minimum: 1, maximum: 65535 }),
+    "*": Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Sandboxes
@@ -230,12 +391,43 @@ export const SandboxInfoWire = Type.Object(
     ready_ms: Nullable(Type.Number({ description: "Restore to ready, in ms." })),
     accelerator: Type.Union([Type.Literal("kvm"), Type.Literal("tcg")]),
     live_fork: Type.Boolean({ description: "RAM on tmpfs: the sandbox can be BRANCHed in live mode." }),
-    netns: Type.Null({ description: "forkd v0.5 field; always null (no per-child netns yet)." }),
-    guest_addr: Type.Null({ description: "forkd v0.5 field; always null (the guest agent is not on TCP)." }),
+    has_branched: Type.Boolean({ description: "forkd v0.5 field: a BRANCH has been taken of this sandbox." }),
+    branch_count: Type.Integer({ description: "forkd v0.5 field: BRANCHes taken of this sandbox." }),
+    last_branch_tag: Nullable(
+      Type.String({ description: "The latest BRANCH's tag: the parent of this sandbox's next diff branch." }),
+    ),
+    last_branch_memory_path: Nullable(
+      Type.String({
+        description:
+          "forkd v0.5 field: the latest BRANCH's memory file on the daemon's host (memory.bin of a full branch, " +
+          "memory.layer of a diff/live one).",
+      }),
+    ),
+    metadata: Type.Record(Type.String(), Type.String(), {
+      description: "String metadata given at spawn (forks inherit it).",
+    }),
+    template_alias: Nullable(
+      Type.String({ description: "The template alias it was created by (E2B API), or null." }),
+    ),
+    netns: Nullable(
+      Type.String({
+        description:
+          "forkd v0.5 field: the sandbox's named network namespace (`ip netns exec <netns> ...` reaches the guest).",
+      }),
+    ),
+    guest_addr: Nullable(
+      Type.String({
+        description:
+          'forkd v0.5 field, "<guest ip>:<port>": the guest\'s address (10.42.0.2, the same in every sandbox, reachable ' +
+          "inside its netns). The port is 0: forkd's agent is not on TCP.",
+      }),
+    ),
+    network: SandboxNetworkWire,
   },
   {
     description:
-      "SandboxInfo (v0.5 fields id, snapshot_tag, netns, guest_addr, created_at_unix, pid, memory_limit_mib).",
+      "SandboxInfo (v0.5 fields id, snapshot_tag, netns, guest_addr, created_at_unix, pid, memory_limit_mib, " +
+      "has_branched, branch_count, last_branch_memory_path).",
   },
 );
 export type SandboxInfoWire = Static<typeof SandboxInfoWire>;
@@ -257,10 +449,24 @@ export const SpawnBody = Type.Object(
       Type.Integer({
         minimum: 0,
         maximum: MAX_SANDBOX_TIMEOUT_MS,
-        description: `Lifetime in ms (default ${DEFAULT_SANDBOX_TIMEOUT_MS}; 0 = no limit). Expired sandboxes are killed.`,
+        description:
+          "Lifetime in ms; 0 = no limit. Absent: no limit, as in forkd v0.5, unless the daemon was started with " +
+          "--default-timeout-ms. Expired sandboxes are killed.",
       }),
     ),
-    per_child_netns: NotBuiltFlag("a network namespace per child"),
+    per_child_netns: Type.Optional(
+      Type.Boolean({
+        description:
+          "forkd v0.5 field. Every sandbox with a network has its own namespace: true is accepted (501 if this daemon " +
+          'runs isolated; 400 with network "none").',
+      }),
+    ),
+    network: Type.Optional(
+      Type.Union([Type.Literal("none"), EgressPolicyWire], {
+        description:
+          "Egress policy (default: the daemon's --egress), or \"none\": the sandbox's NIC leads nowhere (no namespace of its own).",
+      }),
+    ),
     prewarm: NotBuiltFlag("fault in guest pages after restore"),
     live_fork: Type.Optional(
       Type.Boolean({
@@ -270,10 +476,84 @@ export const SpawnBody = Type.Object(
       }),
     ),
     hugepages: NotBuiltFlag("2 MiB pages for memfd RAM"),
+    metadata: Type.Optional(
+      Type.Record(Type.String({ minLength: 1, maxLength: MAX_METADATA_KEY_CHARS }), Type.String(), {
+        description: `String metadata (at most ${MAX_METADATA_ENTRIES} entries, values up to ${MAX_METADATA_VALUE_CHARS} characters).`,
+      }),
+    ),
+    env: Type.Optional(
+      Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String(), {
+        description:
+          "Environment variables every process and cell in the sandboxes gets (a call's own env wins); " +
+          `at most ${MAX_ENV_VARS} variables, ${MAX_ENV_BYTES} bytes as JSON.`,
+      }),
+    ),
   },
   { additionalProperties: false },
 );
 export type SpawnBody = Static<typeof SpawnBody>;
+
+export const ForkBody = Type.Object(
+  {
+    count: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_SPAWN_N, default: 1 })),
+    timeout_ms: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_SANDBOX_TIMEOUT_MS,
+        description:
+          "Lifetime of each child in ms; 0 = no limit. Absent: as for a spawn (no limit unless the daemon was " +
+          "started with --default-timeout-ms).",
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const ForkResponse = Type.Object(
+  {
+    snapshot_tag: Type.String({ description: "The BRANCH the children came from (deleted once unused)." }),
+    mode: Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
+    pause_ms: Type.Number({ description: "How long the source was paused." }),
+    children: Type.Array(
+      Type.Object({
+        sandbox: Nullable(SandboxInfoWire),
+        error: Nullable(ErrorBody),
+      }),
+      { description: "One entry per requested child: its sandbox, or why it did not start." },
+    ),
+  },
+  { description: "A fork: the source BRANCHed once, count children restored from it, each on its own." },
+);
+
+export const SandboxMetricsWire = Type.Object({
+  timestamp_unix_ms: Type.Integer(),
+  cpu_count: Type.Integer(),
+  cpu_used_pct: Type.Number({ description: "Host-measured CPU use of the VM over the last window." }),
+  mem_total_bytes: Type.Integer({ description: "Guest /proc/meminfo MemTotal." }),
+  mem_used_bytes: Type.Integer({ description: "MemTotal - MemAvailable." }),
+  mem_cache_bytes: Type.Integer({ description: "Cached + Buffers." }),
+  disk_total_bytes: Type.Integer({ description: "Not measured yet: 0." }),
+  disk_used_bytes: Type.Integer({ description: "Not measured yet: 0." }),
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+// Template aliases
+
+export const TemplateAliasWire = Type.Object({
+  alias: Type.String(),
+  tag: Type.String(),
+  created_at_unix: Type.Integer(),
+});
+export const AliasParams = Type.Object(
+  {
+    alias: Type.String({
+      pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+      description: "An alias; '/' is sent percent-encoded.",
+    }),
+  },
+  { additionalProperties: false },
+);
+export const SetAliasBody = Type.Object({ tag: Tag }, { additionalProperties: false });
 
 export const ListSandboxesQuery = Type.Object(
   { snapshot_tag: Type.Optional(Tag) },
@@ -389,11 +669,24 @@ export const BranchResultWire = Type.Composite(
     Type.Object({
       branched_from: Type.String({ description: "The source sandbox (v0.5 field)." }),
       mode: Type.Union([Type.Literal("full"), Type.Literal("diff"), Type.Literal("live")]),
-      pause_ms: Type.Number({ description: "How long the source was paused." }),
+      pause_ms: Type.Integer({ description: "How long the source was paused, whole ms (v0.5 field)." }),
       bytes_captured: Type.Integer({ description: "Guest RAM captured: the pages the source had changed." }),
       bytes_written: Type.Integer({
         description: "Bytes written for the new snapshot (memory, device state, disk layer).",
       }),
+      diff_ms: Type.Optional(
+        Type.Integer({
+          description:
+            "v0.5 field, with measure_diff or mode diff: ms spent finding and copying the pages the source " +
+            "changed (inside the pause for full and diff, in the background for live; 0 with wait: false).",
+        }),
+      ),
+      diff_physical_bytes: Type.Optional(
+        Type.Integer({ description: "v0.5 field, with measure_diff or mode diff: bytes of those pages." }),
+      ),
+      diff_logical_bytes: Type.Optional(
+        Type.Integer({ description: "v0.5 field, with measure_diff or mode diff: the guest's RAM size." }),
+      ),
     }),
   ],
   { description: "The new snapshot (SnapshotInfo) plus what the BRANCH cost." },
@@ -409,6 +702,13 @@ export const BranchBody = Type.Object(
     measure_diff: Type.Optional(Type.Boolean()),
     parent_tag: Type.Optional(Tag),
     wait: Type.Optional(Type.Boolean()),
+    alias: Type.Optional(
+      Type.String({
+        pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        description:
+          "Also point this template alias at the new snapshot (the one it named before is deleted once unused).",
+      }),
+    ),
   },
   { additionalProperties: false },
 );

@@ -5,8 +5,21 @@
 import { constants } from "node:os";
 import path from "node:path";
 import type { EvalOutcome, ExecOutcome, FileInfo, PingInfo } from "../agent/host/types.js";
-import type { BranchOutcome, SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
-import type { BranchResultWire, FileInfoWire, SandboxInfoWire, SnapshotInfoWire } from "./schemas.js";
+import type {
+  BranchOutcome,
+  EgressPolicy,
+  EgressPolicyInput,
+  NetworkRequest,
+  SandboxInfo,
+  SnapshotInfo,
+} from "../controller/sandbox-service.js";
+import type {
+  BranchResultWire,
+  EgressPolicyWire,
+  FileInfoWire,
+  SandboxInfoWire,
+  SnapshotInfoWire,
+} from "./schemas.js";
 
 export type OutputEncoding = "utf8" | "base64";
 
@@ -22,28 +35,71 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
     ready_ms: info.ready_ms,
     accelerator: info.accelerator,
     live_fork: info.live_fork,
-    netns: null,
-    guest_addr: null,
+    has_branched: info.branch_count > 0,
+    branch_count: info.branch_count,
+    last_branch_tag: info.last_branch_tag,
+    last_branch_memory_path: info.last_branch_memory_path,
+    metadata: info.metadata,
+    template_alias: info.template_alias,
+    netns: info.network.netns,
+    // v0.5 clients split this at ":" and use the address; there is no agent port on TCP.
+    guest_addr: info.network.guestAddress === null ? null : `${info.network.guestAddress}:0`,
+    network: {
+      kind: info.network.kind,
+      address: info.network.address,
+      egress: info.network.policy === null ? null : policyToWire(info.network.policy),
+    },
   };
+}
+
+export function policyToWire(policy: EgressPolicy) {
+  return { egress: policy.default, allow_out: policy.allowOut, deny_out: policy.denyOut };
+}
+
+/** The wire's egress policy as the controller takes it (a missing `egress` is the daemon's default). */
+export function policyFromWire(wire: EgressPolicyWire): EgressPolicyInput {
+  return {
+    ...(wire.egress === undefined ? {} : { default: wire.egress }),
+    allowOut: wire.allow_out ?? [],
+    denyOut: wire.deny_out ?? [],
+  };
+}
+
+export function networkRequestFromWire(wire: EgressPolicyWire | "none" | undefined): NetworkRequest {
+  return wire === undefined || wire === "none" ? wire : policyFromWire(wire);
 }
 
 export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): SnapshotInfoWire {
   return { ...info, dir: path.join(snapshotsDir, info.tag) };
 }
 
+/**
+ * `measure` adds forkd v0.5's diff measurements (it reported them for `measure_diff` and diff branches):
+ * diff_ms = time spent capturing the changed pages, diff_physical_bytes = those pages' bytes, diff_logical_bytes
+ * = the guest's RAM size (what a flat image holds).
+ */
 export function branchToWire(
   outcome: BranchOutcome,
   sourceId: string,
   snapshotsDir: string,
+  options: { measure: boolean },
 ): BranchResultWire {
   return {
     ...snapshotToWire(outcome.snapshot, snapshotsDir),
     status: outcome.status,
     branched_from: sourceId,
     mode: outcome.mode,
-    pause_ms: outcome.pause_ms,
+    // v0.5 sent whole milliseconds (its CLI parses an integer).
+    pause_ms: Math.round(outcome.pause_ms),
     bytes_captured: outcome.bytes_captured,
     bytes_written: outcome.bytes_written,
+    ...(options.measure
+      ? {
+          diff_ms: Math.round(outcome.capture_ms),
+          diff_physical_bytes: outcome.bytes_captured,
+          diff_logical_bytes: outcome.ram_bytes,
+        }
+      : {}),
   };
 }
 

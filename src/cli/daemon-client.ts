@@ -87,6 +87,17 @@ export class DaemonClient {
     }
   }
 
+  /** Where the daemon is, for a client that proxies to it (`forkd port`): a socket path or a base URL, and the token. */
+  get endpoint(): { socketPath: string } | { base: URL } {
+    return "socketPath" in this.transport
+      ? { socketPath: this.transport.socketPath }
+      : { base: this.transport.base };
+  }
+
+  get token(): string | undefined {
+    return this.target.token;
+  }
+
   static from(command: Command): DaemonClient {
     return new DaemonClient(daemonTarget(command));
   }

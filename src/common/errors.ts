@@ -5,6 +5,7 @@
 export const ERROR_CODES = {
   invalid_argument: 400,
   unauthorized: 401,
+  forbidden: 403,
   not_found: 404,
   conflict: 409,
   payload_too_large: 413,

@@ -6,6 +6,8 @@ import { invalidArgument } from "./errors.js";
 
 const TAG_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const SANDBOX_ID_PATTERN = /^sb-[0-9a-f]{12}$/;
+/** A name a caller may ask about: a single safe path component (our ids, and forkd v0.5's sb-<hex>-<hex>). */
+const SANDBOX_REF_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function isValidTag(tag: unknown): tag is string {
   return typeof tag === "string" && TAG_PATTERN.test(tag);
@@ -31,5 +33,18 @@ export function isValidSandboxId(id: unknown): id is string {
 export function assertSandboxId(id: unknown): string {
   if (!isValidSandboxId(id))
     throw invalidArgument(`invalid sandbox id ${JSON.stringify(id)}: expected sb-<12 hex>`);
+  return id;
+}
+
+/**
+ * Throws `invalid_argument` unless `id` could name a sandbox without being a path. An id of another shape than
+ * ours (e.g. forkd v0.5's) passes: it is simply unknown here.
+ */
+export function assertSandboxRef(id: unknown): string {
+  if (typeof id !== "string" || !SANDBOX_REF_PATTERN.test(id)) {
+    throw invalidArgument(
+      `invalid sandbox id ${JSON.stringify(id)}: expected sb-<12 hex> (letters, digits, '.', '_', '-'; no '/')`,
+    );
+  }
   return id;
 }

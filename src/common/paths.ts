@@ -16,6 +16,8 @@ export interface ForkdPaths {
   images: string;
   /** Host-level facts cached between runs (accelerator probe result). */
   hostState: string;
+  /** Packs being sent or received through the daemon's API; emptied when the daemon starts. */
+  transfers: string;
 }
 
 export function resolvePaths(env: NodeJS.ProcessEnv = process.env): ForkdPaths {
@@ -27,5 +29,6 @@ export function resolvePaths(env: NodeJS.ProcessEnv = process.env): ForkdPaths {
     run: path.join(home, "run"),
     images,
     hostState: path.join(home, "host"),
+    transfers: path.join(home, "transfers"),
   };
 }

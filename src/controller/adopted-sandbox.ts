@@ -6,21 +6,27 @@ import { rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
+import type { ProcessIdentity } from "../common/processes.js";
 import { reattachAgent } from "../vmm/launch.js";
 import { QmpClient } from "../vmm/qmp.js";
 import { killAndWait } from "./host-processes.js";
 import { RUN_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
-/** Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. */
-export const REATTACH_TIMEOUT_MS = 60_000;
+/**
+ * Re-attaching is QMP connect + chardev-change + one ping; a VM that cannot do that in time is not healthy. Short,
+ * because the API serves meanwhile and every sandbox is re-attached in parallel: one unresponsive guest must not
+ * hold the others (or a kill of it) for long.
+ */
+export const REATTACH_TIMEOUT_MS = 20_000;
 
 export class AdoptedSandbox implements SandboxHandle {
   private destroyed: Promise<void> | undefined;
 
   private constructor(
     readonly id: string,
-    readonly pid: number,
+    /** The QEMU we re-attached to: only this very process is ever signalled (see host-processes.ts). */
+    readonly identity: ProcessIdentity,
     readonly runDir: string,
     readonly snapshotTag: string,
     readonly memoryImage: string,
@@ -28,18 +34,32 @@ export class AdoptedSandbox implements SandboxHandle {
     private readonly qmpClient: QmpClient,
   ) {}
 
+  get pid(): number {
+    return this.identity.pid;
+  }
+
   static async adopt(
-    row: { id: string; pid: number; run_dir: string; snapshot_tag: string; memory_image: string },
+    row: {
+      id: string;
+      identity: ProcessIdentity;
+      run_dir: string;
+      snapshot_tag: string;
+      memory_image: string;
+    },
     options: { callTimeoutMs: number },
   ): Promise<AdoptedSandbox> {
-    const { id, pid, run_dir: runDir } = row;
+    const { id, identity, run_dir: runDir } = row;
     const { signal, dispose } = deadlineSignal(REATTACH_TIMEOUT_MS);
     const qmp = await QmpClient.connect(path.join(runDir, RUN_FILES.qmpSocket), { signal });
     try {
+      // A daemon that died mid-BRANCH can leave its source stopped (the pause of a capture): running is the only
+      // state a sandbox of ours is left in, so continue it. A deliberately paused sandbox has no QEMU to adopt.
+      const status = (await qmp.execute("query-status", {}, { signal })) as { status?: string };
+      if (status.status === "paused") await qmp.execute("cont", {}, { signal });
       const socket = await reattachAgent(qmp, path.join(runDir, RUN_FILES.agentSocket), { signal });
       const agent = new AgentClient(socket, { callTimeoutMs: options.callTimeoutMs });
       await agent.ping({ signal });
-      return new AdoptedSandbox(id, pid, runDir, row.snapshot_tag, row.memory_image, agent, qmp);
+      return new AdoptedSandbox(id, identity, runDir, row.snapshot_tag, row.memory_image, agent, qmp);
     } catch (err) {
       qmp.close();
       throw err;
@@ -56,7 +76,7 @@ export class AdoptedSandbox implements SandboxHandle {
     this.destroyed ??= (async () => {
       this.agent.close();
       this.qmpClient.close();
-      await killAndWait(this.pid);
+      await killAndWait(this.identity);
       await rm(this.runDir, { recursive: true, force: true });
     })();
     return this.destroyed;

@@ -7,11 +7,14 @@ import { AgentClient } from "../agent/host/client.js";
 import type { ProcEnd, ProcHandle } from "../agent/host/types.js";
 import { deadlineSignal, sleep } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
+import { GUEST_MAC } from "../common/guest-network.js";
 import type { BuiltImage, Template, TemplateCommand } from "../image/index.js";
+import { privateNetnsUnavailable } from "../isolation/launcher.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
+import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
 
 /**
  * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
@@ -37,7 +40,21 @@ export interface BootedVm {
   readyMs: number;
 }
 
-export function machineShape(template: Template, image: BuiltImage, accel: AcceleratorChoice): MachineShape {
+/** What booting a parent needs of its template (a built image carries it too: `BuiltImage.template`). */
+export type BootTemplate = Pick<Template, "name" | "memoryMib" | "vcpus" | "interpreter"> & {
+  warmup?: string | null;
+  /** "nic" (the default) or "none". */
+  network?: Template["network"];
+  /** Format 2: started in the parent and polled until ready before the warm-up (none for a bare image). */
+  start?: Template["start"];
+  ready?: Template["ready"];
+};
+
+export function machineShape(
+  template: BootTemplate,
+  image: BuiltImage,
+  accel: AcceleratorChoice,
+): MachineShape {
   return {
     accel: accel.accel,
     tscKhz: accel.tscKhz,
@@ -51,30 +68,52 @@ export function machineShape(template: Template, image: BuiltImage, accel: Accel
 }
 
 /**
+ * The parent's NIC (a parent never has an uplink: it is booted, warmed and saved). With offloads on a tap in
+ * a private namespace where the host can give it one, so children on their namespaces' taps get offloads too;
+ * without a peer (and so without offloads) where it cannot.
+ */
+export async function parentNic(): Promise<{
+  shape: NonNullable<MachineShape["nic"]>;
+  attachment: NicAttachment;
+}> {
+  const vnetHdr = (await privateNetnsUnavailable()) === null;
+  return { shape: { mac: GUEST_MAC, vnetHdr }, attachment: await privateNic(vnetHdr) };
+}
+
+/**
  * Boots `image` with RAM in `memoryFile` (MAP_SHARED, so the guest writes straight into it) on the disk
  * overlay `disk`, waits for the agent's hello and runs the template's warm-up. On failure the VM is killed and
  * the error carries the end of the guest console.
  */
 export async function bootWarmVm(options: {
-  template: Template;
+  template: BootTemplate;
   image: BuiltImage;
   accel: AcceleratorChoice;
   runDir: string;
   memoryFile: string;
   disk: string;
+  /** Boot with a NIC (default: the template's `network`). */
+  network?: boolean;
   signal?: AbortSignal;
   onProgress?: (step: BootStep, message: string) => void;
 }): Promise<BootedVm> {
   const { template, image, accel, runDir } = options;
   const progress = options.onProgress ?? (() => {});
-  const shape = machineShape(template, image, accel);
+  const nic = (options.network ?? template.network !== "none") ? await parentNic() : undefined;
+  const shape: MachineShape = { ...machineShape(template, image, accel), nic: nic?.shape };
   const started = performance.now();
   const bootDeadline = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
   const bootSignal = bootDeadline.signal;
   progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel.accel})`);
   const vm = await launchVm(
-    machineSpec(shape, { runDir, memoryFile: options.memoryFile, shared: true, disk: options.disk }),
-    { runDir, signal: bootSignal },
+    machineSpec(shape, {
+      runDir,
+      memoryFile: options.memoryFile,
+      shared: true,
+      disk: options.disk,
+      nicBackend: nic?.attachment.backend,
+    }),
+    { runDir, signal: bootSignal, prefix: nicLaunchPrefix(nic?.attachment) },
   ).catch((err: unknown) => {
     bootDeadline.dispose();
     throw err;
@@ -139,7 +178,7 @@ const OUTPUT_TAIL_BYTES = 4096;
 function commandUser(
   command: TemplateCommand,
   image: BuiltImage,
-  template: Template,
+  template: BootTemplate,
   field: string,
 ): string | undefined {
   const user = command.user ?? image.manifest.settings?.user;
@@ -170,7 +209,7 @@ class OutputTail {
  */
 async function startAndWaitReady(
   agent: AgentClient,
-  template: Template,
+  template: BootTemplate,
   image: BuiltImage,
   progress: (step: BootStep, message: string) => void,
   signal: AbortSignal | undefined,

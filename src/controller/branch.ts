@@ -3,13 +3,16 @@
  * state, its private RAM pages (those it wrote since its restore) and its disk layer are taken; the files are
  * written after it resumes. Children of the new snapshot continue the source's in-flight work.
  *
- *   diff  memory.layer = the captured pages (relative to the parent's RAM image)
- *   full  memory.bin   = a flat image: the parent's image with the captured pages applied
- *   live  (see branch-live.ts) RAM captured by QEMU's background snapshot while the guest runs
+ *   full  (the default, as in forkd v0.5) a snapshot that stands alone: memory.bin is the source's RAM image
+ *         with the captured pages applied, disk.qcow2 holds the whole disk chain in one layer over the image's
+ *         root filesystem (flat-disk.ts). No parent: its base can be deleted once no sandbox uses it.
+ *   diff  memory.layer = the captured pages (relative to the parent's RAM image); disk = the frozen layer
+ *   live  like diff, RAM captured by QEMU's background snapshot while the guest runs (vmm/live-capture.ts)
  *
- * The parent of a branch is the source's previous branch if it has one, else the snapshot it was restored
- * from: the source's disk continues on a fresh overlay on top of each frozen layer, so its disk chain runs
- * through every branch taken of it.
+ * The parent of a diff/live branch is the source's previous branch if it has one, else the snapshot it was
+ * restored from: the source's disk continues on a fresh overlay on top of each frozen layer, so its disk chain
+ * runs through every branch taken of it. After a full branch that chain runs through the full snapshot's own
+ * disk (the same content as the frozen layer and everything under it), so later branches build on it.
  */
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -17,7 +20,7 @@ import { link, open, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
-import { assertTag } from "../common/names.js";
+import { assertTag, isValidTag } from "../common/names.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import type { StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
@@ -39,6 +42,7 @@ import { findGuestRamMapping, scanPrivatePages } from "../vmm/guest-memory.js";
 import { captureLive, MemoryPageSink } from "../vmm/live-capture.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { captureStopped } from "../vmm/stopped-capture.js";
+import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
 import type { SandboxHandle } from "./sandbox.js";
 
@@ -46,8 +50,16 @@ const execFileAsync = promisify(execFile);
 
 export type BranchMode = "full" | "diff" | "live";
 
-/** BRANCHes running at once, host-wide: each copies RAM and writes files; more only thrash the disk. */
+/** The mode of a BRANCH that names none: forkd v0.5's. */
+export const DEFAULT_BRANCH_MODE: BranchMode = "full";
+
+/**
+ * BRANCHes running at once, host-wide, unless the daemon sets another cap (`--branch-concurrency`): each copies
+ * RAM and writes files; more only thrash the disk.
+ */
 export const MAX_CONCURRENT_BRANCHES = 2;
+/** The largest `--branch-concurrency` accepted. */
+export const MAX_BRANCH_CONCURRENCY = 256;
 
 export interface BranchRequest {
   tag?: string;
@@ -62,12 +74,20 @@ export interface BranchRequest {
 export interface BranchResult {
   tag: string;
   mode: BranchMode;
-  parent_tag: string;
+  /** null for a full branch (it stands alone). */
+  parent_tag: string | null;
   status: "writing" | "ready";
   /** How long the source was paused. */
   pause_ms: number;
+  /**
+   * Time spent finding and copying the pages the source changed: inside the pause for full and diff, the
+   * background capture for live (forkd v0.5's `diff_ms`). 0 for a `wait: false` answer (not finished yet).
+   */
+  capture_ms: number;
   /** Guest RAM captured (pages the source changed), bytes. */
   bytes_captured: number;
+  /** The guest's RAM size, bytes. */
+  ram_bytes: number;
   /** Bytes written to disk for the new snapshot (memory + device state + disk layer). */
   bytes_written: number;
 }
@@ -82,18 +102,35 @@ export interface BranchSource {
 }
 
 export interface BranchEvents {
-  /** The branch is committed; the source's next branch chains onto it. */
+  /** The branch is committed (and any BRANCH_INTERRUPTED mark cleared); the next branch chains onto it. */
   branched(sandboxId: string, tag: string): void;
   /**
-   * The branch failed after the source's disk was switched: its chain now holds a frozen layer no snapshot
-   * owns (it lives in the run directory), so a later branch would depend on a file that dies with the source.
+   * The source may not be branched (again): a branch failed after the source's disk was switched (its chain now
+   * holds a frozen layer no snapshot owns, in the run directory, so a later branch would depend on a file that
+   * dies with the source), or one is about to switch it (BRANCH_INTERRUPTED, cleared by branched/unblocked).
+   * Persisted, so a daemon restart knows it.
    */
   blocked(sandboxId: string, reason: string): void;
+  /** A branch failed before its disk switch: the BRANCH_INTERRUPTED mark goes. */
+  unblocked(sandboxId: string): void;
 }
 
 export function defaultBranchTag(sandboxId: string): string {
   const stamp = new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "-");
   return `branch-${sandboxId}-${stamp}-${randomBytes(2).toString("hex")}`;
+}
+
+/**
+ * The mark a BRANCH leaves on its source while its disk switch is not backed by a committed snapshot yet (see
+ * SandboxManager.settleInterruptedBranch): the branch_blocked reason, followed by the new snapshot's tag.
+ */
+export const BRANCH_INTERRUPTED = "a BRANCH was interrupted (the daemon stopped) after switching the disk to";
+
+/** The tag an interrupted BRANCH was writing, from a branch_blocked reason; null for any other reason. */
+export function interruptedBranchTag(reason: string | null): string | null {
+  if (reason === null || !reason.startsWith(`${BRANCH_INTERRUPTED} `)) return null;
+  const tag = reason.slice(BRANCH_INTERRUPTED.length + 1);
+  return isValidTag(tag) ? tag : null;
 }
 
 export class Brancher {
@@ -104,10 +141,26 @@ export class Brancher {
     private readonly store: SnapshotStore,
     private readonly db: StateDb,
     private readonly events: BranchEvents,
-  ) {}
+    /** Host-wide cap on BRANCHes in flight; more are answered `unavailable` (503). */
+    readonly concurrencyCap = MAX_CONCURRENT_BRANCHES,
+  ) {
+    if (!Number.isInteger(concurrencyCap) || concurrencyCap < 1 || concurrencyCap > MAX_BRANCH_CONCURRENCY) {
+      throw invalidArgument(`the BRANCH concurrency cap must be an integer in 1..${MAX_BRANCH_CONCURRENCY}`);
+    }
+  }
+
+  /** BRANCHes admitted and not finished (waiting for an earlier branch of the same source included). */
+  get inFlight(): number {
+    return this.running;
+  }
+
+  /** Whether a BRANCH of `sandboxId` is running or queued in this process. */
+  isBranching(sandboxId: string): boolean {
+    return this.perSource.has(sandboxId);
+  }
 
   async branch(source: BranchSource, request: BranchRequest): Promise<BranchResult> {
-    const mode = request.mode ?? "diff";
+    const mode = request.mode ?? DEFAULT_BRANCH_MODE;
     if (mode !== "full" && mode !== "diff" && mode !== "live") {
       throw invalidArgument(`mode must be full, diff or live, got ${JSON.stringify(mode)}`);
     }
@@ -115,10 +168,10 @@ export class Brancher {
       throw invalidArgument("wait: false is only possible with mode live");
     }
     const tag = assertTag(request.tag ?? defaultBranchTag(source.handle.id));
-    if (this.running >= MAX_CONCURRENT_BRANCHES) {
+    if (this.running >= this.concurrencyCap) {
       throw new ForkdError(
         "unavailable",
-        `${this.running} BRANCHes are running (limit ${MAX_CONCURRENT_BRANCHES}); retry shortly`,
+        `${this.running} BRANCHes are running (limit ${this.concurrencyCap}, --branch-concurrency); retry shortly`,
       );
     }
     // Branches of one source are serialised: each freezes the disk layer the next one builds on.
@@ -146,13 +199,14 @@ export class Brancher {
     if (request.parentTag !== undefined && request.parentTag !== parentTag) {
       throw conflict(`parent_tag ${request.parentTag} does not match the sandbox's base ${parentTag}`);
     }
+    const flat = mode === "full";
     if (mode === "live" && !source.liveFork) {
       throw conflict(
         `live BRANCH needs a sandbox spawned with live_fork (its RAM on tmpfs, which userfaultfd can write-protect); ${handle.id} was not`,
       );
     }
     const chain = await resolveChain(this.store, parentTag);
-    if (chain.length > MAX_CHAIN_DEPTH) {
+    if (!flat && chain.length > MAX_CHAIN_DEPTH) {
       throw conflict(
         `snapshot ${parentTag} is already ${chain.length - 1} layers deep; compact it before branching`,
       );
@@ -168,12 +222,14 @@ export class Brancher {
     const fail = async (err: unknown) => {
       if (frozen)
         this.events.blocked(handle.id, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
+      else this.events.unblocked(handle.id);
       await prepared?.abandon().catch(() => {});
       await writer?.abort();
       this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
     };
     try {
-      writer = await this.store.beginWrite(tag);
+      // Up to the whole RAM (a full branch writes a flat image; a diff branch the pages written since restore).
+      writer = await this.store.beginWrite(tag, { expectedBytes: ramBytes });
       const qmp = await handle.qmp();
       // The source's next writable layer, made before the pause. Its header already names the frozen layer's
       // permanent place in the new snapshot (relative, like every layer).
@@ -183,6 +239,9 @@ export class Brancher {
         signal,
       });
       const freezePrepared = prepared;
+      // Written ahead of the disk switch: a daemon that dies between the switch and the commit leaves the mark,
+      // and the restart then knows the source's chain runs through a layer no snapshot may own.
+      this.events.blocked(handle.id, `${BRANCH_INTERRUPTED} ${tag}`);
       const whileStopped = async () => {
         frozen = await freezeDisk(qmp, freezePrepared, { signal });
         prepared = undefined;
@@ -207,8 +266,17 @@ export class Brancher {
               };
         const frozenDisk = frozen as FrozenDisk;
         const activeWriter = writer as SnapshotWriter;
-        await link(frozenDisk.frozenFile, activeWriter.file(SNAPSHOT_FILES.disk));
-        const flat = mode === "full";
+        if (flat) {
+          // The source's next overlay names this file as its backing: the same content as the frozen layer.
+          await writeFlatDisk({
+            topLayer: frozenDisk.frozenFile,
+            rootfs: parent.manifest.image.rootfs,
+            snapshotDir: activeWriter,
+            signal,
+          });
+        } else {
+          await link(frozenDisk.frozenFile, activeWriter.file(SNAPSHOT_FILES.disk));
+        }
         const memoryFile = flat ? SNAPSHOT_FILES.memory : SNAPSHOT_FILES.memoryLayer;
         if (flat) {
           await execFileAsync("cp", [
@@ -225,7 +293,7 @@ export class Brancher {
         captured.release();
         const manifest = await activeWriter.commit(
           branchManifest(parent.manifest, {
-            parent: { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
+            parent: flat ? null : { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
             memory: { format: flat ? "flat" : "layer", ramBytes, pages: captured.pages.length },
             origin: { kind: "branch", mode, sourceSandbox: handle.id, pauseMs: round1(captured.pauseMs) },
           }),
@@ -237,10 +305,12 @@ export class Brancher {
         return {
           tag,
           mode,
-          parent_tag: parent.tag,
+          parent_tag: flat ? null : parent.tag,
           status: "ready",
           pause_ms: round1(captured.pauseMs),
+          capture_ms: round1(raw.captureMs),
           bytes_captured: raw.pages.length * PAGE_SIZE,
+          ram_bytes: ramBytes,
           bytes_written: await physicalBytes(
             Object.keys(manifest.files).map((name) => path.join(this.store.dirOf(tag), name)),
           ),
@@ -254,10 +324,12 @@ export class Brancher {
         return {
           tag,
           mode,
-          parent_tag: parent.tag,
+          parent_tag: flat ? null : parent.tag,
           status: "writing",
           pause_ms: round1(pauseMs),
+          capture_ms: 0,
           bytes_captured: 0,
+          ram_bytes: ramBytes,
           bytes_written: 0,
         };
       }
@@ -293,7 +365,13 @@ export class Brancher {
         buffer,
         signal,
       });
-      return { pages: captured.pages, data: captured.data, pauseMs: captured.pauseMs, release: () => {} };
+      return {
+        pages: captured.pages,
+        data: captured.data,
+        pauseMs: captured.pauseMs,
+        captureMs: captured.scanMs + captured.copyMs,
+        release: () => {},
+      };
     })();
     return { done, resumed: done.then((c) => c.pauseMs) };
   }
@@ -332,7 +410,7 @@ export class Brancher {
       });
       resolveResumed(result.pauseWallMs);
       const { pages, data } = sortPages(sink.take());
-      return { pages, data, pauseMs: result.pauseWallMs, release: () => {} };
+      return { pages, data, pauseMs: result.pauseWallMs, captureMs: result.totalMs, release: () => {} };
     })();
     done.catch(() => resolveResumed(Number.NaN));
     return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
@@ -378,7 +456,7 @@ async function withParentPages<T>(
 
 /** Pages captured in one pause, sorted by index, and when the source ran again. */
 interface Capture {
-  done: Promise<{ pages: Uint32Array; data: Buffer; pauseMs: number; release(): void }>;
+  done: Promise<{ pages: Uint32Array; data: Buffer; pauseMs: number; captureMs: number; release(): void }>;
   resumed: Promise<number>;
 }
 
@@ -414,7 +492,6 @@ function job(tag: string, status: "writing" | "failed", mode: string, error: str
     status,
     kind: `branch-${mode}`,
     started_at_unix: Math.floor(Date.now() / 1000),
-    writer_pid: process.pid,
     error,
   };
 }

@@ -5,7 +5,7 @@
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmod, copyFile, readdir, readFile, readlink, rm, stat, symlink } from "node:fs/promises";
+import { copyFile, readdir, readFile, readlink, stat } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
@@ -13,14 +13,14 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../store/chain.js";
 import { MANIFEST_FILE, type SnapshotManifest } from "../store/manifest.js";
-import { flatImageFor } from "../store/memory-images.js";
+import { flatImageFor, removeAssembledImage } from "../store/memory-images.js";
 import { PAGE_SIZE } from "../store/memory-layer.js";
 import { readQcow2Header } from "../store/qcow2-header.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
-import { QEMU_IMG_BINARY } from "../vmm/qemu-tools.js";
+import { writeFlatDisk } from "./flat-disk.js";
 import { SNAPSHOT_FILES } from "./machine.js";
-import { cacheDirs, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
+import { cacheDirs, memoryImageOptions, snapshotIsBootable, verifyChainFiles } from "./restore-plan.js";
 import type { SnapshotDetail } from "./sandbox-service.js";
 
 const execFileAsync = promisify(execFile);
@@ -182,6 +182,11 @@ export async function localSnapshotDetail(
     parent_tag: parentTag,
     bytes: Object.values(s.manifest.files).reduce((n, f) => n + f.size, 0),
     error: problem,
+    vcpus: s.manifest.machine.vcpus,
+    source_sandbox: s.manifest.origin.sourceSandbox,
+    // Aliases and the daemon's own snapshots are the daemon's records; the CLI alone does not read them.
+    aliases: [],
+    ephemeral: false,
     ...chain,
   };
 }
@@ -391,15 +396,10 @@ export async function removeAssembledImages(paths: ForkdPaths, tag: string, dir:
   if (bytes === null) return;
   const digest = createHash("sha256").update(bytes).digest("hex");
   const dirs = cacheDirs(paths);
-  for (const cache of [dirs.cacheDir, dirs.tmpfsDir]) {
-    await rm(path.join(cache, `${tag}-${digest.slice(0, 32)}.bin`), { force: true });
-  }
+  for (const cache of [dirs.cacheDir, dirs.tmpfsDir]) await removeAssembledImage(cache, tag, digest);
 }
 
 // ---- compact ----
-
-/** The longest a `qemu-img rebase` of a chain may take (it reads the whole virtual disk twice). */
-export const COMPACT_DISK_TIMEOUT_MS = 30 * 60_000;
 
 export interface CompactOptions {
   from: string;
@@ -428,10 +428,17 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
   progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
   await verifyChainFiles(paths, chain);
 
-  const writer = await store.beginWrite(to);
+  // The flat RAM image, and at most every cluster the chain's disk layers hold.
+  const layerDiskBytes = chain.reduce(
+    (sum, s) => sum + (s.manifest.files[SNAPSHOT_FILES.disk]?.size ?? 0),
+    0,
+  );
+  const writer = await store.beginWrite(to, {
+    expectedBytes: head.manifest.memory.ramBytes + layerDiskBytes,
+  });
   try {
     progress("writing the flat RAM image");
-    const image = await flatImageFor(chain, cacheDirs(paths));
+    const image = await flatImageFor(chain, memoryImageOptions(paths));
     await execFileAsync(
       "cp",
       ["--sparse=always", "--reflink=auto", "--", image, writer.file(SNAPSHOT_FILES.memory)],
@@ -442,24 +449,11 @@ export async function compactSnapshot(paths: ForkdPaths, options: CompactOptions
     await copyFile(path.join(head.dir, SNAPSHOT_FILES.deviceState), writer.file(SNAPSHOT_FILES.deviceState));
 
     progress("folding the disk layers into one");
-    await symlink(head.manifest.image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
-    const disk = writer.file(SNAPSHOT_FILES.disk);
-    await execFileAsync("cp", ["--sparse=always", "--", path.join(head.dir, SNAPSHOT_FILES.disk), disk], {
+    await writeFlatDisk({
+      topLayer: path.join(head.dir, SNAPSHOT_FILES.disk),
+      rootfs: head.manifest.image.rootfs,
+      snapshotDir: writer,
       signal,
-    });
-    await chmod(disk, 0o600);
-    // The copy still reads through to the head's parent (its relative backing path resolves the same from the
-    // staging directory). A safe-mode rebase onto the base image writes into it every cluster in which the old
-    // chain differs from the base, whichever layer wrote it. (`qemu-img convert -B` would copy the top layer's
-    // clusters only, silently dropping what the intermediate layers wrote.)
-    await execFileAsync(
-      QEMU_IMG_BINARY,
-      ["rebase", "-q", "-f", "qcow2", "-b", SNAPSHOT_FILES.baseDisk, "-F", "raw", disk],
-      { signal, timeout: COMPACT_DISK_TIMEOUT_MS, maxBuffer: 1024 * 1024 },
-    ).catch((err: unknown) => {
-      throw new ForkdError("internal", `qemu-img rebase failed: ${errorMessage(err).trim().slice(-2000)}`, {
-        cause: err,
-      });
     });
 
     progress("hashing and committing");

@@ -2,8 +2,10 @@
  * Template -> warm snapshot. The parent boots with its RAM in a file inside the snapshot's staging directory,
  * so saving it costs only the device state (milliseconds): the guest already wrote its memory into the file.
  */
+
 import { rm, symlink } from "node:fs/promises";
 import path from "node:path";
+import { invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
@@ -13,20 +15,34 @@ import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { createOverlay, qemuVersion } from "../vmm/qemu-tools.js";
 import { saveDeviceState } from "../vmm/snapshot.js";
 import { chooseAccelerator } from "./accelerator.js";
-import { type BootedVm, bootWarmVm } from "./boot.js";
+import { type BootedVm, type BootTemplate, bootWarmVm } from "./boot.js";
+import { killAndWait, processesMentioning } from "./host-processes.js";
 import { newSandboxId } from "./ids.js";
 import { SNAPSHOT_FILES } from "./machine.js";
+import { trustFreshImage, verifyImage } from "./restore-plan.js";
 
 export interface ProgressEvent {
   step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
   message: string;
 }
 
+/** Disk a parent's own layer is assumed to grow by during boot and warm-up, for disk admission. */
+const PARENT_DISK_SLACK_MIB = 256;
+
 export interface CreateSnapshotOptions {
   tag: string;
-  /** Template name or path to a template file; defaults to the tag. */
+  /** Template name or path to a template file (with templateFiles); defaults to the tag. */
   template?: string;
+  /**
+   * An image already built (e.g. the one a forkd v0.5 client named by its kernel and rootfs files): boot it with
+   * the template it was built from, without loading or building anything. Excludes `template`.
+   */
+  image?: BuiltImage;
+  /** Whether `template` may name a file (the CLI: yes; the daemon, for API callers: no). */
+  templateFiles?: boolean;
   replace?: boolean;
+  /** Give the parent (and so every child) a NIC; default: the template's `network`. */
+  network?: boolean;
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -38,6 +54,28 @@ export interface CreatedSnapshot {
   image: BuiltImage;
 }
 
+async function imageToBoot(
+  options: CreateSnapshotOptions,
+  tag: string,
+  progress: (event: ProgressEvent) => void,
+): Promise<{ template: BootTemplate; image: BuiltImage }> {
+  if (options.image) {
+    if (options.template !== undefined) throw invalidArgument("give a template or an image, not both");
+    progress({
+      step: "image",
+      message: `image ${options.image.hash.slice(0, 12)} (${options.image.template.name})`,
+    });
+    return { template: options.image.template, image: options.image };
+  }
+  const template = await loadTemplate(options.template ?? tag, { allowFiles: options.templateFiles });
+  progress({ step: "image", message: `image for template ${template.name}` });
+  const image = await buildImage(template, {
+    signal: options.signal,
+    onProgress: (e) => progress({ step: "image", message: e.message }),
+  });
+  return { template, image };
+}
+
 export async function createSnapshot(
   paths: ForkdPaths,
   options: CreateSnapshotOptions,
@@ -45,21 +83,22 @@ export async function createSnapshot(
   const tag = assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
   const signal = options.signal;
-  const template = await loadTemplate(options.template ?? tag);
   const store = new SnapshotStore(paths.snapshots);
-  await store.sweepStale();
-
-  progress({ step: "image", message: `image for template ${template.name}` });
-  const image = await buildImage(template, {
-    signal,
-    onProgress: (e) => progress({ step: "image", message: e.message }),
-  });
+  await sweepStaleSnapshotFiles(store);
+  const { template, image } = await imageToBoot(options, tag, progress);
+  // A fresh build just hashed its files; a cached one is checked against those hashes before a VM boots on it.
+  if (image.cached) await verifyImage(paths, { ...image, buildId: image.manifest.buildId });
+  else await trustFreshImage(paths, image);
 
   progress({ step: "accelerator", message: "choosing accelerator" });
   const accel = await chooseAccelerator(paths, image, { signal });
   progress({ step: "accelerator", message: `accelerator ${accel.accel} (${accel.reason})` });
 
-  const writer = await store.beginWrite(tag, { replace: options.replace });
+  // The parent's RAM file (up to its whole size) and what boot and warm-up write to its disk layer.
+  const writer = await store.beginWrite(tag, {
+    replace: options.replace,
+    expectedBytes: (template.memoryMib + PARENT_DISK_SLACK_MIB) * 2 ** 20,
+  });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
   try {
@@ -76,6 +115,7 @@ export async function createSnapshot(
       runDir,
       memoryFile: writer.file(SNAPSHOT_FILES.memory),
       disk: writer.file(SNAPSHOT_FILES.disk),
+      network: options.network,
       signal,
       onProgress: (step, message) => progress({ step, message }),
     });
@@ -108,6 +148,7 @@ export async function createSnapshot(
           cmdline: shape.kernelCmdline,
           tscKhz: shape.tscKhz ?? null,
           compatKey: restoreCompatibilityKey(booted.vm.spec),
+          nic: shape.nic ?? null,
           qemuVersion: version.version,
         },
         timings: {
@@ -131,4 +172,14 @@ export async function createSnapshot(
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Removes what dead writers left in the snapshot store. A parent VM of a snapshot whose writer died (SIGKILL
+ * reaches no cleanup) still maps its staging directory's memory file: it is stopped before the files go.
+ */
+export async function sweepStaleSnapshotFiles(store: SnapshotStore): Promise<string[]> {
+  return store.sweepStale(async (dir) => {
+    for (const identity of await processesMentioning(dir)) await killAndWait(identity);
+  });
 }

@@ -9,6 +9,10 @@ import { promisify } from "node:util";
 import { errorMessage } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { findCachedImage, listTemplates } from "../image/index.js";
+import { privateNetnsUnavailable } from "../isolation/launcher.js";
+import { resolveNetworkConfig } from "../net/config.js";
+import { bridgeOwnerTag, hostNetworkState } from "../net/host.js";
+import { formatCidr } from "../net/ipv4.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
 import { probeHost } from "./accelerator.js";
 
@@ -62,6 +66,8 @@ export async function runDoctor(
   add(await checkUserfaultfd());
   add(await checkCgroups());
   add(await checkNetns());
+  add(await checkTool("nft", ["--version"], "apt-get install nftables (sandbox egress policies and NAT)"));
+  add(await checkSandboxNetwork(paths));
   add(await checkDisk(paths));
   add(await checkMemory());
   return checks;
@@ -213,6 +219,63 @@ async function checkNetns(): Promise<DoctorCheck> {
       fix: "apt-get install iproute2 and run as root, for per-child network namespaces",
     };
   }
+}
+
+/**
+ * Which network mode the daemon of this home runs in and what its host setup looks like (the daemon creates it
+ * at start, idempotently: this only reads it).
+ */
+async function checkSandboxNetwork(paths: ForkdPaths): Promise<DoctorCheck> {
+  const name = "sandbox network";
+  let config: ReturnType<typeof resolveNetworkConfig>;
+  try {
+    config = resolveNetworkConfig({}, process.env, paths.home);
+  } catch (err) {
+    return {
+      name,
+      status: "fail",
+      detail: errorMessage(err),
+      fix: "fix FORKD_NET_BRIDGE / FORKD_NET_SUBNET",
+    };
+  }
+  const unavailable = process.getuid?.() !== 0 ? "not running as root" : await privateNetnsUnavailable();
+  if (unavailable !== null) {
+    return {
+      name,
+      status: "warn",
+      detail: `isolated mode: sandboxes keep their NIC but nothing leaves it (${unavailable})`,
+      fix: "run the daemon as root on a kernel with network namespaces and /dev/net/tun, with the launcher built (npm run build), for netns mode",
+    };
+  }
+  const state = await hostNetworkState(config).catch(() => null);
+  const upstreams = config.dnsUpstreams.map((u) => `${u.address}:${u.port}`).join(", ") || "none";
+  const where = `bridge ${config.bridge} ${config.bridgeAddress}/${config.subnet.prefix} (subnet ${formatCidr(config.subnet)}), DNS forwarder :${config.dnsPort} -> ${upstreams}`;
+  if (!state?.bridgeExists) {
+    return {
+      name,
+      status: "ok",
+      detail: `netns mode; ${where}: not set up yet (the daemon creates it at start, with IPv4 forwarding and its nftables table)`,
+    };
+  }
+  if (state.owner !== bridgeOwnerTag(paths.home)) {
+    return {
+      name,
+      status: "fail",
+      detail: `${config.bridge} exists but belongs to another forkd home (${state.owner ?? "no alias"})`,
+      fix: "give this home's daemon its own --net-bridge and --net-subnet",
+    };
+  }
+  const problems = [
+    state.up ? null : "bridge down",
+    state.ipForward ? null : "net.ipv4.ip_forward is 0",
+    state.rulesLoaded ? null : "host rules not loaded",
+  ].filter((p): p is string => p !== null);
+  return {
+    name,
+    status: problems.length === 0 ? "ok" : "warn",
+    detail: `netns mode; ${where}${problems.length ? `: ${problems.join(", ")}` : ", set up"}`,
+    fix: problems.length ? "start (or restart) the daemon: it sets the host up" : undefined,
+  };
 }
 
 async function checkDisk(paths: ForkdPaths): Promise<DoctorCheck> {

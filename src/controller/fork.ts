@@ -3,6 +3,7 @@
  * and timings, and tear every child down. Used by `forkd fork` and the spawn benchmark.
  */
 import { availableParallelism } from "node:os";
+import { sleep } from "../common/deadline.js";
 import { errorMessage, invalidArgument } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
@@ -33,6 +34,11 @@ export interface ForkOptions {
   onChild?: (child: ChildResult) => void;
   /** Called with every live child after all have answered, before teardown (benchmarks measure memory here). */
   inspect?: (live: readonly Sandbox[]) => Promise<void>;
+  /**
+   * Keep the children running this long after all have answered, before teardown (forkd v0.5's
+   * `--settle-secs`); `signal` ends the wait early, and the children are torn down as usual.
+   */
+  settleMs?: number;
 }
 
 export interface ChildResult {
@@ -56,6 +62,8 @@ export interface ForkResult {
   n: number;
   wall_ms: number;
   children: ChildResult[];
+  /** With `settleMs`: how long the children were kept running, and how many were still alive at the end. */
+  settle?: { ms: number; alive: number };
 }
 
 export function validateChildCount(n: unknown): number {
@@ -125,18 +133,32 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     options.signal?.throwIfAborted();
     const wallMs = performance.now() - started;
     await options.inspect?.([...live]);
+    const settle = options.settleMs === undefined ? undefined : await settleChildren(live, options);
     return {
       accelerator: snapshot.manifest.machine.accel,
       tag,
       n,
       wall_ms: round1(wallMs),
       children,
+      ...(settle ? { settle } : {}),
     };
   } finally {
     abort.abort();
     await Promise.all([...live].map((s) => s.destroy()));
     await plan.dispose();
   }
+}
+
+/** Waits `settleMs` (or until `signal`), then counts the children whose VM still runs. */
+async function settleChildren(
+  live: Set<Sandbox>,
+  options: ForkOptions,
+): Promise<{ ms: number; alive: number }> {
+  let exited = 0;
+  for (const sandbox of live) void sandbox.vm.exited.then(() => exited++);
+  const started = performance.now();
+  await sleep(options.settleMs ?? 0, options.signal).catch(() => {});
+  return { ms: round1(performance.now() - started), alive: live.size - exited };
 }
 
 async function runWork(

@@ -47,13 +47,23 @@ export interface MachineShape {
   kernelCmdline: string;
   /** TCG only: the host TSC frequency, so the guest skips calibrating it. */
   tscKhz?: number;
+  /** A virtio-net NIC; `vnetHdr` = with offloads, on a tap opened with IFF_VNET_HDR. */
+  nic?: { mac: string; vnetHdr: boolean };
+}
+
+/** Per-instance parts of a machine: its files, and what its NIC (if the shape has one) is attached to. */
+export interface MachineInstance {
+  runDir: string;
+  memoryFile: string;
+  shared: boolean;
+  disk: string;
+  restoreFrom?: string;
+  /** Default "none": the NIC has no peer (its frames go nowhere). */
+  nicBackend?: "tap" | "none";
 }
 
 /** The machine of a child restored from a snapshot with `manifest`: the parent's shape, this instance's files. */
-export function childSpec(
-  manifest: SnapshotManifest,
-  instance: { runDir: string; memoryFile: string; shared: boolean; disk: string; restoreFrom?: string },
-): MachineSpec {
+export function childSpec(manifest: SnapshotManifest, instance: MachineInstance): MachineSpec {
   return machineSpec(
     {
       accel: manifest.machine.accel,
@@ -64,6 +74,7 @@ export function childSpec(
       initrd: manifest.image.initrd,
       kernelCmdline: manifest.machine.cmdline,
       tscKhz: manifest.machine.tscKhz ?? undefined,
+      nic: manifest.machine.nic ?? undefined,
     },
     instance,
   );
@@ -85,10 +96,7 @@ export function tcgCacheMiB(env: NodeJS.ProcessEnv = process.env): number | unde
   return value;
 }
 
-export function machineSpec(
-  shape: MachineShape,
-  instance: { runDir: string; memoryFile: string; shared: boolean; disk: string; restoreFrom?: string },
-): MachineSpec {
+export function machineSpec(shape: MachineShape, instance: MachineInstance): MachineSpec {
   return {
     accel: shape.accel,
     cpuModel: shape.cpuModel,
@@ -106,5 +114,8 @@ export function machineSpec(
     consoleLogPath: path.join(instance.runDir, RUN_FILES.console),
     restore: instance.restoreFrom ? { deviceStatePath: instance.restoreFrom } : undefined,
     rng: true,
+    nic: shape.nic
+      ? { mac: shape.nic.mac, vnetHdr: shape.nic.vnetHdr, backend: instance.nicBackend ?? "none" }
+      : undefined,
   };
 }

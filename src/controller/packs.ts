@@ -4,7 +4,7 @@
  * runs as root: every entry is checked against the pack manifest as it streams past, every hash is verified,
  * disk layers are held to forkd's own shape, and nothing becomes visible until all of it checked out.
  */
-import { createHash, randomBytes } from "node:crypto";
+import { createHash } from "node:crypto";
 import { chmod, mkdir, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
@@ -14,7 +14,14 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { FORKD_VERSION } from "../common/version.js";
 import { createStaging, publish, removeStaging, type Staging } from "../image/cache.js";
-import { type BuiltImage, IMAGE_FILES, readImage } from "../image/index.js";
+import {
+  type BuiltImage,
+  IMAGE_FILES,
+  type ImageManifest,
+  importedImagesDir,
+  readImage,
+  readImageDir,
+} from "../image/index.js";
 import { manifestDigest, resolveChain } from "../store/chain.js";
 import { digestFile } from "../store/hash.js";
 import { MANIFEST_FILE, parseManifest, type SnapshotManifest } from "../store/manifest.js";
@@ -40,13 +47,13 @@ import {
   snapshotPackPath,
 } from "../store/pack-format.js";
 import { assertLayerShape, readQcow2Header } from "../store/qcow2-header.js";
-import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
+import { type DiskReservation, SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
 import { qemuVersion } from "../vmm/qemu-tools.js";
 import { descendantsOf, loadGraph, qemusUsing, removeAssembledImages } from "./chains.js";
 import { childSpec, SNAPSHOT_FILES } from "./machine.js";
-import { cacheDirs, snapshotIsBootable } from "./restore-plan.js";
+import { cacheDirs, snapshotIsBootable, verifyImage } from "./restore-plan.js";
 
 /** Data files of a snapshot in the order they are packed (manifests come first, for every layer). */
 const DATA_FILES = [
@@ -185,18 +192,14 @@ export async function preparePack(
       });
     }
   }
-  const imageDir = path.dirname(head.manifest.image.rootfs);
   if (!options.withoutImage) {
-    progress("hashing the guest image");
+    progress("verifying the guest image");
+    // Its files must still have the hashes image.json recorded; image.json itself is hashed as it is.
+    const image = await verifyImage(paths, head.manifest.image);
     for (const name of IMAGE_PACK_FILES) {
-      const source = path.join(imageDir, name);
-      // The image's files have no manifest hash to verify against: hash them once per boot and remember.
-      let sha256 = await verifier.known(source);
-      if (sha256 === undefined) {
-        sha256 = (await digestFile(source)).sha256;
-        await verifier.remember(source, sha256);
-      }
-      const { size } = await stat(source);
+      const source = path.join(image.dir, name);
+      const recorded = name === IMAGE_FILES.manifest ? undefined : image.manifest.files[name];
+      const { size, sha256 } = recorded ?? (await digestFile(source));
       files.push({ path: imagePackPath(head.manifest.image.hash, name), size, sha256, source });
     }
   }
@@ -299,14 +302,7 @@ export async function unpackSnapshot(paths: ForkdPaths, options: UnpackOptions):
 
   const store = new SnapshotStore(paths.snapshots);
   await store.sweepStale();
-  await mkdir(paths.snapshots, { recursive: true, mode: 0o700 });
-  // Under the snapshots directory (same filesystem: layers are renamed into place) and named so sweepStale
-  // removes it if this process dies.
-  const staging = path.join(
-    paths.snapshots,
-    `.staging-unpack-${process.pid}-${randomBytes(4).toString("hex")}`,
-  );
-  await mkdir(staging, { mode: 0o700 });
+  const staging = await store.makeStagingDir("unpack");
   const session = new UnpackSession(paths, store, staging, newHeadTag, options, progress);
   try {
     await session.read(source);
@@ -334,6 +330,7 @@ class UnpackSession {
   orphaned: string[] = [];
   contentBytes = 0;
   imageStaging: Staging | undefined;
+  private disk: DiskReservation | undefined;
   private localImage: BuiltImage | undefined;
   private next = 0;
   private readonly seen = new Set<string>();
@@ -425,20 +422,32 @@ class UnpackSession {
         `pack was made with QEMU ${pack.qemuVersion}, this host has ${local.version}: its device state needs the same QEMU release`,
       );
     }
-    this.localImage = await readImage(pack.image.hash, { cacheDir: this.paths.images });
-    if (this.localImage && this.localImage.manifest.buildId !== pack.image.buildId) {
-      throw conflict(
-        `image ${pack.image.hash.slice(0, 12)} is cached here as another build (${this.localImage.manifest.buildId}); ` +
-          `the pack's disk layers need build ${pack.image.buildId}: remove the cached image or unpack elsewhere`,
-      );
-    }
+    // The exact build the pack's disk layers were made on: built here, or imported by an earlier unpack.
+    const built = await readImage(pack.image.hash, { cacheDir: this.paths.images });
+    this.localImage =
+      built?.manifest.buildId === pack.image.buildId
+        ? built
+        : await readImageDir(this.importedDir(), pack.image.hash);
     if (!this.localImage && !pack.image.included) {
       throw conflict(
         `pack has no image and image ${pack.image.hash.slice(0, 12)} (build ${pack.image.buildId}) is not cached here`,
       );
     }
+    // Everything the pack may write (its files are bounded above): refused now, not when the disk is full.
+    this.disk = await this.store.reserveDisk(
+      pack.files.reduce((sum, f) => sum + f.size, 0),
+      "unpacking the pack",
+    );
     if (!this.localImage) {
-      this.imageStaging = await createStaging(this.paths.images, pack.image.hash);
+      const listed = new Set(pack.files.map((f) => f.path));
+      const missing = IMAGE_PACK_FILES.filter((name) => !listed.has(imagePackPath(pack.image.hash, name)));
+      if (missing.length > 0) {
+        throw new ForkdError(
+          "unprocessable",
+          `pack says it includes its image but lists no ${missing.join(", ")}`,
+        );
+      }
+      this.imageStaging = await createStaging(this.importedDir(), pack.image.hash);
     }
     const head = pack.chain[pack.chain.length - 1]?.tag;
     if (
@@ -590,8 +599,13 @@ class UnpackSession {
     }
   }
 
+  /** Imported images never go where builds look (see importedImagesDir: image cache poisoning). */
+  private importedDir(): string {
+    return importedImagesDir(this.paths.images, (this.pack as PackManifest).image.buildId);
+  }
+
   private imagePaths(): { rootfs: string; kernel: string; initrd: string } {
-    const dir = this.localImage?.dir ?? path.join(this.paths.images, (this.pack as PackManifest).image.hash);
+    const dir = this.localImage?.dir ?? path.join(this.importedDir(), (this.pack as PackManifest).image.hash);
     return {
       rootfs: path.join(dir, IMAGE_FILES.rootfs),
       kernel: path.join(dir, IMAGE_FILES.kernel),
@@ -637,6 +651,36 @@ class UnpackSession {
     }
   }
 
+  /**
+   * The packed image.json must describe the packed files (the same sha256 for each as the pack's entries) and
+   * the pack's build; it is rewritten with `origin: "imported"`, whatever the pack claimed.
+   */
+  private async markImageImported(dir: string): Promise<void> {
+    const pack = this.pack as PackManifest;
+    const file = path.join(dir, IMAGE_FILES.manifest);
+    let manifest: ImageManifest;
+    try {
+      manifest = JSON.parse(await readFile(file, "utf8")) as ImageManifest;
+    } catch {
+      throw new ForkdError("unprocessable", "pack: the packed image.json is not JSON");
+    }
+    if (manifest?.hash !== pack.image.hash || manifest.buildId !== pack.image.buildId) {
+      throw new ForkdError("unprocessable", "pack: the packed image.json names another image than the pack");
+    }
+    for (const f of pack.files) {
+      const where = classifyPackPath(f.path);
+      if (where.kind !== "image" || where.name === IMAGE_FILES.manifest) continue;
+      if (manifest.files?.[where.name]?.sha256 !== f.sha256 || manifest.files[where.name]?.size !== f.size) {
+        throw new ForkdError(
+          "unprocessable",
+          `pack: the packed image.json does not describe the packed ${where.name} (size or sha256 differ)`,
+        );
+      }
+    }
+    await rm(file);
+    await writeDurably(file, `${JSON.stringify({ ...manifest, origin: "imported" }, null, 2)}\n`);
+  }
+
   /** What the hashes cannot say: memory layers well-formed, disk layers reading through only where forkd's do. */
   private async checkLayerFiles(): Promise<void> {
     for (const layer of this.layers) {
@@ -670,16 +714,15 @@ class UnpackSession {
     const image = this.imagePaths();
     if (this.imageStaging) {
       this.progress("installing the guest image");
+      await this.markImageImported(this.imageStaging.out);
       for (const name of IMAGE_PACK_FILES) await chmod(path.join(this.imageStaging.out, name), 0o644);
       const outcome = await publish(
         this.imageStaging,
-        this.paths.images,
+        this.importedDir(),
         (this.pack as PackManifest).image.hash,
         false,
       );
-      const present = await readImage((this.pack as PackManifest).image.hash, {
-        cacheDir: this.paths.images,
-      });
+      const present = await readImageDir(this.importedDir(), (this.pack as PackManifest).image.hash);
       if (!present) throw new ForkdError("unprocessable", "the packed image is not a complete forkd image");
       if (present.manifest.buildId !== (this.pack as PackManifest).image.buildId) {
         throw conflict(
@@ -692,7 +735,10 @@ class UnpackSession {
         const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
         for (const f of (this.pack as PackManifest).files) {
           const where = classifyPackPath(f.path);
-          if (where.kind === "image") await verifier.remember(path.join(present.dir, where.name), f.sha256);
+          // image.json was rewritten (origin: imported); the files it describes are what the pack carried.
+          if (where.kind === "image" && where.name !== IMAGE_FILES.manifest) {
+            await verifier.remember(path.join(present.dir, where.name), f.sha256);
+          }
         }
       }
     }
@@ -711,17 +757,7 @@ class UnpackSession {
       for (const layer of this.layers) {
         if (layer.fate === "reuse") continue;
         const final = this.store.dirOf(layer.tag);
-        let displaced: string | null = null;
-        if (layer.fate === "replace") {
-          displaced = path.join(
-            this.paths.snapshots,
-            `.deleting-${layer.tag}-${process.pid}-${randomBytes(4).toString("hex")}`,
-          );
-          await rename(final, displaced).catch((err: NodeJS.ErrnoException) => {
-            if (err.code !== "ENOENT") throw err;
-            displaced = null;
-          });
-        }
+        const displaced = layer.fate === "replace" ? await this.store.moveAside(layer.tag) : null;
         this.published.push({ tag: layer.tag, displaced });
         await rename(path.join(this.staging, layer.tag), final).catch((err: NodeJS.ErrnoException) => {
           if (err.code === "ENOTEMPTY" || err.code === "EEXIST") {
@@ -781,6 +817,7 @@ class UnpackSession {
   }
 
   async cleanup(): Promise<void> {
+    this.disk?.release();
     await rm(this.staging, { recursive: true, force: true });
     if (this.imageStaging) await removeStaging(this.imageStaging.dir).catch(() => {});
   }

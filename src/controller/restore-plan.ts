@@ -2,13 +2,17 @@
  * Everything children of one snapshot share, prepared once per spawn: the checked chain, its verified files,
  * the flat RAM image they map, and an empty disk overlay each child copies.
  */
+
 import { createHash, randomBytes } from "node:crypto";
 import { access, mkdir, readFile, rm, rmdir } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { unguessableDirName } from "../common/private-dir.js";
+import { selfOwnerToken } from "../common/processes.js";
+import { type BuiltImage, readImageDir } from "../image/index.js";
 import { resolveChain } from "../store/chain.js";
-import { flatImageFor, memoryFilesOf } from "../store/memory-images.js";
+import { flatImageFor, type MemoryImageOptions, memoryFilesOf } from "../store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { FileVerifier } from "../store/verify.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
@@ -33,8 +37,23 @@ export interface RestorePlan {
 export function cacheDirs(paths: ForkdPaths) {
   return {
     cacheDir: path.join(paths.home, "cache", "memory"),
-    tmpfsDir: path.join(process.env.FORKD_TMPFS ?? "/dev/shm", `forkd-${homeKey(paths.home)}`),
+    tmpfsDir: unguessableDirName(
+      process.env.FORKD_TMPFS ?? "/dev/shm",
+      `forkd-${homeKey(paths.home)}-`,
+      path.join(paths.home, "cache", "tmpfs-dir"),
+    ),
     verifiedDir: path.join(paths.home, "cache"),
+  };
+}
+
+/** Where assembled RAM images go, checked against their recorded digests before they are reused. */
+export function memoryImageOptions(paths: ForkdPaths, inMemory = false): MemoryImageOptions {
+  const dirs = cacheDirs(paths);
+  return {
+    cacheDir: dirs.cacheDir,
+    tmpfsDir: dirs.tmpfsDir,
+    inMemory,
+    verifier: new FileVerifier(dirs.verifiedDir),
   };
 }
 
@@ -64,20 +83,21 @@ export async function prepareRestore(
     );
   }
   await verifyChainFiles(paths, chain);
-  const dirs = cacheDirs(paths);
-  const memoryImage = await flatImageFor(chain, { ...dirs, inMemory: options.inMemory });
-  await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
+  const memoryImage = await flatImageFor(chain, memoryImageOptions(paths, options.inMemory));
   const overlayTemplate = path.join(
     templatesDir(paths),
-    `${tag}-${process.pid}-${randomBytes(4).toString("hex")}.qcow2`,
+    `${tag}-${selfOwnerToken()}-${randomBytes(4).toString("hex")}.qcow2`,
   );
-  // Relative backing: the overlay is copied to run/<id>/disk.qcow2, two levels under FORKD_HOME like this
-  // directory, and a branch later hard-links it into snapshots/<tag>/, also two levels down.
-  await createOverlay({
-    backing: path.join("..", "..", "snapshots", snapshot.tag, SNAPSHOT_FILES.disk),
-    backingFormat: "qcow2",
-    overlay: overlayTemplate,
-  });
+  // Plans of this process keep the shared directory: a spawn finishing must not remove it while another is
+  // about to write its template there (two E2B creates at once hit that).
+  plansInProgress++;
+  try {
+    await makeOverlayTemplate(paths, snapshot.tag, overlayTemplate);
+  } catch (err) {
+    plansInProgress--;
+    throw err;
+  }
+  let disposed = false;
   return {
     snapshot,
     chain,
@@ -85,16 +105,81 @@ export async function prepareRestore(
     inMemory: options.inMemory ?? false,
     overlayTemplate,
     dispose: async () => {
+      if (disposed) return;
+      disposed = true;
+      plansInProgress--;
       await rm(overlayTemplate, { force: true });
-      // The directory goes too once no other spawn is using it (rmdir fails while it has entries).
-      await rmdir(templatesDir(paths)).catch(() => {});
+      // The directory goes too once no spawn is using it (rmdir also fails while another process has entries).
+      if (plansInProgress === 0) await rmdir(templatesDir(paths)).catch(() => {});
     },
   };
 }
 
-/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads. */
+/**
+ * The image a snapshot was made on, with every file verified (cheaply, see store/verify.ts) against the sha256
+ * its image.json recorded: a kernel, initrd or root filesystem changed behind forkd's back is refused before a VM
+ * boots or restores on it. `conflict` if the image is gone, incomplete or another build.
+ */
+export async function verifyImage(
+  paths: ForkdPaths,
+  image: { hash: string; buildId: string; rootfs: string },
+): Promise<BuiltImage> {
+  const dir = path.dirname(image.rootfs);
+  const found = await readImageDir(path.dirname(dir), path.basename(dir));
+  if (!found || found.hash !== image.hash || found.manifest.buildId !== image.buildId) {
+    throw new ForkdError(
+      "conflict",
+      `image ${image.hash.slice(0, 12)} (build ${image.buildId}) is no longer cached complete; it was removed or rebuilt`,
+    );
+  }
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(found.manifest.files)) {
+    await verifier.verify(path.join(dir, name), recorded.sha256, `image ${image.hash.slice(0, 12)}`);
+  }
+  return found;
+}
+
+/** Records that a just-built image's files have the hashes its build computed (no second hashing pass). */
+export async function trustFreshImage(paths: ForkdPaths, image: BuiltImage): Promise<void> {
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  for (const [name, recorded] of Object.entries(image.manifest.files)) {
+    await verifier.remember(path.join(image.dir, name), recorded.sha256);
+  }
+}
+
+/** Restore plans of this process not yet disposed. */
+let plansInProgress = 0;
+
+/**
+ * The empty overlay every child of `tag` copies. Relative backing: the overlay is copied to run/<id>/disk.qcow2,
+ * two levels under FORKD_HOME like this directory, and a branch later hard-links it into snapshots/<tag>/, also
+ * two levels down. Tried once more when the directory vanished under it (another process's spawn removed it).
+ */
+async function makeOverlayTemplate(paths: ForkdPaths, tag: string, overlay: string): Promise<void> {
+  const spec = {
+    backing: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
+    backingFormat: "qcow2",
+    overlay,
+  } as const;
+  for (let attempt = 1; ; attempt++) {
+    await mkdir(templatesDir(paths), { recursive: true, mode: 0o700 });
+    try {
+      await createOverlay(spec);
+      return;
+    } catch (err) {
+      const vanished = await access(templatesDir(paths)).then(
+        () => false,
+        () => true,
+      );
+      if (!vanished || attempt >= 2) throw err;
+    }
+  }
+}
+
+/** Verifies (cheaply, see store/verify.ts) every file a child of `chain`'s head reads, its image's too. */
 export async function verifyChainFiles(paths: ForkdPaths, chain: StoredSnapshot[]): Promise<void> {
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  await verifyImage(paths, (chain[chain.length - 1] as StoredSnapshot).manifest.image);
   const head = chain[chain.length - 1] as StoredSnapshot;
   const needed: { snapshot: StoredSnapshot; name: string }[] = [
     ...memoryFilesOf(chain).map(({ snapshot, name }) => ({ snapshot, name })),

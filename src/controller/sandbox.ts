@@ -10,11 +10,13 @@ import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
+import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
 import type { QmpClient } from "../vmm/qmp.js";
 import { raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
+import { type NicAttachment, nicLaunchPrefix, privateNic } from "./sandbox-network.js";
 
 /**
  * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
@@ -50,6 +52,11 @@ export interface RestoreOptions {
   outliveHost?: boolean;
   /** Called with the QEMU pid as soon as it is spawned, before the guest is ready (to record or limit it). */
   onSpawned?: (pid: number) => Promise<void>;
+  /**
+   * What the child's NIC (if its snapshot has one) is attached to; default: a tap in a private namespace with
+   * no uplink (SandboxNetworks.attach gives a sandbox its own network).
+   */
+  nic?: NicAttachment;
 }
 
 export class Sandbox implements SandboxHandle {
@@ -90,6 +97,8 @@ export class Sandbox implements SandboxHandle {
       await mkdir(runDir, { recursive: true, mode: 0o700 });
       const disk = path.join(runDir, RUN_FILES.disk);
       await copyFile(plan.overlayTemplate, disk);
+      const snapshotNic = manifest.machine.nic;
+      const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
       vm = await launchVm(
         childSpec(manifest, {
           runDir,
@@ -97,8 +106,14 @@ export class Sandbox implements SandboxHandle {
           shared: false,
           disk,
           restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+          nicBackend: nic?.backend,
         }),
-        { runDir, signal, outliveHost: options.outliveHost },
+        {
+          runDir,
+          signal,
+          outliveHost: options.outliveHost,
+          prefix: nicLaunchPrefix(nic, [DEVICE_STATE_FD]),
+        },
       );
       const launched = vm;
       await options.onSpawned?.(launched.pid);

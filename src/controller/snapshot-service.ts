@@ -1,35 +1,112 @@
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
-import { conflict, errorMessage, ForkdError, notFound } from "../common/errors.js";
+import { createWriteStream } from "node:fs";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import path from "node:path";
+import { pipeline } from "node:stream/promises";
+import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
-import type { StateDb } from "../store/db.js";
+import { imageOfFiles } from "../image/index.js";
+import { jobWriterAlive, type StateDb } from "../store/db.js";
 import { SnapshotStore, type StoredSnapshot } from "../store/snapshot-store.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, removeSnapshot } from "./chains.js";
-import { createSnapshot } from "./create-snapshot.js";
+import { createSnapshot, sweepStaleSnapshotFiles } from "./create-snapshot.js";
+import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
 import { snapshotIsBootable } from "./restore-plan.js";
 import type {
+  PackRequest,
+  SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
   SnapshotService,
+  UnpackRequest,
 } from "./sandbox-service.js";
+import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
+  private readonly templateAliases: TemplateAliases;
+  private readonly imageDirs: readonly string[];
 
   constructor(
     private readonly paths: ForkdPaths,
     private readonly db: StateDb,
     /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
     private readonly usersOf: (tag: string) => string[],
+    options: {
+      defaultSnapshot?: string;
+      /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
+      imageDirs?: readonly string[];
+    } = {},
   ) {
     this.store = new SnapshotStore(paths.snapshots);
+    this.imageDirs = options.imageDirs ?? [paths.images];
+    this.templateAliases = new TemplateAliases(db, this.store, options.defaultSnapshot);
+  }
+
+  readonly aliases: SnapshotService["aliases"] = {
+    list: () => this.templateAliases.list(),
+    get: (alias) => this.templateAliases.get(alias),
+    set: (alias, tag) => this.templateAliases.set(alias, tag),
+    delete: (alias) => this.templateAliases.delete(alias),
+  };
+
+  resolveTemplate(name: string, options: { orDefault?: boolean } = {}): Promise<ResolvedTemplate> {
+    return this.templateAliases.resolve(name, options);
+  }
+
+  /**
+   * Retires a snapshot: its aliases go now, the snapshot itself now if nothing needs it, else as soon as nothing
+   * does (a sandbox still runs on it, or another snapshot depends on it). not_found if unknown.
+   */
+  async retire(tag: string): Promise<"deleted" | "deferred"> {
+    await this.get(tag);
+    for (const alias of this.templateAliases.namesOf(tag)) this.templateAliases.delete(alias);
+    try {
+      await this.delete(tag);
+      return "deleted";
+    } catch (err) {
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      this.markEphemeral(tag, "retired while still needed");
+      return "deferred";
+    }
+  }
+
+  /** Marks a snapshot the daemon made for itself: collectEphemeral() deletes it once nothing needs it. */
+  markEphemeral(tag: string, reason: string): void {
+    this.db.markEphemeral({ tag, reason, created_at_unix: Math.floor(Date.now() / 1000) });
+  }
+
+  /**
+   * Deletes the daemon's own snapshots that no sandbox runs on, no alias names and no other snapshot depends
+   * on (newest first, so a chain of them goes leaves first). Returns the tags deleted.
+   */
+  async collectEphemeral(): Promise<string[]> {
+    const deleted: string[] = [];
+    const named = new Set(this.db.aliases().map((a) => a.tag));
+    for (const row of this.db.ephemeralSnapshots()) {
+      if (named.has(row.tag) || this.usersOf(row.tag).length > 0) continue;
+      if (!(await this.store.exists(row.tag))) {
+        this.db.forgetEphemeral(row.tag);
+        continue;
+      }
+      try {
+        await removeSnapshot(this.paths, row.tag, { sandboxesOf: this.usersOf });
+        this.db.forgetEphemeral(row.tag);
+        deleted.push(row.tag);
+      } catch (err) {
+        // Still depended on (another snapshot, a VM outside the daemon): tried again on a later sweep.
+        if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      }
+    }
+    return deleted;
   }
 
   /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
   async reconcile(): Promise<void> {
     for (const job of this.db.snapshotJobs()) {
-      if (job.status === "writing" && job.writer_pid !== process.pid) {
+      if (job.status === "writing" && !(await jobWriterAlive(job))) {
         this.db.upsertSnapshotJob({
           ...job,
           status: "failed",
@@ -37,7 +114,9 @@ export class DaemonSnapshots implements SnapshotService {
         });
       }
     }
-    await this.store.sweepStale();
+    await sweepStaleSnapshotFiles(this.store);
+    // Packs in transit belong to requests of a daemon that is gone.
+    await rm(this.paths.transfers, { recursive: true, force: true });
   }
 
   async list(): Promise<SnapshotInfo[]> {
@@ -61,6 +140,10 @@ export class DaemonSnapshots implements SnapshotService {
           parent_tag: null,
           bytes: 0,
           error: j.error,
+          vcpus: null,
+          source_sandbox: null,
+          aliases: [],
+          ephemeral: false,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -94,20 +177,28 @@ export class DaemonSnapshots implements SnapshotService {
     return snapshot;
   }
 
-  async create(request: { tag: string; template: string; signal?: AbortSignal }): Promise<SnapshotInfo> {
+  async create(request: SnapshotCreateRequest): Promise<SnapshotInfo> {
     const tag = assertTag(request.tag);
+    if (request.image !== undefined && request.template !== undefined) {
+      throw invalidArgument("give template, or kernel and rootfs, not both");
+    }
+    // Refused before a job row exists: a path outside the allowlist leaves no trace.
+    const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
       tag,
       status: "writing",
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     try {
-      await createSnapshot(this.paths, { tag, template: request.template, signal: request.signal });
+      await createSnapshot(this.paths, {
+        tag,
+        ...(image ? { image } : { template: request.template ?? tag }),
+        signal: request.signal,
+      });
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
       // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
@@ -119,7 +210,6 @@ export class DaemonSnapshots implements SnapshotService {
           status: "failed",
           kind: "template",
           started_at_unix: Math.floor(Date.now() / 1000),
-          writer_pid: process.pid,
           error: errorMessage(err).split("\n")[0] ?? "failed",
         });
       }
@@ -160,7 +250,6 @@ export class DaemonSnapshots implements SnapshotService {
       status: "writing",
       kind: "compact",
       started_at_unix: Math.floor(Date.now() / 1000),
-      writer_pid: process.pid,
       error: null,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
@@ -173,8 +262,59 @@ export class DaemonSnapshots implements SnapshotService {
     return this.get(to);
   }
 
+  /**
+   * Packs the chain ending at `tag` (with its guest image unless `withoutImage`) into a file of its own under the
+   * transfers directory; the caller sends it and calls `dispose`.
+   */
+  async pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }> {
+    const tag = assertTag(request.tag);
+    const dir = await this.transferDir("pack-");
+    const dispose = () => rm(dir, { recursive: true, force: true });
+    try {
+      const file = path.join(dir, `${tag}.tar.zst`);
+      const result = await packSnapshot(this.paths, {
+        tag,
+        out: file,
+        level: request.level,
+        withoutImage: request.withoutImage,
+        signal: request.signal,
+      });
+      return { file, result, dispose };
+    } catch (err) {
+      await dispose();
+      throw err;
+    }
+  }
+
+  /**
+   * Receives a pack (at most `maxBytes`) into the transfers directory, then verifies and installs it, all or
+   * nothing (packs.ts: a pack is hostile input). The received file is removed either way.
+   */
+  async unpack(request: UnpackRequest): Promise<UnpackResult> {
+    const dir = await this.transferDir("unpack-");
+    try {
+      const file = path.join(dir, "pack.tar.zst");
+      await receive(request.body, file, request.maxBytes, request.signal);
+      return await unpackSnapshot(this.paths, {
+        file,
+        tag: request.tag,
+        force: request.force,
+        sandboxesOf: this.usersOf,
+        signal: request.signal,
+      });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async transferDir(prefix: string): Promise<string> {
+    await mkdir(this.paths.transfers, { recursive: true, mode: 0o700 });
+    return mkdtemp(path.join(this.paths.transfers, prefix));
+  }
+
   private async describe(s: StoredSnapshot): Promise<SnapshotInfo> {
     const problem = await snapshotIsBootable(s);
+    const ephemeral = this.db.ephemeralSnapshots().some((row) => row.tag === s.tag);
     return {
       tag: s.tag,
       created_at_unix: s.manifest.createdAtUnix,
@@ -186,6 +326,30 @@ export class DaemonSnapshots implements SnapshotService {
       parent_tag: s.manifest.parent?.tag ?? null,
       bytes: Object.values(s.manifest.files).reduce((sum, f) => sum + f.size, 0),
       error: problem,
+      vcpus: s.manifest.machine.vcpus,
+      source_sandbox: s.manifest.origin.sourceSandbox,
+      aliases: this.templateAliases.namesOf(s.tag),
+      ephemeral,
     };
   }
+}
+
+/** Writes `body` to `file`, refusing (payload_too_large) beyond `maxBytes`. */
+async function receive(
+  body: AsyncIterable<Buffer>,
+  file: string,
+  maxBytes: number,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  let received = 0;
+  async function* bounded() {
+    for await (const chunk of body) {
+      received += chunk.length;
+      if (received > maxBytes) {
+        throw new ForkdError("payload_too_large", `the pack is larger than ${maxBytes} bytes`);
+      }
+      yield chunk;
+    }
+  }
+  await pipeline(bounded(), createWriteStream(file, { flags: "wx", mode: 0o600 }), { signal });
 }

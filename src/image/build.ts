@@ -218,9 +218,9 @@ async function runChains<A, B>(
   return [ra.value, rb.value];
 }
 
-async function fileInfo(file: string, withHash: boolean): Promise<{ size: number; sha256?: string }> {
+async function fileInfo(file: string): Promise<{ size: number; sha256: string }> {
   const st = await fs.stat(file);
-  return withHash ? { size: st.size, sha256: await sha256File(file) } : { size: st.size };
+  return { size: st.size, sha256: await sha256File(file) };
 }
 
 /** Builds the image for `template`, or returns it from the cache. */
@@ -281,7 +281,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
         IMAGE_FILES.probeInitrd,
         IMAGE_FILES.rootfs,
       ]) {
-        files[name] = await fileInfo(path.join(staging.out, name), name !== IMAGE_FILES.rootfs);
+        files[name] = await fileInfo(path.join(staging.out, name));
       }
       const manifest: ImageManifest = {
         format: MANIFEST_FORMAT,
@@ -304,6 +304,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
           packages: rootfsPackages(template),
         },
         files,
+        origin: "built",
         ...(ext4.steps ? { steps: ext4.steps, settings: ext4.settings } : {}),
       };
       await fs.writeFile(

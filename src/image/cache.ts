@@ -3,16 +3,26 @@
  * place, so a reader sees either a whole image or none. Staging directories record their owner process;
  * those of dead owners (a crashed or killed build) are swept before the next build.
  *
- *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}
+ *   <images>/<hash>/{vmlinuz, initrd.img, probe-initrd.img, rootfs.ext4, image.json}   built on this host
+ *   <images>/.imported/<build key>/<hash>/{...}   installed from a pack: used by the snapshots that came
+ *                                                  with it, never by a build (see importedImagesDir)
  *   <images>/.staging-<hash prefix>-<pid>-<random>/{owner.json, out/, work/}
  *   <images>/.boot/<kernel+busybox key>/{vmlinuz, initrd.img, probe-initrd.img, boot.json}  (see boot.ts)
  *   <images>/.apt-resolution.json
  */
-import { randomBytes } from "node:crypto";
+
+import { createHash, randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
 import { fsyncPath } from "../common/durable-fs.js";
 import { ForkdError } from "../common/errors.js";
+import {
+  identityJson,
+  isAlive,
+  type ProcessIdentity,
+  parseIdentity,
+  selfIdentity,
+} from "../common/processes.js";
 import type { StepTiming } from "./progress.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
@@ -24,7 +34,8 @@ export const IMAGE_FILES = {
   manifest: "image.json",
 } as const;
 
-export const MANIFEST_FORMAT = 1;
+/** 2: every file has a sha256 (the root filesystem too) and `origin` says where the image came from. */
+export const MANIFEST_FORMAT = 2;
 
 export interface ImageManifest {
   format: typeof MANIFEST_FORMAT;
@@ -38,8 +49,10 @@ export interface ImageManifest {
   /** Modules the boot initramfs loads, in order. */
   modules: string[];
   rootfs: { uuid: string; usedMib: number; diskMib: number; packages: string[] };
-  /** Size of every file; sha256 of all but the (large, sparse) root filesystem image. */
-  files: Record<string, { size: number; sha256?: string }>;
+  /** Size and sha256 of every file, checked when the image is imported and before it is used. */
+  files: Record<string, { size: number; sha256: string }>;
+  /** "built" here from its recipe, or "imported" from a pack (then only that pack's snapshots use it). */
+  origin: "built" | "imported";
   /** Format 2: the base and each build step of the build that made this image, cached or how long it took. */
   steps?: StepTiming[];
   /** Format 2: the image's environment, working directory and user after the last step. */
@@ -78,10 +91,13 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   }
   if (manifest.format !== MANIFEST_FORMAT || manifest.hash !== hash) return undefined;
   if (typeof manifest.recipe !== "object" || recipeHash(manifest.recipe) !== hash) return undefined;
+  if (manifest.origin !== "built" && manifest.origin !== "imported") return undefined;
   for (const name of Object.values(IMAGE_FILES)) {
     if (name === IMAGE_FILES.manifest) continue;
+    const recorded = manifest.files?.[name];
+    if (typeof recorded?.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(recorded.sha256)) return undefined;
     const st = await fs.stat(path.join(dir, name)).catch(() => undefined);
-    if (!st?.isFile() || st.size !== manifest.files?.[name]?.size) return undefined;
+    if (!st?.isFile() || st.size !== recorded.size) return undefined;
   }
   return {
     dir,
@@ -96,18 +112,15 @@ export async function readImageDir(cacheDir: string, hash: string): Promise<Buil
   };
 }
 
-async function processStartTime(pid: number): Promise<string | undefined> {
-  try {
-    const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
-  } catch {
-    return undefined;
-  }
-}
-
-interface StagingOwner {
-  pid: number;
-  startTime: string | undefined;
+/**
+ * Where images imported from packs live, one directory per build. A pack's image.json can claim any recipe hash,
+ * a genuine template's included; kept apart from `<images>/<hash>`, an imported image can never be taken for
+ * the image a build of that template would make (image cache poisoning), while the snapshots that came with it
+ * still find the exact build their disk layers were made on.
+ */
+export function importedImagesDir(cacheDir: string, buildId: string): string {
+  const key = createHash("sha256").update(buildId).digest("hex").slice(0, 32);
+  return path.join(cacheDir, ".imported", key);
 }
 
 export interface Staging {
@@ -126,8 +139,7 @@ export async function createStaging(cacheDir: string, hash: string): Promise<Sta
   );
   // Traversable by all: apt downloads into it as the unprivileged _apt user.
   await fs.mkdir(dir, { mode: 0o755 });
-  const owner: StagingOwner = { pid: process.pid, startTime: await processStartTime(process.pid) };
-  await fs.writeFile(path.join(dir, "owner.json"), JSON.stringify(owner));
+  await fs.writeFile(path.join(dir, "owner.json"), identityJson(selfIdentity()));
   const staging = { dir, out: path.join(dir, "out"), work: path.join(dir, "work") };
   await fs.mkdir(staging.out, { mode: 0o755 });
   await fs.mkdir(staging.work, { mode: 0o755 });
@@ -159,18 +171,15 @@ export async function sweepStaleStaging(cacheDir: string): Promise<string[]> {
   for (const name of entries) {
     if (!name.startsWith(".staging-")) continue;
     const dir = path.join(cacheDir, name);
-    let owner: StagingOwner | undefined;
+    let owner: ProcessIdentity | null = null;
     try {
-      owner = JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")) as StagingOwner;
+      owner = parseIdentity(JSON.parse(await fs.readFile(path.join(dir, "owner.json"), "utf8")));
     } catch {
       // owner.json is written right after mkdir; a very young directory without it may be mid-creation
       const st = await fs.stat(dir).catch(() => undefined);
       if (!st || Date.now() - st.mtimeMs < 60_000) continue;
     }
-    if (owner && Number.isInteger(owner.pid) && owner.pid > 0) {
-      const startTime = await processStartTime(owner.pid);
-      if (startTime !== undefined && startTime === owner.startTime) continue; // still building
-    }
+    if (owner && (await isAlive(owner))) continue; // still building
     await removeStaging(dir);
     removed.push(dir);
   }
@@ -223,4 +232,58 @@ export async function publish(
     if (code === "ENOTEMPTY" || code === "EEXIST") return "lost-race";
     throw err;
   }
+}
+
+/**
+ * The built image whose kernel and root filesystem are `kernel` and `rootfs` (forkd v0.5 clients name a snapshot's
+ * guest by these two host paths). Both must resolve, symlinks followed, to the vmlinuz and rootfs.ext4 of one
+ * complete image directly under one of `allowedDirs` (image caches: `<dir>/<hash>/...`); anything else is refused
+ * with `invalid_argument` naming the rule, so a caller cannot make the daemon (root) boot or read an arbitrary file.
+ */
+export async function imageOfFiles(
+  files: { kernel: string; rootfs: string },
+  allowedDirs: readonly string[],
+): Promise<BuiltImage> {
+  const allowed = await Promise.all(allowedDirs.map((d) => fs.realpath(d).catch(() => path.resolve(d))));
+  const shown = allowed.join(", ");
+  const rule =
+    `kernel and rootfs must be the ${IMAGE_FILES.kernel} and ${IMAGE_FILES.rootfs} of one forkd image under an ` +
+    `allowed image directory (${shown}; the daemon's --allow-image-dir adds more). forkd builds guests from ` +
+    'templates: send {"tag": ..., "template": ...} (see `forkd image ls`)';
+  const located: { dir: string; hash: string }[] = [];
+  for (const [what, file, expected] of [
+    ["kernel", files.kernel, IMAGE_FILES.kernel],
+    ["rootfs", files.rootfs, IMAGE_FILES.rootfs],
+  ] as const) {
+    if (!path.isAbsolute(file) || file.includes("\0")) {
+      throw new ForkdError(
+        "invalid_argument",
+        `${what} ${JSON.stringify(file)} is not an absolute path; ${rule}`,
+      );
+    }
+    const real = await fs.realpath(file).catch(() => undefined);
+    if (real === undefined) {
+      throw new ForkdError("invalid_argument", `${what} ${JSON.stringify(file)} does not exist; ${rule}`);
+    }
+    const match = allowed
+      .map((dir) => ({ dir, rel: path.relative(dir, real).split(path.sep) }))
+      .find(
+        ({ rel }) => rel.length === 2 && RECIPE_HASH_PATTERN.test(rel[0] as string) && rel[1] === expected,
+      );
+    if (!match)
+      throw new ForkdError("invalid_argument", `${what} ${JSON.stringify(file)} is not allowed: ${rule}`);
+    located.push({ dir: match.dir, hash: match.rel[0] as string });
+  }
+  const [kernel, rootfs] = located as [{ dir: string; hash: string }, { dir: string; hash: string }];
+  if (kernel.dir !== rootfs.dir || kernel.hash !== rootfs.hash) {
+    throw new ForkdError("invalid_argument", `kernel and rootfs belong to different images; ${rule}`);
+  }
+  const image = await readImageDir(kernel.dir, kernel.hash);
+  if (!image) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${path.join(kernel.dir, kernel.hash)} is not a complete forkd image (being built, or damaged); ${rule}`,
+    );
+  }
+  return image;
 }

@@ -3,7 +3,15 @@
 export type { BuildOptions, BuildProgressEvent, BuildStep, ImageOptions, ResolvedRecipe } from "./build.js";
 export { buildImage, findCachedImage, readImage, resolveRecipe } from "./build.js";
 export type { BuiltImage, ImageManifest } from "./cache.js";
-export { createStaging, IMAGE_FILES, removeStaging, sweepStaleStaging } from "./cache.js";
+export {
+  createStaging,
+  IMAGE_FILES,
+  imageOfFiles,
+  importedImagesDir,
+  readImageDir,
+  removeStaging,
+  sweepStaleStaging,
+} from "./cache.js";
 export {
   isLoopbackRegistry,
   ociLayoutName,

@@ -2,13 +2,22 @@
  * Initramfs images: uncompressed newc cpio archives (the kernel unpacks them without a decompressor, which
  * is noticeably faster under TCG), written by Debian's GNU cpio from a staged tree.
  *
- * The boot initramfs is busybox + the driver modules + /init; /init mounts the root disk and switch_roots to
- * the guest agent, which becomes PID 1 (and reaps orphans). It never drops to a shell: on failure it prints a marker line and powers off,
+ * The boot initramfs is busybox + the driver modules + /init; /init configures the NIC (if any), mounts the
+ * root disk and switch_roots to the guest agent, which becomes PID 1 (and reaps orphans). It never drops to a
+ * shell: on failure it prints a marker line and powers off,
  * so the host sees a clear reason instead of a VM that hangs.
  */
 import { createHash } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
+import {
+  GATEWAY_IP,
+  GATEWAY_MAC,
+  GUEST_IFNAME,
+  GUEST_IP,
+  GUEST_NAMESERVER,
+  GUEST_PREFIX_LENGTH,
+} from "../common/guest-network.js";
 import type { KernelModule } from "./kernel.js";
 import { run } from "./run.js";
 
@@ -60,7 +69,7 @@ export function bootInitScript(moduleNames: string[]): string {
   }
   const [agentBinary] = GUEST_AGENT_COMMAND;
   return `#!${BUSYBOX} sh
-# forkd boot initramfs: load drivers, mount the root disk, hand over to the guest agent.
+# forkd boot initramfs: load drivers, configure the NIC, mount the root disk, hand over to the guest agent.
 # Never falls back to a shell: a failure prints a marker line on the console and powers off.
 bb=${BUSYBOX}
 $bb mount -t devtmpfs devtmpfs /dev
@@ -77,6 +86,26 @@ for m in ${moduleNames.join(" ")}; do
   $bb insmod /lib/modules/$m.ko || echo "forkd-init: warning: cannot load module $m"
 done
 
+# The NIC, if the VM has one (virtio device id 1): the same static address, default route, gateway
+# neighbour and resolver in every sandbox, so children restored from a snapshot need no network setup.
+# The gateway's MAC is a permanent neighbour entry: identical in every sandbox's namespace, it stays valid
+# across restores. No IPv6 (nothing routes it for a sandbox).
+nic=
+for d in /sys/bus/virtio/devices/*; do
+  [ "$($bb cat "$d/device" 2>/dev/null)" = 0x0001 ] && nic=1
+done
+if [ -n "$nic" ]; then
+  i=0
+  while [ ! -e /sys/class/net/${GUEST_IFNAME} ] && [ $i -lt 300 ]; do $bb usleep 10000; i=$((i + 1)); done
+  for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6 2>/dev/null; done
+  $bb ip link set lo up &&
+    $bb ip link set ${GUEST_IFNAME} up &&
+    $bb ip address add ${GUEST_IP}/${GUEST_PREFIX_LENGTH} dev ${GUEST_IFNAME} &&
+    $bb ip route add default via ${GATEWAY_IP} dev ${GUEST_IFNAME} &&
+    $bb arp -i ${GUEST_IFNAME} -s ${GATEWAY_IP} ${GATEWAY_MAC} ||
+    die ${INIT_FAILED_MARKER} "cannot configure the network interface ${GUEST_IFNAME}"
+fi
+
 root=/dev/vda
 for arg in $($bb cat /proc/cmdline); do
   case "$arg" in root=/dev/*) root="\${arg#root=}" ;; esac
@@ -89,6 +118,12 @@ while [ ! -b "$root" ] && [ $i -lt 300 ]; do $bb usleep 10000; i=$((i + 1)); don
 $bb mount -t ext4 -o rw "$root" /newroot || die ${ROOT_MOUNT_FAILED_MARKER} "cannot mount $root (ext4, rw) at /newroot"
 
 [ -x "/newroot${agentBinary}" ] || die ${INIT_FAILED_MARKER} "root filesystem on $root has no ${agentBinary}"
+
+if [ -n "$nic" ]; then
+  $bb rm -f /newroot/etc/resolv.conf &&
+    echo "nameserver ${GUEST_NAMESERVER}" > /newroot/etc/resolv.conf ||
+    die ${INIT_FAILED_MARKER} "cannot write /etc/resolv.conf"
+fi
 
 $bb mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /newroot/run || die ${INIT_FAILED_MARKER} "cannot mount /run"
 $bb mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /newroot/tmp || die ${INIT_FAILED_MARKER} "cannot mount /tmp"

@@ -12,8 +12,8 @@ import path from "node:path";
 import { ForkdError } from "../common/errors.js";
 import type { Interpreter, Template } from "./template.js";
 
-/** Bump whenever the builder's output changes for the same inputs (init script, trimming, mkfs options...). */
-export const BUILDER_VERSION = 2;
+/** Bump whenever the builder's output changes for the same inputs (init script, trimming, mkfs options, image.json format...). */
+export const BUILDER_VERSION = 3;
 
 /** The template as it enters the recipe and the image manifest: values only, no host paths. */
 export interface ImageTemplate {

@@ -65,6 +65,11 @@ export interface Template {
   start: TemplateCommand | undefined;
   /** Polled until it exits 0 before the warm-up and snapshot (format 2). */
   ready: ReadyCheck | undefined;
+  /**
+   * "nic" (default): the parent boots with a virtio-net NIC and its children get a network of their own;
+   * "none": no NIC at all (no child of it can ever have network). Not part of the image: a machine setting.
+   */
+  network: "nic" | "none";
   /** Absolute path of the TOML file. */
   source: string;
   builtin: boolean;
@@ -141,6 +146,11 @@ const TemplateSchema = Type.Object(
       Type.String({
         maxLength: TEMPLATE_LIMITS.warmupBytes,
         rule: `must be a string of Python code of at most ${TEMPLATE_LIMITS.warmupBytes} characters`,
+      }),
+    ),
+    network: Type.Optional(
+      Type.Union([Type.Literal("nic"), Type.Literal("none")], {
+        rule: 'must be "nic" (a NIC, network per sandbox) or "none" (no NIC)',
       }),
     ),
     files: Type.Optional(
@@ -318,6 +328,7 @@ export async function parseTemplate(text: string, file: string, builtin = false)
     steps: v2?.steps ?? [],
     start: v2?.start,
     ready: v2?.ready,
+    network: valid.network ?? "nic",
     source,
     builtin,
   };
@@ -356,12 +367,24 @@ async function builtinTemplateFile(name: string): Promise<string | undefined> {
 
 /**
  * A built-in template by name (templates/<name>.toml or templates/<name>/template.toml in the forkd package)
- * or a template file by path (anything containing '/' or ending in .toml, relative to the working directory).
+ * or, with `allowFiles` (the CLI, acting for the user who runs it), a template file by path: anything containing
+ * '/' or ending in .toml, relative to the working directory. Names that come from an API caller never load a
+ * file: the daemon runs as root, and its working directory is not the caller's.
  */
-export async function loadTemplate(nameOrPath: string): Promise<Template> {
+export async function loadTemplate(
+  nameOrPath: string,
+  options: { allowFiles?: boolean } = {},
+): Promise<Template> {
   if (typeof nameOrPath !== "string" || nameOrPath === "")
     throw invalidArgument("template name or path is required");
-  if (nameOrPath.includes("/") || nameOrPath.endsWith(".toml")) {
+  const looksLikeFile = nameOrPath.includes("/") || nameOrPath.endsWith(".toml");
+  if (looksLikeFile && !options.allowFiles) {
+    throw invalidArgument(
+      `template ${JSON.stringify(nameOrPath)} looks like a file path; the daemon takes template names only ` +
+        "(build from a template file with the CLI: forkd snapshot --template FILE)",
+    );
+  }
+  if (looksLikeFile) {
     const file = path.resolve(nameOrPath);
     return parseTemplate(await readTemplateFile(file), file);
   }

@@ -3,6 +3,8 @@
  * the wire's JSON documents out). The Sandbox class builds on it. Every method takes per-call options
  * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
  */
+import { createReadStream } from "node:fs";
+import { type FileHandle, open, rm, stat } from "node:fs/promises";
 import { CallScope } from "./call-scope.js";
 import { ForkdSdkError, InvalidArgumentError } from "./errors.js";
 import { type ExecEvent, execEvents } from "./exec-stream.js";
@@ -14,16 +16,27 @@ import {
   type ResolvedSettings,
   resolveSettings,
 } from "./settings.js";
-import { exchange, type HttpRequest, isDaemonReachable, openStream, pathOf } from "./transport.js";
+import {
+  exchange,
+  type HttpRequest,
+  isDaemonReachable,
+  openStream,
+  pathOf,
+  streamFailure,
+} from "./transport.js";
 import type {
+  BranchResult,
+  EgressPolicyWire,
   EvalResult,
   ExecResult,
   FileInfo,
   FileListing,
+  NetworkStatus,
   PingResult,
   SandboxInfo,
   SnapshotDetail,
   SnapshotInfo,
+  UnpackResult,
   VersionInfo,
 } from "./wire.js";
 
@@ -38,13 +51,40 @@ const STDIN_FRAME_BYTES = 256 * 1024;
 /** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
 export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
 
+/** An egress policy (camelCase, as in E2B's `network` option; see docs/network.md). */
+export interface NetworkPolicy {
+  /** Destinations no entry names: "allow" or "deny". @default the daemon's --egress */
+  egress?: "allow" | "deny";
+  /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
+  allowOut?: string[];
+  /** Same forms; "0.0.0.0/0" means egress "deny". */
+  denyOut?: string[];
+}
+
+function policyToWire(policy: NetworkPolicy | "none"): EgressPolicyWire | "none" {
+  if (policy === "none") return "none";
+  const wire: EgressPolicyWire = {};
+  if (policy.egress !== undefined) wire.egress = policy.egress;
+  if (policy.allowOut !== undefined) wire.allow_out = policy.allowOut;
+  if (policy.denyOut !== undefined) wire.deny_out = policy.denyOut;
+  return wire;
+}
+
 export interface SpawnOptions extends RequestOptions {
   snapshotTag: string;
   /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
   n?: number;
   memoryLimitMib?: number;
-  /** Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's (5 minutes) */
+  /**
+   * Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's: none (it lives
+   * until killed) unless the daemon runs with `--default-timeout-ms`. `Sandbox.create` sends 5 minutes.
+   */
   timeoutMs?: number;
+  /**
+   * Egress policy, or "none" (the sandbox's NIC leads nowhere). @default the daemon's --egress. Domain entries
+   * work through the sandbox's DNS; other sandboxes, the host and the daemon are never reachable.
+   */
+  network?: NetworkPolicy | "none";
   /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
   perChildNetns?: boolean;
   prewarm?: boolean;
@@ -78,19 +118,34 @@ export interface EvalCodeOptions extends RequestOptions {
 
 export interface BranchOptions extends RequestOptions {
   tag?: string;
+  /**
+   * `full`: a snapshot that stands alone (flat memory, one disk layer, no parent); `diff`: only what the sandbox
+   * changed, on top of its base (a chain); `live`: like diff, memory captured while the sandbox runs (needs
+   * `liveFork` at spawn). @default the daemon's: "full" (as forkd v0.5)
+   */
   mode?: "full" | "diff" | "live";
   /** Wait until the snapshot is ready (live mode may return while it is still `writing`). @default true */
   wait?: boolean;
   /** forkd v0.5 forms of `mode`. */
   diff?: boolean;
   live?: boolean;
+  /** Report forkd v0.5's `diff_ms` / `diff_*_bytes` (mode diff always does). */
   measureDiff?: boolean;
+  /** forkd v0.5: the parent the caller expects (the sandbox's base); a mismatch is a ConflictError. */
+  parentTag?: string;
 }
 
 export interface CreateSnapshotOptions extends RequestOptions {
   tag: string;
   /** Template name (templates/<name>.toml on the daemon's host). @default the tag */
   template?: string;
+  /**
+   * forkd v0.5's form instead of `template`: the kernel and root filesystem of a built forkd image on the
+   * daemon's host (its vmlinuz and rootfs.ext4, in an allowed image directory; anything else is refused with
+   * InvalidArgumentError naming the directories).
+   */
+  kernel?: string;
+  rootfs?: string;
   /**
    * Longest wait for the build, boot and warm-up in ms; 0 = no limit. Replaces `requestTimeoutMs` for this call.
    * @default 1_800_000 (30 minutes)
@@ -158,6 +213,8 @@ export class Controller {
         json: {
           tag: required(options.tag, "tag"),
           ...(options.template === undefined ? {} : { template: required(options.template, "template") }),
+          ...(options.kernel === undefined ? {} : { kernel: required(options.kernel, "kernel") }),
+          ...(options.rootfs === undefined ? {} : { rootfs: required(options.rootfs, "rootfs") }),
         },
         deadlineMs: timeoutMs,
         deadlineSetting: "timeoutMs",
@@ -166,8 +223,41 @@ export class Controller {
     );
   }
 
-  async deleteSnapshot(tag: string, call: RequestOptions = {}): Promise<void> {
-    await this.send({ method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}` }, call);
+  /**
+   * Deletes a snapshot. ConflictError if a sandbox uses it, or if other snapshots depend on it and neither
+   * `cascade` (delete them too) nor `force` (leave them orphaned) is set.
+   */
+  async deleteSnapshot(
+    tag: string,
+    options: RequestOptions & { cascade?: boolean; force?: boolean } = {},
+  ): Promise<void> {
+    const query: Record<string, boolean> = {};
+    if (options.cascade) query.cascade = true;
+    if (options.force) query.force = true;
+    await this.send(
+      { method: "DELETE", path: pathOf`/v1/snapshots/${required(tag, "tag")}`, query },
+      options,
+    );
+  }
+
+  /** Folds the chain ending at `tag` into a new flat snapshot `to` (no parent); resolves when it is ready. */
+  async compactSnapshot(
+    tag: string,
+    to: string,
+    options: RequestOptions & { timeoutMs?: number } = {},
+  ): Promise<SnapshotInfo> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    return this.json<SnapshotInfo>(
+      {
+        method: "POST",
+        path: pathOf`/v1/snapshots/${required(tag, "tag")}/compact`,
+        json: { to: required(to, "to") },
+        deadlineMs: timeoutMs,
+        deadlineSetting: "timeoutMs",
+      },
+      options,
+    );
   }
 
   // --- sandboxes ---------------------------------------------------------------------------------------
@@ -183,6 +273,7 @@ export class Controller {
       checkDurationMs(options.timeoutMs, "timeoutMs");
       body.timeout_ms = options.timeoutMs;
     }
+    if (options.network !== undefined) body.network = policyToWire(options.network);
     if (options.perChildNetns !== undefined) body.per_child_netns = options.perChildNetns;
     if (options.prewarm !== undefined) body.prewarm = options.prewarm;
     if (options.liveFork !== undefined) body.live_fork = options.liveFork;
@@ -237,6 +328,26 @@ export class Controller {
         method: "POST",
         path: pathOf`/v1/sandboxes/${required(id, "id")}/timeout`,
         json: { timeout_ms: timeoutMs },
+      },
+      call,
+    );
+  }
+
+  /** How the daemon networks sandboxes (mode, bridge, DNS forwarder, default egress). */
+  async networkStatus(call: RequestOptions = {}): Promise<NetworkStatus> {
+    return this.json<NetworkStatus>({ method: "GET", path: "/v1/network" }, call);
+  }
+
+  /**
+   * Replaces a running sandbox's egress policy (E2B's updateNetwork): new connections follow it at once,
+   * established ones at their next packet. ConflictError for a sandbox without a network of its own.
+   */
+  async setNetworkPolicy(id: string, policy: NetworkPolicy, call: RequestOptions = {}): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>(
+      {
+        method: "PUT",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/network`,
+        json: policyToWire(policy),
       },
       call,
     );
@@ -325,8 +436,8 @@ export class Controller {
     );
   }
 
-  /** Snapshots a running sandbox into a new snapshot it keeps running past (issue 4; 501 until implemented). */
-  async branchSandbox(id: string, options: BranchOptions = {}): Promise<SnapshotInfo> {
+  /** BRANCH: snapshots a running sandbox mid-work; it keeps running. Spawn from the result's `tag`. */
+  async branchSandbox(id: string, options: BranchOptions = {}): Promise<BranchResult> {
     const body: Record<string, unknown> = {};
     if (options.tag !== undefined) body.tag = options.tag;
     if (options.mode !== undefined) body.mode = options.mode;
@@ -334,8 +445,99 @@ export class Controller {
     if (options.diff !== undefined) body.diff = options.diff;
     if (options.live !== undefined) body.live = options.live;
     if (options.measureDiff !== undefined) body.measure_diff = options.measureDiff;
-    return this.json<SnapshotInfo>(
+    if (options.parentTag !== undefined) body.parent_tag = options.parentTag;
+    return this.json<BranchResult>(
       { method: "POST", path: pathOf`/v1/sandboxes/${required(id, "id")}/branch`, json: body },
+      options,
+    );
+  }
+
+  /**
+   * Downloads a pack of the chain ending at `tag` (and its guest image, unless `withoutImage`) into the file `out`,
+   * which must not exist; `forkd unpack` or `unpackSnapshot` installs it elsewhere. A failed download leaves no file.
+   */
+  async packSnapshot(
+    tag: string,
+    options: RequestOptions & { out: string; withoutImage?: boolean; level?: number; timeoutMs?: number },
+  ): Promise<{ out: string; bytes: number; chain: string[] }> {
+    const out = required(options.out, "out");
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    const settings = this.settings(options);
+    const scope = new CallScope(options.signal);
+    scope.deadline(timeoutMs, "timeoutMs", `packing ${tag}`);
+    const query: Record<string, string | number | boolean> = {};
+    if (options.withoutImage) query.without_image = true;
+    if (options.level !== undefined) query.level = options.level;
+    const request: HttpRequest = {
+      method: "GET",
+      path: pathOf`/v1/snapshots/${required(tag, "tag")}/pack`,
+      query,
+      accept: "application/zstd",
+    };
+    let file: FileHandle;
+    try {
+      file = await open(out, "wx", 0o600);
+    } catch (err) {
+      scope.dispose();
+      throw new InvalidArgumentError(
+        `cannot write the pack to ${out}: ${(err as NodeJS.ErrnoException).code}`,
+      );
+    }
+    let bytes = 0;
+    try {
+      const response = await openStream(settings, request, scope);
+      try {
+        for await (const chunk of response as AsyncIterable<Buffer>) {
+          bytes += chunk.length;
+          await file.write(chunk);
+        }
+      } catch (err) {
+        throw await streamFailure(settings, request, scope, err);
+      }
+      if (!response.complete) {
+        throw await streamFailure(settings, request, scope, new Error("the pack ended early"));
+      }
+      await file.close();
+      const chain = String(response.headers["x-forkd-pack-chain"] ?? "")
+        .split(",")
+        .filter(Boolean);
+      return { out, bytes, chain };
+    } catch (err) {
+      await file.close().catch(() => {});
+      await rm(out, { force: true });
+      throw err;
+    } finally {
+      scope.dispose();
+    }
+  }
+
+  /**
+   * Sends the pack in `file` to the daemon, which verifies every entry and installs its snapshots, all or none
+   * (`tag`: the head's new tag; `force`: replace same-tagged snapshots that differ).
+   */
+  async unpackSnapshot(
+    file: string,
+    options: RequestOptions & { tag?: string; force?: boolean; timeoutMs?: number } = {},
+  ): Promise<UnpackResult> {
+    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
+    checkDurationMs(timeoutMs, "timeoutMs");
+    await stat(required(file, "file")).catch((err: NodeJS.ErrnoException) => {
+      throw new InvalidArgumentError(`cannot read the pack ${file}: ${err.code}`);
+    });
+    const query: Record<string, string | boolean> = {};
+    if (options.tag !== undefined) query.tag = options.tag;
+    if (options.force) query.force = true;
+    return this.json<UnpackResult>(
+      {
+        method: "POST",
+        path: "/v1/snapshots/unpack",
+        query,
+        bodyStream: createReadStream(file) as AsyncIterable<Buffer>,
+        contentType: "application/zstd",
+        deadlineMs: timeoutMs,
+        deadlineSetting: "timeoutMs",
+      },
       options,
     );
   }

@@ -36,7 +36,7 @@ export class ForkdSdkError extends Error {
 /** 400 (and 422): the daemon rejected the request's content; or the SDK rejected an argument before sending. */
 export class InvalidArgumentError extends ForkdSdkError {}
 
-/** 401/403: missing or wrong token. */
+/** 401: missing or wrong token; 403: the listener refused the request's Host or Origin. */
 export class AuthenticationError extends ForkdSdkError {}
 
 /** 404: no such sandbox, snapshot, file or route. */
@@ -161,6 +161,13 @@ export function errorFromResponse(
       return new InvalidArgumentError(`${shown} ${where}`, ctx);
     case 401:
     case 403: {
+      if (code === "forbidden") {
+        return new AuthenticationError(
+          `${shown} ${where}; the daemon serves only the names it is configured for: connect with its own address ` +
+            "or have it started with --allowed-host",
+          ctx,
+        );
+      }
       const fix =
         context.tokenSource === undefined || context.tokenSource.startsWith("nothing")
           ? "no token was sent: set FORKD_TOKEN or the `token` option to the contents of the daemon's --token-file"

@@ -11,6 +11,7 @@ export {
   DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS,
   type EvalCodeOptions,
   type ExecCommandOptions,
+  type NetworkPolicy,
   type ReadFileOptions,
   type SpawnOptions,
   type WriteFileOptions,

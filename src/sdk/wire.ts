@@ -17,10 +17,48 @@ export interface SandboxInfo {
   /** Restore to ready, in ms. */
   ready_ms?: number | null;
   accelerator?: "kvm" | "tcg" | (string & {});
-  /** forkd v0.5 fields; always null here. */
-  netns?: null;
-  guest_addr?: null;
+  /** Spawned with live_fork: can be BRANCHed in live mode. */
+  live_fork?: boolean;
+  /** forkd v0.5 fields: a BRANCH was taken of it, how many, and the latest one's memory file on the host. */
+  has_branched?: boolean;
+  branch_count?: number;
+  last_branch_memory_path?: string | null;
+  /** The latest BRANCH's tag (the parent of the sandbox's next diff branch). */
+  last_branch_tag?: string | null;
+  /** forkd v0.5 field: the sandbox's named network namespace (null without a network of its own). */
+  netns?: string | null;
+  /** forkd v0.5 field, "10.42.0.2:0": the guest's address (the same in every sandbox; the port is 0). */
+  guest_addr?: string | null;
+  network?: SandboxNetwork;
   [field: string]: unknown;
+}
+
+/** An egress policy as on the wire (docs/network.md). */
+export interface EgressPolicyWire {
+  /** Destinations no entry names. @default the daemon's --egress */
+  egress?: "allow" | "deny";
+  /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
+  allow_out?: string[];
+  deny_out?: string[];
+}
+
+export interface SandboxNetwork {
+  /** netns: a namespace of its own with an uplink; private: a NIC that leads nowhere; none: no NIC. */
+  kind: "netns" | "private" | "none" | (string & {});
+  /** Its namespace's address on the daemon host's bridge. */
+  address: string | null;
+  egress: Required<EgressPolicyWire> | null;
+}
+
+/** How the daemon networks sandboxes (GET /v1/network). */
+export interface NetworkStatus {
+  mode: "netns" | "isolated" | (string & {});
+  reason: string | null;
+  bridge: string | null;
+  subnet: string | null;
+  dns: string | null;
+  dns_upstreams: string[];
+  default_egress: "allow" | "deny";
 }
 
 export type SnapshotStatus = "writing" | "ready" | "failed";
@@ -39,6 +77,21 @@ export interface SnapshotInfo {
   /** Where the snapshot lives on the daemon's host. */
   dir?: string;
   [field: string]: unknown;
+}
+
+/** POST /v1/sandboxes/:id/branch: the new snapshot plus what the BRANCH cost. */
+export interface BranchResult extends SnapshotInfo {
+  /** The source sandbox. */
+  branched_from: string;
+  mode: "full" | "diff" | "live";
+  /** How long the source was paused, whole ms. */
+  pause_ms: number;
+  bytes_captured?: number;
+  bytes_written?: number;
+  /** forkd v0.5's measurements, with `measureDiff` or mode diff (see docs/api.md). */
+  diff_ms?: number;
+  diff_physical_bytes?: number;
+  diff_logical_bytes?: number;
 }
 
 /** GET /v1/snapshots/:tag/info: a snapshot and its chain. */
@@ -125,4 +178,20 @@ export interface VersionInfo {
   version: string;
   api: string;
   [field: string]: unknown;
+}
+
+/** POST /v1/snapshots/unpack: what a pack installed. */
+export interface UnpackResult {
+  head: string;
+  /** Root first, as installed. */
+  chain: string[];
+  installed: string[];
+  /** Layers already present, identical, and kept. */
+  reused: string[];
+  replaced: string[];
+  /** Local snapshots left unbootable by a replacement. */
+  orphaned: string[];
+  image: "installed" | "present";
+  content_bytes: number;
+  ms: number;
 }

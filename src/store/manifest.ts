@@ -33,6 +33,13 @@ export const SnapshotManifestSchema = Type.Object({
     tscKhz: Type.Union([Type.Integer(), Type.Null()]),
     /** vmm's restoreCompatibilityKey of the parent: a child whose machine differs cannot load the state. */
     compatKey: Type.String(),
+    /**
+     * The parent's NIC (absent or null: none). Every child gets the same NIC: `vnetHdr` says whether it had
+     * offloads (a tap opened with IFF_VNET_HDR), which a child's tap must match.
+     */
+    nic: Type.Optional(
+      Type.Union([Type.Null(), Type.Object({ mac: Type.String(), vnetHdr: Type.Boolean() })]),
+    ),
     qemuVersion: Type.String(),
   }),
   /**

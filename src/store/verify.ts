@@ -4,6 +4,7 @@
  * file changes its mtime/ctime, so a flipped byte is caught before a child runs on it, at the cost of a stat.
  * Records persist in `<cacheDir>/verified.json`, shared by the daemon and CLI processes.
  */
+import { randomBytes } from "node:crypto";
 import { mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
@@ -122,7 +123,8 @@ export class FileVerifier {
   private async save(): Promise<void> {
     if (!this.records) return;
     await mkdir(path.dirname(this.file), { recursive: true, mode: 0o700 });
-    const tmp = `${this.file}.${process.pid}.tmp`;
+    // Unique per write: concurrent spawns in one daemon each save, and a shared temp name made one rename fail.
+    const tmp = `${this.file}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;
     await writeFile(tmp, JSON.stringify(Object.fromEntries(this.records)), { mode: 0o600 });
     await rename(tmp, this.file);
   }

@@ -44,6 +44,8 @@ export interface LaunchOptions {
   qemuBinary?: string;
   /** Keep QEMU running when the host program exits (see SpawnQemuOptions.outliveHost). */
   outliveHost?: boolean;
+  /** A launcher QEMU is started through (see SpawnQemuOptions.prefix); needed for a NIC on a tap. */
+  prefix?: readonly string[];
 }
 
 export interface VmHandle {
@@ -67,6 +69,11 @@ export interface VmHandle {
 /** Spawns QEMU for `spec`. Resolves once QEMU runs; the agent connection and QMP follow asynchronously. */
 export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): Promise<VmHandle> {
   const args = buildQemuArgs(spec);
+  if (spec.nic?.backend === "tap" && !options.prefix?.length) {
+    throw invalidArgument(
+      "a NIC on a tap needs a launcher that opens the tap at TAP_FD (LaunchOptions.prefix)",
+    );
+  }
   if (options.signal?.aborted) throw abortError(options.signal, "launching VM");
   if (options.runDir) await fsp.mkdir(options.runDir, { recursive: true, mode: 0o700 });
   await removeStaleSocket(spec.qmpSocketPath);
@@ -83,6 +90,7 @@ export async function launchVm(spec: MachineSpec, options: LaunchOptions = {}): 
       binary: options.qemuBinary,
       extraFds: stateFd === undefined ? [] : [stateFd],
       outliveHost: options.outliveHost,
+      prefix: options.prefix,
     });
   } catch (err) {
     listener?.close();

@@ -9,7 +9,7 @@
  * below is a constant, why the device set depends only on the spec's machine-shape fields, and why
  * `restoreCompatibilityKey` exists: callers store it with a snapshot and compare it before a restore.
  * Only per-instance values may differ between parent and child: file paths (sockets, console, disk overlay),
- * `memory.shared`, `restore` and `startPaused`.
+ * `memory.shared`, `restore`, `startPaused` and the NIC's backend.
  */
 import { createHash } from "node:crypto";
 import path from "node:path";
@@ -24,6 +24,9 @@ export const AGENT_PORT_NAME = "org.forkd.agent";
  */
 export const DEVICE_STATE_FD = 3;
 
+/** The fd at which QEMU finds the NIC's tap (`-netdev tap,fd=N`), opened for it by the launcher. */
+export const TAP_FD = 4;
+
 /** Device and object ids. Identical for parent and child: see the RESTORE INVARIANT above. */
 export const DEVICE_IDS = Object.freeze({
   memoryBackend: "mem",
@@ -34,7 +37,12 @@ export const DEVICE_IDS = Object.freeze({
   agentChardev: "agent",
   agentPort: "port0",
   rng: "rng0",
+  netdev: "net0",
+  nic: "nic0",
 });
+
+/** A virtio-net NIC's MAC: six lower-case hex pairs. */
+const MAC_PATTERN = /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/;
 
 /**
  * TCG's default translation cache is 1 GiB per QEMU process and dominates per-VM host memory. It trades memory
@@ -97,6 +105,13 @@ export interface MachineSpec {
   startPaused?: boolean;
   /** Entropy for the guest (/dev/hwrng). Part of the device set: must match between parent and child. */
   rng?: boolean;
+  /**
+   * A virtio-net NIC. Part of the device set (the MAC and `vnetHdr` must match between parent and child);
+   * `backend` is per instance: a tap QEMU finds open at TAP_FD, or nothing (the NIC then has no peer and
+   * every frame it sends is dropped). `vnetHdr` (offloads) needs a tap opened with IFF_VNET_HDR: QEMU saves
+   * whether the NIC had it, and a child whose NIC differs cannot load its parent's state.
+   */
+  nic?: { mac: string; vnetHdr: boolean; backend: "tap" | "none" };
 }
 
 /** Builds QEMU's argv (without the binary) for `spec`. Throws `invalid_argument` naming the bad field. */
@@ -158,6 +173,19 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
     );
   }
   if (spec.rng) args.push("-device", `virtio-rng-device,id=${ids.rng}`);
+  if (spec.nic) {
+    if (spec.nic.backend === "tap") {
+      args.push(
+        "-netdev",
+        // QEMU takes the offloads (vnet_hdr) from how the fd was opened; it refuses vnet_hdr= with fd=.
+        `tap,id=${ids.netdev},fd=${TAP_FD}`,
+        "-device",
+        `virtio-net-device,id=${ids.nic},netdev=${ids.netdev},mac=${spec.nic.mac}`,
+      );
+    } else {
+      args.push("-device", `virtio-net-device,id=${ids.nic},mac=${spec.nic.mac}`);
+    }
+  }
   args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
   // The guest's reboot means "this VM is done": exit instead of rebooting into a fresh boot.
   args.push("-no-reboot");
@@ -165,6 +193,10 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
   if (spec.restore) {
     // xen-save-devices-state writes no configuration section, so the receiver must not expect one.
     args.push("-incoming", `fd:${DEVICE_STATE_FD}`, "-global", "migration.send-configuration=off");
+    // After an incoming migration QEMU announces the NIC (RARPs, and makes the guest send gratuitous ARPs) for
+    // switches that must learn where it moved. A child's namespace is new and the MAC fixed: nothing to learn,
+    // and under TCG every round costs the child guest work (measured: ~25 ms of CPU per child with a NIC).
+    if (spec.nic) args.push("-global", "migration.announce-rounds=0");
   }
   return args;
 }
@@ -194,10 +226,14 @@ export function restoreCompatibilityKey(spec: MachineSpec): string {
     consoleLogPath: placeholder,
     restore: undefined,
     startPaused: false,
+    // The backend is per instance; what the guest saw (MAC, offloads) is not.
+    nic: spec.nic ? { ...spec.nic, backend: "tap" } : undefined,
   };
-  return createHash("sha256")
-    .update(JSON.stringify(buildQemuArgs(shape)))
-    .digest("hex");
+  // Offloads are not on the command line (the tap fd carries them) but in the NIC's saved state.
+  const identity = shape.nic
+    ? [buildQemuArgs(shape), { nicVnetHdr: shape.nic.vnetHdr }]
+    : buildQemuArgs(shape);
+  return createHash("sha256").update(JSON.stringify(identity)).digest("hex");
 }
 
 /** The guest kernel's command line: the spec's, plus what the accelerator needs. */
@@ -250,6 +286,19 @@ function validateSpec(spec: MachineSpec): void {
   }
   // Passed as an fd, so commas would not matter to QEMU; still require an absolute path for clarity.
   if (spec.restore) assertOptionPath("restore.deviceStatePath", spec.restore.deviceStatePath);
+  if (spec.nic) {
+    if (!MAC_PATTERN.test(spec.nic.mac)) {
+      throw invalidArgument(
+        `machine spec: nic.mac ${JSON.stringify(spec.nic.mac)} is not a MAC like 02:fd:00:00:00:02`,
+      );
+    }
+    if (spec.nic.backend !== "tap" && spec.nic.backend !== "none") {
+      throw invalidArgument('machine spec: nic.backend must be "tap" or "none"');
+    }
+    if (spec.nic.backend === "none" && spec.nic.vnetHdr) {
+      throw invalidArgument("machine spec: a NIC with offloads (vnetHdr) needs a tap backend");
+    }
+  }
   if (spec.restore && !spec.memoryFile) {
     throw invalidArgument("machine spec: restore needs memoryFile (the parent's RAM file) to restore from");
   }

@@ -1,7 +1,7 @@
 /**
  * QEMU as a child process: spawned from an argv array (never a shell) in its own process group, its output kept
  * in a bounded ring buffer for error messages, and registered so that the host program never leaves a QEMU
- * behind when it exits or is interrupted (SIGINT/SIGTERM/SIGHUP).
+ * behind when it exits or is ended by a signal it does not handle (SIGINT/SIGTERM/SIGHUP).
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { ForkdError } from "../common/errors.js";
@@ -38,6 +38,11 @@ export interface SpawnQemuOptions {
   binary?: string;
   /** Open fds handed to QEMU as fd 3, 4, ... (e.g. the device-state file for `-incoming fd:3`). */
   extraFds?: readonly number[];
+  /**
+   * A launcher that execs QEMU (binary and its arguments, ending where QEMU's binary goes): QEMU then runs with
+   * whatever the launcher set up (a network namespace, a tap at a known fd) and keeps the launcher's pid.
+   */
+  prefix?: readonly string[];
   /**
    * Leave this QEMU running when the host program exits (a daemon restarting without stopping its VMs).
    * Default false: the exit/signal hooks kill it.
@@ -192,10 +197,13 @@ export class QemuProcess {
 export function spawnQemu(options: SpawnQemuOptions): Promise<QemuProcess> {
   const binary = resolveQemuBinary(options.binary);
   disableThpForChildren();
+  const [command, ...commandArgs] = options.prefix?.length
+    ? [...options.prefix, binary, ...options.args]
+    : [binary, ...options.args];
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {
-      child = spawn(binary, [...options.args], {
+      child = spawn(command as string, commandArgs, {
         // Own process group (and session): a terminal's Ctrl-C reaches only the host program, which then
         // tears QEMU down in order, and a group kill also reaches anything QEMU spawned.
         detached: true,
@@ -208,9 +216,13 @@ export function spawnQemu(options: SpawnQemuOptions): Promise<QemuProcess> {
     child.once("error", (err: NodeJS.ErrnoException) => {
       if (child.pid !== undefined) return;
       const hint =
-        err.code === "ENOENT" ? " (is the qemu-system-x86 package installed? set FORKD_QEMU_BINARY)" : "";
+        err.code !== "ENOENT"
+          ? ""
+          : options.prefix?.length
+            ? ` (${command} is missing: npm run build builds the launcher)`
+            : " (is the qemu-system-x86 package installed? set FORKD_QEMU_BINARY)";
       reject(
-        new ForkdError("unavailable", `cannot start QEMU (${binary}): ${err.code ?? err.message}${hint}`),
+        new ForkdError("unavailable", `cannot start QEMU (${command}): ${err.code ?? err.message}${hint}`),
       );
     });
     child.once("spawn", () => resolve(new QemuProcess(child, binary, options.outliveHost ?? false)));
@@ -260,14 +272,17 @@ function killAllLive(): void {
   for (const qemu of live) qemu.signalGroup("SIGKILL");
 }
 
+/**
+ * Only a signal that will end the program ends its QEMUs. When the program handles the signal itself (the
+ * daemon reopens its audit log on SIGHUP and drains on SIGTERM), it decides what happens; QEMUs it still holds
+ * when it exits are killed by the 'exit' hook. Otherwise restore the default action and re-raise the signal, so
+ * the program terminates the way it would have without our handler (exit status 128+n).
+ */
 function onHostSignal(signal: NodeJS.Signals): void {
+  if (process.listenerCount(signal) > 1) return;
   killAllLive();
-  // If nobody else handles this signal, restore the default action and re-raise it, so the program still
-  // terminates the way it would have without our handler (exit status 128+n).
-  if (process.listenerCount(signal) === 1) {
-    uninstallHooks();
-    process.kill(process.pid, signal);
-  }
+  uninstallHooks();
+  process.kill(process.pid, signal);
 }
 
 function installHooks(): void {

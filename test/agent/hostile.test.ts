@@ -10,7 +10,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { AgentClient } from "../../src/agent/host/client.js";
+import { AgentClient, MAX_UNSENT_BYTES } from "../../src/agent/host/client.js";
 import {
   encodeFrame,
   FRAME_MAGIC,
@@ -384,5 +384,46 @@ describe("AgentClient against a hostile guest", () => {
       (err: unknown) => err instanceof ForkdError && err.code === "unavailable",
     );
     assert.equal(client.closed, true);
+  });
+});
+
+describe("AgentClient against a guest that stops reading", () => {
+  it("refuses new calls once too much waits unsent, instead of buffering without end", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-stalled-guest-"));
+    const socketPath = path.join(dir, "g.sock");
+    const server = net.createServer();
+    await new Promise<void>((resolve) => server.listen(socketPath, resolve));
+    const accepted = new Promise<net.Socket>((resolve) => server.once("connection", resolve));
+    const hostEnd = net.connect(socketPath);
+    const guest = await accepted;
+    server.close();
+    guest.pause(); // reads nothing: what the host writes piles up
+    const client = new AgentClient(hostEnd, { log: { warn: () => {} }, callTimeoutMs: 30_000 });
+    try {
+      const payload = Buffer.alloc(8 * 1024 * 1024, 1);
+      const outcomes: Promise<unknown>[] = [];
+      for (let i = 0; i < 12; i++) {
+        outcomes.push(
+          client.files.write(`/tmp/f${i}`, payload).then(
+            () => "ok",
+            (err: unknown) => err,
+          ),
+        );
+      }
+      const refused = (await Promise.race([
+        Promise.any(outcomes.map((o) => o.then((v) => (v instanceof ForkdError ? v : Promise.reject(v))))),
+        new Promise((_, reject) => setTimeout(() => reject(new Error("nothing was refused")), 10_000)),
+      ])) as ForkdError;
+      assert.equal(refused.code, "unavailable");
+      assert.match(refused.message, /the guest is not reading its channel/);
+      assert.ok(
+        hostEnd.writableLength <= MAX_UNSENT_BYTES + 9 * 1024 * 1024,
+        `${hostEnd.writableLength} queued`,
+      );
+    } finally {
+      client.close();
+      guest.destroy();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

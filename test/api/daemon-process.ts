@@ -27,7 +27,11 @@ export function cliEntry(): string[] {
   return [...process.execArgv, main];
 }
 
-export async function startDaemonProcess(home: string, extraArgs: string[] = []): Promise<DaemonProcess> {
+export async function startDaemonProcess(
+  home: string,
+  extraArgs: string[] = [],
+  options: { env?: NodeJS.ProcessEnv } = {},
+): Promise<DaemonProcess> {
   const socketPath = path.join(home, "daemon", "forkd.sock");
   const child = spawn(
     process.execPath,
@@ -42,7 +46,7 @@ export async function startDaemonProcess(home: string, extraArgs: string[] = [])
       "warn",
       ...extraArgs,
     ],
-    { env: { ...process.env, FORKD_HOME: home }, stdio: ["ignore", "ignore", "pipe"] },
+    { env: { ...process.env, FORKD_HOME: home, ...options.env }, stdio: ["ignore", "ignore", "pipe"] },
   );
   let stderr = "";
   child.stderr?.on("data", (chunk: Buffer) => {

@@ -3,10 +3,12 @@
  * error shapes and statuses, v0.5 client bodies, 501 for unbuilt features, files, request ids, metrics. The services
  * behind it are the test double (test/api/services-double.ts): nothing here says anything about real sandboxes.
  */
+
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type { FastifyInstance } from "fastify";
 import { buildApi, MAX_JSON_BODY_BYTES } from "../../src/api/app.js";
+import { redactHostPaths } from "../../src/api/errors.js";
 import { MAX_FILE_TRANSFER_BYTES } from "../../src/api/schemas.js";
 import { ServicesDouble } from "./services-double.js";
 
@@ -111,8 +113,39 @@ describe("REST API over the services test double", () => {
     assert.equal(double.lastSpawn?.liveFork, true);
   });
 
+  it("accepts per_child_netns (every networked sandbox has one) and passes the network policy on", async () => {
+    const spawned = await app.inject({
+      method: "POST",
+      url: "/v1/sandboxes",
+      payload: {
+        snapshot_tag: "py",
+        per_child_netns: true,
+        network: { egress: "deny", allow_out: ["pypi.org"] },
+      },
+    });
+    assert.equal(spawned.statusCode, 201, spawned.body);
+    assert.deepEqual(double.lastSpawn?.network, { default: "deny", allowOut: ["pypi.org"], denyOut: [] });
+    const info = (spawned.json() as { netns: string; guest_addr: string }[])[0];
+    assert.match(info?.netns ?? "", /^forkd-sb-/);
+    assert.equal(info?.guest_addr, "10.42.0.2:0");
+    await expectError(
+      "POST",
+      "/v1/sandboxes",
+      { snapshot_tag: "py", per_child_netns: true, network: "none" },
+      400,
+      /contradicts network "none"/,
+    );
+    await expectError(
+      "POST",
+      "/v1/sandboxes",
+      { snapshot_tag: "py", network: { allow_out: "x" } },
+      400,
+      /"network"/,
+    );
+  });
+
   it("answers 501 naming the feature for v0.5 flags set to true", async () => {
-    for (const flag of ["per_child_netns", "prewarm", "hugepages"]) {
+    for (const flag of ["prewarm", "hugepages"]) {
       await expectError(
         "POST",
         "/v1/sandboxes",
@@ -177,6 +210,10 @@ describe("REST API over the services test double", () => {
     await expectError("POST", "/v1/sandboxes", "snapshot_tag=py", 415, /content type/, {
       "content-type": "application/x-www-form-urlencoded",
     });
+    // A route whose schema is given per content type must not take a type it does not list.
+    await expectError("POST", `/v1/sandboxes/${id}/exec/stream`, '{"args": ["true"]}', 415, /content type/, {
+      "content-type": "text/plain",
+    });
     const big = JSON.stringify({ snapshot_tag: "py", pad: "x".repeat(MAX_JSON_BODY_BYTES) });
     await expectError("POST", "/v1/sandboxes", big, 413, /too large/, json);
   });
@@ -189,6 +226,22 @@ describe("REST API over the services test double", () => {
     assert.equal(json?.pong, true);
     assert.equal(json?.sandbox_id, id);
     assert.equal((await call("POST", `/v1/sandboxes/${id}/ping`)).status, 200, "no body, no content type");
+  });
+
+  it("error messages never show the daemon's host directories", async () => {
+    // The double names argv[0] in its "command not found" error: a message that carries a host path.
+    const { status, json } = await call("POST", `/v1/sandboxes/${id}/exec`, { args: ["/srv/snaps/x/tool"] });
+    assert.equal(status, 404);
+    const message = String(json?.error);
+    assert.ok(!message.includes("/srv/"), message);
+    assert.match(message, /\$FORKD_HOME\/snaps\/x\/tool/);
+    assert.equal(
+      redactHostPaths("a /var/lib/forkd/snapshots/t and /var/lib/forkd-other and /dev/shm/forkd-1/m", [
+        { dir: "/var/lib/forkd", name: "$FORKD_HOME" },
+        { dir: "/dev/shm/forkd-1", name: "$FORKD_TMPFS" },
+      ]),
+      "a $FORKD_HOME/snapshots/t and /var/lib/forkd-other and $FORKD_TMPFS/m",
+    );
   });
 
   it("answers unknown and malformed ids", async () => {
@@ -303,7 +356,7 @@ describe("REST API over the services test double", () => {
     assert.equal((await call("GET", `/v1/sandboxes/${sid}`)).status, 404);
   });
 
-  it("snapshots: list, info, create from a template, v0.5 raw form 501, delete (cascade), compact", async () => {
+  it("snapshots: list, info, create from a template or v0.5's kernel/rootfs, delete (cascade), compact", async () => {
     const list = JSON.parse((await call("GET", "/v1/snapshots")).response.body) as Record<string, unknown>[];
     const py = list.find((s) => s.tag === "py");
     assert.deepEqual([py?.dir, py?.status, py?.bootable], ["/srv/snaps/py", "ready", true]);
@@ -315,12 +368,24 @@ describe("REST API over the services test double", () => {
     assert.equal(created.status, 201);
     assert.equal(created.json?.template, "python");
     await expectError("POST", "/v1/snapshots", { tag: "fresh", template: "python" }, 409, /already exists/);
+    // forkd v0.5's MCP create_snapshot body: the files go to the service, which checks them (imageOfFiles).
+    const v05 = await call("POST", "/v1/snapshots", {
+      tag: "v05",
+      kernel: "/k",
+      rootfs: "/r",
+      rw: false,
+      boot_wait_secs: 10,
+    });
+    assert.equal(v05.status, 201, v05.response.body);
+    assert.deepEqual(double.lastCreate?.image, { kernel: "/k", rootfs: "/r" });
+    assert.equal(double.lastCreate?.template, undefined);
+    await expectError("POST", "/v1/snapshots", { tag: "v05b", kernel: "/k" }, 400, /go together/);
     await expectError(
       "POST",
       "/v1/snapshots",
-      { tag: "v05", kernel: "/k", rootfs: "/r", rw: true, boot_wait_secs: 10 },
+      { tag: "v05c", kernel: "/k", rootfs: "/r", tap: "forkd-tap0" },
       501,
-      /raw kernel\/rootfs/,
+      /tap/,
     );
     await expectError(
       "POST",
@@ -334,9 +399,10 @@ describe("REST API over the services test double", () => {
     assert.equal((await call("DELETE", "/v1/snapshots/child?cascade=true")).status, 204);
     assert.equal((await call("GET", "/v1/snapshots/grandchild")).status, 404);
     const compacted = await call("POST", "/v1/snapshots/py/compact", { to: "flat" });
+    // 200, as forkd v0.5 answers a compaction.
     assert.deepEqual(
       [compacted.status, compacted.json?.tag, compacted.json?.parent_tag],
-      [201, "flat", null],
+      [200, "flat", null],
     );
     await expectError("POST", "/v1/snapshots/py/compact", { to: "../x" }, 400, /"to"/);
   });
@@ -365,20 +431,29 @@ describe("REST API over the services test double", () => {
       parent_tag: "py",
     });
     assert.equal(made.status, 201);
+    // pause_ms is whole milliseconds (v0.5's CLI parses an integer); diff mode reports v0.5's measurements.
     assert.deepEqual(
       [made.json?.tag, made.json?.mode, made.json?.branched_from, made.json?.pause_ms, made.json?.status],
-      ["b1", "diff", id, 4.2, "ready"],
+      ["b1", "diff", id, 4, "ready"],
+    );
+    assert.deepEqual(
+      [made.json?.diff_ms, made.json?.diff_physical_bytes, made.json?.diff_logical_bytes],
+      [2, 8192, 512 * 1024 * 1024],
     );
     assert.equal(double.lastBranch?.parentTag, "py");
     for (const [body, mode] of [
       [{ diff: true, measure_diff: false, wait: true }, "diff"],
       [{ diff: false }, "full"],
       [{ live: true, wait: false }, "live"],
-      [{}, "diff"],
+      [{}, "full"],
+      [{ measure_diff: true }, "full"],
     ] as const) {
       const res = await call("POST", `/v1/sandboxes/${id}/branch`, body);
       assert.equal(double.lastBranch?.mode, mode, JSON.stringify(body));
       assert.equal(res.status, mode === "live" ? 202 : 201);
+      const measured = mode === "diff" || "measure_diff" in body;
+      assert.equal("diff_ms" in (res.json ?? {}), measured, `${JSON.stringify(body)}: ${res.response.body}`);
+      if (mode === "full") assert.equal(res.json?.parent_tag, null, "a full branch stands alone");
     }
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "full", live: true }, 400, /contradicts/);
     await expectError("POST", `/v1/sandboxes/${id}/branch`, { mode: "turbo" }, 400, /"mode"/);
@@ -456,5 +531,58 @@ describe("REST API over the services test double", () => {
       /^forkd_http_errors_total\{method="POST",route="\/v1\/sandboxes",code="invalid_argument"\} [1-9]/m,
     );
     assert.match(text, /^forkd_sandbox_ready_seconds_count [1-9]/m);
+    double.branchLoadNow = { inFlight: 1, cap: 7 };
+    const again = (await call("GET", "/metrics")).response.body;
+    assert.match(again, /^forkd_branches_in_flight 1$/m);
+    assert.match(again, /^forkd_branch_concurrency_cap 7$/m);
+  });
+
+  it("packs: GET streams the pack and removes it after; POST unpack takes the raw body", async () => {
+    const packed = await call("GET", "/v1/snapshots/py/pack?without_image=true&level=5");
+    assert.equal(packed.status, 200, packed.response.body);
+    assert.equal(packed.response.headers["content-type"], "application/zstd");
+    assert.equal(packed.response.headers["x-forkd-pack-chain"], "py");
+    assert.equal(packed.response.rawPayload.toString(), "pack of py\n".repeat(1000));
+    assert.equal(packed.response.headers["content-length"], String(packed.response.rawPayload.length));
+    await expectError("GET", "/v1/snapshots/nope/pack", undefined, 404, /not found/);
+    await expectError("GET", "/v1/snapshots/py/pack?level=99", undefined, 400, /level/);
+    const pack = Buffer.from([0x28, 0xb5, 0x2f, 0xfd, 0, 1, 2, 255]);
+    const unpacked = await call("POST", "/v1/snapshots/unpack?tag=moved", pack, {
+      "content-type": "application/zstd",
+    });
+    assert.equal(unpacked.status, 201, unpacked.response.body);
+    assert.deepEqual([unpacked.json?.head, double.lastUnpacked], ["moved", pack]);
+    await expectError(
+      "POST",
+      "/v1/snapshots/unpack",
+      { not: "a pack" },
+      400,
+      /send the pack as application\/zstd/,
+    );
+    await expectError("POST", "/v1/snapshots/unpack?tag=../x", pack, 400, /"tag"/, {
+      "content-type": "application/zstd",
+    });
+  });
+
+  it("answers 404 for an unknown sandbox id of any safe shape, 400 for one that could be a path", async () => {
+    for (const unknown of ["sb-abc-0000", "sb-0123456789ab-0001", "sandbox_7", "x"]) {
+      for (const [method, suffix] of [
+        ["GET", ""],
+        ["DELETE", ""],
+        ["POST", "/ping"],
+      ] as const) {
+        await expectError(method, `/v1/sandboxes/${unknown}${suffix}`, undefined, 404, /not found/);
+      }
+      await expectError(
+        "POST",
+        `/v1/sandboxes/${unknown}/exec`,
+        { args: ["true"], timeout_secs: 30 },
+        404,
+        /not found/,
+      );
+    }
+    for (const bad of [".hidden", "..x", "-x", "a%2Fb", "a%2F..%2Fb", "a%00b", "x".repeat(129)]) {
+      await expectError("GET", `/v1/sandboxes/${bad}`, undefined, 400, /"id"/);
+    }
   });
 });

@@ -10,7 +10,27 @@ const checkedIn = checkedInOpenApiPath();
 
 describe("OpenAPI document", () => {
   it("docs/openapi.json matches the generated document (run `npm run openapi` if not)", async () => {
-    assert.equal(await readFile(checkedIn, "utf8"), await renderOpenApi());
+    assert.equal(await readFile(checkedIn, "utf8"), (await renderOpenApi()).forkd);
+  });
+
+  it("docs/e2b-openapi.json matches the E2B API's generated document (run `npm run openapi` if not)", async () => {
+    const e2b = JSON.parse(await readFile(checkedInOpenApiPath("e2b-openapi.json"), "utf8")) as {
+      paths: Record<string, Record<string, unknown>>;
+    };
+    assert.equal(
+      await readFile(checkedInOpenApiPath("e2b-openapi.json"), "utf8"),
+      (await renderOpenApi()).e2b,
+    );
+    for (const route of [
+      "/v2/sandboxes",
+      "/sandboxes/{sandboxID}/fork",
+      "/snapshots",
+      "/templates/aliases/{alias}",
+    ]) {
+      assert.ok(e2b.paths[route], `${route} documented`);
+    }
+    const forkd = JSON.parse(await readFile(checkedIn, "utf8")) as { paths: Record<string, unknown> };
+    assert.ok(!forkd.paths["/v2/sandboxes"], "E2B routes are not in the forkd API's document");
   });
 
   it("is served at /openapi.json and documents every route the server has", async () => {

@@ -11,7 +11,14 @@
  *   flood BYTES         writes BYTES of "x" in 64 KiB chunks, as fast as possible
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
+ *
+ * Its sandboxes' ports (proxyHttp, proxyUpgrade) answer 200 with a JSON echo of what reached them: {sandbox,
+ * port, method, url, headers}. Policies and inbound settings are checked by the manager's own validators. The
+ * real port proxy, to servers in real guests, is tested on VMs (test/net, test/e2b/sdk-e2e).
  */
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import type {
   EvalOutcome,
   ExecOptions,
@@ -24,12 +31,16 @@ import type {
 import { abortError } from "../../src/common/deadline.js";
 import { ForkdError } from "../../src/common/errors.js";
 import type {
+  EgressPolicyInput,
   SandboxInfo,
   SandboxService,
   SnapshotInfo,
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
+import { validateInbound } from "../../src/controller/sandbox-settings.js";
+import type { TemplateAlias } from "../../src/controller/template-aliases.js";
+import { parseEgressPolicy } from "../../src/net/policy.js";
 
 export class ServicesDouble {
   readonly snapshotsByTag = new Map<string, SnapshotInfo>();
@@ -41,8 +52,14 @@ export class ServicesDouble {
   closed = false;
   /** Last spawn request the double received. */
   lastSpawn: SpawnRequest | undefined;
+  lastNetworkPolicy: EgressPolicyInput | undefined;
   lastBranch: Parameters<SandboxService["branch"]>[1] | undefined;
   lastSnapshotDiff: Parameters<SandboxService["snapshotDiff"]>[0] | undefined;
+  lastCreate: Parameters<SnapshotService["create"]>[0] | undefined;
+  /** The bytes of the last pack the double received, and the directories of packs it made. */
+  lastUnpacked: Buffer | undefined;
+  readonly packDirs: string[] = [];
+  readonly aliasesByName = new Map<string, TemplateAlias>();
   private counter = 0;
 
   constructor() {
@@ -61,6 +78,10 @@ export class ServicesDouble {
       parent_tag: null,
       bytes: 1234,
       error: null,
+      vcpus: 1,
+      source_sandbox: null,
+      aliases: [],
+      ephemeral: false,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -70,9 +91,11 @@ export class ServicesDouble {
   readonly snapshots: SnapshotService = {
     list: async () => [...this.snapshotsByTag.values()],
     get: async (tag) => this.snapshot(tag),
-    create: async ({ tag, template }) => {
+    create: async (request) => {
+      this.lastCreate = request;
+      const { tag, template } = request;
       if (this.snapshotsByTag.has(tag)) throw new ForkdError("conflict", `snapshot ${tag} already exists`);
-      return this.addSnapshot(tag, { template });
+      return this.addSnapshot(tag, { template: template ?? "from-image" });
     },
     detail: async (tag) => {
       const info = this.snapshot(tag);
@@ -112,6 +135,82 @@ export class ServicesDouble {
       if (this.snapshotsByTag.has(to)) throw new ForkdError("conflict", `snapshot ${to} already exists`);
       return this.addSnapshot(to, { template: source.template, parent_tag: null });
     },
+    // A "pack" here is the tag's name repeated: the route's streaming is what these tests look at.
+    pack: async ({ tag }) => {
+      this.snapshot(tag);
+      const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-double-pack-"));
+      const file = path.join(dir, "pack");
+      const bytes = Buffer.from(`pack of ${tag}\n`.repeat(1000));
+      await writeFile(file, bytes);
+      this.packDirs.push(dir);
+      return {
+        file,
+        result: {
+          out: file,
+          chain: [tag],
+          files: 1,
+          content_bytes: bytes.length,
+          pack_bytes: bytes.length,
+          image_included: false,
+          ms: 1,
+        },
+        dispose: async () => {
+          await rm(dir, { recursive: true, force: true });
+        },
+      };
+    },
+    unpack: async ({ body, maxBytes, tag }) => {
+      const parts: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of body) {
+        size += chunk.length;
+        if (size > maxBytes) throw new ForkdError("payload_too_large", "too large");
+        parts.push(chunk);
+      }
+      this.lastUnpacked = Buffer.concat(parts);
+      const head = tag ?? "unpacked";
+      this.addSnapshot(head);
+      return {
+        head,
+        chain: [head],
+        installed: [head],
+        reused: [],
+        replaced: [],
+        orphaned: [],
+        image: "present",
+        content_bytes: size,
+        ms: 1,
+      };
+    },
+    aliases: {
+      list: () => [...this.aliasesByName.values()],
+      get: (alias) => {
+        const row = this.aliasesByName.get(alias);
+        if (!row) throw new ForkdError("not_found", `template alias ${alias} not found`);
+        return row;
+      },
+      set: async (alias, tag) => {
+        this.snapshot(tag);
+        const row = { alias, tag, created_at_unix: 1_700_000_000 };
+        this.aliasesByName.set(alias, row);
+        return row;
+      },
+      delete: (alias) => {
+        if (!this.aliasesByName.delete(alias)) {
+          throw new ForkdError("not_found", `template alias ${alias} not found`);
+        }
+      },
+    },
+    retire: async (tag) => {
+      this.snapshot(tag);
+      this.snapshotsByTag.delete(tag);
+      return "deleted";
+    },
+    resolveTemplate: async (name) => {
+      const row = this.aliasesByName.get(name);
+      if (row) return { tag: row.tag, alias: name };
+      return { tag: this.snapshot(name).tag, alias: null };
+    },
   };
 
   private dependentsOf(tag: string): string[] {
@@ -132,10 +231,19 @@ export class ServicesDouble {
     return out;
   }
 
+  /** What branchLoad() reports (metrics tests set it). */
+  branchLoadNow = { inFlight: 0, cap: 2 };
+
   readonly sandboxes: SandboxService = {
+    branchLoad: () => this.branchLoadNow,
     spawn: async (request) => {
       this.lastSpawn = request;
       const snap = this.snapshot(request.snapshotTag);
+      const policy =
+        typeof request.network === "object"
+          ? parseEgressPolicy({ default: "allow", ...request.network })
+          : { default: "allow" as const, allowOut: [], denyOut: [] };
+      const inbound = validateInbound(request.inbound);
       if (!snap.bootable) throw new ForkdError("conflict", `snapshot ${snap.tag} is not bootable`);
       const out: SandboxInfo[] = [];
       for (let i = 0; i < request.n; i++) {
@@ -152,6 +260,19 @@ export class ServicesDouble {
           ready_ms: 12.5,
           accelerator: "tcg",
           live_fork: false,
+          branch_count: 0,
+          last_branch_tag: null,
+          last_branch_memory_path: null,
+          metadata: request.metadata ?? {},
+          template_alias: request.templateAlias ?? null,
+          inbound,
+          network: {
+            kind: "netns",
+            netns: `forkd-${id}`,
+            address: "10.43.0.2",
+            guestAddress: "10.42.0.2",
+            policy,
+          },
         } as SandboxInfo;
         this.sandboxesById.set(id, info);
         out.push(info);
@@ -177,6 +298,39 @@ export class ServicesDouble {
       sb.expires_at_unix_ms = timeoutMs === 0 ? null : 1_700_000_000_000 + timeoutMs;
       return sb;
     },
+    networkStatus: () => ({
+      mode: "netns",
+      reason: null,
+      bridge: "forkd0",
+      subnet: "10.43.0.0/16",
+      dns: "10.43.0.1:53",
+      dns_upstreams: ["192.0.2.53:53"],
+      default_egress: "allow",
+    }),
+    setNetworkPolicy: async (id, policy) => {
+      const sb = this.sandbox(id);
+      this.lastNetworkPolicy = policy;
+      sb.network = { ...sb.network, policy: parseEgressPolicy({ default: "allow", ...policy }) };
+      return sb;
+    },
+    proxyHttp: async (id, port, req, res) => {
+      if (this.sandbox(id).network.kind !== "netns") {
+        throw new ForkdError("conflict", `sandbox ${id} has no network the daemon can reach`);
+      }
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(echo(id, port, req));
+      return null;
+    },
+    proxyUpgrade: (id, port, req, socket) => {
+      if (this.sandbox(id).network.kind !== "netns") {
+        throw new ForkdError("conflict", `sandbox ${id} has no network the daemon can reach`);
+      }
+      const body = echo(id, port, req);
+      socket.end(
+        `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+          `connection: close\r\n\r\n${body}`,
+      );
+    },
     snapshotDiff: async (request) => {
       this.lastSnapshotDiff = request;
       const [sandbox] = await this.sandboxes.spawn({ snapshotTag: request.from, n: 1 });
@@ -189,14 +343,17 @@ export class ServicesDouble {
     branch: async (id, request) => {
       const sb = this.sandbox(id);
       this.lastBranch = request;
-      const mode = request.mode ?? "diff";
+      const mode = request.mode ?? "full";
       const tag = request.tag ?? `branch-${id}`;
+      const parentTag = mode === "full" ? null : sb.snapshot_tag;
       return {
         tag,
         mode,
-        parent_tag: sb.snapshot_tag,
+        parent_tag: parentTag,
         status: mode === "live" && request.wait === false ? "writing" : "ready",
         pause_ms: 4.2,
+        capture_ms: 1.6,
+        ram_bytes: 512 * 1024 * 1024,
         bytes_captured: 8192,
         bytes_written: 16384,
         snapshot: {
@@ -207,9 +364,13 @@ export class ServicesDouble {
           template: "pyagent",
           accelerator: "tcg",
           memory_mib: 512,
-          parent_tag: sb.snapshot_tag,
+          parent_tag: parentTag,
           bytes: 16384,
           error: null,
+          vcpus: 1,
+          source_sandbox: id,
+          aliases: request.alias === undefined ? [] : [request.alias],
+          ephemeral: false,
         },
       };
     },
@@ -283,6 +444,40 @@ export class ServicesDouble {
         this.file(id, path);
         this.filesByPath.delete(`${id}:${path}`);
       },
+      mkdir: async () => notInDouble("files.mkdir"),
+      move: async () => notInDouble("files.move"),
+      watch: () => notInDouble("files.watch"),
+    },
+    extendTimeout: (id, timeoutMs) => {
+      const sb = this.sandbox(id);
+      sb.expires_at_unix_ms = Math.max(sb.expires_at_unix_ms ?? 0, 1_700_000_000_000 + timeoutMs);
+      return sb;
+    },
+    accessTokens: (id) => {
+      this.sandbox(id);
+      return { envd: `envd-${id}`, traffic: `traffic-${id}` };
+    },
+    verifyAccessToken: (id, kind, token) => this.sandboxesById.has(id) && token === `${kind}-${id}`,
+    envVars: (id) => {
+      this.sandbox(id);
+      return {};
+    },
+    metrics: async () => notInDouble("metrics"),
+    fork: async () => notInDouble("fork"),
+    procs: {
+      start: () => notInDouble("procs.start"),
+      connect: () => notInDouble("procs.connect"),
+      list: async () => notInDouble("procs.list"),
+      input: async () => notInDouble("procs.input"),
+      closeStdin: async () => notInDouble("procs.closeStdin"),
+      signal: async () => notInDouble("procs.signal"),
+      resize: async () => notInDouble("procs.resize"),
+    },
+    contexts: {
+      create: async () => notInDouble("contexts.create"),
+      list: async () => notInDouble("contexts.list"),
+      restart: async () => notInDouble("contexts.restart"),
+      remove: async () => notInDouble("contexts.remove"),
     },
   };
 
@@ -389,4 +584,14 @@ export class ServicesDouble {
       durationMs: performance.now() - started,
     };
   }
+}
+
+/** What the HTTP tests never reach: the real manager serves it (test/e2b, test/api/e2e.test.ts). */
+function notInDouble(what: string): never {
+  throw new ForkdError("not_implemented", `${what} is not part of the HTTP test double`);
+}
+
+/** What a double's sandbox port answers: the request as it reached the guest. */
+function echo(id: string, port: number, req: { method?: string; url?: string; headers: object }): string {
+  return JSON.stringify({ sandbox: id, port, method: req.method, url: req.url, headers: req.headers });
 }

@@ -6,7 +6,9 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { chmod, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { once } from "node:events";
+import { chmod, chown, mkdtemp, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -181,7 +183,7 @@ describe("daemon listeners over real sockets", () => {
     }
   });
 
-  it("refuses non-loopback binds without a token, weak or exposed token files, and half TLS configs", async () => {
+  it("refuses TCP without a token (loopback too), weak, exposed or foreign token files, and half TLS configs", async () => {
     const base = { socketPath: null, auditLog: null, snapshotsDir: "/s" };
     await assert.rejects(
       checkConfig({ ...base, bind: "0.0.0.0:8889" }),
@@ -189,10 +191,47 @@ describe("daemon listeners over real sockets", () => {
     );
     await assert.rejects(checkConfig({ ...base, bind: "[::]:8889" }), /without a token/);
     await assert.rejects(checkConfig({ ...base, bind: "example.com:8889" }), /without a token/);
-    await checkConfig({ ...base, bind: "127.0.0.1:8889" });
-    await checkConfig({ ...base, bind: "[::1]:8889" });
-    await checkConfig({ ...base, bind: "localhost:8889" });
+    for (const bind of ["127.0.0.1:8889", "[::1]:8889", "localhost:8889"]) {
+      await assert.rejects(
+        checkConfig({ ...base, bind }),
+        /without a token: every local user and any web page/,
+      );
+      await checkConfig({ ...base, bind, tokenFile });
+    }
     await checkConfig({ ...base, bind: "0.0.0.0:8889", tokenFile });
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile, allowedHosts: ["bad host"] }),
+      /invalid --allowed-host/,
+    );
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile, allowedOrigins: ["http://x.example/path"] }),
+      /invalid --allowed-origin/,
+    );
+    await assert.rejects(
+      checkConfig({ ...base, socketPath: "/x", allowedHosts: ["forkd.internal"] }),
+      /need --bind/,
+    );
+    const groupReadable = path.join(dir, "group-token");
+    await writeFile(groupReadable, `${TOKEN}\n`);
+    await chmod(groupReadable, 0o640);
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: groupReadable }),
+      /readable by other users \(mode 640\)/,
+    );
+    const worldWritable = path.join(dir, "writable-token");
+    await writeFile(worldWritable, `${TOKEN}\n`);
+    await chmod(worldWritable, 0o602);
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: worldWritable }),
+      /writable by other users/,
+    );
+    const foreign = path.join(dir, "foreign-token");
+    await writeFile(foreign, `${TOKEN}\n`, { mode: 0o600 });
+    await chown(foreign, 65534, 65534);
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: foreign }),
+      /owned by uid 65534, not by the daemon's user/,
+    );
     await assert.rejects(checkConfig({ ...base, bind: "127.0.0.1" }), isCode("invalid_argument"));
     await assert.rejects(checkConfig({ ...base, bind: "127.0.0.1:99999" }), /invalid --bind/);
     const short = path.join(dir, "short-token");
@@ -204,13 +243,106 @@ describe("daemon listeners over real sockets", () => {
     const exposed = path.join(dir, "exposed-token");
     await writeFile(exposed, `${TOKEN}\n`);
     await chmod(exposed, 0o644);
-    await assert.rejects(checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: exposed }), /world-readable/);
+    await assert.rejects(
+      checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: exposed }),
+      /readable by other users/,
+    );
     const empty = path.join(dir, "empty-token");
     await writeFile(empty, "# nothing\n\n", { mode: 0o600 });
     await assert.rejects(checkConfig({ ...base, bind: "127.0.0.1:1", tokenFile: empty }), /holds no token/);
     await assert.rejects(checkConfig({ ...base, bind: "127.0.0.1:1", tlsCert: "/x" }), /go together/);
     await assert.rejects(checkConfig({ ...base, socketPath: null }), /nothing to listen on/);
     await assert.rejects(checkConfig({ ...base, socketPath: "/x", tokenFile }), /--token-file needs --bind/);
+  });
+
+  it("TCP refuses a Host or Origin that is not the listener's own (DNS rebinding), before authentication", async () => {
+    const { daemon } = await start("origin", {
+      socketPath: null,
+      bind: "127.0.0.1:0",
+      tokenFile,
+      allowedHosts: ["forkd.internal", "*.sandboxes.test"],
+      allowedOrigins: ["https://console.test:8443"],
+    });
+    try {
+      const port = Number(new URL(daemon.urls[0] as string).port);
+      const tcp: Target = { host: "127.0.0.1", port };
+      const auth = { authorization: `Bearer ${TOKEN}` };
+      const get = (headers: Record<string, string>) => send(tcp, "GET", "/v1/sandboxes", { headers });
+      for (const host of [
+        `127.0.0.1:${port}`,
+        `localhost:${port}`,
+        `[::1]:${port}`,
+        "forkd.internal",
+        `a.sandboxes.test:${port}`,
+      ]) {
+        assert.equal((await get({ ...auth, host })).status, 200, host);
+      }
+      const rebound = await get({ ...auth, host: `attacker.example:${port}` });
+      assert.equal(rebound.status, 403);
+      assert.deepEqual(rebound.json<{ code: string }>().code, "forbidden");
+      assert.match(rebound.json<{ error: string }>().error, /not a name of this listener.*--allowed-host/);
+      const noToken = await get({ host: `attacker.example:${port}` });
+      assert.equal(noToken.status, 403, "a rebinding page learns nothing, not even that a token is needed");
+      assert.equal((await get({ ...auth, host: `127.0.0.1:${port + 1}` })).status, 403, "another port");
+      assert.equal((await get({ ...auth, host: "sandboxes.test" })).status, 403, "the wildcard's parent");
+      const healthz = await send(tcp, "GET", "/healthz", { headers: { host: "evil.example" } });
+      assert.equal(healthz.status, 403, "no route is exempt");
+      const host = `127.0.0.1:${port}`;
+      assert.equal(
+        (await get({ ...auth, host, origin: `http://127.0.0.1:${port}` })).status,
+        200,
+        "own origin",
+      );
+      assert.equal((await get({ ...auth, host, origin: `http://localhost:${port}` })).status, 200);
+      assert.equal((await get({ ...auth, host, origin: "https://console.test:8443" })).status, 200);
+      for (const origin of [
+        "http://evil.example",
+        `https://127.0.0.1:${port}`,
+        "null",
+        "https://console.test",
+      ]) {
+        const refused = await get({ ...auth, host, origin });
+        assert.equal(refused.status, 403, origin);
+        assert.match(refused.json<{ error: string }>().error, /cross-origin request .* refused/);
+      }
+      const spawn = await send(tcp, "POST", "/v1/sandboxes", {
+        json: { snapshot_tag: "py" },
+        headers: { ...auth, host, origin: "http://evil.example" },
+      });
+      assert.equal(spawn.status, 403, "a cross-site form post cannot spawn");
+    } finally {
+      await daemon.stop("test");
+    }
+  });
+
+  it("drops a client that never finishes sending its request headers", async () => {
+    const { daemon } = await start("slow", {
+      socketPath: null,
+      bind: "127.0.0.1:0",
+      tokenFile,
+      headersTimeoutMs: 300,
+    });
+    try {
+      const port = Number(new URL(daemon.urls[0] as string).port);
+      const socket = connect(port, "127.0.0.1");
+      await once(socket, "connect");
+      socket.write("GET /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+      const started = Date.now();
+      const [, reply] = await Promise.all([
+        once(socket, "close"),
+        new Promise<string>((resolve) => {
+          let text = "";
+          socket.on("data", (d: Buffer) => {
+            text += d.toString();
+          });
+          socket.on("close", () => resolve(text));
+        }),
+      ]);
+      assert.ok(Date.now() - started < 10_000, "closed long before Node's default");
+      assert.match(reply, /^HTTP\/1\.1 408/);
+    } finally {
+      await daemon.stop("test");
+    }
   });
 
   it("serves HTTPS on the TCP listener with --tls-cert/--tls-key", async () => {

@@ -73,9 +73,11 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
       const branch = await sb.branch(sourceId, { mode });
       assert.equal(branch.mode, mode);
       assert.equal(branch.status, "ready");
-      assert.equal(branch.parent_tag, tag);
+      // A full branch stands alone (flat memory, one disk layer); diff and live layer on the base.
+      const expectedParent = mode === "full" ? null : tag;
+      assert.equal(branch.parent_tag, expectedParent);
       assert.equal(branch.snapshot.status, "ready");
-      assert.equal(branch.snapshot.parent_tag, tag);
+      assert.equal(branch.snapshot.parent_tag, expectedParent);
       assert.ok(branch.pause_ms > 0 && branch.pause_ms < 5000, `pause ${branch.pause_ms} ms`);
       assert.ok(branch.bytes_captured > 0);
 
@@ -112,6 +114,37 @@ describe("BRANCH on real VMs", { timeout: 40 * 60_000 }, () => {
       await sb.killAll();
     });
   }
+
+  it("a full branch stands alone, and a diff branch taken after it builds on it", async () => {
+    const sb = services.sandboxes;
+    const [source] = await sb.spawn({ snapshotTag: tag, n: 1, timeoutMs: 0 });
+    const sourceId = (source as { id: string }).id;
+    await sb.eval(sourceId, "LOG = ['before full']");
+    await sb.files.write(sourceId, "/root/a.txt", Buffer.from("a"));
+    const full = await sb.branch(sourceId, { tag: "alone" });
+    assert.deepEqual([full.mode, full.parent_tag], ["full", null], "full is the default, with no parent");
+    const stored = await services.snapshots.store.get("alone");
+    assert.equal(stored.manifest.parent, null);
+    assert.equal(stored.manifest.memory.format, "flat");
+    await sb.eval(sourceId, "LOG.append('before diff')");
+    await sb.files.write(sourceId, "/root/b.txt", Buffer.from("b"));
+    const diff = await sb.branch(sourceId, { tag: "on-alone", mode: "diff" });
+    assert.equal(diff.parent_tag, "alone", "the source's next branch chains onto the full one");
+    assert.equal(sb.get(sourceId).branch_count, 2);
+    const [child] = await sb.spawn({ snapshotTag: "on-alone", n: 1 });
+    const childId = (child as { id: string }).id;
+    assert.equal((await sb.eval(childId, "LOG")).result, "['before full', 'before diff']");
+    const read = async (file: string) => (await sb.files.read(childId, file)).data.toString();
+    assert.deepEqual([await read("/root/a.txt"), await read("/root/b.txt")], ["a", "b"]);
+    await sb.killAll();
+    // Nothing but the diff depends on the full snapshot, and the full one on nothing.
+    await assert.rejects(
+      services.snapshots.delete("alone"),
+      (err: unknown) => err instanceof ForkdError && err.code === "conflict",
+    );
+    await services.snapshots.delete("on-alone");
+    await services.snapshots.delete("alone");
+  });
 
   it("repeated BRANCHes of one source chain onto each other and the pause does not grow", async () => {
     const sb = services.sandboxes;

@@ -185,9 +185,11 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
 
   it("a child whose QEMU dies mid-spawn fails clearly and leaves nothing behind", async () => {
     const plan = await prepareRestore(home, snapshot);
-    const pending = Sandbox.restore(home, plan);
-    const pid = await waitForQemu(home.run);
-    process.kill(pid, "SIGKILL");
+    // Killed as soon as it exists (onSpawned runs before the agent connects): polling /proc for it raced a
+    // restore that, on a loaded host, could finish before the poll saw the process.
+    const pending = Sandbox.restore(home, plan, {
+      onSpawned: async (pid) => void process.kill(pid, "SIGKILL"),
+    });
     await assert.rejects(pending, /QEMU was killed by SIGKILL/);
     await plan.dispose();
     assert.deepEqual(await qemusMentioning(home.run), []);
@@ -196,22 +198,13 @@ describe("engine on real VMs (pyagent)", { timeout: 30 * 60_000 }, () => {
 
   it("a guest that never becomes ready hits the deadline and is killed", async () => {
     const plan = await prepareRestore(home, snapshot);
-    const pending = Sandbox.restore(home, plan, { readyTimeoutMs: 3000 });
-    const pid = await waitForQemu(home.run);
-    process.kill(pid, "SIGSTOP");
+    const pending = Sandbox.restore(home, plan, {
+      readyTimeoutMs: 3000,
+      onSpawned: async (pid) => void process.kill(pid, "SIGSTOP"),
+    });
     await assert.rejects(pending, (err: unknown) => err instanceof ForkdError && err.code === "timeout");
     await plan.dispose();
     assert.deepEqual(await qemusMentioning(home.run), []);
     assert.deepEqual(await entries(home.run), []);
   });
 });
-
-async function waitForQemu(needle: string): Promise<number> {
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    const [pid] = await qemusMentioning(needle);
-    if (pid !== undefined) return pid;
-    if (Date.now() > deadline) throw new Error("no QEMU appeared");
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}

@@ -9,6 +9,8 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import { ForkdError } from "../../src/common/errors.js";
+import { REATTACH_TIMEOUT_MS } from "../../src/controller/adopted-sandbox.js";
+import { BRANCH_INTERRUPTED } from "../../src/controller/branch.js";
 import { openServices, SandboxManager } from "../../src/controller/sandbox-manager.js";
 import { detectMemoryCgroupRoot } from "../../src/isolation/cgroup.js";
 import { StateDb } from "../../src/store/db.js";
@@ -39,7 +41,7 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
         assert.equal(info.status, "running");
         assert.equal(info.snapshot_tag, tag);
         assert.ok(info.pid && info.pid > 0);
-        assert.ok(info.expires_at_unix_ms && info.expires_at_unix_ms > Date.now());
+        assert.equal(info.expires_at_unix_ms, null, "no lifetime unless asked for (as in forkd v0.5)");
       }
       const [a, b] = infos as [(typeof infos)[0], (typeof infos)[0]];
       const ran = await services.sandboxes.exec(a.id, ["sh", "-c", "echo out; echo err >&2; exit 3"]);
@@ -77,6 +79,18 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
         isCode("unavailable"),
         "over the limit",
       );
+      // Two at once against a limit of one: the second sees the first's child before either has started it.
+      const raced = await Promise.allSettled([
+        services.sandboxes.spawn({ snapshotTag: tag, n: 1 }),
+        services.sandboxes.spawn({ snapshotTag: tag, n: 1 }),
+      ]);
+      assert.deepEqual(
+        raced.map((r) => r.status),
+        ["fulfilled", "rejected"],
+      );
+      assert.ok(isCode("unavailable")((raced[1] as PromiseRejectedResult).reason));
+      assert.equal(services.sandboxes.list().length, 1);
+      await services.sandboxes.killAll();
       await assert.rejects(
         services.sandboxes.spawn({ snapshotTag: tag, n: 1, memoryLimitMiB: 1 }),
         isCode("invalid_argument"),
@@ -96,7 +110,6 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
       status: "writing",
       kind: "branch",
       started_at_unix: 1,
-      writer_pid: process.pid,
       error: null,
     });
     const manager = await SandboxManager.open(home, db);
@@ -177,9 +190,50 @@ describe("sandbox manager on real VMs", { timeout: 30 * 60_000 }, () => {
     const second = await openServices(home);
     try {
       assert.equal(second.sandboxes.get(id).status, "running");
+      await second.sandboxes.reattached;
       assert.equal((await second.sandboxes.eval(id, "KEEP + 1")).result, "42", "same VM, same interpreter");
       assert.equal((await second.sandboxes.exec(id, ["hostname"])).stdout.toString(), `${id}\n`);
     } finally {
+      await second.close({ killSandboxes: true });
+    }
+  });
+
+  it("a restart serves at once: sandboxes re-attach in parallel, a hung one only costs its own calls", async () => {
+    const first = await openServices(home);
+    const infos = await first.sandboxes.spawn({ snapshotTag: tag, n: 3, timeoutMs: 0 });
+    const [hung, stopped, marked] = infos.map((i) => i.id) as [string, string, string];
+    // One VM left stopped as a daemon dying mid-BRANCH leaves it; one whose BRANCH was cut after its disk switch.
+    const stoppedHandle = first.sandboxes.handles().find((h) => h.id === stopped);
+    await (await stoppedHandle?.qmp())?.execute("stop");
+    const db = new StateDb(path.join(home.home, "state.db"));
+    db.updateSandbox(marked, { branch_blocked: `${BRANCH_INTERRUPTED} ${tag}` });
+    const hungPid = first.sandboxes.get(hung).pid as number;
+    await first.close();
+    process.kill(hungPid, "SIGSTOP"); // answers nothing: its re-attach runs into the deadline
+    const started = Date.now();
+    const second = await openServices(home);
+    try {
+      assert.ok(
+        Date.now() - started < REATTACH_TIMEOUT_MS / 2,
+        "the services opened without waiting for re-attaches",
+      );
+      // A call waits for its own sandbox only: the stopped VM was continued, the marked one answers.
+      assert.equal((await second.sandboxes.exec(stopped, ["true"])).exitCode, 0);
+      assert.ok(Date.now() - started < REATTACH_TIMEOUT_MS, "not held by the hung sandbox");
+      assert.equal((await second.sandboxes.eval(marked, "1+1")).result, "2");
+      // Its BRANCH's snapshot exists (the commit happened): the interrupted mark is settled.
+      assert.equal(db.sandbox(marked)?.branch_blocked, null);
+      await second.sandboxes.reattached;
+      assert.equal(second.sandboxes.get(hung).status, "dead");
+      assert.match(db.sandbox(hung)?.error ?? "", /could not re-attach/);
+    } finally {
+      try {
+        process.kill(hungPid, "SIGCONT");
+      } catch {
+        // already killed as dead
+      }
+      db.close();
+      await second.sandboxes.killAll();
       await second.close({ killSandboxes: true });
     }
   });

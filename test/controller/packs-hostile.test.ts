@@ -7,13 +7,21 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { appendFile, cp, link, mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
 import { packSnapshot, unpackSnapshot } from "../../src/controller/packs.js";
+import { verifyImage } from "../../src/controller/restore-plan.js";
+import {
+  buildImage,
+  importedImagesDir,
+  loadTemplate,
+  readImage,
+  readImageDir,
+} from "../../src/image/index.js";
 import { manifestDigest } from "../../src/store/chain.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
 import { entries, tempHome } from "../support/host.js";
@@ -329,6 +337,109 @@ describe("unpack refuses damaged and hostile packs (no VM)", { timeout: 10 * 60_
       /pack has no image and image aaaaaaaaaaaa .* is not cached here/,
       "conflict",
     );
+  });
+
+  /**
+   * A pack that carries its own "image" under the genuine pyagent recipe hash (a consistent, fully re-signed pack:
+   * image.json copied from the real one with the attacker's files' hashes and another build id).
+   */
+  async function craftImagePack(options: { lie?: boolean } = {}): Promise<{ file: string; hash: string }> {
+    const genuine = await buildImage(await loadTemplate("pyagent"), {});
+    const file = await craft(
+      async (dir) => {
+        const packFile = path.join(dir, "forkd-pack.json");
+        const pack = JSON.parse(await readFile(packFile, "utf8")) as PackJson & {
+          image: { hash: string; buildId: string; included: boolean };
+        };
+        pack.image = { hash: genuine.hash, buildId: "attacker-build", included: true };
+        for (const link of pack.chain) {
+          const m = path.join(dir, "snapshots", link.tag, "manifest.json");
+          const json = JSON.parse(await readFile(m, "utf8")) as { image: { buildId: string } };
+          json.image.buildId = "attacker-build";
+          await writeFile(m, `${JSON.stringify(json, null, 2)}\n`);
+        }
+        const imageDir = path.join(dir, "image", genuine.hash);
+        await mkdir(imageDir, { recursive: true });
+        const manifest = {
+          ...genuine.manifest,
+          buildId: "attacker-build",
+          files: {} as Record<string, unknown>,
+        };
+        for (const name of ["vmlinuz", "initrd.img", "probe-initrd.img", "rootfs.ext4"]) {
+          const bytes = Buffer.from(`attacker's ${name}\n`);
+          await writeFile(path.join(imageDir, name), bytes);
+          manifest.files[name] = { size: bytes.length, sha256: options.lie ? "0".repeat(64) : sha256(bytes) };
+        }
+        await writeFile(path.join(imageDir, "image.json"), JSON.stringify(manifest));
+        for (const name of ["image.json", "vmlinuz", "initrd.img", "probe-initrd.img", "rootfs.ext4"]) {
+          pack.files.push({ path: `image/${genuine.hash}/${name}`, size: 0, sha256: "" });
+        }
+        await writeFile(packFile, JSON.stringify(pack, null, 2));
+        await resign(dir);
+      },
+      (dir) => [
+        "forkd-pack.json",
+        ...(JSON.parse(readFileSync(path.join(dir, "forkd-pack.json"), "utf8")) as PackJson).files.map(
+          (f) => f.path,
+        ),
+      ],
+    );
+    return { file, hash: genuine.hash };
+  }
+
+  it("an image inside a pack never poisons the cache: builds of the genuine template keep their own image", async () => {
+    const home = await tempHome("forkd-packs-poison-");
+    const { file, hash } = await craftImagePack();
+    const genuine = await readImage(hash);
+    const imported = importedImagesDir(home.images, "attacker-build");
+    try {
+      const unpacked = await unpackSnapshot(home, { file });
+      assert.equal(unpacked.image, "installed");
+      // What a later build of pyagent finds is the image built here, byte for byte as before.
+      const after = await buildImage(await loadTemplate("pyagent"), {});
+      assert.equal(after.manifest.buildId, genuine?.manifest.buildId);
+      assert.equal(after.dir, path.join(home.images, hash));
+      assert.equal(
+        sha256(await readFile(after.kernel)),
+        genuine?.manifest.files.vmlinuz?.sha256,
+        "the built kernel is untouched",
+      );
+      // The pack's snapshots run on the pack's own image, which says where it came from.
+      const t0 = await new SnapshotStore(home.snapshots).get("t0");
+      assert.equal(path.dirname(t0.manifest.image.rootfs), path.join(imported, hash));
+      const installed = await readImageDir(imported, hash);
+      assert.equal(installed?.manifest.origin, "imported");
+      // Changed behind forkd's back, it is refused before anything boots on it.
+      await verifyImage(home, t0.manifest.image);
+      const kernel = path.join(imported, hash, "vmlinuz");
+      const bytes = await readFile(kernel);
+      bytes[0] = (bytes[0] as number) ^ 0x20;
+      await writeFile(kernel, bytes);
+      await assert.rejects(verifyImage(home, t0.manifest.image), /vmlinuz is corrupted \(sha256 mismatch\)/);
+      await appendFile(kernel, "x");
+      await assert.rejects(verifyImage(home, t0.manifest.image), /is no longer cached complete/);
+    } finally {
+      await rm(imported, { recursive: true, force: true });
+      await home.cleanup();
+    }
+  });
+
+  it("refuses a packed image.json that does not describe the packed image files, or a missing image", async () => {
+    const { file } = await craftImagePack({ lie: true });
+    const noImage = await craft(async (dir) => {
+      const packFile = path.join(dir, "forkd-pack.json");
+      const pack = JSON.parse(await readFile(packFile, "utf8")) as {
+        image: { buildId: string; included: boolean };
+      };
+      pack.image = { ...pack.image, buildId: "attacker-build", included: true };
+      await writeFile(packFile, JSON.stringify(pack));
+    });
+    try {
+      await expectRefused(file, /the packed image.json does not describe the packed vmlinuz/);
+      await expectRefused(noImage, /pack says it includes its image but lists no image.json, vmlinuz/);
+    } finally {
+      await rm(importedImagesDir(target.images, "attacker-build"), { recursive: true, force: true });
+    }
   });
 
   it("a failure while publishing undoes every rename: all layers or none", async () => {

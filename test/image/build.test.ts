@@ -99,13 +99,16 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
       'name = "typo"\ninterpreter = "none"\npackages = ["git", "no-such-package-forkd"]\n',
     );
     const started = performance.now();
-    await assert.rejects(buildImage(await loadTemplate(file), { payloadDir }), (err: unknown) => {
-      assert.ok(err instanceof ForkdError);
-      assert.equal(err.code, "invalid_argument");
-      assert.ok(err.message.startsWith(`${file}: field "packages"`), err.message);
-      assert.match(err.message, /not found in the host's apt sources: no-such-package-forkd \(/);
-      return true;
-    });
+    await assert.rejects(
+      buildImage(await loadTemplate(file, { allowFiles: true }), { payloadDir }),
+      (err: unknown) => {
+        assert.ok(err instanceof ForkdError);
+        assert.equal(err.code, "invalid_argument");
+        assert.ok(err.message.startsWith(`${file}: field "packages"`), err.message);
+        assert.match(err.message, /not found in the host's apt sources: no-such-package-forkd \(/);
+        return true;
+      },
+    );
     assert.ok(performance.now() - started < 20_000, "before any package is installed");
     assert.deepEqual(
       (await cacheEntries()).filter((e) => e.startsWith(".staging")),

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -213,21 +214,43 @@ describe("staging directories", () => {
     await fs.writeFile(path.join(dead.dir, "owner.json"), JSON.stringify({ pid: deadPid, startTime: "1" }));
     await fs.writeFile(path.join(dead.work, "junk"), "x");
 
+    // A live build of an older forkd (owner {pid, startTime: "<string>"}, no boot id) sharing the cache.
+    const older = await createStaging(cacheDir, "c".repeat(64));
+    const self = await fs.readFile(`/proc/${process.pid}/stat`, "utf8");
+    const startTime = self.slice(self.lastIndexOf(")") + 2).split(" ")[19];
+    await fs.writeFile(path.join(older.dir, "owner.json"), JSON.stringify({ pid: process.pid, startTime }));
+
     const removed = await sweepStaleStaging(cacheDir);
     assert.deepEqual(removed, [dead.dir]);
     await assert.rejects(fs.stat(dead.dir));
     assert.ok((await fs.stat(live.dir)).isDirectory());
+    assert.ok((await fs.stat(older.dir)).isDirectory(), "an older forkd's live build is not swept");
+    // And what this forkd writes, an older one reads as live: the start time is a string.
+    const owner = JSON.parse(await fs.readFile(path.join(live.dir, "owner.json"), "utf8")) as {
+      startTime: unknown;
+    };
+    assert.equal(owner.startTime, startTime);
   });
 });
 
 /** A complete, consistent (but tiny) image in `staging.out`, as a build would leave it. */
 async function fakeImage(staging: Staging, recipe: Recipe, buildId: string): Promise<void> {
-  const files: Record<string, { size: number }> = {};
+  const files: Record<string, { size: number; sha256: string }> = {};
   for (const name of [IMAGE_FILES.kernel, IMAGE_FILES.initrd, IMAGE_FILES.probeInitrd, IMAGE_FILES.rootfs]) {
     await fs.writeFile(path.join(staging.out, name), buildId);
-    files[name] = { size: Buffer.byteLength(buildId) };
+    files[name] = {
+      size: Buffer.byteLength(buildId),
+      sha256: createHash("sha256").update(buildId).digest("hex"),
+    };
   }
-  const manifest = { format: MANIFEST_FORMAT, hash: recipeHash(recipe), buildId, recipe, files };
+  const manifest = {
+    format: MANIFEST_FORMAT,
+    hash: recipeHash(recipe),
+    buildId,
+    recipe,
+    files,
+    origin: "built",
+  };
   await fs.writeFile(path.join(staging.out, IMAGE_FILES.manifest), JSON.stringify(manifest));
 }
 
@@ -274,7 +297,21 @@ describe("publishing into the cache", () => {
     assert.equal(await publish(await stage("repaired"), cacheDir, hash, false), "published");
     assert.equal((await readImageDir(cacheDir, hash))?.manifest.buildId, "repaired");
 
-    await fs.writeFile(path.join(cacheDir, hash, IMAGE_FILES.manifest), "{ not json");
+    const manifestFile = path.join(cacheDir, hash, IMAGE_FILES.manifest);
+    const valid = JSON.parse(await fs.readFile(manifestFile, "utf8")) as Record<string, unknown>;
+    for (const broken of [
+      { ...valid, origin: undefined },
+      { ...valid, files: { ...(valid.files as object), vmlinuz: { size: 8 } } },
+      { ...valid, format: 1 },
+    ]) {
+      await fs.writeFile(manifestFile, JSON.stringify(broken));
+      assert.equal(
+        await readImageDir(cacheDir, hash),
+        undefined,
+        "no origin, a file without sha256, format 1",
+      );
+    }
+    await fs.writeFile(manifestFile, "{ not json");
     assert.equal(await readImageDir(cacheDir, hash), undefined);
     await assert.rejects(readImageDir(cacheDir, "../etc"), /invalid image hash/);
   });

@@ -130,7 +130,17 @@ describe("template files", () => {
     const cwd = process.cwd();
     process.chdir(dir);
     try {
-      const t = await loadTemplate("./t.toml");
+      await assert.rejects(
+        loadTemplate("./t.toml"),
+        /looks like a file path; the daemon takes template names only/,
+        "an API caller's name never loads a file",
+      );
+      await assert.rejects(
+        loadTemplate("t.toml"),
+        /looks like a file path/,
+        "a valid tag ending in .toml either",
+      );
+      const t = await loadTemplate("./t.toml", { allowFiles: true });
       assert.equal(t.name, "custom.v2");
       assert.equal(t.builtin, false);
       assert.deepEqual(t.packages, ["git", "libstdc++6", "g++"]);
@@ -148,9 +158,12 @@ describe("template files", () => {
   });
 
   test("a missing template file is not_found", async () => {
-    await assert.rejects(loadTemplate(path.join(dir, "missing.toml")), (err: unknown) => {
-      return err instanceof ForkdError && err.code === "not_found" && err.message.includes("missing.toml");
-    });
+    await assert.rejects(
+      loadTemplate(path.join(dir, "missing.toml"), { allowFiles: true }),
+      (err: unknown) => {
+        return err instanceof ForkdError && err.code === "not_found" && err.message.includes("missing.toml");
+      },
+    );
   });
 });
 

@@ -30,7 +30,8 @@ export interface TestDaemon {
 const START_TIMEOUT_MS = 60_000;
 const STOP_TIMEOUT_MS = 40_000;
 
-export async function startDaemon(): Promise<TestDaemon> {
+/** `extraArgs` go to `forkd daemon` after the listener flags (e.g. --default-snapshot). */
+export async function startDaemon(extraArgs: string[] = []): Promise<TestDaemon> {
   const home = await tempHome("forkd-sdk-e2e-");
   let daemon: ChildProcess | undefined;
   let stderr = "";
@@ -55,6 +56,7 @@ export async function startDaemon(): Promise<TestDaemon> {
         "--no-audit-log",
         "--log-level",
         "warn",
+        ...extraArgs,
       ],
       { env: { ...process.env, FORKD_HOME: home.home }, stdio: ["ignore", "ignore", "pipe"] },
     );

@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat, statfs, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
+import { selfOwnerToken } from "../../src/common/processes.js";
 import type { ManifestDraft } from "../../src/store/snapshot-store.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
 
@@ -95,10 +96,59 @@ describe("SnapshotStore", () => {
     const deadDir = path.join(store.root, ".staging-gamma-999999999-abcd1234");
     await mkdir(deadDir);
     const live = await store.beginWrite("delta");
-    const removed = await store.sweepStale();
+    const stopped: string[] = [];
+    const removed = await store.sweepStale(async (dir) => {
+      stopped.push(dir);
+    });
     assert.deepEqual(removed, [path.basename(deadDir)]);
+    assert.deepEqual(
+      stopped,
+      [deadDir],
+      "whatever runs on a stale staging directory is stopped before it goes",
+    );
     assert.ok((await readdir(store.root)).includes(path.basename(live.dir)));
     await live.abort();
+  });
+
+  it("judges a writer by pid, start time and boot: a reused pid does not keep a dead writer's files", async () => {
+    // Our own pid with another start time: what a dead writer's name looks like once its pid was reused.
+    const self = selfOwnerToken();
+    const [pid, startTime, boot] = self.split(".");
+    const reused = path.join(store.root, `.staging-eps-${pid}.${Number(startTime) + 1}.${boot}-0badf00d`);
+    const otherBoot = path.join(store.root, `.staging-eps-${pid}.${startTime}.00000000-0badf00d`);
+    const ours = path.join(store.root, `.staging-eps-${self}-0badf00d`);
+    for (const dir of [reused, otherBoot, ours]) await mkdir(dir);
+    const removed = await store.sweepStale();
+    assert.deepEqual(removed.sort(), [path.basename(otherBoot), path.basename(reused)].sort());
+    assert.ok((await readdir(store.root)).includes(path.basename(ours)));
+    await rm(ours, { recursive: true });
+  });
+
+  it("a replace that died halfway keeps the old snapshot: put back when the new one never arrived", async () => {
+    const writer = await store.beginWrite("zeta");
+    await writeFile(writer.file("vmstate"), "old");
+    await writer.commit(draft, ["vmstate"]);
+    // The crash point of a replace: the published snapshot moved aside, the new one still in staging.
+    const aside = path.join(store.root, ".replaced-zeta-999999999.1.deadbeef-00000000");
+    await rename(store.dirOf("zeta"), aside);
+    const staging = path.join(store.root, ".staging-zeta-999999999.1.deadbeef-00000001");
+    await mkdir(staging);
+    await store.sweepStale();
+    assert.equal(await readFile(path.join(store.dirOf("zeta"), "vmstate"), "utf8"), "old");
+    assert.deepEqual(
+      (await readdir(store.root)).filter((n) => n.startsWith(".")),
+      [],
+      "nothing half-written left",
+    );
+    // Died after the new one was published: the moved-aside old one is garbage.
+    await mkdir(aside);
+    await store.sweepStale();
+    assert.equal(await readFile(path.join(store.dirOf("zeta"), "vmstate"), "utf8"), "old");
+    assert.deepEqual(
+      (await readdir(store.root)).filter((n) => n.startsWith(".")),
+      [],
+    );
+    await store.delete("zeta");
   });
 
   it("delete makes the snapshot disappear and reports unknown tags", async () => {
@@ -118,5 +168,47 @@ describe("SnapshotStore", () => {
     await rm(file);
     await writeFile(file, '{"format":1}');
     await assert.rejects(store.get("broken"), /snapshot broken: manifest is invalid/);
+  });
+});
+
+describe("disk admission", () => {
+  it("refuses a write the disk cannot hold, counting writes in progress", async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), "forkd-disk-"));
+    const store = new SnapshotStore(path.join(root, "snapshots"));
+    const previous = process.env.FORKD_DISK_RESERVE_MIB;
+    try {
+      await mkdir(store.root, { recursive: true });
+      const free = Number((await statfs(store.root)).bavail) * Number((await statfs(store.root)).bsize);
+      process.env.FORKD_DISK_RESERVE_MIB = "0";
+      await assert.rejects(
+        store.beginWrite("huge", { expectedBytes: free * 2 }),
+        (err: unknown) =>
+          err instanceof ForkdError &&
+          err.code === "unavailable" &&
+          /not enough disk for snapshot huge/.test(err.message),
+      );
+      const first = await store.beginWrite("half", { expectedBytes: Math.floor(free * 0.6) });
+      await assert.rejects(
+        store.beginWrite("other", { expectedBytes: Math.floor(free * 0.6) }),
+        /promised to writes in progress/,
+      );
+      await first.abort();
+      const again = await store.beginWrite("other", { expectedBytes: Math.floor(free * 0.6) });
+      await again.abort();
+      process.env.FORKD_DISK_RESERVE_MIB = String(Math.ceil(free / 2 ** 20) + 1);
+      await assert.rejects(
+        store.beginWrite("tiny", { expectedBytes: 1 }),
+        /must stay free \(FORKD_DISK_RESERVE_MIB\)/,
+      );
+      assert.deepEqual(
+        (await readdir(store.root)).filter((n) => n.startsWith(".")),
+        [],
+        "nothing staged",
+      );
+    } finally {
+      if (previous === undefined) delete process.env.FORKD_DISK_RESERVE_MIB;
+      else process.env.FORKD_DISK_RESERVE_MIB = previous;
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });

@@ -4,6 +4,8 @@ import os from "node:os";
 import path from "node:path";
 import { type ForkdPaths, resolvePaths } from "../../src/common/paths.js";
 import { cacheDirs } from "../../src/controller/restore-plan.js";
+import { resolveNetworkConfig } from "../../src/net/config.js";
+import { removeHostNetwork } from "../../src/net/host.js";
 
 /** A fresh FORKD_HOME under /tmp sharing the machine's image cache (images are pure functions of recipes). */
 export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { cleanup(): Promise<void> }> {
@@ -13,8 +15,14 @@ export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { c
     ...paths,
     cleanup: async () => {
       await killProcessesMentioning(home);
+      // Named by a record inside the home: read it before the home goes.
+      const tmpfsDir = cacheDirs(paths).tmpfsDir;
       await rm(home, { recursive: true, force: true });
-      await rm(cacheDirs(paths).tmpfsDir, { recursive: true, force: true });
+      await rm(tmpfsDir, { recursive: true, force: true });
+      // The home's own bridge and host rules (a daemon of this home created them, if it ran as root).
+      if (process.getuid?.() === 0) {
+        await removeHostNetwork(resolveNetworkConfig({}, {}, home), home).catch(() => {});
+      }
     },
   };
 }

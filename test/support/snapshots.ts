@@ -28,6 +28,7 @@ const MACHINE_FINGERPRINT = restoreCompatibilityKey({
   agent: { socketPath: "/a" },
   qmpSocketPath: "/q",
   consoleLogPath: "/c",
+  nic: { mac: "02:fd:00:00:00:02", vnetHdr: true, backend: "tap" },
 });
 
 const SHARED_ROOT = process.env.FORKD_TEST_SNAPSHOTS ?? "/var/tmp/forkd-test-snapshots";

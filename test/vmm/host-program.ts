@@ -7,7 +7,7 @@ import path from "node:path";
 import { spawnQemu } from "../../src/vmm/qemu-process.js";
 import { pausedQemuArgs } from "./helpers.js";
 
-const MODES = ["wait", "exit", "throw"];
+const MODES = ["wait", "exit", "throw", "handle-hup"];
 const mode = process.argv[2] ?? "";
 const dir = process.argv[3];
 if (MODES.includes(mode) && dir) await main(mode, dir);
@@ -19,6 +19,10 @@ async function main(mode: string, dir: string): Promise<void> {
     setTimeout(() => {
       throw new Error("host program crashed on purpose");
     }, 50);
+  } else if (mode === "handle-hup") {
+    // A program with its own SIGHUP meaning (the daemon reopens its audit log): its QEMUs must live on.
+    process.on("SIGHUP", () => process.stdout.write("hup\n"));
+    setInterval(() => {}, 1000);
   } else if (mode === "exit") {
     setTimeout(() => process.exit(3), 50);
   } else {

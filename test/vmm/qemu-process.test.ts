@@ -154,6 +154,22 @@ describe("no stray QEMU after the host program ends", () => {
     });
   }
 
+  test("a signal the host program handles itself (the daemon's SIGHUP) leaves its QEMU running", async (t) => {
+    const dir = tempDir(t);
+    const run = await runHostProgram("handle-hup", dir);
+    t.after(() => {
+      if (processAlive(run.hostPid)) process.kill(run.hostPid, "SIGKILL");
+      if (processAlive(run.qemuPid)) process.kill(run.qemuPid, "SIGKILL");
+    });
+    process.kill(run.hostPid, "SIGHUP");
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(processAlive(run.hostPid), true, "the program handled it and runs on");
+    assert.equal(processAlive(run.qemuPid), true, "its QEMU was not killed");
+    process.kill(run.hostPid, "SIGTERM");
+    assert.equal((await run.exited).signal, "SIGTERM");
+    await waitUntil(`QEMU pid ${run.qemuPid} is gone`, () => !processAlive(run.qemuPid), 5000);
+  });
+
   for (const mode of ["exit", "throw"]) {
     test(`host program ending by ${mode === "exit" ? "process.exit()" : "an uncaught exception"} kills its QEMU`, async (t) => {
       const dir = tempDir(t);

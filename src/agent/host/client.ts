@@ -63,6 +63,11 @@ import type {
   WatchOptions,
 } from "./types.js";
 
+/**
+ * Bytes the host may have written to a guest's channel that the guest has not taken yet (beyond the socket's
+ * kernel buffer): one full file.write frame and change, so any single call still fits.
+ */
+export const MAX_UNSENT_BYTES = 32 * 1024 * 1024;
 export * from "./types.js";
 
 /** pino-compatible subset. */
@@ -576,7 +581,10 @@ export class AgentClient {
       };
       this.streamStdin(id, input, stream).catch((err: unknown) => {
         const message = err instanceof Error ? err.message : String(err);
-        streamFailure ??= new ForkdError("invalid_argument", `exec: reading stdin failed: ${message}`);
+        streamFailure ??=
+          err instanceof ForkdError
+            ? err
+            : new ForkdError("invalid_argument", `exec: reading stdin failed: ${message}`);
         this.cancel(id);
       });
     }
@@ -645,6 +653,7 @@ export class AgentClient {
     try {
       opValidators[op].args.assert(args, `${op} arguments`);
       frame = encodeFrame({ t: "req", id, op, args }, body);
+      this.assertRoomToSend(frame.length, what);
     } catch (err) {
       return { id, answer: Promise.reject(err) };
     }
@@ -698,6 +707,22 @@ export class AgentClient {
     return { id, answer };
   }
 
+  /**
+   * A guest that stops reading its port stops QEMU reading the host's end, and what the host writes then queues
+   * in this process. New calls are refused (`unavailable`) once MAX_UNSENT_BYTES would be queued, so a guest can
+   * stall only itself, never the daemon's memory.
+   */
+  private assertRoomToSend(bytes: number, what: string): void {
+    const queued = this.socket.writableLength;
+    if (queued > 0 && queued + bytes > MAX_UNSENT_BYTES) {
+      throw new ForkdError(
+        "unavailable",
+        `${what}: the guest is not reading its channel (${queued} bytes already waiting to be sent); ` +
+          "it may be overloaded or hung",
+      );
+    }
+  }
+
   private cancel(id: number): void {
     if (!this.closedWith) this.socket.write(encodeFrame({ t: "cancel", id }));
   }
@@ -737,10 +762,13 @@ export class AgentClient {
         const piece = bytes.subarray(at, at + STDIN_CHUNK_BYTES);
         await waitForWindow(piece.length);
         if (over()) return;
+        // The stdin window bounds this call's own input; the check bounds all calls' together.
+        const frame = encodeFrame({ t: "in", id }, piece);
+        this.assertRoomToSend(frame.length, `agent stdin of call ${id}`);
         // Counted before the write: an acknowledgement can only follow the bytes it acknowledges.
         sent += piece.length;
         stream.sent(piece.length);
-        this.socket.write(encodeFrame({ t: "in", id }, piece));
+        this.socket.write(frame);
       }
     }
     if (!over()) this.socket.write(encodeFrame({ t: "in", id, eof: true }));

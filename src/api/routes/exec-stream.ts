@@ -40,6 +40,9 @@ type StreamBody = Static<typeof ExecBody> | NodeJS.ReadableStream;
 
 export function registerExecStreamRoute(scope: FastifyInstance, context: ApiContext): void {
   const { sandboxes } = context.services;
+  // Only the two documented bodies: a route whose schema is given per content type validates no other type, so
+  // a text/plain body (which Fastify parses by default) would reach the handler unchecked.
+  scope.removeContentTypeParser("text/plain");
   scope.addContentTypeParser("application/x-ndjson", (_request, payload, done) => done(null, payload));
 
   scope.post<{ Params: Static<typeof SandboxParams>; Body: StreamBody }>(

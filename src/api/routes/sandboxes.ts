@@ -3,6 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
 import { clientSignal } from "../request-signal.js";
@@ -15,22 +16,31 @@ import {
   ExecBody,
   ExecResponse,
   errorResponses,
+  ForkBody,
+  ForkResponse,
   KillManyQuery,
   KillManyResponse,
   ListSandboxesQuery,
   MAX_EXEC_REQUEST_BYTES,
   PingResponse,
   SandboxInfoWire,
+  SandboxMetricsWire,
   SandboxParams,
   SetTimeoutBody,
   SpawnBody,
 } from "../schemas.js";
-import { branchToWire, evalToWire, execToWire, pingToWire, sandboxToWire } from "../wire.js";
+import {
+  branchToWire,
+  evalToWire,
+  execToWire,
+  networkRequestFromWire,
+  pingToWire,
+  sandboxToWire,
+} from "../wire.js";
 
 type IdRequest = { Params: Static<typeof SandboxParams> };
 
 const NOT_BUILT_SPAWN_FLAGS = {
-  per_child_netns: "per-child network namespaces",
   prewarm: "prewarm (faulting in guest pages after restore)",
   hugepages: "hugepages-backed guest RAM",
 } as const;
@@ -59,6 +69,19 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           throw notImplemented(`${field}=true: ${feature} is not implemented in this forkd yet; send false`);
         }
       }
+      if (body.per_child_netns === true) {
+        if (body.network === "none") {
+          throw invalidArgument(
+            'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
+          );
+        }
+        const status = sandboxes.networkStatus();
+        if (status.mode !== "netns") {
+          throw notImplemented(
+            `per_child_netns=true: this daemon runs isolated sandboxes (${status.reason})`,
+          );
+        }
+      }
       const stop = metrics.spawnDuration.startTimer();
       try {
         const spawned = await sandboxes.spawn({
@@ -67,6 +90,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
           timeoutMs: body.timeout_ms,
           liveFork: body.live_fork === true,
+          metadata: body.metadata,
+          env: body.env,
+          network: networkRequestFromWire(body.network),
           signal: clientSignal(request, reply),
         });
         stop({ outcome: "ok" });
@@ -247,11 +273,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         tags: ["sandboxes"],
         summary: "BRANCH: snapshot a running sandbox mid-work; it keeps running",
         description:
-          "mode diff (default: only the pages the sandbox changed), full (a flat memory image) or live (memory " +
-          "captured while the guest runs; needs a sandbox spawned with live_fork). 201 with the new snapshot and the " +
-          "pause it cost; 202 with status writing for live + wait:false. 409 if the tag exists or is being written; " +
-          "503 when the host-wide BRANCH limit is reached. Legacy v0.5 forms: diff/live booleans, parent_tag (must " +
-          "name the source's base), measure_diff (always measured).",
+          "mode full (the default, as in forkd v0.5: a snapshot that stands alone, flat memory and one disk layer, " +
+          "no parent), diff (only the pages and blocks the sandbox changed, on top of its base: a chain) or live " +
+          "(like diff, memory captured while the guest runs; needs a sandbox spawned with live_fork). 201 with the " +
+          "new snapshot and the pause it cost; 202 with status writing for live + wait:false. 409 if the tag exists " +
+          "or is being written; 503 when the host-wide BRANCH limit (--branch-concurrency) is reached. Legacy v0.5 " +
+          "forms: diff/live booleans, parent_tag (must name the source's base), measure_diff (adds diff_ms and " +
+          "diff_*_bytes, which diff mode always reports).",
         params: SandboxParams,
         body: BranchBody,
         response: { 201: BranchResultWire, 202: BranchResultWire, ...errorResponses },
@@ -259,7 +287,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request, reply) => {
       const body = request.body;
-      const mode = body.mode ?? (body.live ? "live" : body.diff === false ? "full" : "diff");
+      // forkd v0.5: `mode` wins; without it the legacy booleans; without those a full branch.
+      const mode = body.mode ?? (body.live ? "live" : body.diff ? "diff" : DEFAULT_BRANCH_MODE);
       if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
         throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
       }
@@ -268,13 +297,70 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         mode,
         wait: body.wait,
         parentTag: body.parent_tag,
+        alias: body.alias,
         signal: clientSignal(request, reply),
       });
       request.auditIds.push(outcome.tag);
-      return reply
-        .status(outcome.status === "writing" ? 202 : 201)
-        .send(branchToWire(outcome, request.params.id, context.snapshotsDir));
+      return reply.status(outcome.status === "writing" ? 202 : 201).send(
+        branchToWire(outcome, request.params.id, context.snapshotsDir, {
+          measure: body.measure_diff === true || mode === "diff",
+        }),
+      );
     },
+  );
+}
+
+/** Fork, metrics: the lifecycle routes the E2B API also uses. */
+export function registerForkRoutes(app: FastifyInstance, context: ApiContext): void {
+  const { sandboxes } = context.services;
+
+  app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
+    "/v1/sandboxes/:id/fork",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "Fork a running sandbox: BRANCH it once, restore count children from the snapshot",
+        description:
+          "The source keeps running (paused briefly: live when it was spawned with live_fork, else diff). Each " +
+          "child succeeds or fails on its own: 201 with one entry per child. Children inherit the source's " +
+          "metadata, env and egress policy (as it is now). The fork's snapshot is deleted once nothing uses it.",
+        params: SandboxParams,
+        body: ForkBody,
+        response: { 201: ForkResponse, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const outcome = await sandboxes.fork(request.params.id, {
+        count: request.body?.count ?? 1,
+        timeoutMs: request.body?.timeout_ms,
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(outcome.tag);
+      for (const child of outcome.children) if (child.sandbox) request.auditIds.push(child.sandbox.id);
+      return reply.status(201).send({
+        snapshot_tag: outcome.tag,
+        mode: outcome.mode,
+        pause_ms: outcome.pause_ms,
+        children: outcome.children.map((child) =>
+          child.sandbox
+            ? { sandbox: sandboxToWire(child.sandbox), error: null }
+            : { sandbox: null, error: { error: child.error.message, code: child.error.code } },
+        ),
+      });
+    },
+  );
+
+  app.get<IdRequest>(
+    "/v1/sandboxes/:id/metrics",
+    {
+      schema: {
+        tags: ["sandboxes"],
+        summary: "What the sandbox uses now (CPU from the host, memory from the guest)",
+        params: SandboxParams,
+        response: { 200: SandboxMetricsWire, ...errorResponses },
+      },
+    },
+    async (request, reply) => sandboxes.metrics(request.params.id, { signal: clientSignal(request, reply) }),
   );
 }
 

@@ -58,7 +58,7 @@ export function registerSnapshotDiffRoutes(app: FastifyInstance, context: ApiCon
       });
       request.auditIds.push(outcome.tag);
       return reply.status(201).send({
-        ...branchToWire(outcome, "snapshot-diff", context.snapshotsDir),
+        ...branchToWire(outcome, "snapshot-diff", context.snapshotsDir, { measure: false }),
         exit_code: outcome.exit_code,
         stdout: outcome.stdout,
         stderr: outcome.stderr,

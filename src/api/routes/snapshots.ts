@@ -2,6 +2,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
+import { invalidArgument } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
@@ -43,22 +44,32 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         summary: "Create a snapshot from a template (build the image if needed, boot, warm, save)",
         description:
           "Blocks until the snapshot is ready (minutes under TCG for a cold image). 409 if the tag exists. " +
-          "forkd v0.5's raw kernel/rootfs form is answered 501.",
+          "forkd v0.5's kernel/rootfs form is accepted when both name the files of one built forkd image in an " +
+          "allowed image directory (400 otherwise, naming the directories); tap is 501.",
         body: CreateSnapshotBody,
         response: { 201: SnapshotInfoWire, ...errorResponses },
       },
     },
     async (request, reply) => {
       const body = request.body;
-      if (body.kernel !== undefined || body.rootfs !== undefined || (body.tap ?? null) !== null) {
+      if ((body.tap ?? null) !== null) {
         throw notImplemented(
-          "creating a snapshot from a raw kernel/rootfs/tap (forkd v0.5) is not supported: " +
-            'send {"tag": ..., "template": ...} (see `forkd image ls` for templates)',
+          "tap (a host tap device for the parent, forkd v0.5) is not supported: the daemon attaches every " +
+            "NIC itself (a parent to a private namespace, each sandbox to its own); leave tap out",
         );
       }
+      if ((body.kernel === undefined) !== (body.rootfs === undefined)) {
+        throw invalidArgument(
+          "kernel and rootfs go together (forkd v0.5's form); or send a template instead",
+        );
+      }
+      const image =
+        body.kernel !== undefined && body.rootfs !== undefined
+          ? { kernel: body.kernel, rootfs: body.rootfs }
+          : undefined;
       const created = await snapshots.create({
         tag: body.tag,
-        template: body.template ?? body.tag,
+        ...(image ? { image } : { template: body.template ?? body.tag }),
         signal: clientSignal(request, reply),
       });
       return reply.status(201).send(toWire(created));
@@ -130,7 +141,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
           "the layer if the chain is broken or corrupted.",
         params: TagParams,
         body: CompactSnapshotBody,
-        response: { 201: SnapshotInfoWire, ...errorResponses },
+        response: { 200: SnapshotInfoWire, ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -140,7 +151,8 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         signal: clientSignal(request, reply),
       });
       request.auditIds.push(compacted.tag);
-      return reply.status(201).send(toWire(compacted));
+      // 200 like forkd v0.5 (its clients check for it), although a new snapshot is made.
+      return reply.status(200).send(toWire(compacted));
     },
   );
 }

@@ -8,7 +8,10 @@ import { registerFiles } from "./files.js";
 import { registerImages } from "./images.js";
 import { registerKill } from "./kill.js";
 import { registerLs } from "./ls.js";
+import { registerMcp } from "./mcp.js";
+import { registerNetwork } from "./network.js";
 import { registerPing } from "./ping.js";
+import { registerPort } from "./port.js";
 import { registerSetTimeout } from "./set-timeout.js";
 import { registerSpawn } from "./spawn.js";
 
@@ -23,5 +26,8 @@ export function registerDaemonCommands(program: Command): void {
   registerPing(program);
   registerSetTimeout(program);
   registerFiles(program);
+  registerNetwork(program);
+  registerPort(program);
   registerImages(program);
+  registerMcp(program);
 }

@@ -1,20 +1,31 @@
 /** `forkd daemon` (alias `serve`): owns all state and serves the REST API (src/api) until SIGTERM. */
+import { statSync } from "node:fs";
+import path from "node:path";
 import type { Command } from "commander";
 import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
 import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
-import { openServices } from "../../controller/sandbox-manager.js";
+import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
+import { cacheDirs } from "../../controller/restore-plan.js";
+import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
+
+const DOMAIN =
+  /^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
 
 interface DaemonOptions {
   socket: string | false;
   socketGroup?: string;
   bind?: string;
   tokenFile?: string;
+  allowedHost: string[];
+  allowedOrigin: string[];
+  maxConnections?: number;
   tlsCert?: string;
   tlsKey?: string;
   auditLog: string | false;
@@ -23,6 +34,20 @@ interface DaemonOptions {
   maxSandboxes?: number;
   maxConcurrentSpawns?: number;
   memoryReserveMib?: number;
+  defaultTimeoutMs?: number;
+  branchConcurrency?: number;
+  state?: string;
+  snapshotRoot?: string;
+  allowImageDir: string[];
+  defaultSnapshot?: string;
+  e2bDomain?: string;
+  e2bMaxUploadMib?: number;
+  e2bPrivateTraffic?: boolean;
+  egress: string;
+  netBridge?: string;
+  netSubnet?: string;
+  dnsUpstream?: string[];
+  dnsPort?: number;
 }
 
 export function registerDaemon(program: Command): void {
@@ -33,8 +58,28 @@ export function registerDaemon(program: Command): void {
     .option("--socket <path>", "Unix socket to listen on", DEFAULT_SOCKET_PATH)
     .option("--no-socket", "do not listen on a Unix socket (needs --bind)")
     .option("--socket-group <group>", "group allowed to use the socket (mode 0660)")
-    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (non-loopback needs --token-file)")
-    .option("--token-file <file>", "bearer tokens for the TCP listener, one per line (>= 16 bytes each)")
+    .option("--bind <host:port>", "also listen on TCP, e.g. 127.0.0.1:8889 (needs --token-file)")
+    .option(
+      "--token-file <file>",
+      "bearer tokens for the TCP listener, one per line (>= 16 bytes each, mode 0600)",
+    )
+    .option(
+      "--allowed-host <host>",
+      "another name the TCP listener answers to (Host header), e.g. forkd.internal or *.sandboxes.example; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--allowed-origin <origin>",
+      "a browser origin (scheme://host:port) the TCP listener serves besides its own; repeatable",
+      collect,
+      [],
+    )
+    .option(
+      "--max-connections <n>",
+      "connections each listener holds at once",
+      parseIntOption("--max-connections", 1, 1_000_000),
+    )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
     .option("--audit-log <file>", "append-only audit log (reopened on SIGHUP)", DEFAULT_AUDIT_LOG)
@@ -57,9 +102,71 @@ export function registerDaemon(program: Command): void {
       "host memory that must stay available after a spawn",
       parseIntOption("--memory-reserve-mib", 0, 1 << 30),
     )
+    .option(
+      "--default-timeout-ms <ms>",
+      "lifetime of sandboxes spawned without timeout_ms (default: none, they live until killed; 0 = none)",
+      parseIntOption("--default-timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
+    )
+    .option(
+      "--branch-concurrency <n>",
+      `BRANCHes in flight at once, host-wide; more are answered 503 (default ${MAX_CONCURRENT_BRANCHES})`,
+      parseIntOption("--branch-concurrency", 1, MAX_BRANCH_CONCURRENCY),
+    )
+    .option(
+      "--allow-image-dir <dir>",
+      "another image cache whose images forkd v0.5 clients may name by kernel/rootfs path (repeatable)",
+      (dir: string, dirs: string[]) => [...dirs, dir],
+      [] as string[],
+    )
+    .option(
+      "--state <file>",
+      "forkd v0.5 flag: its state file; here FORKD_HOME becomes the file's directory (state in state.db there)",
+    )
+    .option(
+      "--snapshot-root <dir>",
+      "forkd v0.5 flag: where snapshots live; must be <FORKD_HOME>/snapshots (FORKD_HOME = its parent)",
+    )
+    .option(
+      "--default-snapshot <tag>",
+      "snapshot E2B's default template names (base, code-interpreter-v1) mean (default: pyagent when present)",
+    )
+    .option(
+      "--e2b-domain <domain>",
+      "base domain of E2B sandbox host names <port>-<sandboxId>.<domain> (returned to E2B clients)",
+    )
+    .option(
+      "--e2b-max-upload-mib <mib>",
+      "largest upload one E2B POST /files may carry (default 1024)",
+      parseIntOption("--e2b-max-upload-mib", 1, 1 << 20),
+    )
+    .option(
+      "--e2b-private-traffic",
+      "every E2B sandbox's ports need its traffic access token (E2B's default is public: anyone who reaches the listener)",
+    )
+    .option(
+      "--egress <allow|deny>",
+      "egress of sandboxes whose spawn names no policy (deny: the stricter default for multi-tenant hosts)",
+      "allow",
+    )
+    .option(
+      "--net-bridge <name>",
+      "host bridge for the sandboxes' networks (default forkd0; env FORKD_NET_BRIDGE)",
+    )
+    .option("--net-subnet <cidr>", "the bridge's subnet (default 10.43.0.0/16; env FORKD_NET_SUBNET)")
+    .option(
+      "--dns-upstream <ip[:port]>",
+      "resolver the sandboxes' DNS forwarder asks (repeatable; default: /etc/resolv.conf; env FORKD_DNS_UPSTREAM)",
+      (value: string, previous: string[] = []) => [...previous, value],
+    )
+    .option(
+      "--dns-port <port>",
+      "the DNS forwarder's port on the bridge (default 53)",
+      parseIntOption("--dns-port", 1, 65535),
+    )
     .addHelpText(
       "after",
-      "\nEnvironment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
+      "\nE2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
+        "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
         "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
         "SIGHUP reopens the audit log.\n",
     )
@@ -74,18 +181,52 @@ export function registerDaemon(program: Command): void {
           { name: "forkd", level: opts.logLevel },
           pino.destination({ dest: 2, sync: true }),
         );
-        const paths = resolvePaths();
+        if (opts.egress !== "allow" && opts.egress !== "deny") {
+          throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
+        }
+        const network = {
+          defaultEgress: opts.egress,
+          network: {
+            bridge: opts.netBridge,
+            subnet: opts.netSubnet,
+            dnsUpstreams: opts.dnsUpstream,
+            dnsPort: opts.dnsPort,
+          },
+        } as const;
+        const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
+        if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
+        if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
+          throw invalidArgument(
+            `invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`,
+          );
+        }
         await runDaemon(
           {
             socketPath: opts.socket === false ? null : opts.socket,
             socketGroup: opts.socketGroup,
             bind: opts.bind,
             tokenFile: opts.tokenFile,
+            // E2B clients reach sandboxes as <port>-<id>.<domain>: names of this listener too.
+            allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
+            allowedOrigins: opts.allowedOrigin,
+            maxConnections: opts.maxConnections,
             tlsCert: opts.tlsCert,
             tlsKey: opts.tlsKey,
             auditLog: opts.auditLog === false ? null : opts.auditLog,
             drainTimeoutMs: opts.drainTimeoutMs,
             snapshotsDir: paths.snapshots,
+            hostPaths: [
+              { dir: paths.home, name: "$FORKD_HOME" },
+              { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
+              { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
+            ],
+            e2b: {
+              domain: opts.e2bDomain,
+              privateTraffic: opts.e2bPrivateTraffic === true,
+              ...(opts.e2bMaxUploadMib === undefined
+                ? {}
+                : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
+            },
             logger,
           },
           async () => {
@@ -99,7 +240,12 @@ export function registerDaemon(program: Command): void {
             // close() without killing: sandboxes outlive a daemon restart and are re-attached on the next start.
             const services = await openServices(paths, {
               limits,
+              defaultTimeoutMs: opts.defaultTimeoutMs,
+              branchConcurrency: opts.branchConcurrency,
+              extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
+              network,
               log: logger.child({ component: "manager" }),
+              defaultSnapshot: opts.defaultSnapshot,
             });
             return { ...services, close: () => services.close() };
           },
@@ -112,4 +258,41 @@ export function registerDaemon(program: Command): void {
         );
       }
     });
+}
+
+/**
+ * forkd v0.5's daemon took `--state /var/lib/forkd/state.json` (a JSON state file) and `--snapshot-root DIR`; its
+ * systemd and Kubernetes files pass them. Here all state lives in one home (FORKD_HOME: state.db, snapshots/,
+ * run/), and snapshot layers name each other relative to it, so both flags name the home: the state file's
+ * directory, the snapshot root's parent. They win over FORKD_HOME and must agree with each other. The v0.5 JSON
+ * file itself is not read (its state format is not ours).
+ */
+export function homeFromV05Flags(opts: { state?: string; snapshotRoot?: string }): { FORKD_HOME?: string } {
+  const homes: [string, string][] = [];
+  if (opts.state !== undefined) {
+    const state = path.resolve(opts.state);
+    const isDir = statSync(state, { throwIfNoEntry: false })?.isDirectory() === true;
+    homes.push([isDir ? state : path.dirname(state), `--state ${opts.state}`]);
+  }
+  if (opts.snapshotRoot !== undefined) {
+    const root = path.resolve(opts.snapshotRoot);
+    if (path.basename(root) !== "snapshots") {
+      throw invalidArgument(
+        `--snapshot-root ${opts.snapshotRoot}: forkd keeps snapshots in <FORKD_HOME>/snapshots (layers name each ` +
+          "other relative to FORKD_HOME), so the directory must be named snapshots; or set FORKD_HOME instead",
+      );
+    }
+    homes.push([path.dirname(root), `--snapshot-root ${opts.snapshotRoot}`]);
+  }
+  const [first, second] = homes;
+  if (first && second && first[0] !== second[0]) {
+    throw invalidArgument(
+      `${first[1]} puts forkd's home at ${first[0]} but ${second[1]} at ${second[0]}: they must name one home`,
+    );
+  }
+  return first ? { FORKD_HOME: first[0] } : {};
+}
+
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
 }

@@ -40,6 +40,12 @@ export function registerFork(program: Command): void {
       "limit for --exec/--eval in each child",
       parseIntOption("--timeout-ms", 1, 86_400_000),
     )
+    .option(
+      "--settle-secs <s>",
+      "keep the children running this many seconds after they answered, then stop them (forkd v0.5's flag; " +
+        "SIGTERM or Ctrl-C ends the wait early)",
+      parseIntOption("--settle-secs", 0, 7 * 24 * 3600),
+    )
     .option("--json", "print one JSON object")
     .argument("[command...]", "the --exec command, when given after `--`")
     .addHelpText(
@@ -59,10 +65,14 @@ export function registerFork(program: Command): void {
           eval: opts.eval,
           concurrency: opts.concurrency,
           workTimeoutMs: opts.timeoutMs,
+          ...(opts.settleSecs === undefined ? {} : { settleMs: opts.settleSecs * 1000 }),
           signal,
           onChild: () => {
             done++;
             progress?.update(`forking from ${opts.tag}: ${done}/${opts.count} answered`);
+            if (done === opts.count && opts.settleSecs !== undefined) {
+              progress?.update(`all answered; letting them run for ${opts.settleSecs} s`);
+            }
           },
         }).finally(() => progress?.stop());
         if (opts.json) printJson(jsonView(result));
@@ -99,6 +109,7 @@ function jsonView(result: ForkResult) {
       result: c.result,
       error: c.error,
     })),
+    ...(result.settle ? { settle_ms: result.settle.ms, alive_after_settle: result.settle.alive } : {}),
   };
 }
 
@@ -121,4 +132,9 @@ function printHuman(result: ForkResult): void {
     `\n${result.n - failed}/${result.n} ok on ${result.accelerator} in ${result.wall_ms.toFixed(0)} ms wall; ` +
       `ready p50 ${percentile(ready, 50).toFixed(0)} ms, p99 ${percentile(ready, 99).toFixed(0)} ms\n`,
   );
+  if (result.settle) {
+    process.stdout.write(
+      `${result.settle.alive}/${result.n} still alive after settling ${(result.settle.ms / 1000).toFixed(1)} s\n`,
+    );
+  }
 }

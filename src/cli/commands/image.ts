@@ -27,7 +27,7 @@ export function registerImage(program: Command): void {
     )
     .action((name: string, opts) =>
       runCommand(async (signal) => {
-        const template = await loadTemplate(name);
+        const template = await loadTemplate(name, { allowFiles: true });
         const progress = startProgress(`image ${template.name}`);
         try {
           const built = await buildImage(template, {

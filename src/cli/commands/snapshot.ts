@@ -29,7 +29,12 @@ export function registerSnapshot(program: Command): void {
           "live",
         ]),
       )
-      .addOption(new Option("--full", "branch: store a flat memory image").conflicts(["live"]))
+      .addOption(
+        new Option(
+          "--full",
+          "branch: a snapshot that stands alone (flat memory, one disk layer, no parent)",
+        ).conflicts(["live"]),
+      )
       .option("--live", "branch: capture memory while the guest runs (sandbox spawned with --live-fork)")
       .option(
         "--no-wait",
@@ -78,6 +83,7 @@ export function registerSnapshot(program: Command): void {
         const created = await createSnapshot(resolvePaths(), {
           tag: opts.tag,
           template: opts.template,
+          templateFiles: true,
           replace: opts.replace,
           signal,
           onProgress: (e) => progress.update(`${e.step}: ${e.message}`),

@@ -3,7 +3,7 @@
  * `sandbox.runCode`, `sandbox.files`, `sandbox.setTimeout`, `sandbox.kill`, and `await using` disposal.
  */
 import "../dispose.js";
-import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS } from "../controller.js";
+import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS, type NetworkPolicy } from "../controller.js";
 import {
   ConflictError,
   ConnectionError,
@@ -20,7 +20,7 @@ import {
   DEFAULT_SANDBOX_TIMEOUT_MS,
   type RequestOptions,
 } from "../settings.js";
-import type { EvalResult, SandboxInfo, SnapshotInfo } from "../wire.js";
+import type { BranchResult, EvalResult, SandboxInfo, SandboxNetwork, SnapshotInfo } from "../wire.js";
 import { Commands } from "./commands.js";
 import { Files } from "./files.js";
 
@@ -35,6 +35,13 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   /** The sandbox's lifetime in ms: it is killed this long after creation unless extended; 0 = no limit. @default 300_000 */
   timeoutMs?: number;
   memoryLimitMib?: number;
+  /** Map the sandbox's RAM from tmpfs so it can be BRANCHed in `live` mode. */
+  liveFork?: boolean;
+  /**
+   * Egress policy (E2B's `network`: allowOut/denyOut; `egress: "deny"` is E2B's allowInternetAccess: false), or
+   * "none" for a NIC that leads nowhere. @default the daemon's --egress
+   */
+  network?: NetworkPolicy | "none";
   /** Longest wait for building a missing template snapshot, in ms; 0 = no limit. @default 1_800_000 */
   snapshotTimeoutMs?: number;
   signal?: AbortSignal;
@@ -111,8 +118,17 @@ export class Sandbox {
       typeof templateOrOptions === "string"
         ? { ...maybeOptions, template: templateOrOptions }
         : { ...templateOrOptions };
-    const { template, snapshotTag, timeoutMs, memoryLimitMib, snapshotTimeoutMs, signal, ...connection } =
-      options;
+    const {
+      template,
+      snapshotTag,
+      timeoutMs,
+      memoryLimitMib,
+      liveFork,
+      network,
+      snapshotTimeoutMs,
+      signal,
+      ...connection
+    } = options;
     if ((template === undefined) === (snapshotTag === undefined)) {
       throw new InvalidArgumentError(
         "Sandbox.create needs exactly one of `template` (a template name) or `snapshotTag` (an existing snapshot)",
@@ -128,6 +144,8 @@ export class Sandbox {
         n: 1,
         memoryLimitMib,
         timeoutMs: lifetimeMs,
+        ...(liveFork ? { liveFork: true } : {}),
+        network,
         signal,
       });
       if (info === undefined)
@@ -159,6 +177,8 @@ export class Sandbox {
       snapshotTag,
       timeoutMs,
       memoryLimitMib,
+      liveFork,
+      network,
       snapshotTimeoutMs: _unused,
       signal,
       ...connection
@@ -174,6 +194,8 @@ export class Sandbox {
       n,
       memoryLimitMib,
       timeoutMs: lifetimeMs,
+      ...(liveFork ? { liveFork: true } : {}),
+      network,
       signal,
     });
     return infos.map((info) => new Sandbox(controller, info));
@@ -277,8 +299,26 @@ export class Sandbox {
     }
   }
 
-  /** Snapshots this sandbox where it is; it keeps running (issue 4; the daemon answers 501 until then). */
-  async branch(options: Parameters<Controller["branchSandbox"]>[1] = {}): Promise<SnapshotInfo> {
+  /**
+   * Replaces this sandbox's egress policy while it runs (E2B's updateNetwork): new connections follow it at
+   * once, established ones at their next packet, names resolve under it. Returns the policy now in force.
+   */
+  async updateNetwork(
+    policy: NetworkPolicy,
+    options: RequestOptions = {},
+  ): Promise<SandboxNetwork | undefined> {
+    try {
+      return (await this.controller.setNetworkPolicy(this.id, policy, options)).network;
+    } catch (err) {
+      throw await this.diagnose(err, "updating its network");
+    }
+  }
+
+  /**
+   * Snapshots this sandbox where it is (BRANCH); it keeps running. `Sandbox.create({ snapshotTag: result.tag })`
+   * forks children that continue from here. Mode `full` (the default) stands alone; `diff` layers on the base.
+   */
+  async branch(options: Parameters<Controller["branchSandbox"]>[1] = {}): Promise<BranchResult> {
     try {
       return await this.controller.branchSandbox(this.id, options);
     } catch (err) {

@@ -41,6 +41,7 @@ const (
 const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeUnauthorized    = "unauthorized"
+	CodeForbidden       = "forbidden"
 	CodeNotFound        = "not_found"
 	CodeConflict        = "conflict"
 	CodePayloadTooLarge = "payload_too_large"

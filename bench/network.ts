@@ -1,0 +1,235 @@
+/**
+ * bench/network: what sandbox networking costs, side by side in one run.
+ *   - spawn N=50 children with a network of their own (namespace, veth, tap, rules, DNS registration) vs N=50
+ *     children of the same template snapshotted without a NIC: wall clock of the spawn and host CPU per child
+ *     (the children's QEMUs until ready, the daemon, and every ip/nft/launcher process it ran), in alternating
+ *     rounds;
+ *   - guest -> test host: download throughput and HTTP request latency (a new connection per request), measured
+ *     in the guest against the tests' own "internet" namespace;
+ *   - the port proxy: round trip of a 1-byte HTTP response from a server in the sandbox, through the daemon's
+ *     route over its Unix socket, and straight to the namespace address (what the proxy adds).
+ *
+ *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_REQUESTS=50, BENCH_DOWNLOAD_MIB=32)
+ */
+import { execFileSync } from "node:child_process";
+import http from "node:http";
+import path from "node:path";
+import { type RunningDaemon, startDaemon } from "../src/api/daemon.js";
+import { resolvePaths } from "../src/common/paths.js";
+import { percentile } from "../src/common/stats.js";
+import { createSnapshot } from "../src/controller/create-snapshot.js";
+import { procStatFields } from "../src/controller/host-processes.js";
+import { openServices } from "../src/controller/sandbox-manager.js";
+import type { SandboxInfo } from "../src/controller/sandbox-service.js";
+import { listSnapshots } from "../src/controller/snapshots.js";
+import { INTERNET_HOSTS, startTestInternet } from "../test/support/test-internet.js";
+import { cpuMs, hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
+
+const N = Number(process.env.BENCH_N ?? 50);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
+const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 50);
+const DOWNLOAD_MIB = Number(process.env.BENCH_DOWNLOAD_MIB ?? 32);
+const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
+const WITHOUT_NIC = `${WITH_NIC}-nonet`;
+
+let clockTicks: number | undefined;
+const paths = resolvePaths();
+const existing = new Set((await listSnapshots(paths)).map((s) => s.tag));
+for (const [tag, network] of [
+  [WITH_NIC, true],
+  [WITHOUT_NIC, false],
+] as const) {
+  if (!existing.has(tag)) {
+    console.log(`creating snapshot ${tag} (${network ? "with" : "without"} a NIC, one-time)...`);
+    await createSnapshot(paths, { tag, template: "pyagent", network });
+  }
+}
+
+const internet = await startTestInternet();
+const services = await openServices(paths, {
+  network: { network: { dnsUpstreams: [internet.dns] }, defaultEgress: "allow" },
+});
+let daemon: RunningDaemon | undefined;
+try {
+  // --- spawn N with vs without a network, alternating ---
+  const spawnRuns: { network: boolean; wallMs: number; cpuPerChildMs: number }[] = [];
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const network of round % 2 === 0 ? [false, true] : [true, false]) {
+      spawnRuns.push({ network, ...(await measureSpawn(network ? WITH_NIC : WITHOUT_NIC)) });
+      await services.sandboxes.killAll();
+    }
+  }
+  const summary = (network: boolean) => {
+    const runs = spawnRuns.filter((r) => r.network === network);
+    return {
+      wallMs: runs.reduce((s, r) => s + r.wallMs, 0) / runs.length,
+      cpuPerChildMs: runs.reduce((s, r) => s + r.cpuPerChildMs, 0) / runs.length,
+    };
+  };
+  const withNet = summary(true);
+  const withoutNet = summary(false);
+
+  // --- guest -> test host ---
+  const [sb] = await services.sandboxes.spawn({ snapshotTag: WITH_NIC, n: 1, timeoutMs: 0 });
+  const id = (sb as SandboxInfo).id;
+  const probe = await evalJson<{ mibPerS: number; latencies: number[] }>(
+    id,
+    `
+import json, time, urllib.request
+t = time.perf_counter(); n = 0
+with urllib.request.urlopen("http://${INTERNET_HOSTS.other}/bytes/${DOWNLOAD_MIB * 1024 * 1024}", timeout=600) as r:
+    while True:
+        b = r.read(1 << 16)
+        if not b: break
+        n += len(b)
+mib_per_s = n / (1 << 20) / (time.perf_counter() - t)
+lat = []
+for i in range(${REQUESTS}):
+    t = time.perf_counter(); urllib.request.urlopen("http://${INTERNET_HOSTS.other}/r", timeout=60).read(); lat.append((time.perf_counter() - t) * 1000)
+print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
+`,
+  );
+
+  // --- the port proxy: a 1-byte response from a server in the sandbox ---
+  await services.sandboxes.files.write(id, "/tmp/one/b", Buffer.from("x"));
+  await services.sandboxes.exec(id, [
+    "sh",
+    "-c",
+    "setsid -f python3 -m http.server 8080 -d /tmp/one >/dev/null 2>&1 </dev/null",
+  ]);
+  const socketPath = path.join(paths.home, "bench-network.sock");
+  daemon = await startDaemon(
+    { socketPath, auditLog: null, snapshotsDir: paths.snapshots },
+    { ...services, close: async () => {} },
+  );
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const viaProxy = { socketPath, path: `/v1/sandboxes/${id}/ports/8080/b`, agent };
+  const direct = { host: (sb as SandboxInfo).network.address as string, port: 8080, path: "/b", agent };
+  await waitForAnswer(viaProxy);
+  const proxyMs = await roundTrips(viaProxy, REQUESTS);
+  const directMs = await roundTrips(direct, REQUESTS);
+  agent.destroy();
+
+  const cpuOverhead = (withNet.cpuPerChildMs / withoutNet.cpuPerChildMs - 1) * 100;
+  const wallOverhead = (withNet.wallMs / withoutNet.wallMs - 1) * 100;
+  const result = {
+    host: hostDescription(),
+    accelerator: (sb as SandboxInfo).accelerator,
+    n: N,
+    rounds: ROUNDS,
+    spawn_runs: spawnRuns,
+    spawn_with_network: {
+      wall_ms: Math.round(withNet.wallMs),
+      cpu_ms_per_child: round1(withNet.cpuPerChildMs),
+    },
+    spawn_without_network: {
+      wall_ms: Math.round(withoutNet.wallMs),
+      cpu_ms_per_child: round1(withoutNet.cpuPerChildMs),
+    },
+    network_cpu_overhead_pct: round1(cpuOverhead),
+    network_wall_overhead_pct: round1(wallOverhead),
+    download_mib_per_s: round1(probe.mibPerS),
+    download_mib: DOWNLOAD_MIB,
+    request_latency_ms: {
+      p50: round1(percentile(probe.latencies, 50)),
+      p99: round1(percentile(probe.latencies, 99)),
+    },
+    proxy_round_trip_ms: { p50: round1(percentile(proxyMs, 50)), p99: round1(percentile(proxyMs, 99)) },
+    direct_round_trip_ms: { p50: round1(percentile(directMs, 50)), p99: round1(percentile(directMs, 99)) },
+    measured_at: new Date().toISOString(),
+  };
+  const rows: Row[] = [
+    { metric: "accelerator", value: result.accelerator },
+    {
+      metric: `spawn N=${N}, wall: without / with network`,
+      value: `${result.spawn_without_network.wall_ms} / ${result.spawn_with_network.wall_ms} ms`,
+      note: `${wallOverhead >= 0 ? "+" : ""}${round1(wallOverhead)}%`,
+    },
+    {
+      metric: "host CPU per child: without / with network",
+      value: `${result.spawn_without_network.cpu_ms_per_child} / ${result.spawn_with_network.cpu_ms_per_child} ms`,
+      target: "< +15%",
+      note: `${cpuOverhead >= 0 ? "+" : ""}${round1(cpuOverhead)}%`,
+    },
+    {
+      metric: `guest -> test host download (${DOWNLOAD_MIB} MiB)`,
+      value: `${result.download_mib_per_s} MiB/s`,
+    },
+    {
+      metric: `guest -> test host HTTP request, new connection (n=${REQUESTS})`,
+      value: `p50 ${result.request_latency_ms.p50} / p99 ${result.request_latency_ms.p99} ms`,
+    },
+    {
+      metric: `1-byte response through the port proxy (n=${REQUESTS})`,
+      value: `p50 ${result.proxy_round_trip_ms.p50} / p99 ${result.proxy_round_trip_ms.p99} ms`,
+      note: `straight to the namespace: p50 ${result.direct_round_trip_ms.p50} / p99 ${result.direct_round_trip_ms.p99} ms`,
+    },
+  ];
+  printRows(`bench/network on ${result.host}`, rows);
+  await writeResults(
+    "network",
+    result,
+    `# bench/network\n\n${result.measured_at} on ${result.host}; guest 512 MiB pyagent; ${ROUNDS} alternating rounds of N=${N} per side\n\n${markdownTable(rows)}`,
+  );
+} finally {
+  await daemon?.stop("bench over");
+  await services.close({ killSandboxes: true });
+  await internet.stop();
+}
+
+/** Spawns N from `tag`; wall clock of the spawn and host CPU per child (QEMUs + this process + its tools). */
+async function measureSpawn(tag: string): Promise<{ wallMs: number; cpuPerChildMs: number }> {
+  const selfBefore = await ownCpuMs();
+  const started = performance.now();
+  const children = await services.sandboxes.spawn({ snapshotTag: tag, n: N, timeoutMs: 0 });
+  const wallMs = performance.now() - started;
+  const selfAfter = await ownCpuMs();
+  const qemuMs = (await Promise.all(children.map((c) => cpuMs(c.pid as number)))).reduce((a, b) => a + b, 0);
+  return { wallMs, cpuPerChildMs: (qemuMs + selfAfter - selfBefore) / N };
+}
+
+/** This process's CPU plus that of its children it has waited for (ip, nft, the launcher running nft). */
+async function ownCpuMs(): Promise<number> {
+  const fields = (await procStatFields(process.pid)) as string[];
+  const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+  clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
+  return (ticks * 1000) / clockTicks;
+}
+
+async function evalJson<T>(id: string, code: string): Promise<T> {
+  const out = await services.sandboxes.eval(id, code, { timeoutMs: 900_000 });
+  if (out.error) throw new Error(`${out.error.type}: ${out.error.message}`);
+  return JSON.parse(out.stdout.trim()) as T;
+}
+
+function get(options: http.RequestOptions): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = http.get(options, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+  });
+}
+
+async function waitForAnswer(options: http.RequestOptions): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while ((await get(options).catch(() => 0)) !== 200) {
+    if (Date.now() > deadline) throw new Error("the sandbox's HTTP server did not come up");
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+async function roundTrips(options: http.RequestOptions, n: number): Promise<number[]> {
+  const samples: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const started = performance.now();
+    if ((await get(options)) !== 200) throw new Error("the proxied request failed");
+    samples.push(performance.now() - started);
+  }
+  return samples;
+}
+
+function round1(n: number): number {
+  return Math.round(n * 10) / 10;
+}

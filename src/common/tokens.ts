@@ -1,0 +1,49 @@
+/**
+ * The daemon's API tokens, matched in constant time: sha256 digests compared with timingSafeEqual against every
+ * configured token without an early exit, so the time taken says nothing about which token (or which prefix)
+ * matched. Shared by every surface that takes a daemon token (bearer on the forkd API, X-API-Key on the E2B API).
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+import type { IncomingHttpHeaders } from "node:http";
+import { ForkdError } from "./errors.js";
+
+/** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
+export const MIN_TOKEN_BYTES = 16;
+
+export interface Token {
+  /** sha256 of the token; compared in constant time against the presented token's digest. */
+  digest: Buffer;
+  /** What the audit log calls this token. */
+  id: string;
+}
+
+export function tokenFromString(token: string, what = "token"): Token {
+  if (Buffer.byteLength(token) < MIN_TOKEN_BYTES) {
+    throw new ForkdError("invalid_argument", `${what} is shorter than ${MIN_TOKEN_BYTES} bytes`);
+  }
+  if (/\s/.test(token)) throw new ForkdError("invalid_argument", `${what} contains whitespace`);
+  const digest = createHash("sha256").update(token).digest();
+  return { digest, id: `token:${digest.toString("hex").slice(0, 8)}` };
+}
+
+/** The configured token `presented` is, or undefined. */
+export function matchToken(presented: string, tokens: readonly Token[]): Token | undefined {
+  const digest = createHash("sha256").update(presented).digest();
+  let found: Token | undefined;
+  for (const token of tokens) {
+    if (timingSafeEqual(digest, token.digest) && !found) found = token;
+  }
+  return found;
+}
+
+/**
+ * Removes the headers of a request that carry one of the daemon's tokens (`Authorization: Bearer`, and
+ * `X-API-Key` as E2B clients send it) before the request is passed on to a sandbox: a daemon credential must
+ * never reach a guest. Headers with other values are the guest's business and stay.
+ */
+export function stripDaemonTokens(headers: IncomingHttpHeaders, tokens: readonly Token[]): void {
+  const bearer = /^Bearer[ ]+(\S+)[ ]*$/i.exec(headers.authorization ?? "");
+  if (bearer && matchToken(bearer[1] as string, tokens)) delete headers.authorization;
+  const key = headers["x-api-key"];
+  if (typeof key === "string" && matchToken(key, tokens)) delete headers["x-api-key"];
+}

@@ -1,0 +1,123 @@
+/**
+ * E2B's fork and snapshot routes over forkd's BRANCH. A fork BRANCHes the running source once (it keeps
+ * running) and restores `count` children from that snapshot, one result entry each; a snapshot is a BRANCH kept
+ * under a name (a template alias), usable as templateID.
+ */
+import { randomBytes } from "node:crypto";
+import type { Static } from "@sinclair/typebox";
+import { Type } from "@sinclair/typebox";
+import type { FastifyInstance } from "fastify";
+import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
+import type { E2bContext } from "../context.js";
+import { clientSignal, runningSandbox } from "./sandboxes.js";
+import {
+  DEFAULT_FORK_TIMEOUT_SECONDS,
+  DEFAULT_PAGE_LIMIT,
+  type ErrorBody,
+  errorResponses,
+  ForkBody,
+  ForkResult,
+  ListSnapshotsQuery,
+  OptionalBody,
+  SandboxIdParams,
+  SnapshotInfo,
+  SnapshotRequest,
+} from "./schemas.js";
+import { paginate, sandboxToWire } from "./wire.js";
+
+type IdRequest = { Params: Static<typeof SandboxIdParams> };
+
+export function registerForkRoutes(app: FastifyInstance, context: E2bContext): void {
+  const { sandboxes, snapshots } = context.services;
+  const domain = context.domain ?? null;
+
+  app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
+    "/sandboxes/:sandboxID/fork",
+    {
+      schema: {
+        summary: "Fork a running sandbox: one BRANCH, count children",
+        description:
+          "The source is paused briefly (live BRANCH when it was spawned with live_fork, else diff) and keeps its " +
+          "id and lifetime. 201 with one entry per fork, each its sandbox or its error. Default count 1, default " +
+          `timeout ${DEFAULT_FORK_TIMEOUT_SECONDS} s (E2B's declared default). Children inherit metadata, envVars and the source's network configuration.`,
+        params: SandboxIdParams,
+        body: OptionalBody(ForkBody),
+        response: { 201: Type.Array(ForkResult), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const source = runningSandbox(context, request.params.sandboxID);
+      const outcome = await sandboxes.fork(source.id, {
+        count: request.body?.count ?? 1,
+        timeoutMs: (request.body?.timeout ?? DEFAULT_FORK_TIMEOUT_SECONDS) * 1000,
+        signal: clientSignal(request, reply),
+      });
+      const results = outcome.children.map((child): Static<typeof ForkResult> => {
+        if (child.sandbox) {
+          request.auditIds.push(child.sandbox.id);
+          const tokens = sandboxes.accessTokens(child.sandbox.id);
+          return { sandbox: sandboxToWire(child.sandbox, tokens, domain) };
+        }
+        const error: Static<typeof ErrorBody> = {
+          code: child.error.httpStatus,
+          message: child.error.message,
+        };
+        return { error };
+      });
+      return reply.status(201).send(results);
+    },
+  );
+
+  app.post<IdRequest & { Body: Static<typeof SnapshotRequest> }>(
+    "/sandboxes/:sandboxID/snapshots",
+    {
+      schema: {
+        summary: "Snapshot a running sandbox (it keeps running); the snapshot is usable as templateID",
+        description:
+          "A BRANCH kept under `name` (a template alias) or, without one, under its own tag. Naming a snapshot " +
+          "again moves the name to the new one; the old one is deleted once nothing uses it.",
+        params: SandboxIdParams,
+        body: OptionalBody(SnapshotRequest),
+        response: { 201: SnapshotInfo, ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const source = runningSandbox(context, request.params.sandboxID);
+      const name = request.body?.name;
+      const outcome = await sandboxes.branch(source.id, {
+        tag: `snap-${randomBytes(6).toString("hex")}`,
+        mode: source.live_fork ? "live" : "diff",
+        alias: name,
+        signal: clientSignal(request, reply),
+      });
+      request.auditIds.push(outcome.tag);
+      return reply.status(201).send(snapshotToWire(outcome.snapshot));
+    },
+  );
+
+  app.get<{ Querystring: Static<typeof ListSnapshotsQuery> }>(
+    "/snapshots",
+    {
+      schema: {
+        summary: "Snapshots taken of sandboxes (paginated; filter by sandboxID or name)",
+        querystring: ListSnapshotsQuery,
+        response: { 200: Type.Array(SnapshotInfo), ...errorResponses },
+      },
+    },
+    async (request, reply) => {
+      const { sandboxID, name, limit, nextToken } = request.query;
+      const taken = (await snapshots.list())
+        .filter((s) => s.status === "ready" && s.source_sandbox !== null && !s.ephemeral)
+        .filter((s) => sandboxID === undefined || s.source_sandbox === sandboxID)
+        .filter((s) => name === undefined || s.tag === name || s.aliases.includes(name));
+      const page = paginate(taken, (s) => s.tag, limit ?? DEFAULT_PAGE_LIMIT, nextToken);
+      if (page.nextToken !== undefined) reply.header("x-next-token", page.nextToken);
+      return page.items.map(snapshotToWire);
+    },
+  );
+}
+
+function snapshotToWire(s: ForkdSnapshot): Static<typeof SnapshotInfo> {
+  const names = s.aliases.length > 0 ? s.aliases : [s.tag];
+  return { snapshotID: names[0] as string, names };
+}

@@ -1,0 +1,27 @@
+/** What a Connect handler knows about its call: the sandbox (set by the data plane's hook) and the user. */
+import { Code, ConnectError, createContextKey, type HandlerContext } from "@connectrpc/connect";
+import type { E2bContext } from "../context.js";
+import { toConnectError } from "../errors.js";
+import { basicAuthUser, type SandboxSession } from "../session.js";
+import type { GuestUser } from "./guest-users.js";
+import { DEFAULT_USER } from "./version.js";
+
+export const SESSION_KEY = createContextKey<SandboxSession | undefined>(undefined, {
+  description: "the sandbox a data-plane call addresses",
+});
+
+export function sessionOf(ctx: HandlerContext): SandboxSession {
+  const session = ctx.values.get(SESSION_KEY);
+  if (session === undefined) throw new ConnectError("no sandbox for this call", Code.Internal);
+  return session;
+}
+
+/** The user the call acts as: `Authorization: Basic base64("<user>:")`, else E2B's default user. */
+export async function callUser(context: E2bContext, ctx: HandlerContext): Promise<GuestUser> {
+  const name = basicAuthUser(ctx.requestHeader.get("authorization") ?? undefined) ?? DEFAULT_USER;
+  try {
+    return await context.users.lookup(sessionOf(ctx).sandboxId, name, ctx.signal);
+  } catch (err) {
+    throw toConnectError(err);
+  }
+}

@@ -1,0 +1,212 @@
+/**
+ * The code interpreter (port 49999), as @e2b/code-interpreter calls it: `POST /execute` streams line-delimited
+ * JSON events (stdout, stderr, result with text and the richer formats the value offers, error, the execution
+ * count, end of execution) from a cell run in the sandbox's warm interpreter, and `/contexts` manages its
+ * namespaces. /execute needs the sandbox's envd access token; the context routes also take its traffic token
+ * (the SDK sends only that one there); /health needs none. Errors are plain text, as E2B's server answers.
+ */
+import { PassThrough } from "node:stream";
+import type { Static } from "@sinclair/typebox";
+import { Type } from "@sinclair/typebox";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import type { EvalOutcome } from "../../agent/host/types.js";
+import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
+import { responseGoneSignal } from "../../common/client-signal.js";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
+import type { E2bContext } from "../context.js";
+import { OptionalBody } from "../control/schemas.js";
+import { toE2bError } from "../errors.js";
+import { requireAccessToken, resolveSandbox, type SandboxSession } from "../session.js";
+
+/** Python source of one cell, in characters (the forkd API's eval limit). */
+const MAX_CODE_CHARS = 1024 * 1024;
+/** Output buffered for a client that reads slower than the cell prints; past it the cell is interrupted. */
+const MAX_UNREAD_BYTES = 8 * 1024 * 1024;
+/** Where a new context starts when the caller names no directory (E2B's default). */
+const DEFAULT_CONTEXT_CWD = "/home/user";
+
+const ExecuteBody = Type.Object(
+  {
+    code: Type.String({ maxLength: MAX_CODE_CHARS }),
+    context_id: Type.Optional(Type.String({ maxLength: 64 })),
+    language: Type.Optional(Type.String({ maxLength: 32 })),
+    env_vars: Type.Optional(Type.Record(Type.String(), Type.String())),
+  },
+  { additionalProperties: true },
+);
+const CreateContextBody = Type.Object(
+  {
+    language: Type.Optional(Type.String({ maxLength: 32 })),
+    cwd: Type.Optional(Type.String({ maxLength: 4096 })),
+  },
+  { additionalProperties: true },
+);
+const ContextParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
+
+function requirePython(language: string | undefined): void {
+  if (language === undefined || language === "" || language.toLowerCase() === "python") return;
+  throw invalidArgument(`language ${JSON.stringify(language)}: forkd's code interpreter runs Python only`);
+}
+
+/** The NDJSON events of a finished cell (its output was streamed while it ran). */
+export function outcomeEvents(outcome: EvalOutcome): object[] {
+  const events: object[] = [];
+  if (outcome.result !== null || outcome.formats !== undefined) {
+    events.push({
+      type: "result",
+      text: outcome.result ?? undefined,
+      ...outcome.formats,
+      is_main_result: true,
+    });
+  }
+  if (outcome.error) {
+    events.push({
+      type: "error",
+      name: outcome.error.type,
+      value: outcome.error.message,
+      traceback: outcome.error.traceback,
+    });
+  } else if (outcome.timedOut) {
+    events.push({ type: "error", name: "TimeoutError", value: "the cell timed out", traceback: "" });
+  }
+  if (outcome.executionCount !== undefined) {
+    events.push({ type: "number_of_executions", execution_count: outcome.executionCount });
+  }
+  events.push({ type: "end_of_execution" });
+  return events;
+}
+
+const line = (event: object) => `${JSON.stringify(event)}\n`;
+
+function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
+  const { code, message } = toE2bError(err);
+  return reply.status(code).type("text/plain; charset=utf-8").send(message);
+}
+
+const clientSignal = (request: FastifyRequest, reply: FastifyReply) =>
+  responseGoneSignal(reply.raw, `request ${request.id}`);
+
+export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
+  const { sandboxes } = context.services;
+  const session = (request: { e2bSandbox?: SandboxSession }) => request.e2bSandbox as SandboxSession;
+
+  scope.addHook("onRequest", async (request) => {
+    const resolved = resolveSandbox(request, context);
+    const route = request.routeOptions.url ?? "";
+    if (route === "/health") return;
+    requireAccessToken(request, context, resolved, route === "/execute" ? ["envd"] : ["envd", "traffic"]);
+  });
+  scope.setErrorHandler((err, _request, reply) => sendPlainError(reply, err));
+
+  scope.get("/health", async () => "OK");
+
+  scope.post<{ Body: Static<typeof ExecuteBody> }>(
+    "/execute",
+    { schema: { body: ExecuteBody } },
+    async (request, reply) => {
+      const body = request.body;
+      requirePython(body.language);
+      const id = session(request).sandboxId;
+      const out = new PassThrough();
+      const cancel = new AbortController();
+      const gone = clientSignal(request, reply);
+      gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
+      let sawOutput!: () => void;
+      const firstOutput = new Promise<"output">((resolve) => {
+        sawOutput = () => resolve("output");
+      });
+      const write = (event: object) => {
+        if (out.destroyed || out.writableEnded) return;
+        out.write(line(event));
+        if (out.writableLength > MAX_UNREAD_BYTES && !cancel.signal.aborted) {
+          cancel.abort(
+            new ForkdError("unavailable", `client read too slowly (over ${MAX_UNREAD_BYTES} bytes unread)`),
+          );
+        }
+      };
+      const emit = (type: "stdout" | "stderr", text: string) => {
+        write({ type, text, timestamp: new Date().toISOString() });
+        sawOutput();
+      };
+      const run = sandboxes.eval(id, body.code, {
+        timeoutMs: MAX_TIMEOUT_MS,
+        ...(body.context_id !== undefined ? { context: body.context_id } : {}),
+        ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
+        onStdout: (text) => emit("stdout", text),
+        onStderr: (text) => emit("stderr", text),
+        signal: cancel.signal,
+      });
+      // The status line waits for the cell's first output or its end, so a cell refused at once (an unknown
+      // context, a sandbox without an interpreter) gets its own status instead of a 200 stream.
+      await Promise.race([firstOutput, run]);
+      run
+        .then(
+          (outcome) => {
+            for (const event of outcomeEvents(outcome)) write(event);
+          },
+          (err: unknown) => {
+            const reason =
+              cancel.signal.aborted && cancel.signal.reason instanceof ForkdError
+                ? cancel.signal.reason
+                : err;
+            write({
+              type: "error",
+              name: "ExecutionError",
+              value: toE2bError(reason).message,
+              traceback: "",
+            });
+          },
+        )
+        .finally(() => out.end());
+      return reply.type("application/x-ndjson").header("cache-control", "no-store").send(out);
+    },
+  );
+
+  scope.get("/contexts", async (request, reply) =>
+    sandboxes.contexts.list(session(request).sandboxId, { signal: clientSignal(request, reply) }),
+  );
+
+  scope.post<{ Body: Static<typeof CreateContextBody> }>(
+    "/contexts",
+    { schema: { body: OptionalBody(CreateContextBody) } },
+    async (request, reply) => {
+      requirePython(request.body?.language);
+      const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
+      if (!cwd.startsWith("/"))
+        throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
+      return sandboxes.contexts.create(session(request).sandboxId, {
+        cwd,
+        signal: clientSignal(request, reply),
+      });
+    },
+  );
+
+  scope.delete<{ Params: Static<typeof ContextParams> }>(
+    "/contexts/:id",
+    { schema: { params: ContextParams } },
+    async (request, reply) => {
+      await sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
+        signal: clientSignal(request, reply),
+      });
+      return reply.status(204).send();
+    },
+  );
+
+  scope.post<{ Params: Static<typeof ContextParams> }>(
+    "/contexts/:id/restart",
+    { schema: { params: ContextParams } },
+    async (request, reply) => {
+      await sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
+        signal: clientSignal(request, reply),
+      });
+      return reply.status(204).send();
+    },
+  );
+
+  scope.all("/*", async (request) => {
+    throw new ForkdError(
+      "not_found",
+      `no route ${request.method} ${request.url.split("?")[0]} in the code interpreter`,
+    );
+  });
+}

@@ -1,0 +1,226 @@
+/**
+ * The MCP Streamable HTTP transport, served by node:http: one MCP session per client (`Mcp-Session-Id`), each with
+ * its own server (tools, outputs, background commands). Every request needs `Authorization: Bearer <token>`; the
+ * listener is on loopback unless told otherwise, and then Host and Origin must name the loopback address (a web
+ * page cannot reach it through DNS rebinding).
+ */
+import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import http, { type IncomingMessage, type ServerResponse } from "node:http";
+import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
+import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import type { Controller } from "../sdk/index.js";
+import { createMcpSession, type ForkdMcpSession } from "./server.js";
+
+/** The path MCP clients post to. */
+export const MCP_PATH = "/mcp";
+/** Largest JSON-RPC request body accepted. */
+export const MAX_BODY_BYTES = 4 * 1024 * 1024;
+/** Sessions alive at once; an initialize beyond this is refused until one ends. */
+export const MAX_SESSIONS = 64;
+/** A session nobody used for this long is closed (its background commands stopped). */
+export const SESSION_IDLE_MS = 30 * 60_000;
+export const MIN_TOKEN_CHARS = 16;
+
+export interface HttpOptions {
+  host: string;
+  port: number;
+  /** Accepted bearer tokens (at least one). */
+  tokens: string[];
+  controller: Controller;
+  log?: (line: string) => void;
+}
+
+export interface RunningHttp {
+  url: string;
+  close(): Promise<void>;
+}
+
+interface Session {
+  transport: StreamableHTTPServerTransport;
+  mcp: ForkdMcpSession;
+  lastUsed: number;
+}
+
+export function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_CHARS without whitespace. */
+export async function loadTokens(file: string): Promise<string[]> {
+  const text = await readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
+    throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
+  });
+  const tokens = text
+    .split("\n")
+    .map((line) => line.trim())
+    .filter((line) => line !== "" && !line.startsWith("#"));
+  for (const token of tokens) checkToken(token, file);
+  if (tokens.length === 0) throw new Error(`the MCP token file ${file} holds no token`);
+  return tokens;
+}
+
+export function checkToken(token: string, source: string): void {
+  if (token.length < MIN_TOKEN_CHARS || /\s/.test(token)) {
+    throw new Error(
+      `a token from ${source} is shorter than ${MIN_TOKEN_CHARS} characters or contains whitespace`,
+    );
+  }
+}
+
+export async function serveHttp(options: HttpOptions): Promise<RunningHttp> {
+  if (options.tokens.length === 0) throw new Error("the MCP HTTP transport needs a token");
+  for (const token of options.tokens) checkToken(token, "the token option");
+  const digests = options.tokens.map(digest);
+  const log = options.log ?? (() => {});
+  const sessions = new Map<string, Session>();
+  const loopback = isLoopback(options.host);
+  let port = options.port;
+
+  const authorized = (request: IncomingMessage): boolean => {
+    const header = request.headers.authorization ?? "";
+    const match = /^Bearer ([^\s]+)$/.exec(header);
+    if (!match) return false;
+    const presented = digest(match[1] as string);
+    // Every configured token is compared, in constant time, whatever matched first.
+    return digests.map((d) => timingSafeEqual(d, presented)).includes(true);
+  };
+  const allowedHost = (request: IncomingMessage): boolean => {
+    if (!loopback) return true;
+    const names = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `${options.host}:${port}`];
+    const origin = request.headers.origin;
+    const originOk = origin === undefined || names.some((n) => origin === `http://${n}`);
+    return names.includes(request.headers.host ?? "") && originOk;
+  };
+
+  const handle = async (request: IncomingMessage, response: ServerResponse) => {
+    const url = new URL(request.url ?? "/", "http://mcp.invalid");
+    if (url.pathname !== MCP_PATH)
+      return jsonError(response, 404, `no such path; MCP is served at ${MCP_PATH}`);
+    if (!allowedHost(request)) return jsonError(response, 403, "Host/Origin must name the loopback address");
+    if (!authorized(request)) {
+      response.setHeader("WWW-Authenticate", 'Bearer realm="forkd-mcp"');
+      return jsonError(response, 401, "missing or invalid bearer token (Authorization: Bearer <token>)");
+    }
+    const sessionId = headerValue(request.headers["mcp-session-id"]);
+    const existing = sessionId === undefined ? undefined : sessions.get(sessionId);
+    if (existing) {
+      existing.lastUsed = Date.now();
+      const body = request.method === "POST" ? await readJson(request, response) : undefined;
+      if (body === REFUSED) return;
+      await existing.transport.handleRequest(request, response, body);
+      return;
+    }
+    if (sessionId !== undefined)
+      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
+    if (request.method !== "POST")
+      return jsonError(response, 400, "no session: send an initialize request first");
+    const body = await readJson(request, response);
+    if (body === REFUSED) return;
+    if (!isInitializeRequest(body))
+      return jsonError(response, 400, "no session: send an initialize request first");
+    if (sessions.size >= MAX_SESSIONS)
+      return jsonError(response, 503, `${MAX_SESSIONS} MCP sessions are open; retry later`);
+    const mcp = createMcpSession(options.controller);
+    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: () => randomUUID(),
+      onsessioninitialized: (id) => {
+        sessions.set(id, { transport, mcp, lastUsed: Date.now() });
+        log(`MCP session ${id} opened`);
+      },
+    });
+    transport.onclose = () => {
+      const id = transport.sessionId;
+      if (id !== undefined && sessions.delete(id)) {
+        log(`MCP session ${id} closed`);
+        void mcp.close();
+      }
+    };
+    await mcp.server.connect(transport);
+    await transport.handleRequest(request, response, body);
+  };
+
+  const server = http.createServer((request, response) => {
+    handle(request, response).catch((err: unknown) => {
+      log(`MCP request failed: ${err instanceof Error ? err.message : String(err)}`);
+      if (!response.headersSent) jsonError(response, 500, "internal error");
+      else response.destroy();
+    });
+  });
+  server.headersTimeout = 30_000;
+  server.requestTimeout = 0; // streamed responses (SSE) stay open; idle sessions are closed below
+  const sweeper = setInterval(() => {
+    const now = Date.now();
+    for (const [id, session] of sessions) {
+      if (now - session.lastUsed > SESSION_IDLE_MS)
+        void session.transport.close().catch(() => sessions.delete(id));
+    }
+  }, 60_000);
+  sweeper.unref();
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(options.port, options.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const address = server.address();
+  if (address !== null && typeof address === "object") port = address.port;
+  const shownHost = options.host.includes(":") ? `[${options.host}]` : options.host;
+  return {
+    url: `http://${shownHost}:${port}${MCP_PATH}`,
+    close: async () => {
+      clearInterval(sweeper);
+      const open = [...sessions.values()];
+      sessions.clear();
+      await Promise.all(
+        open.map(async (s) => {
+          await s.transport.close().catch(() => {});
+          await s.mcp.close().catch(() => {});
+        }),
+      );
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+const REFUSED = Symbol("refused");
+
+/** The request's JSON body, or REFUSED after answering 400/413 itself. */
+async function readJson(
+  request: IncomingMessage,
+  response: ServerResponse,
+): Promise<unknown | typeof REFUSED> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of request as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > MAX_BODY_BYTES) {
+      jsonError(response, 413, `request body over ${MAX_BODY_BYTES} bytes`);
+      request.destroy();
+      return REFUSED;
+    }
+    parts.push(chunk);
+  }
+  try {
+    return JSON.parse(Buffer.concat(parts).toString("utf8"));
+  } catch {
+    jsonError(response, 400, "the body is not JSON");
+    return REFUSED;
+  }
+}
+
+function jsonError(response: ServerResponse, status: number, message: string): void {
+  response.writeHead(status, { "content-type": "application/json" });
+  response.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message }, id: null }));
+}
+
+function headerValue(value: string | string[] | undefined): string | undefined {
+  return Array.isArray(value) ? value[0] : value;
+}
+
+function digest(token: string): Buffer {
+  return createHash("sha256").update(token).digest();
+}

@@ -1,0 +1,82 @@
+/**
+ * Inbound traffic: HTTP requests and WebSocket upgrades proxied to a port inside a sandbox, through the
+ * sandbox namespace's address (the namespace DNATs TCP from the bridge address to the guest). One function per
+ * kind of request, so every front (the forkd route, `forkd port`, the E2B host/header routing) proxies the same
+ * way. Uses http-proxy-3 (a maintained rewrite of http-proxy: streaming bodies both ways, WebSocket upgrades,
+ * one shared keep-alive agent).
+ */
+import http from "node:http";
+import https from "node:https";
+import type net from "node:net";
+import { createProxyServer } from "http-proxy-3";
+import { errorMessage } from "../common/errors.js";
+
+export interface PortTarget {
+  host: string;
+  port: number;
+  /** The server on the port speaks HTTPS (its certificate is not checked: it is the guest's own). */
+  tls?: boolean;
+  /** Send this Host header instead of the request's own. */
+  hostHeader?: string | null;
+}
+
+/** A proxied request waits this long for the guest's response headers (long polls need minutes). */
+export const PROXY_RESPONSE_TIMEOUT_MS = 10 * 60_000;
+
+const AGENT_OPTIONS = { keepAlive: true, maxSockets: 256, maxFreeSockets: 32 };
+
+export class PortProxy {
+  private readonly agent = new http.Agent(AGENT_OPTIONS);
+  private readonly tlsAgent = new https.Agent({ ...AGENT_OPTIONS, rejectUnauthorized: false });
+  private readonly proxy = createProxyServer({
+    ws: true,
+    xfwd: false,
+    proxyTimeout: PROXY_RESPONSE_TIMEOUT_MS,
+  });
+
+  /**
+   * Proxies one HTTP request (its `url` is the path to request in the guest) to `target`. Resolves with null
+   * once the response is done, or with why the target could not be reached when nothing has been written yet
+   * (the caller answers, in its own API's error shape); a failure after the response started ends it.
+   */
+  web(req: http.IncomingMessage, res: http.ServerResponse, target: PortTarget): Promise<string | null> {
+    return new Promise((resolve) => {
+      res.once("close", () => resolve(null));
+      this.proxy.web(
+        req,
+        res,
+        { ...this.options(target), agent: target.tls ? this.tlsAgent : this.agent },
+        (err) => {
+          if (res.headersSent) {
+            res.destroy();
+            resolve(null);
+          } else resolve(`cannot reach port ${target.port} in the sandbox: ${errorMessage(err)}`);
+        },
+      );
+    });
+  }
+
+  /** Proxies a WebSocket (or any HTTP/1.1 upgrade) on `socket` to `target`. */
+  upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer, target: PortTarget): void {
+    socket.on("error", () => {});
+    this.proxy.ws(req, socket, head, this.options(target), () => {
+      if (socket.writable)
+        socket.end("HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
+      socket.destroy();
+    });
+  }
+
+  close(): void {
+    this.agent.destroy();
+    this.tlsAgent.destroy();
+    this.proxy.close();
+  }
+
+  private options(target: PortTarget) {
+    return {
+      target: `${target.tls ? "https" : "http"}://${target.host}:${target.port}`,
+      secure: false,
+      ...(target.hostHeader ? { headers: { host: target.hostHeader } } : {}),
+    };
+  }
+}

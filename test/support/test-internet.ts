@@ -1,0 +1,87 @@
+/**
+ * A test "internet" the host routes to: a network namespace behind a veth (host side INTERNET_GATEWAY), with
+ * several addresses, an HTTP server on each and a DNS server (test/support/internet-host.ts). Sandboxes reach
+ * it the way they reach the real internet: out of their namespace, through the bridge, routed and masqueraded
+ * by the host.
+ */
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { launcherBinary } from "../../src/isolation/launcher.js";
+import type { Zone } from "./dns-server.js";
+
+const run = promisify(execFile);
+
+export const INTERNET_GATEWAY = "198.51.100.1";
+export const INTERNET_DNS = "198.51.100.2";
+export const INTERNET_HOSTS = {
+  allowed: "198.51.100.10",
+  denied: "198.51.100.11",
+  wild: "198.51.100.12",
+  cidrAllowed: "198.51.100.20",
+  other: "198.51.100.30",
+} as const;
+
+export const INTERNET_ZONE: Zone = {
+  "allowed.test": { a: [INTERNET_HOSTS.allowed], ttl: 300 },
+  "denied.test": { a: [INTERNET_HOSTS.denied] },
+  "a.wild.test": { a: [INTERNET_HOSTS.wild] },
+  "other.test": { a: [INTERNET_HOSTS.other] },
+};
+
+export interface TestInternet {
+  netns: string;
+  dns: string;
+  stop(): Promise<void>;
+}
+
+export async function startTestInternet(): Promise<TestInternet> {
+  const netns = `fkt-inet-${process.pid}`;
+  const hostIf = `fkti${process.pid}`.slice(0, 15);
+  const addresses = [INTERNET_DNS, ...Object.values(INTERNET_HOSTS)];
+  const routed = (await run("ip", ["route", "show", "to", "match", INTERNET_DNS])).stdout;
+  if (!/^default /m.test(routed) || routed.trim().split("\n").length > 1) {
+    throw new Error(`the test internet's addresses are already routed on this host:\n${routed}`);
+  }
+  await run("ip", ["netns", "add", netns]);
+  let server: ChildProcess | undefined;
+  const stop = async () => {
+    server?.kill("SIGKILL");
+    await run("ip", ["link", "del", hostIf]).catch(() => {});
+    await run("ip", ["netns", "del", netns]).catch(() => {});
+  };
+  try {
+    await run("ip", ["link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", netns]);
+    await run("ip", ["address", "add", `${INTERNET_GATEWAY}/24`, "dev", hostIf]);
+    await run("ip", ["link", "set", hostIf, "up"]);
+    for (const address of addresses)
+      await run("ip", ["-n", netns, "address", "add", `${address}/24`, "dev", "eth0"]);
+    await run("ip", ["-n", netns, "link", "set", "eth0", "up"]);
+    await run("ip", ["-n", netns, "link", "set", "lo", "up"]);
+    await run("ip", ["-n", netns, "route", "add", "default", "via", INTERNET_GATEWAY]);
+    const self = fileURLToPath(import.meta.url);
+    const program = path.join(path.dirname(self), `internet-host${path.extname(self)}`);
+    server = spawn(
+      launcherBinary(),
+      [
+        "--netns",
+        `/run/netns/${netns}`,
+        "--",
+        process.execPath,
+        ...process.execArgv,
+        program,
+        JSON.stringify(INTERNET_ZONE),
+      ],
+      { stdio: ["ignore", "pipe", "inherit"] },
+    );
+    await new Promise<void>((resolve, reject) => {
+      server?.stdout?.once("data", () => resolve());
+      server?.once("exit", (code) => reject(new Error(`the test internet's servers exited (${code})`)));
+    });
+    return { netns, dns: INTERNET_DNS, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
