@@ -66,7 +66,7 @@ async function withExtraStep(templateFile: string): Promise<Template> {
   const file = path.join(path.dirname(templateFile), "template-plus-one.toml");
   const text = await readFile(templateFile, "utf8");
   await writeFile(file, `${text}\n[[steps]]\nrun = "echo one more step > /bench-extra-step.txt"\n`);
-  return loadTemplate(file);
+  return loadTemplate(file, { allowFiles: true });
 }
 
 await rm(ROOT, { recursive: true, force: true });
@@ -121,7 +121,7 @@ for (const name of RECIPES) {
   await cp(bootOnly, cacheDir, { recursive: true });
   const paths = pathsFor(name);
   const templateFile = await recipeCopy(name, scratch);
-  const template = await loadTemplate(templateFile);
+  const template = await loadTemplate(templateFile, { allowFiles: true });
   console.log(`\n== ${name}: cold build`);
   let started = performance.now();
   const cold = await buildImage(template, { cacheDir });
@@ -153,6 +153,7 @@ for (const name of RECIPES) {
   const snap = await createSnapshot(paths, {
     tag,
     template: template.source,
+    templateFiles: true,
     replace: true,
     onProgress: (e) => {
       if (!marks.has(e.step)) marks.set(e.step, performance.now());
