@@ -144,7 +144,11 @@ describe("snapshots through an OCI registry", { skip: !isRoot && "needs root", t
       path.join(dir, "base.toml"),
       'format = 2\nname = "registry-base"\nmemory_mib = 256\ndisk_mib = 256\n[from]\narchive = "image.tar"\n',
     );
-    await createSnapshot(homeA, { tag: "rb-base", template: path.join(dir, "base.toml"), templateFiles: true });
+    await createSnapshot(homeA, {
+      tag: "rb-base",
+      template: path.join(dir, "base.toml"),
+      templateFiles: true,
+    });
     const services = await openServices(homeA);
     try {
       for (const [tag, state] of [
@@ -348,7 +352,9 @@ describe("snapshots through an OCI registry", { skip: !isRoot && "needs root", t
       file,
       `format = 2\nname = "from-registry"\nmemory_mib = 256\ndisk_mib = 256\n[from]\nimage = "127.0.0.1:${registry.port}/plain/busybox:1"\n[[steps]]\nrun = "echo pulled > /pulled.txt"\n`,
     );
-    const built = await buildImage(await loadTemplate(file, { allowFiles: true }), { cacheDir: path.join(dir, "images-registry") });
+    const built = await buildImage(await loadTemplate(file, { allowFiles: true }), {
+      cacheDir: path.join(dir, "images-registry"),
+    });
     assert.equal(built.steps?.[0]?.cached, false);
     assert.match(built.steps?.[0]?.description ?? "", /^image 127\.0\.0\.1:\d+\/plain\/busybox:1$/);
     assert.equal(await debugfsCat(built.rootfs, "/pulled.txt"), "pulled\n");

@@ -31,7 +31,11 @@ describe("recipe dockerfile", { skip: !isRoot && "needs root", timeout: 20 * 60_
   });
 
   it("a Dockerfile with RUN/COPY/ENV/WORKDIR builds with buildah and its effects are visible in children", async () => {
-    const created = await createSnapshot(home, { tag: "dockerfile", template: recipe.template, templateFiles: true });
+    const created = await createSnapshot(home, {
+      tag: "dockerfile",
+      template: recipe.template,
+      templateFiles: true,
+    });
     assert.equal(created.image.manifest.settings?.workdir, "/app");
     const result = await forkChildren(home, {
       tag: "dockerfile",

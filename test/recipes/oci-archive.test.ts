@@ -32,7 +32,11 @@ describe("recipe oci-archive", { skip: !isRoot && "needs root", timeout: 20 * 60
   });
 
   it("an OCI archive made in the test becomes a template whose children answer, its service already up", async () => {
-    const created = await createSnapshot(home, { tag: "oci-archive", template: recipe.template, templateFiles: true });
+    const created = await createSnapshot(home, {
+      tag: "oci-archive",
+      template: recipe.template,
+      templateFiles: true,
+    });
     assert.equal(created.manifest.template.interpreter, "none");
     assert.equal(created.image.manifest.settings?.workdir, "/srv");
     const result = await forkChildren(home, {
