@@ -13,6 +13,7 @@
  */
 import { execFile } from "node:child_process";
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import { resolvePaths } from "../src/common/paths.js";
@@ -37,6 +38,8 @@ const BATCH = Number(process.env.BENCH_BATCH ?? 8);
 const ROOT = process.env.BENCH_DIR ?? "/var/tmp/forkd-bench-templates";
 const QUERY = ["psql", "-Atc", "select 6 * 7"];
 
+const loadAverage = () => os.loadavg().map((l) => Number(l.toFixed(2)));
+const loadStart = loadAverage();
 const seconds = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
 
@@ -111,6 +114,47 @@ interface RecipeResult {
     total_s: number;
     disk_bytes: number;
     memory_mib: number;
+  };
+}
+
+// --- postgres: a forked child's first query vs a fresh boot of PostgreSQL, interleaved ---
+let postgres: Record<string, unknown> | undefined;
+async function comparePostgres(): Promise<void> {
+  const paths = pathsFor("postgres");
+  const template = await loadTemplate("postgres");
+  const image = await buildImage(template, { cacheDir: cacheOf("postgres") });
+  const accelerator = await chooseAccelerator(paths, image);
+  const forked: number[] = [];
+  const fresh: number[] = [];
+  const freshReady: number[] = [];
+  for (let round = 0; round < ROUNDS; round++) {
+    const fork = await forkChildren(paths, { tag: "bench-postgres", n: 1, exec: QUERY });
+    const child = fork.children[0];
+    if (child?.stdout.trim() !== "42")
+      throw new Error(`forked child answered ${child?.stdout} ${child?.error}`);
+    forked.push(child.done_ms);
+    const boot = await coldBootExec(paths, { template, image, accel: accelerator, exec: QUERY });
+    if (boot.stdout.trim() !== "42") throw new Error(`fresh boot answered ${boot.stdout} ${boot.error}`);
+    fresh.push(boot.totalMs);
+    freshReady.push(boot.readyMs);
+    console.log(
+      `round ${round + 1}: fork ${forked[round]?.toFixed(0)} ms, fresh boot ${boot.totalMs.toFixed(0)} ms`,
+    );
+  }
+  const batchStarted = performance.now();
+  const batch = await forkChildren(paths, { tag: "bench-postgres", n: BATCH, exec: QUERY });
+  const batchMs = performance.now() - batchStarted;
+  const batchOk = batch.children.filter((c) => c.stdout.trim() === "42").length;
+  postgres = {
+    rounds: ROUNDS,
+    forked_first_query_ms: forked,
+    fresh_boot_first_query_ms: fresh,
+    fresh_boot_start_to_ready_ms: freshReady,
+    forked_p50_ms: percentile(forked, 50),
+    fresh_p50_ms: percentile(fresh, 50),
+    speedup_p50: percentile(fresh, 50) / percentile(forked, 50),
+    batch: { n: BATCH, ok: batchOk, wall_ms: batchMs },
+    load_average_after: loadAverage(),
   };
 }
 
@@ -190,99 +234,76 @@ for (const name of RECIPES) {
     },
   });
   console.log(JSON.stringify(results[results.length - 1]));
+  // The side-by-side comparison right after its snapshot, so an interrupted run still has it.
+  if (name === "postgres") await comparePostgres();
+  await report(false);
 }
 
-// --- postgres: a forked child's first query vs a fresh boot of PostgreSQL, interleaved ---
-let postgres: Record<string, unknown> | undefined;
-if (RECIPES.includes("postgres")) {
-  const paths = pathsFor("postgres");
-  const template = await loadTemplate("postgres");
-  const image = await buildImage(template, { cacheDir: cacheOf("postgres") });
-  const accelerator = await chooseAccelerator(paths, image);
-  const forked: number[] = [];
-  const fresh: number[] = [];
-  const freshReady: number[] = [];
-  for (let round = 0; round < ROUNDS; round++) {
-    const fork = await forkChildren(paths, { tag: "bench-postgres", n: 1, exec: QUERY });
-    const child = fork.children[0];
-    if (child?.stdout.trim() !== "42")
-      throw new Error(`forked child answered ${child?.stdout} ${child?.error}`);
-    forked.push(child.done_ms);
-    const boot = await coldBootExec(paths, { template, image, accel: accelerator, exec: QUERY });
-    if (boot.stdout.trim() !== "42") throw new Error(`fresh boot answered ${boot.stdout} ${boot.error}`);
-    fresh.push(boot.totalMs);
-    freshReady.push(boot.readyMs);
-    console.log(
-      `round ${round + 1}: fork ${forked[round]?.toFixed(0)} ms, fresh boot ${boot.totalMs.toFixed(0)} ms`,
-    );
+async function report(complete: boolean): Promise<void> {
+  const rows: Row[] = [];
+  for (const r of results) {
+    rows.push({
+      metric: `${r.recipe}: build cold / cached / image again from cached steps / one more step`,
+      value: `${seconds(r.cold_build_s * 1000)} / ${seconds(r.cached_build_s * 1000)} / ${seconds(r.rebuild_on_cached_steps_s * 1000)} / ${seconds(r.one_more_step_s * 1000)}`,
+      note: `${r.steps} steps; slowest: ${[...r.step_seconds].sort((a, b) => b.seconds - a.seconds)[0]?.description ?? "-"}`,
+    });
+    rows.push({
+      metric: `${r.recipe}: image files / rootfs on disk / step cache`,
+      value: `${r.image_used_mib} MiB / ${mib(r.rootfs_disk_bytes)} / ${mib(r.step_cache_bytes)}`,
+    });
+    rows.push({
+      metric: `${r.recipe}: snapshot total (boot, start to ready, warm-up) / on disk`,
+      value: `${seconds(r.snapshot.total_s * 1000)} (${seconds(r.snapshot.boot_ms)}, ${seconds(r.snapshot.start_to_ready_ms)}, ${seconds(r.snapshot.warmup_ms)}) / ${mib(r.snapshot.disk_bytes)}`,
+      note: `${r.snapshot.memory_mib} MiB guest`,
+    });
   }
-  const batchStarted = performance.now();
-  const batch = await forkChildren(paths, { tag: "bench-postgres", n: BATCH, exec: QUERY });
-  const batchMs = performance.now() - batchStarted;
-  const batchOk = batch.children.filter((c) => c.stdout.trim() === "42").length;
-  postgres = {
-    rounds: ROUNDS,
-    forked_first_query_ms: forked,
-    fresh_boot_first_query_ms: fresh,
-    fresh_boot_start_to_ready_ms: freshReady,
-    forked_p50_ms: percentile(forked, 50),
-    fresh_p50_ms: percentile(fresh, 50),
-    speedup_p50: percentile(fresh, 50) / percentile(forked, 50),
-    batch: { n: BATCH, ok: batchOk, wall_ms: batchMs },
-  };
+  if (postgres) {
+    rows.push({
+      metric: "postgres: forked child to first query answer, p50",
+      value: `${(postgres.forked_p50_ms as number).toFixed(0)} ms`,
+      note: `${ROUNDS} rounds, one child each`,
+    });
+    rows.push({
+      metric: "postgres: fresh boot + start + pg_isready + first query, p50",
+      value: `${(postgres.fresh_p50_ms as number).toFixed(0)} ms`,
+      note: "same image and query, interleaved with the forks",
+    });
+    rows.push({
+      metric: "postgres: fork speed-up (p50)",
+      value: `${(postgres.speedup_p50 as number).toFixed(1)}x`,
+    });
+    const batch = postgres.batch as { n: number; ok: number; wall_ms: number };
+    rows.push({
+      metric: `postgres: ${batch.n} children at once, all answered`,
+      value: `${seconds(batch.wall_ms)}`,
+      note: `${batch.ok}/${batch.n} correct`,
+    });
+  }
+
+  const host = hostDescription();
+  const accelNote = `accelerator: ${accel}`;
+  if (complete) printRows(`bench/templates (${host}; ${accelNote})`, rows);
+  await writeResults(
+    "templates",
+    {
+      host,
+      accel: accelNote,
+      date: new Date().toISOString(),
+      complete,
+      recipes_asked: RECIPES,
+      load_average_start: loadStart,
+      load_average_end: loadAverage(),
+      recipes: results,
+      postgres,
+    },
+    `# bench/templates\n\n${host}; ${accelNote}; ${new Date().toISOString().slice(0, 10)}; load average (1/5/15 min) ${loadStart.join(" / ")} at the start, ${loadAverage().join(" / ")} at the end (other VMs shared the 2 cores)${complete ? "" : `; INCOMPLETE: ${results.map((r) => r.recipe).join(", ")} of ${RECIPES.join(", ")} done`}\n\n${markdownTable(rows)}\n\n` +
+      "Cold: no image and no step of the recipe cached (the kernel/initramfs, shared by all templates, cached). " +
+      "Cached: the same build again (the image is found by its recipe hash). Image again from cached steps: the image " +
+      "removed, every step cached (umoci unpack of the last step, the agent payload, mkfs). One more step: the recipe " +
+      "with a `run` step appended (only it runs, then the image). Rootfs on disk: the sparse " +
+      "ext4's allocated bytes. Snapshot on disk: memory.bin (allocated), device state and the parent's disk layer.\n",
+  );
 }
 
-const rows: Row[] = [];
-for (const r of results) {
-  rows.push({
-    metric: `${r.recipe}: build cold / cached / image again from cached steps / one more step`,
-    value: `${seconds(r.cold_build_s * 1000)} / ${seconds(r.cached_build_s * 1000)} / ${seconds(r.rebuild_on_cached_steps_s * 1000)} / ${seconds(r.one_more_step_s * 1000)}`,
-    note: `${r.steps} steps; slowest: ${[...r.step_seconds].sort((a, b) => b.seconds - a.seconds)[0]?.description ?? "-"}`,
-  });
-  rows.push({
-    metric: `${r.recipe}: image files / rootfs on disk / step cache`,
-    value: `${r.image_used_mib} MiB / ${mib(r.rootfs_disk_bytes)} / ${mib(r.step_cache_bytes)}`,
-  });
-  rows.push({
-    metric: `${r.recipe}: snapshot total (boot, start to ready, warm-up) / on disk`,
-    value: `${seconds(r.snapshot.total_s * 1000)} (${seconds(r.snapshot.boot_ms)}, ${seconds(r.snapshot.start_to_ready_ms)}, ${seconds(r.snapshot.warmup_ms)}) / ${mib(r.snapshot.disk_bytes)}`,
-    note: `${r.snapshot.memory_mib} MiB guest`,
-  });
-}
-if (postgres) {
-  rows.push({
-    metric: "postgres: forked child to first query answer, p50",
-    value: `${(postgres.forked_p50_ms as number).toFixed(0)} ms`,
-    note: `${ROUNDS} rounds, one child each`,
-  });
-  rows.push({
-    metric: "postgres: fresh boot + start + pg_isready + first query, p50",
-    value: `${(postgres.fresh_p50_ms as number).toFixed(0)} ms`,
-    note: "same image and query, interleaved with the forks",
-  });
-  rows.push({
-    metric: "postgres: fork speed-up (p50)",
-    value: `${(postgres.speedup_p50 as number).toFixed(1)}x`,
-  });
-  const batch = postgres.batch as { n: number; ok: number; wall_ms: number };
-  rows.push({
-    metric: `postgres: ${batch.n} children at once, all answered`,
-    value: `${seconds(batch.wall_ms)}`,
-    note: `${batch.ok}/${batch.n} correct`,
-  });
-}
-
-const host = hostDescription();
-const accelNote = `accelerator: ${accel}`;
-printRows(`bench/templates (${host}; ${accelNote})`, rows);
-await writeResults(
-  "templates",
-  { host, accel: accelNote, date: new Date().toISOString(), recipes: results, postgres },
-  `# bench/templates\n\n${host}; ${accelNote}; ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}\n\n` +
-    "Cold: no image and no step of the recipe cached (the kernel/initramfs, shared by all templates, cached). " +
-    "Cached: the same build again (the image is found by its recipe hash). Image again from cached steps: the image " +
-    "removed, every step cached (umoci unpack of the last step, the agent payload, mkfs). One more step: the recipe " +
-    "with a `run` step appended (only it runs, then the image). Rootfs on disk: the sparse " +
-    "ext4's allocated bytes. Snapshot on disk: memory.bin (allocated), device state and the parent's disk layer.\n",
-);
+await report(true);
 await rm(scratch, { recursive: true, force: true });
