@@ -153,6 +153,11 @@ export async function runInImage(options: SandboxRun): Promise<void> {
       );
     }
     if (options.signal?.aborted) throw abortError(options.signal, options.label);
+    // The template's own command failed (its exit status and output tail are in the message): the template
+    // cannot be built as written, which is the caller's to fix, not forkd's fault.
+    if (err instanceof ForkdError && err.code === "internal") {
+      throw new ForkdError("unprocessable", err.message, { cause: err });
+    }
     throw err;
   }
 }

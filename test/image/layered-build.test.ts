@@ -168,6 +168,7 @@ run = "echo never"
     const imagesBefore = (await fs.readdir(cacheDir)).filter((n) => /^[0-9a-f]{64}$/.test(n)).length;
     await assert.rejects(build(t), (err: unknown) => {
       assert.ok(err instanceof ForkdError);
+      assert.equal(err.code, "unprocessable", "the template's command failed, not forkd");
       assert.match(err.message, /step 2\/3: run echo line-before/);
       assert.match(err.message, /exit status 3/);
       assert.match(err.message, /line-before/);
