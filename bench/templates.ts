@@ -68,7 +68,10 @@ async function recipeCopy(name: string, scratch: string): Promise<string> {
 async function withExtraStep(templateFile: string): Promise<Template> {
   const file = path.join(path.dirname(templateFile), "template-plus-one.toml");
   const text = await readFile(templateFile, "utf8");
-  await writeFile(file, `${text}\n[[steps]]\nrun = 'mkdir -p "$HOME" && echo one more step > "$HOME/bench-extra-step.txt"'\n`);
+  await writeFile(
+    file,
+    `${text}\n[[steps]]\nrun = 'mkdir -p "$HOME" && echo one more step > "$HOME/bench-extra-step.txt"'\n`,
+  );
   return loadTemplate(file, { allowFiles: true });
 }
 
