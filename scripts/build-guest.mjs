@@ -7,6 +7,9 @@
  *
  * Usage: node scripts/build-guest.mjs [--out <dir>]   (default dist/guest). The directory is built beside the
  * target and renamed into place, so a failed build never leaves a half-written payload behind.
+ *
+ * Also builds dist/tools/forkd-runas (src/image/runas, static): not part of the guest payload, the image
+ * builder bind-mounts it into a build step's sandbox to run the step as the image's user.
  */
 import { execFileSync } from "node:child_process";
 import { realpathSync } from "node:fs";
@@ -49,6 +52,35 @@ export async function buildGuest(outDir) {
   return target;
 }
 
+/** Builds the host-side build tools (dist/tools); like the payload, renamed into place when complete. */
+export async function buildTools(outDir) {
+  const target = path.resolve(outDir);
+  const staging = `${target}.tmp-${process.pid}`;
+  await rm(staging, { recursive: true, force: true });
+  await mkdir(staging, { recursive: true });
+  try {
+    execFileSync(
+      "go",
+      [
+        "build",
+        "-trimpath",
+        "-ldflags",
+        "-s -w",
+        "-o",
+        path.join(staging, "forkd-runas"),
+        "./src/image/runas",
+      ],
+      { cwd: root, stdio: "inherit", env: { ...process.env, CGO_ENABLED: "0" } },
+    );
+    await rm(target, { recursive: true, force: true });
+    await rename(staging, target);
+  } catch (err) {
+    await rm(staging, { recursive: true, force: true });
+    throw err;
+  }
+  return target;
+}
+
 // realpath: when run through a symlink, argv[1] is the link while import.meta.url is the target.
 if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const { values } = parseArgs({
@@ -56,4 +88,6 @@ if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.me
   });
   const target = await buildGuest(values.out);
   console.log(`guest agent built into ${path.relative(process.cwd(), target) || "."}`);
+  const tools = await buildTools(path.join(path.dirname(target), "tools"));
+  console.log(`build tools built into ${path.relative(process.cwd(), tools) || "."}`);
 }

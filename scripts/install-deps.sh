@@ -8,6 +8,10 @@
 # a system user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so
 # no other account is ever given those ids (the daemon does the same at start if it is missing). Uses the
 # machine's own apt and npm configuration. Safe to run again.
+#
+# Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
+# bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
+# docker-registry on a loopback port of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -19,7 +23,12 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
-  gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium >/dev/null
+  gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium \
+  skopeo umoci bubblewrap buildah docker-registry >/dev/null
+# The package starts a registry service on :5000; forkd's tests run their own and need no service.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
 
 # The sandboxed QEMUs' uid range: FORKD_VM_UID_BASE (default 2000000000) + every possible pid (2^22).
 vm_base="${FORKD_VM_UID_BASE:-2000000000}"

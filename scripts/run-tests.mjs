@@ -1,17 +1,21 @@
 #!/usr/bin/env node
 // Runs the compiled test files (dist/test/**/*.test.js) one file at a time. Node 20's `--test <dir>` would
 // also run every other .js file under a test/ directory (fixtures, helper programs) as if it were a test.
-// Extra arguments filter by substring: `node scripts/run-tests.mjs agent vmm`.
+// Extra arguments filter by substring: `node scripts/run-tests.mjs agent vmm`. `--recipes` runs the heavy recipe
+// tests instead (test/recipes/*.recipe-test.ts: large Debian builds, long warm-ups; `npm run test:recipes`).
 import { spawnSync } from "node:child_process";
 import { readdirSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = fileURLToPath(new URL("../dist/test/", import.meta.url));
+const args = process.argv.slice(2);
+const recipes = args.includes("--recipes");
+const needles = args.filter((a) => a !== "--recipes");
 const files = readdirSync(root, { recursive: true })
   .map(String)
-  .filter((f) => f.endsWith(".test.js"))
-  .filter((f) => process.argv.length <= 2 || process.argv.slice(2).some((needle) => f.includes(needle)))
+  .filter((f) => f.endsWith(recipes ? ".recipe-test.js" : ".test.js"))
+  .filter((f) => needles.length === 0 || needles.some((needle) => f.includes(needle)))
   .sort()
   .map((f) => path.join(root, f));
 if (files.length === 0) {

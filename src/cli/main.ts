@@ -6,6 +6,7 @@ import { registerDoctor } from "./commands/doctor.js";
 import { registerFork } from "./commands/fork.js";
 import { registerImage } from "./commands/image.js";
 import { registerPack } from "./commands/pack.js";
+import { registerRegistry } from "./commands/registry.js";
 import { registerSnapshot } from "./commands/snapshot.js";
 import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
 import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
@@ -32,6 +33,7 @@ export function buildProgram(): Command {
   registerSnapshotCompact(program);
   registerPack(program);
   registerUnpack(program);
+  registerRegistry(program);
   registerDoctor(program);
   registerDaemonCommands(program);
   return program;

@@ -23,6 +23,66 @@ export interface ColdBootResult {
   error: string | null;
 }
 
+export interface ColdBootExecResult extends Omit<ColdBootResult, "result" | "warmupMs"> {
+  /** Boot to the template's `ready` succeeding (its `start` command and `ready` polls included). */
+  readyMs: number;
+  exitCode: number | null;
+  stdout: string;
+}
+
+/**
+ * The slow way for a template with a service: boot a fresh VM, run its `start` command and poll `ready` (as a
+ * snapshot's parent does), then run `argv`, tear it down. Spawn to `argv`'s exit is what forking replaces.
+ */
+export async function coldBootExec(
+  paths: ForkdPaths,
+  options: {
+    template: Template;
+    image: BuiltImage;
+    accel: AcceleratorChoice;
+    exec: string[];
+    confinement?: ConfinementConfig;
+    signal?: AbortSignal;
+  },
+): Promise<ColdBootExecResult> {
+  const id = newSandboxId();
+  const runDir = path.join(paths.run, `cold-${id}`);
+  const started = performance.now();
+  await mkdir(runDir, { recursive: true, mode: 0o700 });
+  try {
+    const disk = path.join(runDir, RUN_FILES.disk);
+    await createOverlay({ backing: options.image.rootfs, backingFormat: "raw", overlay: disk });
+    const booted = await bootWarmVm({
+      template: options.template,
+      image: options.image,
+      accel: options.accel,
+      runDir,
+      memoryFile: path.join(runDir, "memory.bin"),
+      disk,
+      diskBacking: [options.image.rootfs],
+      confinement: options.confinement,
+      signal: options.signal,
+    });
+    try {
+      const ran = await booted.agent.exec(options.exec, { timeoutMs: 120_000, signal: options.signal });
+      return {
+        id,
+        totalMs: performance.now() - started,
+        bootMs: booted.bootMs,
+        readyMs: booted.readyMs,
+        exitCode: ran.exitCode,
+        stdout: ran.stdout.toString("utf8"),
+        error: ran.exitCode === 0 ? null : ran.stderr.toString("utf8").slice(-500),
+      };
+    } finally {
+      booted.agent.close();
+      await booted.vm.kill({ graceMs: 0 });
+    }
+  } finally {
+    await rm(runDir, { recursive: true, force: true });
+  }
+}
+
 export async function coldBootEval(
   paths: ForkdPaths,
   options: {

@@ -24,7 +24,7 @@ import { SNAPSHOT_FILES } from "./machine.js";
 import { trustFreshImage, verifyImage } from "./restore-plan.js";
 
 export interface ProgressEvent {
-  step: "image" | "accelerator" | "boot" | "warmup" | "save" | "commit";
+  step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
   message: string;
 }
 

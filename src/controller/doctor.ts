@@ -60,6 +60,16 @@ export async function runDoctor(
     add(await checkTool(tool, ["--version"], `apt-get install ${pkg} (needed to build guest images)`));
   }
   add(await checkConfinement());
+  // Format-2 templates only (images from OCI archives, registries, Dockerfiles; build steps): a warning.
+  for (const [tool, pkg, what] of [
+    ["skopeo", "skopeo", "format-2 templates from images and registries, forkd push/pull"],
+    ["umoci", "umoci", "format-2 templates"],
+    ["bwrap", "bubblewrap", "format-2 build steps"],
+    ["buildah", "buildah", "format-2 templates from a Dockerfile"],
+  ] as const) {
+    const check = await checkTool(tool, ["--version"], `apt-get install ${pkg} (needed for ${what})`);
+    add(check.status === "fail" ? { ...check, status: "warn" } : check);
+  }
   add(await checkUserfaultfd());
   add(await checkCgroups(paths));
   add(await checkNetns());

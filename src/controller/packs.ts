@@ -28,7 +28,14 @@ import { manifestDigest, resolveChain } from "../store/chain.js";
 import { digestFile } from "../store/hash.js";
 import { MANIFEST_FILE, parseManifest, type SnapshotManifest } from "../store/manifest.js";
 import { readLayerIndex } from "../store/memory-layer.js";
-import { type ArchiveSource, readArchive, SparseHashWriter, writeArchive } from "../store/pack-archive.js";
+import {
+  type ArchiveEntry,
+  type ArchiveSource,
+  type ReadArchiveOptions,
+  readArchive,
+  SparseHashWriter,
+  writeArchive,
+} from "../store/pack-archive.js";
 import {
   classifyPackPath,
   imagePackPath,
@@ -101,9 +108,58 @@ export interface PackResult {
 
 export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Promise<PackResult> {
   const started = performance.now();
+  const out = path.resolve(options.out);
+  await stat(out).then(
+    () => {
+      throw conflict(`${out} already exists`);
+    },
+    () => {},
+  );
+  const { chain, manifest, files } = await preparePack(paths, options);
+  const progress = options.onProgress ?? (() => {});
+  const entries: ArchiveSource[] = [
+    { path: PACK_MANIFEST_PATH, source: packManifestBytes(manifest) },
+    ...files.map((f) => ({ path: f.path, source: f.source })),
+  ];
+  crashPoint("pack.verified");
+  progress(`writing ${out}`);
+  const written = await writeArchive(out, entries, { level: options.level, signal: options.signal });
+  crashPoint("pack.written");
+  return {
+    out,
+    chain: chain.map((s) => s.tag),
+    files: files.length,
+    content_bytes: files.reduce((n, f) => n + f.size, 0),
+    pack_bytes: written.bytes,
+    image_included: !options.withoutImage,
+    ms: Math.round(performance.now() - started),
+  };
+}
+
+export const packManifestBytes = (manifest: PackManifest) =>
+  Buffer.from(`${JSON.stringify(manifest, null, 2)}\n`);
+
+/** A packed file and where its bytes come from. */
+export type PackedFile = PackFile & { source: string };
+
+export interface PreparedPack {
+  /** Root first. */
+  chain: StoredSnapshot[];
+  manifest: PackManifest;
+  /** In pack order: every layer's manifest, then each layer's data files, then the image's files. */
+  files: PackedFile[];
+}
+
+/**
+ * What a pack of `tag` holds, with every file verified against its recorded hash: the chain, the pack manifest
+ * and the files in pack order. Shared by `pack` (one archive) and `push` (one registry blob per layer).
+ */
+export async function preparePack(
+  paths: ForkdPaths,
+  options: Pick<PackOptions, "tag" | "withoutImage" | "onProgress">,
+): Promise<PreparedPack> {
   const tag = assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
-  const out = path.resolve(options.out);
   const store = new SnapshotStore(paths.snapshots);
   const chain = await resolveChain(store, tag);
   const head = chain[chain.length - 1] as StoredSnapshot;
@@ -114,16 +170,10 @@ export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Pro
       throw new ForkdError("unprocessable", `snapshot ${tag}: layer ${layer.tag} was made on another image`);
     }
   }
-  await stat(out).then(
-    () => {
-      throw conflict(`${out} already exists`);
-    },
-    () => {},
-  );
 
   progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
   const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
-  const files: (PackFile & { source: string })[] = [];
+  const files: PackedFile[] = [];
   for (const layer of chain) {
     files.push({
       path: snapshotPackPath(layer.tag, MANIFEST_FILE),
@@ -173,29 +223,33 @@ export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Pro
     },
     files: files.map(({ path: p, size, sha256 }) => ({ path: p, size, sha256 })),
   };
-  const entries: ArchiveSource[] = [
-    { path: PACK_MANIFEST_PATH, source: Buffer.from(`${JSON.stringify(manifest, null, 2)}\n`) },
-    ...files.map((f) => ({ path: f.path, source: f.source })),
-  ];
-  crashPoint("pack.verified");
-  progress(`writing ${out}`);
-  const written = await writeArchive(out, entries, { level: options.level, signal: options.signal });
-  crashPoint("pack.written");
-  return {
-    out,
-    chain: chain.map((s) => s.tag),
-    files: files.length,
-    content_bytes: files.reduce((n, f) => n + f.size, 0),
-    pack_bytes: written.bytes,
-    image_included: !options.withoutImage,
-    ms: Math.round(performance.now() - started),
-  };
+  return { chain, manifest, files };
 }
 
 // ---- unpack ----
 
+/**
+ * Where a pack's entries come from: one archive file (`unpack`), or a registry artifact whose blobs are each
+ * an archive of some of them (`pull`). Either way the pack manifest comes first and the entries follow in
+ * pack order, so the same session checks them.
+ */
+export interface PackSource {
+  /** How errors and progress name it. */
+  name: string;
+  read(
+    onEntry: (entry: ArchiveEntry) => Promise<"continue" | "stop">,
+    options: ReadArchiveOptions,
+  ): Promise<void>;
+}
+
+export function archiveFileSource(file: string): PackSource {
+  return { name: file, read: (onEntry, options) => readArchive(file, onEntry, options) };
+}
+
 export interface UnpackOptions {
-  file: string;
+  /** A pack file, or `source`. */
+  file?: string;
+  source?: PackSource;
   /** Install the head under this tag (its ancestors keep theirs). */
   tag?: string;
   /** Replace existing snapshots of the same tags that differ from the packed ones. */
@@ -241,16 +295,21 @@ export async function unpackSnapshot(paths: ForkdPaths, options: UnpackOptions):
   const started = performance.now();
   const newHeadTag = options.tag === undefined ? undefined : assertTag(options.tag);
   const progress = options.onProgress ?? (() => {});
-  const file = path.resolve(options.file);
-  const fileStat = await stat(file).catch(() => null);
-  if (!fileStat?.isFile()) throw notFound(`pack ${file} not found (or not a file)`);
+  let source = options.source;
+  if (!source) {
+    if (options.file === undefined) throw invalidArgument("unpack needs a pack file");
+    const file = path.resolve(options.file);
+    const fileStat = await stat(file).catch(() => null);
+    if (!fileStat?.isFile()) throw notFound(`pack ${file} not found (or not a file)`);
+    source = archiveFileSource(file);
+  }
 
   const store = new SnapshotStore(paths.snapshots);
   await store.sweepStale();
   const staging = await store.makeStagingDir("unpack");
   const session = new UnpackSession(paths, store, staging, newHeadTag, options, progress);
   try {
-    await session.read(file);
+    await session.read(source);
     crashPoint("unpack.read");
     await session.install();
   } finally {
@@ -295,9 +354,9 @@ class UnpackSession {
 
   // ---- reading ----
 
-  async read(file: string): Promise<void> {
-    this.progress(`reading ${file}`);
-    await readArchive(file, (entry) => this.onEntry(entry), {
+  async read(source: PackSource): Promise<void> {
+    this.progress(`reading ${source.name}`);
+    await source.read((entry) => this.onEntry(entry), {
       signal: this.options.signal,
       maxBytes: () =>
         this.pack
@@ -315,12 +374,7 @@ class UnpackSession {
     await this.checkLayerFiles();
   }
 
-  private async onEntry(entry: {
-    path: string;
-    type: "file" | "directory";
-    size: number;
-    body: AsyncIterable<Buffer>;
-  }): Promise<"continue" | "stop"> {
+  private async onEntry(entry: ArchiveEntry): Promise<"continue" | "stop"> {
     const where = entry.path === PACK_MANIFEST_PATH ? null : classifyPackPath(entry.path);
     if (entry.type === "directory") {
       if (where?.kind !== "dir") throw refused(entry.path, "unexpected directory");

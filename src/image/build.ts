@@ -31,6 +31,8 @@ import {
   sweepStaleStaging,
 } from "./cache.js";
 import { bootRecipeDigest, KERNEL_CMDLINE } from "./initramfs.js";
+import { buildLayeredTree, type StepReport } from "./layered-build.js";
+import { envRecord } from "./oci-layout.js";
 import { defaultGuestPayloadDir } from "./package-root.js";
 import { type BuildProgressEvent, type Emit, step } from "./progress.js";
 import {
@@ -41,7 +43,15 @@ import {
   recipeHash,
   sha256File,
 } from "./recipe.js";
-import { customizeTree, debootstrap, type Ext4Result, makeExt4, rootfsPackages } from "./rootfs.js";
+import {
+  customizeTree,
+  debootstrap,
+  type Ext4Result,
+  makeExt4,
+  onGuestPath,
+  rootfsPackages,
+} from "./rootfs.js";
+import { type BuildPlan, planBuild } from "./step-plan.js";
 import type { Template } from "./template.js";
 
 export type { BuildProgressEvent, BuildStep } from "./progress.js";
@@ -65,6 +75,8 @@ export interface ResolvedRecipe {
   hash: string;
   distro: HostDistro;
   boot: BootPackages;
+  /** Format 2: the base and step keys. */
+  plan?: BuildPlan;
 }
 
 const cacheDirOf = (options: ImageOptions) => path.resolve(options.cacheDir ?? resolvePaths().images);
@@ -73,7 +85,9 @@ const cacheDirOf = (options: ImageOptions) => path.resolve(options.cacheDir ?? r
 export async function resolveRecipe(template: Template, options: ImageOptions = {}): Promise<ResolvedRecipe> {
   const distro = await hostDistro();
   const payloadHash = await hashPayloadDir(options.payloadDir ?? defaultGuestPayloadDir());
-  const normalized = await imageTemplate(template);
+  const plan =
+    template.format === 2 ? await planBuild(template, distro.suite, rootfsPackages(template)) : undefined;
+  const normalized = await imageTemplate(template, plan?.finalKey);
   const boot = await resolveBootPackages(cacheDirOf(options), distro.arch, options.signal);
   const recipe: Recipe = {
     builderVersion: BUILDER_VERSION,
@@ -86,7 +100,7 @@ export async function resolveRecipe(template: Template, options: ImageOptions = 
     payloadHash,
     template: normalized,
   };
-  return { recipe, hash: recipeHash(recipe), distro, boot };
+  return { recipe, hash: recipeHash(recipe), distro, boot, plan };
 }
 
 /** The cached image for `template`'s current recipe, or undefined. Never builds. */
@@ -103,34 +117,73 @@ export async function readImage(hash: string, options: ImageOptions = {}): Promi
   return readImageDir(cacheDirOf(options), hash);
 }
 
+interface RootfsResult extends Ext4Result {
+  /** Format 2: each base/step, cached or how long it took. */
+  steps?: StepReport[];
+  settings?: ImageManifest["settings"];
+}
+
+/** Format 1: mmdebstrap of the host's suite with the template's packages. */
+async function debianTree(
+  template: Template,
+  resolved: ResolvedRecipe,
+  tree: string,
+  staging: Staging,
+  emit: Emit,
+  signal: AbortSignal,
+): Promise<void> {
+  const packages = rootfsPackages(template);
+  await debootstrap({
+    suite: resolved.distro.suite,
+    packages,
+    target: tree,
+    tmpDir: path.join(staging.work, "tmp"),
+    signal,
+    onStatus: (message, fraction) => emit({ step: "rootfs", phase: "progress", message, fraction }),
+  });
+}
+
 async function buildRootfsChain(
   template: Template,
   resolved: ResolvedRecipe,
   payloadDir: string,
+  cacheDir: string,
   staging: Staging,
   emit: Emit,
   signal: AbortSignal,
-): Promise<Ext4Result> {
-  const tree = path.join(staging.work, "rootfs");
-  const packages = rootfsPackages(template);
-  await step(
-    emit,
-    "rootfs",
-    `Debian ${resolved.distro.suite} root filesystem (${packages.join(", ")})`,
-    async () => {
-      await debootstrap({
-        suite: resolved.distro.suite,
-        packages,
-        target: tree,
-        tmpDir: path.join(staging.work, "tmp"),
-        signal,
-        onStatus: (message, fraction) => emit({ step: "rootfs", phase: "progress", message, fraction }),
-      });
-      emit({ step: "rootfs", phase: "progress", message: "adding the guest agent and template files" });
-      await customizeTree({ root: tree, template, payloadDir });
-    },
-  );
-  return step(emit, "filesystem", `ext4 image (${template.diskMib} MiB)`, async () => {
+  force: boolean,
+): Promise<RootfsResult> {
+  const plan = resolved.plan;
+  let tree = path.join(staging.work, "rootfs");
+  let steps: StepReport[] | undefined;
+  let imageSettings: ImageManifest["settings"];
+  const title = plan
+    ? `root filesystem from ${plan.base.description}${plan.steps.length > 0 ? ` + ${plan.steps.length} steps` : ""}`
+    : `Debian ${resolved.distro.suite} root filesystem (${rootfsPackages(template).join(", ")})`;
+  await step(emit, "rootfs", title, async () => {
+    let settings: { env: Record<string, string>; workdir: string } | undefined;
+    if (plan) {
+      const layered = await buildLayeredTree({ plan, cacheDir, staging, emit, signal, fresh: force });
+      tree = layered.root;
+      steps = layered.steps;
+      settings = { env: envRecord(layered.settings.env), workdir: layered.settings.workdir };
+      imageSettings = { ...settings, user: layered.settings.user };
+      // The agent starts "python3" from its PATH, which is the image's.
+      if (template.interpreter === "python" && !(await onGuestPath(tree, settings.env.PATH, "python3"))) {
+        throw new ForkdError(
+          "invalid_argument",
+          `${template.source}: interpreter = "python", but the image has no python3 on its PATH ` +
+            '(install it in a step, or use interpreter = "none")',
+        );
+      }
+    } else {
+      await debianTree(template, resolved, tree, staging, emit, signal);
+    }
+    emit({ step: "rootfs", phase: "progress", message: "adding the guest agent and template files" });
+    await customizeTree({ root: tree, template, payloadDir, settings });
+  });
+  if (steps) emit({ step: "rootfs", phase: "progress", message: "step timings", steps });
+  const ext4 = await step(emit, "filesystem", `ext4 image (${template.diskMib} MiB)`, async () => {
     const result = await makeExt4(
       tree,
       path.join(staging.out, IMAGE_FILES.rootfs),
@@ -141,6 +194,7 @@ async function buildRootfsChain(
     await fs.rm(tree, { recursive: true, force: true });
     return result;
   });
+  return { ...ext4, steps, settings: imageSettings };
 }
 
 /** Runs both chains; the first failure cancels the other, and both have stopped before this returns. */
@@ -216,7 +270,8 @@ export async function buildImage(template: Template, options: BuildOptions = {})
           signal: s,
           force: options.force === true,
         }),
-      (s) => buildRootfsChain(template, resolved, payloadDir, staging, emit, s),
+      (s) =>
+        buildRootfsChain(template, resolved, payloadDir, cacheDir, staging, emit, s, options.force === true),
     );
     return await step(emit, "finalize", `publishing image ${hash.slice(0, 12)}`, async () => {
       const files: ImageManifest["files"] = {};
@@ -250,6 +305,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
         },
         files,
         origin: "built",
+        ...(ext4.steps ? { steps: ext4.steps, settings: ext4.settings } : {}),
       };
       await fs.writeFile(
         path.join(staging.out, IMAGE_FILES.manifest),
@@ -260,7 +316,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
       const image = await readImageDir(cacheDir, hash);
       if (!image)
         throw new ForkdError("internal", `image ${hash} is incomplete after publishing (${outcome})`);
-      return { ...image, cached: outcome === "lost-race" };
+      return { ...image, cached: outcome === "lost-race", steps: ext4.steps };
     });
   } finally {
     await removeStaging(staging.dir);

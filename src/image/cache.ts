@@ -23,6 +23,7 @@ import {
   parseIdentity,
   selfIdentity,
 } from "../common/processes.js";
+import type { StepTiming } from "./progress.js";
 import { type ImageTemplate, RECIPE_HASH_PATTERN, type Recipe, recipeHash } from "./recipe.js";
 
 export const IMAGE_FILES = {
@@ -52,6 +53,10 @@ export interface ImageManifest {
   files: Record<string, { size: number; sha256: string }>;
   /** "built" here from its recipe, or "imported" from a pack (then only that pack's snapshots use it). */
   origin: "built" | "imported";
+  /** Format 2: the base and each build step of the build that made this image, cached or how long it took. */
+  steps?: StepTiming[];
+  /** Format 2: the image's environment, working directory and user after the last step. */
+  settings?: { env: Record<string, string>; workdir: string; user: string };
 }
 
 export interface BuiltImage {
@@ -65,6 +70,8 @@ export interface BuiltImage {
   manifest: ImageManifest;
   /** True when the image came from the cache rather than from this call's build. */
   cached: boolean;
+  /** Format 2, built by this call: each base/step, cached or how long it took. */
+  steps?: StepTiming[];
 }
 
 const MAX_MANIFEST_BYTES = 1024 * 1024;

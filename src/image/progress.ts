@@ -7,12 +7,23 @@ import { errorMessage } from "../common/errors.js";
  */
 export type BuildStep = "resolve" | "kernel" | "initramfs" | "rootfs" | "filesystem" | "finalize";
 
+/** How one base or build step of a format-2 template went (layered-build.ts). */
+export interface StepTiming {
+  /** 0 for the base, then 1..n. */
+  number: number;
+  description: string;
+  cached: boolean;
+  seconds: number;
+}
+
 export interface BuildProgressEvent {
   step: BuildStep;
   phase: "start" | "progress" | "done" | "failed";
   message: string;
   /** 0..1 within the step, when known. */
   fraction?: number;
+  /** Set on the rootfs step's "done" event of a format-2 build: each base/step, cached or how long it took. */
+  steps?: StepTiming[];
 }
 
 export type Emit = (event: BuildProgressEvent) => void;

@@ -26,6 +26,10 @@ export interface ImageTemplate {
   interpreter: Interpreter;
   warmup: string | null;
   files: { dest: string; mode: number; sha256: string; size: number }[];
+  /** Format 2 only (absent for format 1, so format-1 recipes hash as they always did). */
+  format?: 2;
+  /** Format 2: the step key of the tree the image is made from (covers the base and every step). */
+  rootfsKey?: string;
 }
 
 export interface Recipe {
@@ -48,7 +52,7 @@ export async function sha256File(file: string): Promise<string> {
   return hash.digest("hex");
 }
 
-export async function imageTemplate(template: Template): Promise<ImageTemplate> {
+export async function imageTemplate(template: Template, rootfsKey?: string): Promise<ImageTemplate> {
   const files = [];
   for (const f of template.files) {
     const st = await fs.stat(f.src);
@@ -64,6 +68,7 @@ export async function imageTemplate(template: Template): Promise<ImageTemplate> 
     interpreter: template.interpreter,
     warmup: template.warmup ?? null,
     files: files.sort((a, b) => (a.dest < b.dest ? -1 : 1)),
+    ...(template.format === 2 ? { format: 2 as const, rootfsKey } : {}),
   };
 }
 
@@ -73,9 +78,8 @@ const MAX_PAYLOAD_ENTRIES = 100_000;
 export const GUEST_AGENT_FILE = "forkd-agent";
 
 /**
- * A hash over a directory tree: every entry's relative path, type, permission bits and content (or link
- * target), in sorted order. Fails clearly when the payload is missing, since a build without it would
- * produce a guest with no agent.
+ * A hash over the guest payload directory (see hashTree). Fails clearly when the payload is missing, since a
+ * build without it would produce a guest with no agent.
  */
 export async function hashPayloadDir(dir: string): Promise<string> {
   const st = await fs.stat(dir).catch(() => undefined);
@@ -92,6 +96,20 @@ export async function hashPayloadDir(dir: string): Promise<string> {
       `guest agent payload ${dir} has no ${GUEST_AGENT_FILE} (run \`npm run build\`)`,
     );
   }
+  return hashTree(dir, "guest payload");
+}
+
+/**
+ * A hash over a directory tree: every entry's relative path, type, permission bits and content (or link
+ * target), in sorted order. Special files (devices, sockets, FIFOs) are refused; so are trees with more than
+ * MAX_PAYLOAD_ENTRIES entries. A regular file is hashed as itself (its name is empty).
+ */
+export async function hashTree(dir: string, what: string): Promise<string> {
+  const top = await fs.lstat(dir);
+  if (top.isFile())
+    return createHash("sha256")
+      .update(`F  ${(top.mode & 0o7777).toString(8)} ${await sha256File(dir)}\n`)
+      .digest("hex");
   const hash = createHash("sha256");
   let entries = 0;
   const walk = async (rel: string): Promise<void> => {
@@ -100,7 +118,7 @@ export async function hashPayloadDir(dir: string): Promise<string> {
       if (++entries > MAX_PAYLOAD_ENTRIES) {
         throw new ForkdError(
           "invalid_argument",
-          `guest payload ${dir} has more than ${MAX_PAYLOAD_ENTRIES} entries`,
+          `${what} ${dir} has more than ${MAX_PAYLOAD_ENTRIES} entries`,
         );
       }
       const childRel = rel === "" ? name : `${rel}/${name}`;
@@ -115,7 +133,7 @@ export async function hashPayloadDir(dir: string): Promise<string> {
       } else if (lst.isFile()) {
         hash.update(`F ${childRel} ${perm} ${await sha256File(full)}\n`);
       } else {
-        throw new ForkdError("invalid_argument", `guest payload contains a special file: ${full}`);
+        throw new ForkdError("invalid_argument", `${what} contains a special file: ${full}`);
       }
     }
   };

@@ -48,7 +48,11 @@ const MMDEBSTRAP_STAGES: [RegExp, number][] = [
   [/cleaning package lists/, 0.95],
 ];
 
-export function rootfsPackages(template: Pick<Template, "packages" | "interpreter">): string[] {
+/** The Debian packages of the image (none when it is not made from Debian: an image brings its own). */
+export function rootfsPackages(
+  template: Pick<Template, "packages" | "interpreter"> & { base?: Template["base"] },
+): string[] {
+  if (template.base !== undefined && template.base.kind !== "debian") return [];
   const extra = template.interpreter === "python" ? PYTHON_PACKAGES : [];
   return [...new Set([...BASE_PACKAGES, ...extra, ...template.packages])];
 }
@@ -178,16 +182,49 @@ export interface CustomizeOptions {
   root: string;
   template: Template;
   payloadDir: string;
+  /**
+   * The image's own environment and working directory (format 2): written to template.json, where the agent
+   * takes them as every process's defaults.
+   */
+  settings?: { env: Record<string, string>; workdir: string };
 }
 
-/** Puts forkd's payload, the template's files and the guest identity into a debootstrapped tree. */
-export async function customizeTree({ root, template, payloadDir }: CustomizeOptions): Promise<void> {
+/** Directories /init mounts over or moves into the new root: an image from elsewhere may lack them. */
+const MOUNT_POINTS: [string, number][] = [
+  ["/proc", 0o555],
+  ["/sys", 0o555],
+  ["/dev", 0o755],
+  ["/run", 0o755],
+  ["/tmp", 0o1777],
+  ["/etc", 0o755],
+];
+
+/** Puts forkd's payload, the template's files and the guest identity into a root filesystem tree. */
+export async function customizeTree({
+  root,
+  template,
+  payloadDir,
+  settings,
+}: CustomizeOptions): Promise<void> {
+  for (const [dir, mode] of MOUNT_POINTS) {
+    const at = await resolveInRoot(root, dir, true);
+    const st = await fs.lstat(at).catch(() => undefined);
+    if (st?.isDirectory()) continue;
+    if (st)
+      throw new ForkdError("invalid_argument", `${template.source}: ${dir} in the image is not a directory`);
+    await fs.mkdir(at, { recursive: true });
+    await fs.chmod(at, mode);
+  }
   const forkdDir = await resolveInRoot(root, "/opt/forkd", true);
   await fs.rm(forkdDir, { recursive: true, force: true });
   await fs.mkdir(forkdDir, { recursive: true, mode: 0o755 });
   await fs.cp(payloadDir, forkdDir, { recursive: true, verbatimSymlinks: true, preserveTimestamps: true });
   await fs.chmod(forkdDir, 0o755);
-  const templateJson = { name: template.name, interpreter: template.interpreter };
+  const templateJson = {
+    name: template.name,
+    interpreter: template.interpreter,
+    ...(settings ? { env: settings.env, workdir: settings.workdir } : {}),
+  };
   await fs.writeFile(path.join(forkdDir, "template.json"), `${JSON.stringify(templateJson, null, 2)}\n`, {
     mode: 0o644,
   });
@@ -226,6 +263,37 @@ export const GUEST_AGENT_PATH = "/opt/forkd/forkd-agent";
 export const DEFAULT_USER = { name: "user", uid: 1000, gid: 1000, home: "/home/user" } as const;
 
 /**
+ * An image without accounts (`scratch`, busybox, distroless) gets root's: the agent's processes run as root
+ * by default and tools that look up uid 0 (id, ps, a shell's prompt) find a name for it.
+ */
+async function addRootIfMissing(
+  root: string,
+  read: (guestPath: string) => Promise<string>,
+  lines: (text: string) => string[],
+): Promise<void> {
+  const passwd = await read("/etc/passwd");
+  if (lines(passwd).some((l) => l.split(":")[2] === "0")) return;
+  const bash = await fs.lstat(await resolveInRoot(root, "/bin/bash", true)).catch(() => undefined);
+  const append = (text: string, line: string) =>
+    `${text}${text === "" || text.endsWith("\n") ? "" : "\n"}${line}\n`;
+  await writeGuestFile(
+    root,
+    "/etc/passwd",
+    append(passwd, `root:x:0:0:root:/root:${bash ? "/bin/bash" : "/bin/sh"}`),
+    0o644,
+  );
+  const group = await read("/etc/group");
+  if (!lines(group).some((l) => l.split(":")[2] === "0")) {
+    await writeGuestFile(root, "/etc/group", append(group, "root:x:0:"), 0o644);
+  }
+  const shadow = await read("/etc/shadow");
+  if (!lines(shadow).some((l) => l.split(":")[0] === "root")) {
+    await writeGuestFile(root, "/etc/shadow", append(shadow, "root:*::0:99999:7:::"), 0o640);
+  }
+  await fs.mkdir(await resolveInRoot(root, "/root", true), { recursive: true, mode: 0o700 });
+}
+
+/**
  * Adds DEFAULT_USER to the tree's /etc/passwd, /etc/group and /etc/shadow (and /etc/gshadow when the image
  * has one) by editing the files directly: no useradd, no userland tools assumed. Shell: /bin/bash when the
  * image has it, else /bin/sh. A tree that already has the user keeps its own entry; a taken uid or gid moves
@@ -234,9 +302,10 @@ export const DEFAULT_USER = { name: "user", uid: 1000, gid: 1000, home: "/home/u
 export async function addDefaultUser(root: string): Promise<{ uid: number; gid: number }> {
   const read = async (guestPath: string) =>
     fs.readFile(await resolveInRoot(root, guestPath), "utf8").catch(() => "");
+  const lines = (text: string) => text.split("\n").filter((l) => l !== "");
+  await addRootIfMissing(root, read, lines);
   const passwd = await read("/etc/passwd");
   const group = await read("/etc/group");
-  const lines = (text: string) => text.split("\n").filter((l) => l !== "");
   const existing = lines(passwd).find((l) => l.split(":")[0] === DEFAULT_USER.name);
   if (existing !== undefined) {
     const [, , uid, gid] = existing.split(":");
@@ -338,4 +407,20 @@ export async function makeExt4(
   );
   await run("e2fsck", ["-f", "-n", image], { signal, stdout: "ignore" });
   return { uuid, usedMib };
+}
+
+const DEFAULT_GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/** Whether `program` is an executable file on `pathVar` (the image's PATH), resolved inside the tree. */
+export async function onGuestPath(
+  root: string,
+  pathVar: string | undefined,
+  program: string,
+): Promise<boolean> {
+  for (const dir of (pathVar ?? DEFAULT_GUEST_PATH).split(":")) {
+    if (!dir.startsWith("/")) continue;
+    const st = await fs.stat(await resolveInRoot(root, `${dir}/${program}`, true)).catch(() => undefined);
+    if (st?.isFile() && (st.mode & 0o111) !== 0) return true;
+  }
+  return false;
 }

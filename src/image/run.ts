@@ -23,10 +23,16 @@ const TOOL_PACKAGES: Record<string, string> = {
   debugfs: "e2fsprogs",
   mknod: "coreutils",
   du: "coreutils",
+  skopeo: "skopeo",
+  umoci: "umoci",
+  buildah: "buildah",
+  bwrap: "bubblewrap",
 };
 
 const KILL_GRACE_MS = 5_000;
-const STDERR_TAIL_BYTES = 4_096;
+const DEFAULT_TAIL_BYTES = 4_096;
+/** A line longer than this is handed out cut to its end. */
+const MAX_LINE_BYTES = 16_384;
 
 export interface RunOptions {
   cwd?: string;
@@ -34,13 +40,18 @@ export interface RunOptions {
   env?: NodeJS.ProcessEnv;
   /** Bytes written to the tool's stdin (stdin is /dev/null otherwise). */
   input?: string | Buffer;
-  /** Where stdout goes: collected (bounded by maxStdoutBytes) or discarded. */
-  stdout?: "collect" | "ignore";
+  /**
+   * Where stdout goes: collected (bounded by maxStdoutBytes), discarded, or handed out line by line like stderr
+   * ("lines": both streams then go to `onStderrLine` and into the tail a failure reports, in arrival order).
+   */
+  stdout?: "collect" | "ignore" | "lines";
   maxStdoutBytes?: number;
   /** Called with every complete stderr line, e.g. to forward a tool's own progress messages. */
   onStderrLine?: (line: string) => void;
   /** How errors name the command (default: the command and its first arguments). */
   label?: string;
+  /** Bytes of output a failure's message ends with (default 4 KiB; 0: none). */
+  tailBytes?: number;
 }
 
 export interface RunResult {
@@ -64,8 +75,9 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
     const stdoutChunks: Buffer[] = [];
     let stdoutBytes = 0;
     let stdoutOverflow = false;
+    const tailBytes = options.tailBytes ?? DEFAULT_TAIL_BYTES;
     let stderrTail = "";
-    let stderrPartial = "";
+    const partial = { stdout: "", stderr: "" };
     let killTimer: NodeJS.Timeout | undefined;
     let aborted = false;
 
@@ -84,8 +96,16 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
     };
     options.signal?.addEventListener("abort", onAbort, { once: true });
 
+    const onText = (stream: "stdout" | "stderr", chunk: string) => {
+      stderrTail = tailBytes > 0 ? (stderrTail + chunk).slice(-tailBytes) : "";
+      if (!options.onStderrLine) return;
+      const lines = (partial[stream] + chunk).split("\n");
+      partial[stream] = (lines.pop() ?? "").slice(-MAX_LINE_BYTES);
+      for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
+    };
     child.stdout?.on("data", (chunk: Buffer) => {
       if (options.stdout === "ignore") return;
+      if (options.stdout === "lines") return onText("stdout", chunk.toString("utf8"));
       stdoutBytes += chunk.length;
       if (stdoutBytes > maxStdout) {
         stdoutOverflow = true;
@@ -95,13 +115,7 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
       stdoutChunks.push(chunk);
     });
     child.stderr?.setEncoding("utf8");
-    child.stderr?.on("data", (chunk: string) => {
-      stderrTail = (stderrTail + chunk).slice(-STDERR_TAIL_BYTES);
-      if (!options.onStderrLine) return;
-      const lines = (stderrPartial + chunk).split("\n");
-      stderrPartial = (lines.pop() ?? "").slice(-STDERR_TAIL_BYTES);
-      for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
-    });
+    child.stderr?.on("data", (chunk: string) => onText("stderr", chunk));
     if (options.input !== undefined && child.stdin) {
       child.stdin.on("error", () => {
         // the tool exited before reading all input; its exit status tells the story

@@ -2,6 +2,9 @@
  * Templates: TOML files that say what goes into a guest image and how big its VMs are. Parsed with smol-toml,
  * checked with typebox, then checked for the rules a schema cannot express (warm-up only with Python, extra
  * files that stay inside the template's directory). Every error names the file, the field and the rule.
+ *
+ * Two formats: 1 (no `format` field: Debian packages, files, warm-up) and 2 (`format = 2`: also `from` an OCI
+ * image, archive, registry or Dockerfile, build steps, start and ready commands; see template-v2.ts).
  */
 import fs from "node:fs/promises";
 import path from "node:path";
@@ -11,6 +14,22 @@ import { parse as parseToml } from "smol-toml";
 import { ForkdError, invalidArgument } from "../common/errors.js";
 import { assertTemplateName, isValidTag } from "../common/names.js";
 import { builtinTemplatesDir } from "./package-root.js";
+import { describeValue, fieldName, intInRange, isInside } from "./template-fields.js";
+import {
+  CommandSchema,
+  checkV2,
+  DockerfileSchema,
+  FromSchema,
+  type ImageSource,
+  type ReadyCheck,
+  StepSchema,
+  type TemplateCommand,
+  type TemplateStep,
+  V2_LIMITS,
+  type V2Document,
+} from "./template-v2.js";
+
+export type { ImageSource, ReadyCheck, StepKind, TemplateCommand, TemplateStep } from "./template-v2.js";
 
 export type Interpreter = "python" | "none";
 
@@ -36,6 +55,16 @@ export interface Template {
   /** Python run once in the parent VM before it is snapshotted; only with interpreter "python". */
   warmup: string | undefined;
   files: TemplateFile[];
+  /** 1 (Debian packages only) or 2 (any base, build steps, start/ready). */
+  format: 1 | 2;
+  /** Where the root filesystem comes from: the host's Debian suite for format 1. */
+  base: ImageSource;
+  /** Applied on top of the base, in order (format 2). */
+  steps: TemplateStep[];
+  /** Started in the parent before the snapshot and kept running in every child (format 2). */
+  start: TemplateCommand | undefined;
+  /** Polled until it exits 0 before the warm-up and snapshot (format 2). */
+  ready: ReadyCheck | undefined;
   /**
    * "nic" (default): the parent boots with a virtio-net NIC and its children get a network of their own;
    * "none": no NIC at all (no child of it can ever have network). Not part of the image: a machine setting.
@@ -47,6 +76,7 @@ export interface Template {
 }
 
 export const TEMPLATE_DEFAULTS = {
+  format: 1 as 1 | 2,
   description: "",
   memory_mib: 512,
   vcpus: 1,
@@ -71,10 +101,6 @@ const DEBIAN_PACKAGE_PATTERN = "^[a-z0-9][a-z0-9+.-]+$";
 const RESERVED_GUEST_DIRS = ["/opt/forkd", "/proc", "/sys", "/dev", "/run", "/tmp"];
 
 const TAG_RULE = "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (no '/' and no leading '.')";
-
-function intInRange(min: number, max: number) {
-  return Type.Integer({ minimum: min, maximum: max, rule: `must be a whole number from ${min} to ${max}` });
-}
 
 const TemplateFileSchema = Type.Object(
   {
@@ -133,26 +159,38 @@ const TemplateSchema = Type.Object(
         rule: `must be a list ([[files]] tables) of at most ${TEMPLATE_LIMITS.files} entries`,
       }),
     ),
+    format: Type.Optional(
+      Type.Union([Type.Literal(1), Type.Literal(2)], { rule: "must be 1 or 2 (the template format)" }),
+    ),
+    from: Type.Optional(FromSchema),
+    dockerfile: Type.Optional(DockerfileSchema),
+    steps: Type.Optional(
+      Type.Array(StepSchema, {
+        maxItems: V2_LIMITS.steps,
+        rule: `must be a list ([[steps]] tables) of at most ${V2_LIMITS.steps} steps`,
+      }),
+    ),
+    start: Type.Optional(CommandSchema),
+    ready: Type.Optional(CommandSchema),
   },
   { additionalProperties: false },
 );
+
+/** Fields only format 2 knows. */
+const V2_FIELDS = ["from", "dockerfile", "steps", "start", "ready"] as const;
 
 type TemplateDocument = Static<typeof TemplateSchema>;
 
 export const TEMPLATE_FIELDS = Object.keys(TemplateSchema.properties);
 
-/** "/files/0/src" -> "files[0].src" */
-function fieldName(pointer: string): string {
-  return pointer
-    .split("/")
-    .filter((p) => p !== "")
-    .map((p, i) => (/^\d+$/.test(p) ? `[${p}]` : i === 0 ? p : `.${p}`))
-    .join("");
-}
-
-function describeValue(value: unknown): string {
-  const text = JSON.stringify(value) ?? String(value);
-  return text.length > 60 ? `${text.slice(0, 57)}...` : text;
+/** The fields a table may have, by its JSON pointer in the document. */
+function allowedFields(pointer: string): string[] {
+  if (pointer === "") return TEMPLATE_FIELDS;
+  if (/^\/files\/\d+$/.test(pointer)) return Object.keys(TemplateFileSchema.properties);
+  if (/^\/steps\/\d+$/.test(pointer)) return Object.keys(StepSchema.properties);
+  if (pointer === "/from") return Object.keys(FromSchema.properties);
+  if (pointer === "/dockerfile") return Object.keys(DockerfileSchema.properties);
+  return ["command", "user", "cwd", "env", "timeout_s", "interval_ms"];
 }
 
 function schemaErrors(file: string, doc: unknown): string[] {
@@ -164,7 +202,7 @@ function schemaErrors(file: string, doc: unknown): string[] {
     seen.add(error.path);
     if (error.message === "Unexpected property") {
       const parent = error.path.split("/").slice(0, -1).join("/");
-      const allowed = parent === "" ? TEMPLATE_FIELDS : Object.keys(TemplateFileSchema.properties);
+      const allowed = allowedFields(parent);
       problems.push(`${file}: unknown field "${field}" (allowed: ${allowed.join(", ")})`);
     } else if (error.message === "Expected required property") {
       problems.push(`${file}: field "${field}" is required`);
@@ -179,11 +217,6 @@ function schemaErrors(file: string, doc: unknown): string[] {
 function parseMode(mode: number | string | undefined): number {
   if (mode === undefined) return 0o644;
   return typeof mode === "number" ? mode : Number.parseInt(mode, 8);
-}
-
-function isInside(parent: string, child: string): boolean {
-  const rel = path.relative(parent, child);
-  return rel !== "" && !rel.startsWith("..") && !path.isAbsolute(rel);
 }
 
 async function checkFiles(file: string, doc: TemplateDocument, problems: string[]): Promise<TemplateFile[]> {
@@ -262,13 +295,23 @@ export async function parseTemplate(text: string, file: string, builtin = false)
   const problems = schemaErrors(source, doc);
   if (problems.length > 0) throw templateError(problems);
   const valid = doc as TemplateDocument;
-  const interpreter = valid.interpreter ?? TEMPLATE_DEFAULTS.interpreter;
+  const format = valid.format ?? TEMPLATE_DEFAULTS.format;
+  if (format === 1) {
+    const v2Only = V2_FIELDS.filter((f) => valid[f] !== undefined);
+    for (const f of v2Only)
+      problems.push(
+        `${source}: field "${f}" needs format = 2 (this template has no format field, so it is format 1)`,
+      );
+  }
+  // Format 2 asks for an interpreter explicitly: an image from elsewhere may have no Python at all.
+  const interpreter = valid.interpreter ?? (format === 2 ? "none" : TEMPLATE_DEFAULTS.interpreter);
   if (valid.warmup !== undefined && interpreter !== "python") {
     problems.push(
       `${source}: field "warmup" is only allowed with interpreter = "python" (interpreter is "${interpreter}")`,
     );
   }
   const files = await checkFiles(source, valid, problems);
+  const v2 = format === 2 ? await checkV2(source, valid as V2Document, problems) : undefined;
   if (problems.length > 0) throw templateError(problems);
   return {
     name: valid.name,
@@ -280,6 +323,11 @@ export async function parseTemplate(text: string, file: string, builtin = false)
     interpreter,
     warmup: valid.warmup,
     files,
+    format,
+    base: v2?.source ?? { kind: "debian", suite: "" },
+    steps: v2?.steps ?? [],
+    start: v2?.start,
+    ready: v2?.ready,
     network: valid.network ?? "nic",
     source,
     builtin,
@@ -305,11 +353,23 @@ async function readTemplateFile(file: string): Promise<string> {
   return fs.readFile(file, "utf8");
 }
 
+/** A recipe directory holds its template under this name, beside its README and files. */
+export const RECIPE_TEMPLATE_FILE = "template.toml";
+
+/** templates/<name>.toml, or templates/<name>/template.toml for a recipe with files of its own. */
+async function builtinTemplateFile(name: string): Promise<string | undefined> {
+  const dir = builtinTemplatesDir();
+  for (const file of [path.join(dir, `${name}.toml`), path.join(dir, name, RECIPE_TEMPLATE_FILE)]) {
+    if ((await fs.stat(file).catch(() => undefined))?.isFile()) return file;
+  }
+  return undefined;
+}
+
 /**
- * A built-in template by name (templates/<name>.toml in the forkd package) or, with `allowFiles` (the CLI,
- * acting for the user who runs it), a template file by path: anything containing '/' or ending in .toml, relative
- * to the working directory. Names that come from an API caller never load a file: the daemon runs as root, and
- * its working directory is not the caller's.
+ * A built-in template by name (templates/<name>.toml or templates/<name>/template.toml in the forkd package)
+ * or, with `allowFiles` (the CLI, acting for the user who runs it), a template file by path: anything containing
+ * '/' or ending in .toml, relative to the working directory. Names that come from an API caller never load a
+ * file: the daemon runs as root, and its working directory is not the caller's.
  */
 export async function loadTemplate(
   nameOrPath: string,
@@ -329,11 +389,9 @@ export async function loadTemplate(
     return parseTemplate(await readTemplateFile(file), file);
   }
   const name = assertTemplateName(nameOrPath);
-  const file = path.join(builtinTemplatesDir(), `${name}.toml`);
-  try {
-    await fs.access(file);
-  } catch {
-    const available = (await listTemplateFiles()).map((f) => path.basename(f, ".toml"));
+  const file = await builtinTemplateFile(name);
+  if (file === undefined) {
+    const available = await listTemplateNames();
     throw new ForkdError(
       "not_found",
       `no built-in template named "${name}" (available: ${available.join(", ") || "none"}); ` +
@@ -342,12 +400,15 @@ export async function loadTemplate(
   }
   const template = await parseTemplate(await readTemplateFile(file), file, true);
   if (template.name !== name) {
-    throw invalidArgument(`${file}: field "name" is "${template.name}" but the file is named ${name}.toml`);
+    throw invalidArgument(
+      `${file}: field "name" is "${template.name}" but the template is found as ${name} (its file or directory name)`,
+    );
   }
   return template;
 }
 
-async function listTemplateFiles(): Promise<string[]> {
+/** Names of the built-in templates and recipes, sorted. */
+export async function listTemplateNames(): Promise<string[]> {
   const dir = builtinTemplatesDir();
   let entries: string[];
   try {
@@ -355,14 +416,33 @@ async function listTemplateFiles(): Promise<string[]> {
   } catch {
     return [];
   }
-  return entries
-    .filter((e) => e.endsWith(".toml") && isValidTag(e.slice(0, -5)))
-    .sort()
-    .map((e) => path.join(dir, e));
+  const names = new Set<string>();
+  for (const entry of entries) {
+    const name = entry.endsWith(".toml") ? entry.slice(0, -5) : entry;
+    if (!isValidTag(name)) continue;
+    if (entry.endsWith(".toml") || (await builtinTemplateFile(name)) !== undefined) names.add(name);
+  }
+  return [...names].sort();
 }
 
-/** The built-in templates, parsed and validated. */
+/** The built-in templates, parsed and validated (those that fail to load are left out: see listTemplateEntries). */
 export async function listTemplates(): Promise<Template[]> {
-  const files = await listTemplateFiles();
-  return Promise.all(files.map((f) => loadTemplate(path.basename(f, ".toml"))));
+  const entries = await listTemplateEntries();
+  return entries.flatMap((e) => (e.template ? [e.template] : []));
+}
+
+/** Every built-in template with either its parsed form or why it cannot be loaded here. */
+export async function listTemplateEntries(): Promise<
+  { name: string; template?: Template; error?: string }[]
+> {
+  const names = await listTemplateNames();
+  return Promise.all(
+    names.map(async (name) => {
+      try {
+        return { name, template: await loadTemplate(name) };
+      } catch (err) {
+        return { name, error: err instanceof Error ? err.message : String(err) };
+      }
+    }),
+  );
 }

@@ -152,15 +152,15 @@ describe("customizeTree", () => {
     );
   });
 
-  test("adds the default user with uid 1000 and /bin/sh to a tree without bash or any passwd", async () => {
+  test("adds root and the default user with uid 1000 and /bin/sh to a tree without bash or any passwd", async () => {
     const tree = path.join(dir, "nobash");
     await fs.mkdir(path.join(tree, "etc"), { recursive: true });
     assert.deepEqual(await addDefaultUser(tree), { uid: 1000, gid: 1000 });
     assert.equal(
       await fs.readFile(path.join(tree, "etc/passwd"), "utf8"),
-      "user:x:1000:1000::/home/user:/bin/sh\n",
+      "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
     );
-    assert.equal(await fs.readFile(path.join(tree, "etc/group"), "utf8"), "user:x:1000:\n");
+    assert.equal(await fs.readFile(path.join(tree, "etc/group"), "utf8"), "root:x:0:\nuser:x:1000:\n");
     // Again: the existing entry is kept, nothing is duplicated.
     assert.deepEqual(await addDefaultUser(tree), { uid: 1000, gid: 1000 });
     assert.equal((await fs.readFile(path.join(tree, "etc/passwd"), "utf8")).match(/^user:/gm)?.length, 1);

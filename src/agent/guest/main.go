@@ -76,6 +76,7 @@ func main() {
 	if template.Problem != "" {
 		log.Error("template description unusable", Fields{"problem": template.Problem})
 	}
+	applyTemplateDefaults(template)
 	agent := &Agent{template: template, reaper: newReaper(), startedAt: started}
 	agent.procs = newProcTable(agent)
 	// The interpreter starts first: it is the slow part of a cold boot and must be warm by the snapshot.

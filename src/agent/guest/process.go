@@ -15,6 +15,10 @@ var baseEnv = map[string]string{
 	"LANG": "C.UTF-8",
 }
 
+// defaultCwd is where a process starts when its request names no directory: the image's working directory
+// (template.json), else the user's home (root: "/").
+var defaultCwd string
+
 // launch is a resolved request to start a process: program, argv, env, cwd and credentials.
 type launch struct {
 	op      string
@@ -56,6 +60,8 @@ func prepareLaunch(op string, argv []string, env map[string]string, cwd *string,
 	}
 	if cwd != nil {
 		l.cwd = *cwd
+	} else if defaultCwd != "" {
+		l.cwd = defaultCwd
 	}
 	keys := make([]string, 0, len(merged))
 	for k := range merged {

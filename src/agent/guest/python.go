@@ -131,7 +131,9 @@ func (p *Python) spawnLocked() {
 		return
 	}
 	stdinW.Close()
-	l, err := prepareLaunch("python", []string{p.python, "-u", p.worker}, nil, nil, nil, nil)
+	// In "/" whatever the image's working directory: the worker must start even where that directory is gone.
+	rootDir := "/"
+	l, err := prepareLaunch("python", []string{p.python, "-u", p.worker}, nil, &rootDir, nil, nil)
 	var pid int
 	if err == nil {
 		// fd 1 and 2 of the worker (output of processes its cells spawn, C-level writes) go to the agent's

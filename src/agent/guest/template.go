@@ -5,12 +5,18 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 )
 
 // Template is what the image builder writes to /opt/forkd/template.json.
 type Template struct {
 	Name        string `json:"name"`
 	Interpreter string `json:"interpreter"`
+	// Env and Workdir are the image's own settings (format-2 templates: an OCI image's config, env/workdir
+	// steps): every process starts with Env over the agent's base environment, in Workdir unless the request
+	// names a directory.
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
 	// Problem: why the file could not be used; the agent still serves, reporting warm state "failed".
 	Problem string `json:"-"`
 }
@@ -37,5 +43,23 @@ func readTemplate(path string) Template {
 	if t.Interpreter != "python" && t.Interpreter != "none" {
 		return fail(fmt.Errorf("interpreter must be \"python\" or \"none\", not %q", t.Interpreter))
 	}
+	for k, v := range t.Env {
+		if !envNamePattern.MatchString(k) || strings.ContainsRune(v, 0) {
+			return fail(fmt.Errorf("invalid environment variable %q", k))
+		}
+	}
+	if t.Workdir != "" && (!strings.HasPrefix(t.Workdir, "/") || strings.ContainsRune(t.Workdir, 0)) {
+		return fail(fmt.Errorf("workdir must be an absolute path, not %q", t.Workdir))
+	}
 	return t
+}
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// applyTemplateDefaults makes the image's environment and working directory every process's defaults.
+func applyTemplateDefaults(t Template) {
+	for k, v := range t.Env {
+		baseEnv[k] = v
+	}
+	defaultCwd = t.Workdir
 }

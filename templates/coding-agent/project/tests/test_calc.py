@@ -1,0 +1,16 @@
+import pytest
+
+from calc import add, mean
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+def test_mean():
+    assert mean([1, 2, 3]) == 2
+
+
+def test_mean_of_nothing():
+    with pytest.raises(ValueError):
+        mean([])

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "app says: $APP_MODE $(cat /app/build.txt)"
