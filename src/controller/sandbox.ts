@@ -9,6 +9,7 @@ import { AgentClient } from "../agent/host/client.js";
 import { deadlineSignal } from "../common/deadline.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import type { ForkdPaths } from "../common/paths.js";
+import { startIncoming } from "../vmm/incoming.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
 import type { QmpClient } from "../vmm/qmp.js";
@@ -57,6 +58,56 @@ export interface RestoreOptions {
    * no uplink (SandboxNetworks.attach gives a sandbox its own network).
    */
   nic?: NicAttachment;
+  /**
+   * A child of this plan's snapshot already started by a warm pool (`launchChild` with `deferred`): its
+   * id and run directory are used, and only its device state is loaded now. `id` and `nic` are ignored.
+   */
+  prestarted?: PrestartedChild;
+}
+
+/** A QEMU started for a child with `-incoming defer`: devices realised, waiting for its device state. */
+export interface PrestartedChild {
+  id: string;
+  runDir: string;
+  vm: VmHandle;
+}
+
+export interface LaunchChildOptions {
+  runDir: string;
+  nic?: NicAttachment;
+  signal?: AbortSignal;
+  outliveHost?: boolean;
+  /** `-incoming defer`: start QEMU and its devices, load the device state later (`startIncoming`). */
+  deferred?: boolean;
+  /** `-S`: the guest stays stopped after the load until QMP `cont` (measurements). */
+  startPaused?: boolean;
+}
+
+/** Makes a child's run directory and disk overlay and starts its QEMU on `plan`'s snapshot. */
+export async function launchChild(plan: RestorePlan, options: LaunchChildOptions): Promise<VmHandle> {
+  const { manifest, dir } = plan.snapshot;
+  const { runDir } = options;
+  await mkdir(runDir, { recursive: true, mode: 0o700 });
+  const disk = path.join(runDir, RUN_FILES.disk);
+  await copyFile(plan.overlayTemplate, disk);
+  const snapshotNic = manifest.machine.nic;
+  const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
+  const spec = childSpec(manifest, {
+    runDir,
+    memoryFile: plan.memoryImage,
+    shared: false,
+    disk,
+    restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
+    nicBackend: nic?.backend,
+  });
+  if (options.deferred && spec.restore) spec.restore.deferred = true;
+  if (options.startPaused) spec.startPaused = true;
+  return launchVm(spec, {
+    runDir,
+    signal: options.signal,
+    outliveHost: options.outliveHost,
+    prefix: nicLaunchPrefix(nic, [DEVICE_STATE_FD]),
+  });
 }
 
 export class Sandbox implements SandboxHandle {
@@ -84,37 +135,23 @@ export class Sandbox implements SandboxHandle {
 
   static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
     const started = performance.now();
-    const id = options.id ?? newSandboxId();
+    const id = options.prestarted?.id ?? options.id ?? newSandboxId();
     const { snapshot } = plan;
-    const { manifest, dir } = snapshot;
-    const runDir = path.join(paths.run, id);
+    const { manifest } = snapshot;
+    const runDir = options.prestarted?.runDir ?? path.join(paths.run, id);
     const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
     const deadline = deadlineSignal(readyTimeoutMs, options.signal);
     const { signal } = deadline;
     let vm: VmHandle | undefined;
     let agent: AgentClient | undefined;
     try {
-      await mkdir(runDir, { recursive: true, mode: 0o700 });
-      const disk = path.join(runDir, RUN_FILES.disk);
-      await copyFile(plan.overlayTemplate, disk);
-      const snapshotNic = manifest.machine.nic;
-      const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
-      vm = await launchVm(
-        childSpec(manifest, {
-          runDir,
-          memoryFile: plan.memoryImage,
-          shared: false,
-          disk,
-          restoreFrom: path.join(dir, SNAPSHOT_FILES.deviceState),
-          nicBackend: nic?.backend,
-        }),
-        {
-          runDir,
-          signal,
-          outliveHost: options.outliveHost,
-          prefix: nicLaunchPrefix(nic, [DEVICE_STATE_FD]),
-        },
-      );
+      if (options.prestarted) {
+        vm = options.prestarted.vm;
+        if (options.outliveHost) vm.process.keepAfterHost();
+        await startIncoming(await vm.qmp({ signal }), { signal });
+      } else {
+        vm = await launchChild(plan, { runDir, nic: options.nic, signal, outliveHost: options.outliveHost });
+      }
       const launched = vm;
       await options.onSpawned?.(launched.pid);
       // Every later call on this sandbox gets the same patience as its restore: a loaded TCG host is slow.

@@ -99,8 +99,11 @@ export interface MachineSpec {
   agent?: { socketPath: string; portName?: string };
   qmpSocketPath: string;
   consoleLogPath: string;
-  /** Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). */
-  restore?: { deviceStatePath: string };
+  /**
+   * Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). `deferred`: start
+   * with `-incoming defer` (devices realised, waiting) and load it later with `startIncoming` (a warm pool).
+   */
+  restore?: { deviceStatePath: string; deferred?: boolean };
   /** -S: do not run the guest until QMP `cont` (also after a restore completes). */
   startPaused?: boolean;
   /** Entropy for the guest (/dev/hwrng). Part of the device set: must match between parent and child. */
@@ -192,7 +195,8 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
   if (spec.startPaused) args.push("-S");
   if (spec.restore) {
     // xen-save-devices-state writes no configuration section, so the receiver must not expect one.
-    args.push("-incoming", `fd:${DEVICE_STATE_FD}`, "-global", "migration.send-configuration=off");
+    const incoming = spec.restore.deferred ? "defer" : `fd:${DEVICE_STATE_FD}`;
+    args.push("-incoming", incoming, "-global", "migration.send-configuration=off");
     // After an incoming migration QEMU announces the NIC (RARPs, and makes the guest send gratuitous ARPs) for
     // switches that must learn where it moved. A child's namespace is new and the MAC fixed: nothing to learn,
     // and under TCG every round costs the child guest work (measured: ~25 ms of CPU per child with a NIC).
