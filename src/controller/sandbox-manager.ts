@@ -74,6 +74,7 @@ import {
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 import { assertAlias } from "./template-aliases.js";
+import { discardPrestarted, WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
 
 /**
  * Lifetime of a sandbox spawned without one: none (it lives until killed), as in forkd v0.5. A daemon may set one
@@ -118,6 +119,11 @@ export interface ManagerOptions {
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
   network?: Omit<SandboxNetworksOptions, "log">;
+  /**
+   * Snapshots to keep prestarted QEMUs of (`--warm-pool TAG:N`): spawns of them without a network of their own
+   * and without live_fork take those first (see warm-pool.ts).
+   */
+  warmPools?: readonly WarmPoolTarget[];
 }
 
 interface Live {
@@ -144,6 +150,7 @@ export class SandboxManager implements SandboxService {
   private lastCollection = 0;
   private cgroupRoot: Promise<MemoryCgroupRoot | null> | undefined;
   private readonly portProxy = new PortProxy();
+  private readonly warmPool: WarmPool;
 
   private constructor(
     private readonly paths: ForkdPaths,
@@ -151,7 +158,16 @@ export class SandboxManager implements SandboxService {
     private readonly networks: SandboxNetworks,
     options: ManagerOptions,
   ) {
-    this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
+    // Pooled VMs count as sandboxes: they hold host memory and a slot until taken or drained.
+    this.admission = new Admission(
+      { ...DEFAULT_ADMISSION_LIMITS, ...options.limits },
+      () => this.live.size + this.warmPool.count(),
+    );
+    this.warmPool = new WarmPool(paths, {
+      admit: () =>
+        this.admission.reserveMemory(this.admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
+      log: options.log,
+    });
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(
@@ -160,6 +176,7 @@ export class SandboxManager implements SandboxService {
     }
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
+      beforeDelete: (tag) => this.warmPool.drain(tag),
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
     });
@@ -190,6 +207,7 @@ export class SandboxManager implements SandboxService {
     const manager = new SandboxManager(paths, db, networks, options);
     await manager.snapshots.reconcile();
     await manager.reconcile();
+    for (const target of options.warmPools ?? []) manager.warmPool.warm(target.tag, target.size);
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
     manager.sweeper = setInterval(() => {
       manager.sweep().catch((err) => manager.log.warn({ err: errorMessage(err) }, "sweep failed"));
@@ -265,8 +283,14 @@ export class SandboxManager implements SandboxService {
     }
     const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
     const accelerator = snapshot.manifest.machine.accel;
-    const rows: SandboxRow[] = Array.from({ length: n }, () => {
-      const id = newSandboxId();
+    // A pooled VM has a private NIC (or none) and maps the snapshot's disk image: not for a sandbox network or
+    // live_fork. Taken synchronously, before the first await below, so concurrent spawns never share one.
+    const pooled =
+      networkKind !== "netns" && request.liveFork !== true ? this.warmPool.take(tag, n) : undefined;
+    const prestarted = new Map((pooled?.children ?? []).map((child) => [child.id, child]));
+    const pooledIds = [...prestarted.keys()];
+    const rows: SandboxRow[] = Array.from({ length: n }, (_, index) => {
+      const id = pooledIds[index] ?? newSandboxId();
       return {
         id,
         snapshot_tag: tag,
@@ -343,21 +367,28 @@ export class SandboxManager implements SandboxService {
         while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
-            const sandbox = await Sandbox.restore(this.paths, restorePlan, {
-              id: row.id,
-              outliveHost: true,
-              signal: request.signal,
-              nic: nics.get(row.id),
-              onSpawned: async (pid) => {
-                const startTime = await processStartTime(pid);
-                this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
-                if (cgroupRoot && memoryLimit !== null) {
-                  const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
-                  this.db.updateSandbox(row.id, { cgroup });
-                  row.cgroup = cgroup;
-                }
+            const child = prestarted.get(row.id);
+            prestarted.delete(row.id);
+            const sandbox = await Sandbox.restore(
+              this.paths,
+              child ? (pooled?.plan ?? restorePlan) : restorePlan,
+              {
+                id: row.id,
+                prestarted: child,
+                outliveHost: true,
+                signal: request.signal,
+                nic: nics.get(row.id),
+                onSpawned: async (pid) => {
+                  const startTime = await processStartTime(pid);
+                  this.db.updateSandbox(row.id, { pid, pid_start_time: startTime });
+                  if (cgroupRoot && memoryLimit !== null) {
+                    const cgroup = await limitMemory(cgroupRoot, row.id, memoryLimit, pid);
+                    this.db.updateSandbox(row.id, { cgroup });
+                    row.cgroup = cgroup;
+                  }
+                },
               },
-            });
+            );
             started.push(sandbox);
             row.pid = sandbox.pid;
             row.memory_image = sandbox.memoryImage;
@@ -399,6 +430,8 @@ export class SandboxManager implements SandboxService {
       throw err;
     } finally {
       releaseAll();
+      // Pooled VMs a failed spawn never got to: they have no sandbox to become.
+      await Promise.all([...prestarted.values()].map((c) => discardPrestarted(c)));
       await plan?.dispose();
     }
   }
@@ -604,7 +637,13 @@ export class SandboxManager implements SandboxService {
   };
 
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
+  /** The warm pools' state (metrics, tests). */
+  warmPoolStats(): WarmPoolStats[] {
+    return this.warmPool.stats();
+  }
+
   async close(): Promise<void> {
+    await this.warmPool.close();
     this.closed = true;
     if (this.sweeper) clearInterval(this.sweeper);
     // Re-attaches in flight let go of what they adopt once they see `closed`.
@@ -617,6 +656,7 @@ export class SandboxManager implements SandboxService {
 
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
+    await this.warmPool.close();
     if (this.sweeper) clearInterval(this.sweeper);
     await this.killAll();
     this.portProxy.close();

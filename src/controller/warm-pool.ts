@@ -168,16 +168,24 @@ export class WarmPool {
     }
   }
 
-  /** Kills every pooled VM of `tag` and of every snapshot whose chain contains it, and stops refilling them. */
-  async drain(tag: string): Promise<void> {
+  /**
+   * Kills every pooled VM of `tag` and of every snapshot whose chain contains it, and stops refilling them.
+   * Resolves with a function that warms the drained pools again (a delete that was refused).
+   */
+  async drain(tag: string): Promise<() => void> {
     const drained: Promise<void>[] = [];
+    const targets: WarmPoolTarget[] = [];
     for (const [poolTag, pool] of this.pools) {
       const plan = pool.plan ? settledPlans.get(pool.plan) : undefined;
       const inChain = plan?.chain.some((s) => s.tag === tag) ?? false;
       if (poolTag !== tag && !inChain) continue;
+      targets.push({ tag: poolTag, size: pool.size });
       drained.push(this.drainPool(poolTag, pool));
     }
     await Promise.all(drained);
+    return () => {
+      for (const target of targets) this.warm(target.tag, target.size);
+    };
   }
 
   /** Drains every pool (daemon stop). */
@@ -271,6 +279,12 @@ async function disposePlan(pool: SnapshotPool): Promise<void> {
   const plan = pool.plan;
   pool.plan = undefined;
   await plan?.then((p) => p.dispose()).catch(() => {});
+}
+
+/** Kills a prestarted VM that was taken but will not become a sandbox, and removes its run directory. */
+export async function discardPrestarted(child: PrestartedChild): Promise<void> {
+  await child.vm.kill({ graceMs: 0 }).catch(() => {});
+  await rm(child.runDir, { recursive: true, force: true });
 }
 
 async function discard(child: PooledChild): Promise<void> {

@@ -1,7 +1,7 @@
 /** `forkd daemon` (alias `serve`): owns all state and serves the REST API (src/api) until SIGTERM. */
 import { statSync } from "node:fs";
 import path from "node:path";
-import type { Command } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
@@ -12,6 +12,7 @@ import { resolvePaths } from "../../common/paths.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
+import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/warm-pool.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "./fork.js";
 
@@ -36,6 +37,7 @@ interface DaemonOptions {
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
   branchConcurrency?: number;
+  warmPool: WarmPoolTarget[];
   state?: string;
   snapshotRoot?: string;
   allowImageDir: string[];
@@ -111,6 +113,12 @@ export function registerDaemon(program: Command): void {
       "--branch-concurrency <n>",
       `BRANCHes in flight at once, host-wide; more are answered 503 (default ${MAX_CONCURRENT_BRANCHES})`,
       parseIntOption("--branch-concurrency", 1, MAX_BRANCH_CONCURRENCY),
+    )
+    .option(
+      "--warm-pool <tag:n>",
+      "keep n QEMUs of snapshot tag prestarted for spawns without a network of their own (repeatable)",
+      (text: string, pools: WarmPoolTarget[]) => [...pools, parseWarmPoolOption(text)],
+      [] as WarmPoolTarget[],
     )
     .option(
       "--allow-image-dir <dir>",
@@ -242,6 +250,7 @@ export function registerDaemon(program: Command): void {
               limits,
               defaultTimeoutMs: opts.defaultTimeoutMs,
               branchConcurrency: opts.branchConcurrency,
+              warmPools: opts.warmPool,
               extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
               network,
               log: logger.child({ component: "manager" }),
@@ -295,4 +304,12 @@ export function homeFromV05Flags(opts: { state?: string; snapshotRoot?: string }
 
 function collect(value: string, previous: string[]): string[] {
   return [...previous, value];
+}
+
+function parseWarmPoolOption(text: string): WarmPoolTarget {
+  try {
+    return parseWarmPoolTarget(text);
+  } catch (err) {
+    throw new InvalidArgumentError(`--warm-pool: ${(err as Error).message}`);
+  }
 }
