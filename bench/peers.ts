@@ -16,7 +16,7 @@
  *   npm run bench -- peers   (root; env: BENCH_N=20, BENCH_COLD_N=2, BENCH_TAG=pyagent, BENCH_CONCURRENCY=2)
  *   needs runsc for the gVisor rows: scripts/install-bench-deps.sh
  */
-import { execFile as execFileCb, execFileSync } from "node:child_process";
+import { execFile as execFileCb, execFileSync, spawn } from "node:child_process";
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -266,7 +266,8 @@ async function gvisorRestoreRow(rootfs: string): Promise<PeerRow> {
   const warmShare = await mkdtemp(path.join(scratch, "share-"));
   const warmBundle = await bundle(rootfs, warmShare, GVISOR_PROGRAM);
   const setupStarted = performance.now();
-  await execFile(RUNSC, runscArgs(state, "create", "--bundle", warmBundle, "warm"), { cwd: warmBundle });
+  // The container inherits create's stdio and keeps it open: with pipes, create would never seem done.
+  await exitOf(spawn(RUNSC, runscArgs(state, "create", "--bundle", warmBundle, "warm"), { stdio: "ignore" }));
   await execFile(RUNSC, runscArgs(state, "start", "warm"));
   await waitForFile(path.join(warmShare, "ready"), GVISOR_TIMEOUT_MS, new Promise(() => {}));
   await execFile(RUNSC, runscArgs(state, "checkpoint", `--image-path=${imageDir}`, "warm"));
@@ -408,7 +409,7 @@ async function sumCpuMs(pids: number[]): Promise<number> {
   return (ticks * 1000) / clockTicks();
 }
 
-function exitOf(child: ReturnType<typeof execFileCb>): Promise<void> {
+function exitOf(child: import("node:child_process").ChildProcess): Promise<void> {
   return new Promise((resolve, reject) => {
     let stderr = "";
     child.stderr?.on("data", (d: Buffer) => {
