@@ -22,6 +22,7 @@ import { prepareRestore } from "../src/controller/restore-plan.js";
 import { listSnapshots } from "../src/controller/snapshots.js";
 import { WarmPool } from "../src/controller/warm-pool.js";
 import { buildImage, loadTemplate } from "../src/image/index.js";
+import { DEFAULT_TCG_TB_SIZE_MIB } from "../src/vmm/qemu-args.js";
 import { measurePhases, threadsCpuMs } from "./lib/phases.js";
 import {
   hostDescription,
@@ -153,7 +154,7 @@ const result = {
   host: hostDescription(),
   load_average_before: loadBefore.map(round1),
   load_average_after: os.loadavg().map(round1),
-  tcg_cache_mib: process.env.FORKD_TCG_CACHE_MIB ?? "16 (default)",
+  tcg_cache_mib: process.env.FORKD_TCG_CACHE_MIB ?? `${DEFAULT_TCG_TB_SIZE_MIB} (default)`,
   n: N,
   correct,
   wall_ms: Math.round(fork.wall_ms),

@@ -49,9 +49,13 @@ const MAC_PATTERN = /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/;
  * against CPU: a restored child retranslates the guest code it runs, and a small cache flushes and translates
  * again. Measured (30 children from pyagent, each evaluating one numpy expression; PSS / host CPU per child):
  * 4 MiB 24 MiB / 1.2 s, 8 MiB 28 MiB / 0.84 s, 16 MiB 37 MiB / 0.53 s, 24 MiB 46 MiB / 0.42 s, 32 MiB 49 MiB /
- * 0.42 s.
+ * 0.42 s. Re-measured with the Go agent, sizes interleaved in one run (bench/tcg-cache, 8 children each; CPU
+ * to first answer / a second, different cell / PSS): 8 MiB 309 / 167 ms / 27.1 MiB, 16 MiB 243 / 116 ms /
+ * 36.2 MiB, 24 MiB 235 / 30 ms / 39.5 MiB, 32 and 48 MiB no better than 24. At 16 MiB the first cells already
+ * fill the cache and it is flushed (everything translated again); 24 MiB is the smallest size without that
+ * flush, for +3.3 MiB PSS.
  */
-export const DEFAULT_TCG_TB_SIZE_MIB = 16;
+export const DEFAULT_TCG_TB_SIZE_MIB = 24;
 
 /** Linux's x86 COMMAND_LINE_SIZE; a longer -append is truncated silently by the boot protocol. */
 export const MAX_KERNEL_CMDLINE_BYTES = 2047;
