@@ -72,6 +72,11 @@ export class AdoptedSandbox implements SandboxHandle {
     return this.qmpClient;
   }
 
+  release(): void {
+    this.agent.close();
+    this.qmpClient.close();
+  }
+
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
       this.agent.close();

@@ -648,7 +648,7 @@ export class SandboxManager implements SandboxService {
     if (this.sweeper) clearInterval(this.sweeper);
     // Re-attaches in flight let go of what they adopt once they see `closed`.
     await this.reattached.catch(() => {});
-    for (const { handle } of this.live.values()) handle.agent.close();
+    for (const { handle } of this.live.values()) handle.release();
     this.live.clear();
     this.portProxy.close();
     await this.networks.close();
@@ -994,7 +994,7 @@ export class SandboxManager implements SandboxService {
       );
       if (!this.db.sandbox(row.id) || this.closed) {
         // Killed (or the manager closed) while it was being re-attached.
-        if (this.closed) handle.agent.close();
+        if (this.closed) handle.release();
         else await handle.destroy();
         return;
       }

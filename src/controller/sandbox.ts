@@ -40,6 +40,11 @@ export interface SandboxHandle {
   readonly memoryImage: string;
   /** Its QMP connection (opened on first use). */
   qmp(): Promise<QmpClient>;
+  /**
+   * Lets go of the agent and QMP connections and leaves the VM running, for the next daemon to re-attach:
+   * QEMU's monitor serves one client at a time, so a connection kept open would starve that re-attach.
+   */
+  release(): void;
   /** Kills the VM and removes its run directory. Idempotent. */
   destroy(): Promise<void>;
 }
@@ -131,6 +136,11 @@ export class Sandbox implements SandboxHandle {
 
   qmp(): Promise<QmpClient> {
     return this.vm.qmp();
+  }
+
+  release(): void {
+    this.agent.close();
+    this.vm.closeQmp();
   }
 
   static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {

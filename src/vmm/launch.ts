@@ -58,6 +58,8 @@ export interface VmHandle {
   readonly exited: Promise<QemuExit>;
   /** The VM's QMP client, connected on first use (retrying until QEMU has created the socket). */
   qmp(options?: { signal?: AbortSignal }): Promise<QmpClient>;
+  /** Closes this process's QMP connection, if any, leaving QEMU running (its monitor takes one client at a time). */
+  closeQmp(): void;
   /** QMP quit (if connected) or SIGTERM, then SIGKILL of the process group after `graceMs`. */
   kill(options?: { graceMs?: number }): Promise<QemuExit>;
   /** The end of the guest's serial console log, with control characters removed (guest output is untrusted). */
@@ -220,6 +222,10 @@ class Vm implements VmHandle {
       },
     );
     return attempt;
+  }
+
+  closeQmp(): void {
+    this.connectedQmp?.close();
   }
 
   kill(options: { graceMs?: number } = {}): Promise<QemuExit> {
