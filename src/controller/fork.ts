@@ -9,6 +9,7 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { prepareRestore } from "./restore-plan.js";
 import { Sandbox } from "./sandbox.js";
+import type { WarmPool } from "./warm-pool.js";
 
 export const MAX_CHILDREN = 1000;
 
@@ -39,6 +40,10 @@ export interface ForkOptions {
    * `--settle-secs`); `signal` ends the wait early, and the children are torn down as usual.
    */
   settleMs?: number;
+  /** Take prestarted VMs of `tag` from this pool while it has them; the rest start cold. */
+  pool?: WarmPool;
+  /** Called after a child's work, while it is alive (benchmarks read its CPU time here). */
+  afterWork?: (sandbox: Sandbox, child: ChildResult) => Promise<void>;
 }
 
 export interface ChildResult {
@@ -110,11 +115,16 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     };
     let sandbox: Sandbox | undefined;
     try {
-      sandbox = await Sandbox.restore(paths, plan, { signal });
+      const pooled = options.pool?.take(tag, 1);
+      sandbox = await Sandbox.restore(paths, pooled?.plan ?? plan, {
+        signal,
+        prestarted: pooled?.children[0],
+      });
       live.add(sandbox);
       result.id = sandbox.id;
       result.ready_ms = round1(sandbox.readyMs);
       await runWork(sandbox, options, result, signal);
+      await options.afterWork?.(sandbox, result);
     } catch (err) {
       if (signal.aborted && options.signal?.aborted) throw err;
       result.error = errorMessage(err);

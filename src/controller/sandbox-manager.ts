@@ -106,6 +106,7 @@ import {
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 import { assertAlias } from "./template-aliases.js";
+import { discardPrestarted, WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
 import { Workspaces } from "./workspaces.js";
 
 /**
@@ -168,6 +169,11 @@ export interface ManagerOptions {
    * (QEMU 7.2 creates its userfaultfd with the plain system call). @default true
    */
   allowUnprivilegedUserfaultfd?: boolean;
+  /**
+   * Snapshots to keep prestarted QEMUs of (`--warm-pool TAG:N`): spawns of them without a network of their own
+   * and without live_fork take those first (see warm-pool.ts).
+   */
+  warmPools?: readonly WarmPoolTarget[];
 }
 
 interface Live {
@@ -203,6 +209,7 @@ export class SandboxManager implements SandboxService {
   readonly workspaces: Workspaces;
   private readonly diskLimitMiB: number;
   private readonly consoleLogBytes: number;
+  private readonly warmPool: WarmPool;
 
   private constructor(
     private readonly paths: ForkdPaths,
@@ -217,7 +224,24 @@ export class SandboxManager implements SandboxService {
     this.diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
     validateLimitsRequest({ diskLimitMiB: this.diskLimitMiB });
     this.consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
-    this.admission = new Admission({ ...DEFAULT_ADMISSION_LIMITS, ...options.limits }, () => this.live.size);
+    if ((options.warmPools?.length ?? 0) > 0 && cgroups !== null) {
+      // A pooled QEMU starts before its sandbox exists: it could not be in that sandbox's cgroups.
+      throw invalidArgument(
+        "--warm-pool needs sandboxes without cgroups (--confinement off): a pooled QEMU starts before its " +
+          "sandbox exists, so it cannot be put under that sandbox's cgroups and limits",
+      );
+    }
+    // Pooled VMs count as sandboxes: they hold host memory and a slot until taken or drained.
+    this.admission = new Admission(
+      { ...DEFAULT_ADMISSION_LIMITS, ...options.limits },
+      () => this.live.size + this.warmPool.count(),
+    );
+    this.warmPool = new WarmPool(paths, {
+      admit: () =>
+        this.admission.reserveMemory(this.admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
+      log: options.log,
+      confinement,
+    });
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
     if (!isIntIn(this.defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
       throw invalidArgument(
@@ -227,6 +251,7 @@ export class SandboxManager implements SandboxService {
     this.log = options.log ?? { info: () => {}, warn: () => {} };
     this.snapshots = new DaemonSnapshots(paths, db, (tag) => this.usersOf(tag), {
       confinement,
+      beforeDelete: (tag) => this.warmPool.drain(tag),
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
     });
@@ -271,6 +296,7 @@ export class SandboxManager implements SandboxService {
     manager.log.info({ confinement: confinement.summary }, "sandbox confinement");
     await manager.snapshots.reconcile();
     await manager.reconcile();
+    for (const target of options.warmPools ?? []) manager.warmPool.warm(target.tag, target.size);
     const interval = options.sweepIntervalMs ?? SWEEP_INTERVAL_MS;
     manager.sweeper = setInterval(() => {
       manager.sweep().catch((err) => manager.log.warn({ err: errorMessage(err) }, "sweep failed"));
@@ -347,8 +373,14 @@ export class SandboxManager implements SandboxService {
     }
     const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
     const accelerator = snapshot.manifest.machine.accel;
-    const rows: SandboxRow[] = Array.from({ length: n }, () => {
-      const id = newSandboxId();
+    // A pooled VM has a private NIC (or none) and maps the snapshot's disk image: not for a sandbox network or
+    // live_fork. Taken synchronously, before the first await below, so concurrent spawns never share one.
+    const pooled =
+      networkKind !== "netns" && request.liveFork !== true ? this.warmPool.take(tag, n) : undefined;
+    const prestarted = new Map((pooled?.children ?? []).map((child) => [child.id, child]));
+    const pooledIds = [...prestarted.keys()];
+    const rows: SandboxRow[] = Array.from({ length: n }, (_, index) => {
+      const id = pooledIds[index] ?? newSandboxId();
       return {
         id,
         snapshot_tag: tag,
@@ -441,25 +473,34 @@ export class SandboxManager implements SandboxService {
         while (next < rows.length && (policy === "each" || failures.length === 0)) {
           const row = rows[next++] as SandboxRow;
           try {
-            // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited.
-            const cgroups = this.cgroups
-              ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
-              : undefined;
+            const child = prestarted.get(row.id);
+            prestarted.delete(row.id);
+            // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited (a pooled
+            // child has none: pools exist only on daemons without sandbox cgroups).
+            const cgroups =
+              this.cgroups && !child
+                ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
+                : undefined;
             crashPoint("spawn.limited");
-            const sandbox = await Sandbox.restore(this.paths, restorePlan, {
-              id: row.id,
-              outliveHost: true,
-              signal: request.signal,
-              nic: nics.get(row.id),
-              confinement: this.confinement,
-              cgroups,
-              diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
-              consoleLogBytes: this.consoleLogBytes,
-              onSpawned: async (pid) => {
-                await this.recordSpawned(row.id, pid);
-                crashPoint("spawn.launched");
+            const sandbox = await Sandbox.restore(
+              this.paths,
+              child ? (pooled?.plan ?? restorePlan) : restorePlan,
+              {
+                id: row.id,
+                prestarted: child,
+                outliveHost: true,
+                signal: request.signal,
+                nic: nics.get(row.id),
+                confinement: this.confinement,
+                cgroups,
+                diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+                consoleLogBytes: this.consoleLogBytes,
+                onSpawned: async (pid) => {
+                  await this.recordSpawned(row.id, pid);
+                  crashPoint("spawn.launched");
+                },
               },
-            });
+            );
             started.push(sandbox);
             crashPoint("spawn.restored");
             row.pid = sandbox.pid;
@@ -503,6 +544,8 @@ export class SandboxManager implements SandboxService {
       throw err;
     } finally {
       releaseAll();
+      // Pooled VMs a failed spawn never got to: they have no sandbox to become.
+      await Promise.all([...prestarted.values()].map((c) => discardPrestarted(c)));
       await plan?.dispose();
     }
   }
@@ -923,7 +966,13 @@ export class SandboxManager implements SandboxService {
   };
 
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
+  /** The warm pools' state (metrics, tests). */
+  warmPoolStats(): WarmPoolStats[] {
+    return this.warmPool.stats();
+  }
+
   async close(): Promise<void> {
+    await this.warmPool.close();
     this.closed = true;
     if (this.sweeper) clearInterval(this.sweeper);
     // Re-attaches in flight let go of what they adopt once they see `closed`.
@@ -936,6 +985,7 @@ export class SandboxManager implements SandboxService {
 
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
+    await this.warmPool.close();
     if (this.sweeper) clearInterval(this.sweeper);
     await this.killAll();
     this.portProxy.close();

@@ -14,6 +14,7 @@ import { type ConfinementConfig, resolveConfinement } from "../isolation/confine
 import { readLayerIndex } from "../store/memory-layer.js";
 import type { ConsoleLog } from "../vmm/console-log.js";
 import { type GuestRamMapping, writePagesFromFile } from "../vmm/guest-memory.js";
+import { startIncoming } from "../vmm/incoming.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { type DeferredDeviceState, deferredDeviceState, loadPagesThenState } from "../vmm/page-restore.js";
 import { DEVICE_STATE_FD } from "../vmm/qemu-args.js";
@@ -82,6 +83,84 @@ export interface RestoreOptions {
   diskLimitBytes?: number;
   /** The console log's budget in bytes (default 4 MiB). */
   consoleLogBytes?: number;
+  /**
+   * A child of this plan's snapshot already started by a warm pool (`launchChild` with `deferred`): its
+   * id and run directory are used, and only its device state is loaded now. `id`, `nic` and the
+   * confinement options are the pool's (it serves only unconfined daemons, see warm-pool.ts).
+   */
+  prestarted?: PrestartedChild;
+}
+
+/** A QEMU started for a child with `-incoming defer`: devices realised, waiting for its device state. */
+export interface PrestartedChild {
+  id: string;
+  runDir: string;
+  vm: VmHandle;
+}
+
+export interface LaunchChildOptions
+  extends Pick<RestoreOptions, "nic" | "confinement" | "cgroups" | "diskLimitBytes" | "consoleLogBytes"> {
+  runDir: string;
+  signal?: AbortSignal;
+  outliveHost?: boolean;
+  /** `-incoming defer`: start QEMU and its devices, load the device state later (`startIncoming`). */
+  deferred?: boolean;
+  /** `-S`: the guest stays stopped after the load until QMP `cont` (measurements). */
+  startPaused?: boolean;
+}
+
+export interface LaunchedChild {
+  vm: VmHandle;
+  confinement: ConfinementConfig;
+  /** Set when the plan has pages to write first: the device state then goes through this FIFO. */
+  deferredState?: DeferredDeviceState;
+}
+
+/** Makes a child's run directory and disk overlay and starts its QEMU (confined) on `plan`'s snapshot. */
+export async function launchChild(plan: RestorePlan, options: LaunchChildOptions): Promise<LaunchedChild> {
+  const { manifest, dir } = plan.snapshot;
+  const { runDir } = options;
+  await mkdir(runDir, { recursive: true, mode: 0o700 });
+  const deviceState = path.join(dir, SNAPSHOT_FILES.deviceState);
+  // Pages to write first: the device state then goes through a FIFO, fed once RAM is complete.
+  const deferredState = plan.pageLayers.length > 0 ? deferredDeviceState(runDir) : undefined;
+  const disk = path.join(runDir, RUN_FILES.disk);
+  await copyFile(plan.overlayTemplate, disk);
+  const snapshotNic = manifest.machine.nic;
+  const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
+  const confinement = options.confinement ?? (await resolveConfinement());
+  const spec = confineSpec(
+    confinement,
+    childSpec(manifest, {
+      runDir,
+      memoryFile: plan.memoryImage,
+      shared: false,
+      disk,
+      restoreFrom: deferredState?.path ?? deviceState,
+      nicBackend: nic?.backend,
+    }),
+  );
+  if (options.deferred && spec.restore) spec.restore.deferred = true;
+  if (options.startPaused) spec.startPaused = true;
+  const start = vmStart(confinement, {
+    spec,
+    runDir,
+    readOnly: await chainDiskFiles(plan.chain),
+    nic,
+    keepFds: [DEVICE_STATE_FD],
+    cgroups: options.cgroups,
+    fileSizeLimitBytes: options.diskLimitBytes,
+    // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
+    dieWithParent: options.outliveHost !== true,
+  });
+  const vm = await launchVm(spec, {
+    runDir,
+    signal: options.signal,
+    outliveHost: options.outliveHost,
+    consoleLog: { maxBytes: options.consoleLogBytes },
+    ...start,
+  });
+  return { vm, confinement, deferredState };
 }
 
 export class Sandbox implements SandboxHandle {
@@ -119,10 +198,10 @@ export class Sandbox implements SandboxHandle {
 
   static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
     const started = performance.now();
-    const id = options.id ?? newSandboxId();
+    const id = options.prestarted?.id ?? options.id ?? newSandboxId();
     const { snapshot } = plan;
-    const { manifest, dir } = snapshot;
-    const runDir = path.join(paths.run, id);
+    const { manifest } = snapshot;
+    const runDir = options.prestarted?.runDir ?? path.join(paths.run, id);
     const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
     const deadline = deadlineSignal(readyTimeoutMs, options.signal);
     const { signal } = deadline;
@@ -130,44 +209,27 @@ export class Sandbox implements SandboxHandle {
     let agent: AgentClient | undefined;
     let deferred: DeferredDeviceState | undefined;
     try {
-      await mkdir(runDir, { recursive: true, mode: 0o700 });
-      const deviceState = path.join(dir, SNAPSHOT_FILES.deviceState);
-      // Pages to write first: the device state then goes through a FIFO, fed once RAM is complete.
-      if (plan.pageLayers.length > 0) deferred = deferredDeviceState(runDir);
-      const disk = path.join(runDir, RUN_FILES.disk);
-      await copyFile(plan.overlayTemplate, disk);
-      const snapshotNic = manifest.machine.nic;
-      const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
-      const confinement = options.confinement ?? (await resolveConfinement());
-      const spec = confineSpec(
-        confinement,
-        childSpec(manifest, {
+      let confinement: ConfinementConfig;
+      if (options.prestarted) {
+        vm = options.prestarted.vm;
+        confinement = options.confinement ?? (await resolveConfinement());
+        if (options.outliveHost) vm.process.keepAfterHost();
+        await startIncoming(await vm.qmp({ signal }), { signal });
+      } else {
+        const child = await launchChild(plan, {
           runDir,
-          memoryFile: plan.memoryImage,
-          shared: false,
-          disk,
-          restoreFrom: deferred?.path ?? deviceState,
-          nicBackend: nic?.backend,
-        }),
-      );
-      const start = vmStart(confinement, {
-        spec,
-        runDir,
-        readOnly: await chainDiskFiles(plan.chain),
-        nic,
-        keepFds: [DEVICE_STATE_FD],
-        cgroups: options.cgroups,
-        fileSizeLimitBytes: options.diskLimitBytes,
-        // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
-        dieWithParent: options.outliveHost !== true,
-      });
-      vm = await launchVm(spec, {
-        runDir,
-        signal,
-        outliveHost: options.outliveHost,
-        consoleLog: { maxBytes: options.consoleLogBytes },
-        ...start,
-      });
+          nic: options.nic,
+          signal,
+          outliveHost: options.outliveHost,
+          confinement: options.confinement,
+          cgroups: options.cgroups,
+          diskLimitBytes: options.diskLimitBytes,
+          consoleLogBytes: options.consoleLogBytes,
+        });
+        vm = child.vm;
+        confinement = child.confinement;
+        deferred = child.deferredState;
+      }
       const launched = vm;
       const owner = vmOwner(confinement, launched.pid);
       await options.onSpawned?.(launched.pid);
@@ -178,7 +240,7 @@ export class Sandbox implements SandboxHandle {
           loadPagesThenState(
             launched,
             deferred,
-            await readFile(deviceState),
+            await readFile(path.join(snapshot.dir, SNAPSHOT_FILES.deviceState)),
             (mapping) => writeLayerPages(mapping, layers),
             { signal, expectedBytes: manifest.memory.ramBytes },
           ),

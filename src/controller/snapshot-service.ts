@@ -32,6 +32,7 @@ export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
   private readonly templateAliases: TemplateAliases;
   private readonly imageDirs: readonly string[];
+  private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
 
@@ -41,6 +42,11 @@ export class DaemonSnapshots implements SnapshotService {
     /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
     private readonly usersOf: (tag: string) => string[],
     options: {
+      /**
+       * Runs before a delete (a warm pool drains the snapshot's prestarted VMs); the function it returns
+       * undoes that when the delete is refused.
+       */
+      beforeDelete?: (tag: string) => Promise<() => void>;
       defaultSnapshot?: string;
       /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
       imageDirs?: readonly string[];
@@ -50,6 +56,7 @@ export class DaemonSnapshots implements SnapshotService {
   ) {
     this.confinement = options.confinement;
     this.store = new SnapshotStore(paths.snapshots);
+    this.beforeDelete = options.beforeDelete;
     this.imageDirs = options.imageDirs ?? [paths.images];
     this.templateAliases = new TemplateAliases(db, this.store, options.defaultSnapshot);
   }
@@ -261,7 +268,14 @@ export class DaemonSnapshots implements SnapshotService {
       this.db.setSnapshotOwner(tag, null);
       return [tag];
     }
-    const deleted = await removeSnapshot(this.paths, tag, { ...options, sandboxesOf: this.usersOf });
+    const undo = await this.beforeDelete?.(tag);
+    let deleted: string[];
+    try {
+      deleted = await removeSnapshot(this.paths, tag, { ...options, sandboxesOf: this.usersOf });
+    } catch (err) {
+      undo?.();
+      throw err;
+    }
     if (job) this.db.deleteSnapshotJob(tag);
     for (const gone of deleted) this.db.setSnapshotOwner(gone, null);
     return deleted;

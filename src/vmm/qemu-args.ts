@@ -55,9 +55,13 @@ const MAC_PATTERN = /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/;
  * against CPU: a restored child retranslates the guest code it runs, and a small cache flushes and translates
  * again. Measured (30 children from pyagent, each evaluating one numpy expression; PSS / host CPU per child):
  * 4 MiB 24 MiB / 1.2 s, 8 MiB 28 MiB / 0.84 s, 16 MiB 37 MiB / 0.53 s, 24 MiB 46 MiB / 0.42 s, 32 MiB 49 MiB /
- * 0.42 s.
+ * 0.42 s. Re-measured with the Go agent, sizes interleaved in one run (bench/tcg-cache, 8 children each; CPU
+ * to first answer / a second, different cell / PSS): 8 MiB 309 / 167 ms / 27.1 MiB, 16 MiB 243 / 116 ms /
+ * 36.2 MiB, 24 MiB 235 / 30 ms / 39.5 MiB, 32 and 48 MiB no better than 24. At 16 MiB the first cells already
+ * fill the cache and it is flushed (everything translated again); 24 MiB is the smallest size without that
+ * flush, for +3.3 MiB PSS.
  */
-export const DEFAULT_TCG_TB_SIZE_MIB = 16;
+export const DEFAULT_TCG_TB_SIZE_MIB = 24;
 
 /** Linux's x86 COMMAND_LINE_SIZE; a longer -append is truncated silently by the boot protocol. */
 export const MAX_KERNEL_CMDLINE_BYTES = 2047;
@@ -119,8 +123,11 @@ export interface MachineSpec {
    * and resource control (scheduling, affinity, rlimits) all denied.
    */
   seccomp?: boolean;
-  /** Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). */
-  restore?: { deviceStatePath: string };
+  /**
+   * Child restore: load this device-state file (passed to QEMU as fd DEVICE_STATE_FD). `deferred`: start
+   * with `-incoming defer` (devices realised, waiting) and load it later with `startIncoming` (a warm pool).
+   */
+  restore?: { deviceStatePath: string; deferred?: boolean };
   /** -S: do not run the guest until QMP `cont` (also after a restore completes). */
   startPaused?: boolean;
   /** Entropy for the guest (/dev/hwrng). Part of the device set: must match between parent and child. */
@@ -239,7 +246,8 @@ function renderArgs(spec: MachineSpec, mode: "run" | "identity"): string[] {
   if (spec.startPaused) args.push("-S");
   if (spec.restore) {
     // xen-save-devices-state writes no configuration section, so the receiver must not expect one.
-    args.push("-incoming", `fd:${DEVICE_STATE_FD}`, "-global", "migration.send-configuration=off");
+    const incoming = spec.restore.deferred ? "defer" : `fd:${DEVICE_STATE_FD}`;
+    args.push("-incoming", incoming, "-global", "migration.send-configuration=off");
     // After an incoming migration QEMU announces the NIC (RARPs, and makes the guest send gratuitous ARPs) for
     // switches that must learn where it moved. A child's namespace is new and the MAC fixed: nothing to learn,
     // and under TCG every round costs the child guest work (measured: ~25 ms of CPU per child with a NIC).

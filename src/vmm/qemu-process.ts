@@ -125,6 +125,14 @@ export class QemuProcess {
     });
   }
 
+  /**
+   * From now on this QEMU outlives the host program (as if spawned with `outliveHost`): a warm pool's VM
+   * handed to a sandbox the daemon re-attaches after a restart.
+   */
+  keepAfterHost(): void {
+    unregisterLive(this);
+  }
+
   /** Set once QEMU has exited. */
   get exitStatus(): QemuExit | undefined {
     return this.exitStatusValue;

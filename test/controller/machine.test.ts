@@ -26,11 +26,11 @@ describe("FORKD_TCG_CACHE_MIB", () => {
     assert.equal(tcgCacheMiB({}), undefined);
     assert.equal(tcgCacheMiB({ FORKD_TCG_CACHE_MIB: "24" }), 24);
     const previous = process.env.FORKD_TCG_CACHE_MIB;
-    process.env.FORKD_TCG_CACHE_MIB = "24";
+    process.env.FORKD_TCG_CACHE_MIB = "32";
     try {
       const spec = machineSpec(shape, instance);
       const args = buildQemuArgs(spec);
-      assert.equal(args[args.indexOf("-accel") + 1], "tcg,tb-size=24");
+      assert.equal(args[args.indexOf("-accel") + 1], "tcg,tb-size=32");
       delete process.env.FORKD_TCG_CACHE_MIB;
       assert.equal(restoreCompatibilityKey(spec), restoreCompatibilityKey(machineSpec(shape, instance)));
     } finally {

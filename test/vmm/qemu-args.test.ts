@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
+import { parseJitText } from "../../src/vmm/incoming.js";
 import {
   AGENT_PORT_NAME,
   buildQemuArgs,
@@ -86,6 +87,26 @@ describe("buildQemuArgs", () => {
       [values(args, "-kernel"), values(args, "-initrd"), values(args, "-append")],
       [[], [], []],
     );
+  });
+
+  test("a deferred child (warm pool) waits with -incoming defer and the same devices", () => {
+    const deferred: MachineSpec = {
+      ...child,
+      restore: { deviceStatePath: child.restore?.deviceStatePath as string, deferred: true },
+    };
+    const args = buildQemuArgs(deferred);
+    assert.deepEqual(values(args, "-incoming"), ["defer"]);
+    assert.deepEqual(values(args, "-global"), ["migration.send-configuration=off"]);
+    assert.deepEqual(values(args, "-device"), values(buildQemuArgs(child), "-device"));
+    assert.equal(restoreCompatibilityKey(deferred), restoreCompatibilityKey(child));
+  });
+
+  test("x-query-jit's text parses into translated code, TB count and flushes", () => {
+    const text =
+      "Translation buffer state:\ngen code size       4186112/16772096\nTB count            7475\n" +
+      "TB avg target size  16 max=512 bytes\n\nStatistics:\nTB flush count      1\nTB invalidate count 0\n";
+    assert.deepEqual(parseJitText(text), { codeBytes: 4186112, tbCount: 7475, flushes: 1 });
+    assert.equal(parseJitText("[TCG profiler not compiled]"), null);
   });
 
   test("parent and child have identical device ids and order (the restore invariant)", () => {

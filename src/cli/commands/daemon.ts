@@ -1,7 +1,7 @@
 /** `forkd daemon` (alias `serve`): owns all state and serves the REST API (src/api) until SIGTERM. */
 import { statSync } from "node:fs";
 import path from "node:path";
-import type { Command } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
@@ -20,6 +20,7 @@ import {
 } from "../../controller/sandbox-limits.js";
 import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
 import { limitTenants } from "../../controller/tenancy.js";
+import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/warm-pool.js";
 import { confinementMode } from "../../isolation/confinement.js";
 import {
   DEFAULT_CONSOLE_LOG_BYTES,
@@ -51,6 +52,7 @@ interface DaemonOptions {
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
   branchConcurrency?: number;
+  warmPool: WarmPoolTarget[];
   state?: string;
   snapshotRoot?: string;
   allowImageDir: string[];
@@ -137,6 +139,12 @@ export function registerDaemon(program: Command): void {
       "--branch-concurrency <n>",
       `BRANCHes in flight at once, host-wide; more are answered 503 (default ${MAX_CONCURRENT_BRANCHES})`,
       parseIntOption("--branch-concurrency", 1, MAX_BRANCH_CONCURRENCY),
+    )
+    .option(
+      "--warm-pool <tag:n>",
+      "keep n QEMUs of snapshot tag prestarted for spawns without a network of their own (repeatable)",
+      (text: string, pools: WarmPoolTarget[]) => [...pools, parseWarmPoolOption(text)],
+      [] as WarmPoolTarget[],
     )
     .option(
       "--allow-image-dir <dir>",
@@ -305,6 +313,7 @@ export function registerDaemon(program: Command): void {
               allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
               defaultTimeoutMs: opts.defaultTimeoutMs,
               branchConcurrency: opts.branchConcurrency,
+              warmPools: opts.warmPool,
               extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
               network,
               log: logger.child({ component: "manager" }),
@@ -361,4 +370,12 @@ export function homeFromV05Flags(opts: { state?: string; snapshotRoot?: string }
 
 function collect(value: string, previous: string[]): string[] {
   return [...previous, value];
+}
+
+function parseWarmPoolOption(text: string): WarmPoolTarget {
+  try {
+    return parseWarmPoolTarget(text);
+  } catch (err) {
+    throw new InvalidArgumentError(`--warm-pool: ${(err as Error).message}`);
+  }
 }
