@@ -1,7 +1,7 @@
 /**
  * forkd's MCP tools, for a model to drive sandboxes: list snapshots and their chains, create sandboxes, branch
  * and fork, run commands (with a timeout, or until a text appears), run Python in the warm interpreter, read,
- * write and list files, kill. Every result is small structured JSON; long output is cut with a note naming the
+ * write and list files, pause and resume, kill. Every result is small structured JSON; long output is cut with a note naming the
  * resource that holds all of it. Errors are the daemon's messages as MCP tool errors.
  */
 import type { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
@@ -375,6 +375,43 @@ export function registerTools(server: McpServer, context: ToolContext): void {
         entries: listing.entries.map((e) => ({ name: e.name, type: e.type, size: e.size, mode: e.mode })),
         truncated: listing.truncated === true,
       });
+    },
+  );
+  server.registerTool(
+    "pause_sandbox",
+    {
+      title: "Pause a sandbox",
+      description:
+        "Put a running sandbox to sleep on disk: its memory, processes and files are kept, its RAM is given back, " +
+        "and it keeps its id. Calls into it fail until resume_sandbox wakes it where it was.",
+      inputSchema: { sandbox_id: sandboxIdSchema },
+    },
+    async ({ sandbox_id }) => {
+      const paused = await controller.pauseSandbox(sandbox_id);
+      return result({ id: sandbox_id, status: paused.sandbox.status, pause_ms: paused.pause_ms });
+    },
+  );
+
+  server.registerTool(
+    "resume_sandbox",
+    {
+      title: "Resume a paused sandbox",
+      description:
+        "Wake a paused sandbox under the same id: its processes, files and interpreter variables are as they were. " +
+        "Its lifetime starts again (lifetime_secs from now if given).",
+      inputSchema: {
+        sandbox_id: sandboxIdSchema,
+        lifetime_secs: timeoutSecsSchema
+          .optional()
+          .describe("Kill it this many seconds from now (0: never)."),
+      },
+    },
+    async ({ sandbox_id, lifetime_secs }) => {
+      const resumed = await controller.resumeSandbox(
+        sandbox_id,
+        lifetime_secs === undefined ? {} : { timeoutMs: Math.round(lifetime_secs * 1000) },
+      );
+      return result({ id: resumed.id, status: resumed.status });
     },
   );
 }

@@ -32,6 +32,8 @@ const FORKD_TOOLS = [
   "read_file",
   "write_file",
   "list_files",
+  "pause_sandbox",
+  "resume_sandbox",
   "kill_sandbox",
 ];
 /** forkd v0.5's MCP server (sdk/mcp/forkd_mcp/server.py) and its argument names. */
@@ -105,6 +107,12 @@ async function scenario(client: Client, daemon: TestDaemon): Promise<void> {
   assert.deepEqual([code.result, code.error], ["45", null]);
   const raised = await call(client, "run_code", { sandbox_id: id, code: "1/0" });
   assert.equal((raised.error as { name: string }).name, "ZeroDivisionError");
+
+  // Pause and resume: asleep, calls fail with the daemon's message; awake, the interpreter's state is there.
+  assert.equal((await call(client, "pause_sandbox", { sandbox_id: id })).status, "paused");
+  assert.match(await toolError(client, "run_code", { sandbox_id: id, code: "1" }), /paused/);
+  assert.equal((await call(client, "resume_sandbox", { sandbox_id: id })).status, "running");
+  assert.equal((await call(client, "run_code", { sandbox_id: id, code: "trail[0]" })).result, "'start'");
 
   // Long output: cut in the result, all of it in a resource.
   const long = await call(client, "run_command", { sandbox_id: id, command: "seq 1 20000" });
