@@ -30,21 +30,23 @@ export interface ColdBootExecResult extends Omit<ColdBootResult, "result" | "war
   stdout: string;
 }
 
-/**
- * The slow way for a template with a service: boot a fresh VM, run its `start` command and poll `ready` (as a
- * snapshot's parent does), then run `argv`, tear it down. Spawn to `argv`'s exit is what forking replaces.
- */
-export async function coldBootExec(
+interface ColdBootOptions {
+  template: Template;
+  image: BuiltImage;
+  accel: AcceleratorChoice;
+  /** Default: this process's. */
+  confinement?: ConfinementConfig;
+  signal?: AbortSignal;
+}
+
+type BootedVm = Awaited<ReturnType<typeof bootWarmVm>>;
+
+/** Boots a fresh VM from the image (start and ready included), runs `work` in it, tears it down. */
+async function withColdBoot<T>(
   paths: ForkdPaths,
-  options: {
-    template: Template;
-    image: BuiltImage;
-    accel: AcceleratorChoice;
-    exec: string[];
-    confinement?: ConfinementConfig;
-    signal?: AbortSignal;
-  },
-): Promise<ColdBootExecResult> {
+  options: ColdBootOptions,
+  work: (booted: BootedVm, id: string, started: number) => Promise<T>,
+): Promise<T> {
   const id = newSandboxId();
   const runDir = path.join(paths.run, `cold-${id}`);
   const started = performance.now();
@@ -64,16 +66,7 @@ export async function coldBootExec(
       signal: options.signal,
     });
     try {
-      const ran = await booted.agent.exec(options.exec, { timeoutMs: 120_000, signal: options.signal });
-      return {
-        id,
-        totalMs: performance.now() - started,
-        bootMs: booted.bootMs,
-        readyMs: booted.readyMs,
-        exitCode: ran.exitCode,
-        stdout: ran.stdout.toString("utf8"),
-        error: ran.exitCode === 0 ? null : ran.stderr.toString("utf8").slice(-500),
-      };
+      return await work(booted, id, started);
     } finally {
       booted.agent.close();
       await booted.vm.kill({ graceMs: 0 });
@@ -83,51 +76,42 @@ export async function coldBootExec(
   }
 }
 
-export async function coldBootEval(
+/**
+ * The slow way for a template with a service: boot a fresh VM, run its `start` command and poll `ready` (as a
+ * snapshot's parent does), then run `argv`, tear it down. Spawn to `argv`'s exit is what forking replaces.
+ */
+export function coldBootExec(
   paths: ForkdPaths,
-  options: {
-    template: Template;
-    image: BuiltImage;
-    accel: AcceleratorChoice;
-    code: string;
-    /** Default: this process's. */
-    confinement?: ConfinementConfig;
-    signal?: AbortSignal;
-  },
+  options: ColdBootOptions & { exec: string[] },
+): Promise<ColdBootExecResult> {
+  return withColdBoot(paths, options, async (booted, id, started) => {
+    const ran = await booted.agent.exec(options.exec, { timeoutMs: 120_000, signal: options.signal });
+    return {
+      id,
+      totalMs: performance.now() - started,
+      bootMs: booted.bootMs,
+      readyMs: booted.readyMs,
+      exitCode: ran.exitCode,
+      stdout: ran.stdout.toString("utf8"),
+      error: ran.exitCode === 0 ? null : ran.stderr.toString("utf8").slice(-500),
+    };
+  });
+}
+
+/** Boots a fresh VM, warms it, evaluates `code` once, tears it down: what one forked child replaces. */
+export function coldBootEval(
+  paths: ForkdPaths,
+  options: ColdBootOptions & { code: string },
 ): Promise<ColdBootResult> {
-  const id = newSandboxId();
-  const runDir = path.join(paths.run, `cold-${id}`);
-  const started = performance.now();
-  await mkdir(runDir, { recursive: true, mode: 0o700 });
-  try {
-    const disk = path.join(runDir, RUN_FILES.disk);
-    await createOverlay({ backing: options.image.rootfs, backingFormat: "raw", overlay: disk });
-    const booted = await bootWarmVm({
-      template: options.template,
-      image: options.image,
-      accel: options.accel,
-      runDir,
-      memoryFile: path.join(runDir, "memory.bin"),
-      disk,
-      diskBacking: [options.image.rootfs],
-      confinement: options.confinement,
-      signal: options.signal,
-    });
-    try {
-      const evaluated = await booted.agent.eval(options.code, { timeoutMs: 120_000, signal: options.signal });
-      return {
-        id,
-        totalMs: performance.now() - started,
-        bootMs: booted.bootMs,
-        warmupMs: booted.warmupMs,
-        result: evaluated.result,
-        error: evaluated.error ? `${evaluated.error.type}: ${evaluated.error.message}` : null,
-      };
-    } finally {
-      booted.agent.close();
-      await booted.vm.kill({ graceMs: 0 });
-    }
-  } finally {
-    await rm(runDir, { recursive: true, force: true });
-  }
+  return withColdBoot(paths, options, async (booted, id, started) => {
+    const evaluated = await booted.agent.eval(options.code, { timeoutMs: 120_000, signal: options.signal });
+    return {
+      id,
+      totalMs: performance.now() - started,
+      bootMs: booted.bootMs,
+      warmupMs: booted.warmupMs,
+      result: evaluated.result,
+      error: evaluated.error ? `${evaluated.error.type}: ${evaluated.error.message}` : null,
+    };
+  });
 }
