@@ -292,7 +292,14 @@ export class SandboxManager implements SandboxService {
       }
     }
     const networks = await SandboxNetworks.open(paths, db, { ...options.network, log: options.log });
-    const manager = new SandboxManager(paths, db, networks, confinement, cgroups, options);
+    let manager: SandboxManager;
+    try {
+      manager = new SandboxManager(paths, db, networks, confinement, cgroups, options);
+    } catch (err) {
+      // Refused options (a warm pool on a daemon with cgroups, a bad default): nothing may stay open.
+      await networks.close();
+      throw err;
+    }
     manager.log.info({ confinement: confinement.summary }, "sandbox confinement");
     await manager.snapshots.reconcile();
     await manager.reconcile();
