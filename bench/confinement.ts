@@ -7,26 +7,24 @@
  *
  *   npm run bench -- confinement   (env: BENCH_N=20, BENCH_ROUNDS=4; one unmeasured warm-up spawn first)
  */
-import { execFileSync } from "node:child_process";
 import os from "node:os";
-import { procStatFields } from "../src/controller/host-processes.js";
 import { openServices } from "../src/controller/sandbox-manager.js";
 import type { ConfinementMode } from "../src/isolation/confinement.js";
 import { tempHome } from "../test/support/host.js";
 import { linkSharedSnapshot } from "../test/support/snapshots.js";
-import { cpuMs, hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
+import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
+import { measureSpawn } from "./lib/spawn-cost.js";
 
 const N = Number(process.env.BENCH_N ?? 20);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
 
-let clockTicks: number | undefined;
 const home = await tempHome("forkd-bench-confine-");
 try {
   const tag = await linkSharedSnapshot(home.home, "pyagent");
   // A warm-up spawn, not measured: the first one reads the snapshot's files into the page cache.
   const warmUp = await openServices(home, { confinement: "on" });
   try {
-    await measureSpawn(warmUp, tag);
+    await measureSpawn(warmUp, tag, N);
   } finally {
     await warmUp.close({ killSandboxes: true });
   }
@@ -36,7 +34,7 @@ try {
       const load1 = os.loadavg()[0] as number;
       const services = await openServices(home, { confinement: mode });
       try {
-        runs.push({ mode, load1, ...(await measureSpawn(services, tag)) });
+        runs.push({ mode, load1, ...(await measureSpawn(services, tag, N)) });
         console.log(`round ${round + 1} ${mode}: ${JSON.stringify(runs.at(-1))}`);
       } finally {
         await services.close({ killSandboxes: true });
@@ -87,28 +85,6 @@ try {
   );
 } finally {
   await home.cleanup();
-}
-
-/** Spawns N from `tag`; wall clock of the spawn and host CPU per child (QEMUs + this process + its tools). */
-async function measureSpawn(
-  services: Awaited<ReturnType<typeof openServices>>,
-  tag: string,
-): Promise<{ wallMs: number; cpuPerChildMs: number }> {
-  const selfBefore = await ownCpuMs();
-  const started = performance.now();
-  const children = await services.sandboxes.spawn({ snapshotTag: tag, n: N, timeoutMs: 0 });
-  const wallMs = performance.now() - started;
-  const selfAfter = await ownCpuMs();
-  const qemuMs = (await Promise.all(children.map((c) => cpuMs(c.pid as number)))).reduce((a, b) => a + b, 0);
-  return { wallMs, cpuPerChildMs: (qemuMs + selfAfter - selfBefore) / N };
-}
-
-/** This process's CPU plus that of its children it has waited for (ip, nft, the launcher running nft). */
-async function ownCpuMs(): Promise<number> {
-  const fields = (await procStatFields(process.pid)) as string[];
-  const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-  clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
-  return (ticks * 1000) / clockTicks;
 }
 
 function round1(n: number): number {

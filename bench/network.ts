@@ -11,19 +11,18 @@
  *
  *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_REQUESTS=50, BENCH_DOWNLOAD_MIB=32)
  */
-import { execFileSync } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { type RunningDaemon, startDaemon } from "../src/api/daemon.js";
 import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
 import { createSnapshot } from "../src/controller/create-snapshot.js";
-import { procStatFields } from "../src/controller/host-processes.js";
 import { openServices } from "../src/controller/sandbox-manager.js";
 import type { SandboxInfo } from "../src/controller/sandbox-service.js";
 import { listSnapshots } from "../src/controller/snapshots.js";
 import { INTERNET_HOSTS, startTestInternet } from "../test/support/test-internet.js";
-import { cpuMs, hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
+import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
+import { measureSpawn } from "./lib/spawn-cost.js";
 
 const N = Number(process.env.BENCH_N ?? 50);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
@@ -32,7 +31,6 @@ const DOWNLOAD_MIB = Number(process.env.BENCH_DOWNLOAD_MIB ?? 32);
 const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
 const WITHOUT_NIC = `${WITH_NIC}-nonet`;
 
-let clockTicks: number | undefined;
 const paths = resolvePaths();
 const existing = new Set((await listSnapshots(paths)).map((s) => s.tag));
 for (const [tag, network] of [
@@ -55,7 +53,7 @@ try {
   const spawnRuns: { network: boolean; wallMs: number; cpuPerChildMs: number }[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     for (const network of round % 2 === 0 ? [false, true] : [true, false]) {
-      spawnRuns.push({ network, ...(await measureSpawn(network ? WITH_NIC : WITHOUT_NIC)) });
+      spawnRuns.push({ network, ...(await measureSpawn(services, network ? WITH_NIC : WITHOUT_NIC, N)) });
       await services.sandboxes.killAll();
     }
   }
@@ -175,25 +173,6 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
   await daemon?.stop("bench over");
   await services.close({ killSandboxes: true });
   await internet.stop();
-}
-
-/** Spawns N from `tag`; wall clock of the spawn and host CPU per child (QEMUs + this process + its tools). */
-async function measureSpawn(tag: string): Promise<{ wallMs: number; cpuPerChildMs: number }> {
-  const selfBefore = await ownCpuMs();
-  const started = performance.now();
-  const children = await services.sandboxes.spawn({ snapshotTag: tag, n: N, timeoutMs: 0 });
-  const wallMs = performance.now() - started;
-  const selfAfter = await ownCpuMs();
-  const qemuMs = (await Promise.all(children.map((c) => cpuMs(c.pid as number)))).reduce((a, b) => a + b, 0);
-  return { wallMs, cpuPerChildMs: (qemuMs + selfAfter - selfBefore) / N };
-}
-
-/** This process's CPU plus that of its children it has waited for (ip, nft, the launcher running nft). */
-async function ownCpuMs(): Promise<number> {
-  const fields = (await procStatFields(process.pid)) as string[];
-  const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-  clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
-  return (ticks * 1000) / clockTicks;
 }
 
 async function evalJson<T>(id: string, code: string): Promise<T> {
