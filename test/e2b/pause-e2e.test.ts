@@ -8,9 +8,8 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { Sandbox, SandboxError } from "@e2b/code-interpreter";
-import WebSocket from "ws";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
-import { WS_ECHO } from "../support/guest-programs.js";
+import { throughWebSocket as throughDaemonWebSocket, WS_ECHO } from "../support/guest-programs.js";
 import { waitFor } from "../support/host.js";
 
 const root = process.getuid?.() === 0;
@@ -36,16 +35,7 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
   });
 
   const throughWebSocket = (headers: Record<string, string>, message: string) =>
-    new Promise<{ echoed?: string; status?: number }>((resolve, reject) => {
-      const ws = new WebSocket(`${daemon.tcpUrl.replace(/^http/, "ws")}/socket`, { headers });
-      ws.once("open", () => ws.send(message));
-      ws.once("message", (data) => {
-        resolve({ echoed: String(data) });
-        ws.close();
-      });
-      ws.once("unexpected-response", (_req, res) => resolve({ status: res.statusCode }));
-      ws.once("error", reject);
-    });
+    throughDaemonWebSocket(daemon.tcpUrl, headers, message);
 
   it("pause(), then connect() resumes it where it was", async () => {
     const sbx = await Sandbox.create({ timeoutMs: 600_000, metadata: { suite: "pause" } });

@@ -28,12 +28,16 @@ import {
   TimeoutError,
 } from "@e2b/code-interpreter";
 import { Sandbox as BaseSandbox } from "e2b";
-import WebSocket from "ws";
 import { Filesystem } from "../../src/e2b/envd/gen/filesystem/filesystem_pb.js";
 import { Process } from "../../src/e2b/envd/gen/process/process_pb.js";
 import { send } from "../api/raw-http.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
-import { FETCH_DEF, HTTP_ECHO, WS_ECHO } from "../support/guest-programs.js";
+import {
+  FETCH_DEF,
+  HTTP_ECHO,
+  throughWebSocket as throughDaemonWebSocket,
+  WS_ECHO,
+} from "../support/guest-programs.js";
 import { waitFor } from "../support/host.js";
 import { INTERNET_HOSTS, startTestInternet, type TestInternet } from "../support/test-internet.js";
 
@@ -116,18 +120,8 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
       body,
     });
   };
-  /** The echo of a WebSocket message sent through the listener, or the refusal's status. */
   const throughWebSocket = (headers: Record<string, string>, message: string) =>
-    new Promise<{ echoed?: string; status?: number }>((resolve, reject) => {
-      const ws = new WebSocket(`${daemon.tcpUrl.replace(/^http/, "ws")}/socket`, { headers });
-      ws.once("open", () => ws.send(message));
-      ws.once("message", (data) => {
-        resolve({ echoed: String(data) });
-        ws.close();
-      });
-      ws.once("unexpected-response", (_req, res) => resolve({ status: res.statusCode }));
-      ws.once("error", reject);
-    });
+    throughDaemonWebSocket(daemon.tcpUrl, headers, message);
   const trafficToken = (s: Sandbox) => (s as unknown as { trafficAccessToken: string }).trafficAccessToken;
   /** Starts a guest program in the background, as E2B code does: commands.run(..., { background: true }). */
   const serve = async (sandbox: Sandbox, name: string, program: string, args: string) => {

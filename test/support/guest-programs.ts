@@ -3,6 +3,7 @@
  * fetch helper for the warm interpreter, an HTTP echo server (optionally HTTPS) and a WebSocket echo server.
  * Shared by test/net (the forkd API) and test/e2b (the E2B SDK), which reach them through different fronts.
  */
+import WebSocket from "ws";
 
 /** Defined once in a sandbox's warm interpreter: fetch(url) -> "OK <body>" or "ERR <exception>". */
 export const FETCH_DEF = `
@@ -60,3 +61,24 @@ while True:
     data = bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:6 + n]))
     c.sendall(bytes([0x81, len(data)]) + data); c.close()
 `;
+
+/**
+ * The echo of one WebSocket message sent to WS_ECHO through the daemon's listener at `httpUrl` (`/socket`),
+ * or the status of the refused upgrade.
+ */
+export function throughWebSocket(
+  httpUrl: string,
+  headers: Record<string, string>,
+  message: string,
+): Promise<{ echoed?: string; status?: number }> {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`${httpUrl.replace(/^http/, "ws")}/socket`, { headers });
+    ws.once("open", () => ws.send(message));
+    ws.once("message", (data) => {
+      resolve({ echoed: String(data) });
+      ws.close();
+    });
+    ws.once("unexpected-response", (_req, res) => resolve({ status: res.statusCode }));
+    ws.once("error", reject);
+  });
+}
