@@ -123,6 +123,13 @@ export const VersionResponse = Type.Object({
 // ---------------------------------------------------------------------------------------------------------------
 // Snapshots
 
+/** An egress policy as the daemon reports it (every field present). */
+export const EgressPolicyOut = Type.Object({
+  egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+  allow_out: Type.Array(Type.String()),
+  deny_out: Type.Array(Type.String()),
+});
+
 export const SnapshotInfoWire = Type.Object(
   {
     tag: Type.String(),
@@ -163,6 +170,11 @@ export const SnapshotInfoWire = Type.Object(
     disk_bytes: Type.Integer({
       description:
         "Bytes its own files occupy on disk (allocated blocks: sparse RAM images count what is stored).",
+    }),
+    egress_default: Type.Union([EgressPolicyOut, Type.Null()], {
+      description:
+        "The egress policy its sandboxes get when a spawn names none, from its template's [egress] (fields a " +
+        "spawn's policy leaves out come from it too); null: the daemon's --egress.",
     }),
   },
   { description: "SnapshotInfo (v0.5 fields tag, dir, created_at_unix, status, bootable)." },
@@ -357,12 +369,6 @@ export const EgressPolicyWire = Type.Object(
   },
 );
 export type EgressPolicyWire = Static<typeof EgressPolicyWire>;
-
-export const EgressPolicyOut = Type.Object({
-  egress: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
-  allow_out: Type.Array(Type.String()),
-  deny_out: Type.Array(Type.String()),
-});
 
 export const SandboxNetworkWire = Type.Object(
   {

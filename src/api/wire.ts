@@ -63,12 +63,15 @@ export function policyToWire(policy: EgressPolicy) {
   return { egress: policy.default, allow_out: policy.allowOut, deny_out: policy.denyOut };
 }
 
-/** The wire's egress policy as the controller takes it (a missing `egress` is the daemon's default). */
+/**
+ * The wire's egress policy as the controller takes it: a field left out comes from the snapshot's template
+ * default, else the daemon's (`--egress`, empty lists).
+ */
 export function policyFromWire(wire: EgressPolicyWire): EgressPolicyInput {
   return {
     ...(wire.egress === undefined ? {} : { default: wire.egress }),
-    allowOut: wire.allow_out ?? [],
-    denyOut: wire.deny_out ?? [],
+    ...(wire.allow_out === undefined ? {} : { allowOut: wire.allow_out }),
+    ...(wire.deny_out === undefined ? {} : { denyOut: wire.deny_out }),
   };
 }
 
@@ -77,7 +80,11 @@ export function networkRequestFromWire(wire: EgressPolicyWire | "none" | undefin
 }
 
 export function snapshotToWire(info: SnapshotInfo, snapshotsDir: string): SnapshotInfoWire {
-  return { ...info, dir: path.join(snapshotsDir, info.tag) };
+  return {
+    ...info,
+    dir: path.join(snapshotsDir, info.tag),
+    egress_default: info.egress_default && policyToWire(info.egress_default),
+  };
 }
 
 /**

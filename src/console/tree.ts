@@ -215,5 +215,6 @@ function missingSnapshot(tag: string): SnapshotWire {
     origin: null,
     branch_mode: null,
     disk_bytes: 0,
+    egress_default: null,
   };
 }

@@ -51,6 +51,10 @@ export type BootTemplate = Pick<Template, "name" | "memoryMib" | "vcpus" | "inte
   warmup?: string | null;
   /** "nic" (the default) or "none". */
   network?: Template["network"];
+  /** The template's egress default, recorded in the snapshot's manifest (none for a bare image). */
+  egress?: Template["egress"];
+  /** The template file, for errors. */
+  source?: string;
   /** Format 2: started in the parent and polled until ready before the warm-up (none for a bare image). */
   start?: Template["start"];
   ready?: Template["ready"];

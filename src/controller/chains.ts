@@ -191,6 +191,7 @@ export async function localSnapshotDetail(
     ephemeral: false,
     owner: null,
     ...(await originFacts(s)),
+    egress_default: s.manifest.template.egress ?? null,
     ...chain,
   };
 }

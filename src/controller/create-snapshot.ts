@@ -11,6 +11,7 @@ import { assertTag } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import { type BuiltImage, buildImage, loadTemplate } from "../image/index.js";
 import type { ConfinementConfig } from "../isolation/confinement.js";
+import { canonicalEntries, type EgressPolicy, parseEgressPolicy } from "../net/policy.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import { SnapshotStore } from "../store/snapshot-store.js";
 import { restoreCompatibilityKey } from "../vmm/qemu-args.js";
@@ -72,6 +73,8 @@ async function imageToBoot(
     return { template: options.image.template, image: options.image };
   }
   const template = await loadTemplate(options.template ?? tag, { allowFiles: options.templateFiles });
+  // Checked before the build: a bad entry should not cost minutes of image build first.
+  templateEgressPolicy(template);
   progress({ step: "image", message: `image for template ${template.name}` });
   const image = await buildImage(template, {
     signal: options.signal,
@@ -147,7 +150,11 @@ export async function createSnapshot(
     const { shape } = booted;
     const manifest = await writer.commit(
       {
-        template: { name: template.name, interpreter: template.interpreter },
+        template: {
+          name: template.name,
+          interpreter: template.interpreter,
+          ...(template.egress ? { egress: templateEgressPolicy(template) } : {}),
+        },
         image: {
           hash: image.hash,
           buildId: image.manifest.buildId,
@@ -187,6 +194,23 @@ export async function createSnapshot(
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * A template's `[egress]` as the policy its snapshot records (undefined: none), every entry checked with the
+ * same rules as a spawn's policy and named by its TOML field in errors.
+ */
+export function templateEgressPolicy(template: BootTemplate): EgressPolicy | undefined {
+  if (!template.egress) return undefined;
+  const field = `${template.source ?? template.name}: egress`;
+  return parseEgressPolicy(
+    {
+      default: template.egress.default,
+      allowOut: canonicalEntries(template.egress.allowOut, `${field}.allow_out`),
+      denyOut: canonicalEntries(template.egress.denyOut, `${field}.deny_out`),
+    },
+    field,
+  );
 }
 
 /**

@@ -40,7 +40,7 @@ import {
   resolveConfinement,
 } from "../isolation/confinement.js";
 import { allowUnprivilegedUserfaultfd } from "../isolation/userfaultfd.js";
-import type { EgressPolicyInput } from "../net/policy.js";
+import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import { PortProxy, type PortTarget } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
 import type { SnapshotManifest } from "../store/manifest.js";
@@ -76,7 +76,12 @@ import {
   type SandboxLimits,
   validateLimitsRequest,
 } from "./sandbox-limits.js";
-import { type NetworkRequest, SandboxNetworks, type SandboxNetworksOptions } from "./sandbox-network.js";
+import {
+  type NetworkRequest,
+  SandboxNetworks,
+  type SandboxNetworksOptions,
+  templateEgressOf,
+} from "./sandbox-network.js";
 import type {
   AccessTokens,
   BranchOutcome,
@@ -361,7 +366,7 @@ export class SandboxManager implements SandboxService {
           `snapshot ${tag} has no NIC (its template says network = "none"), so its sandboxes cannot have a network policy`,
         );
       }
-      network = this.networks.resolvePolicy(request.network);
+      network = this.networks.resolvePolicy(request.network, templateEgressOf(snapshot.manifest));
       limits = resolveLimits(request, {
         layout: this.cgroups,
         diskCap: this.confinement.mode === "on",
@@ -1036,8 +1041,14 @@ export class SandboxManager implements SandboxService {
   /** Replaces sandbox `id`'s egress policy while it runs. */
   async setNetworkPolicy(id: string, policy: EgressPolicyInput): Promise<SandboxInfo> {
     this.liveOrThrow(id);
-    await this.networks.setPolicy(id, policy);
+    await this.networks.setPolicy(id, policy, await this.templateEgressFor(this.row(id).snapshot_tag));
     return this.get(id);
+  }
+
+  /** The egress default of snapshot `tag`'s template (undefined: none, or the snapshot is gone). */
+  private async templateEgressFor(tag: string): Promise<EgressPolicy | undefined> {
+    const snapshot = await this.snapshots.stored(tag).catch(() => undefined);
+    return snapshot && templateEgressOf(snapshot.manifest);
   }
 
   /** Proxies one HTTP request (`req.url` is the path in the guest) to TCP port `port` of sandbox `id`. */

@@ -47,11 +47,28 @@ import {
 } from "../net/policy.js";
 import type { PortTarget } from "../net/port-proxy.js";
 import type { SandboxNetworkRow, StateDb } from "../store/db.js";
+import type { SnapshotManifest } from "../store/manifest.js";
 import { TAP_FD } from "../vmm/qemu-args.js";
 
 export type NetworkMode = "netns" | "isolated";
 
-/** A spawn's network: the daemon's default egress (undefined), a policy, or "none" (a NIC with no uplink). */
+/** `input` checked, with each field it leaves out taken from `base`. */
+export function completeEgress(input: EgressPolicyInput, base: EgressPolicyInput): EgressPolicy {
+  if (typeof input !== "object" || input === null) return parseEgressPolicy(input);
+  const given = Object.fromEntries(Object.entries(input).filter(([, value]) => value !== undefined));
+  return parseEgressPolicy({ ...base, ...given });
+}
+
+/** The egress default a snapshot's template set (`[egress]`), checked again as any policy is; else undefined. */
+export function templateEgressOf(manifest: SnapshotManifest): EgressPolicy | undefined {
+  const recorded = manifest.template.egress;
+  return recorded ? parseEgressPolicy(recorded, `snapshot ${manifest.tag}: template egress`) : undefined;
+}
+
+/**
+ * A spawn's network: the default egress (undefined: its snapshot's template default, else the daemon's), a
+ * policy, or "none" (a NIC with no uplink).
+ */
 export type NetworkRequest = EgressPolicyInput | "none" | undefined;
 
 /** How a VM's NIC is attached: the backend and, for a tap, what the launcher does to open it. */
@@ -139,10 +156,13 @@ export class SandboxNetworks {
     return networks;
   }
 
-  /** The policy a spawn gets, checked against what this mode can enforce. */
-  resolvePolicy(request: NetworkRequest): EgressPolicy | "none" {
+  /**
+   * The policy a spawn gets, checked against what this mode can enforce. `templateDefault` is its snapshot's
+   * template egress (see completePolicy).
+   */
+  resolvePolicy(request: NetworkRequest, templateDefault?: EgressPolicy): EgressPolicy | "none" {
     if (request === "none") return "none";
-    const policy = this.completePolicy(request ?? {});
+    const policy = this.completePolicy(request ?? {}, templateDefault);
     if (this.mode === "isolated") {
       if (request === undefined) return "none";
       if (policy.default === "allow" || policy.allowOut.length > 0) {
@@ -258,7 +278,11 @@ export class SandboxNetworks {
   }
 
   /** Replaces a running sandbox's egress policy (new connections, and established ones at their next packet). */
-  async setPolicy(sandboxId: string, input: EgressPolicyInput): Promise<EgressPolicy> {
+  async setPolicy(
+    sandboxId: string,
+    input: EgressPolicyInput,
+    templateDefault?: EgressPolicy,
+  ): Promise<EgressPolicy> {
     const row = this.db.network(sandboxId);
     if (row?.state !== "ready") {
       throw conflict(
@@ -267,7 +291,7 @@ export class SandboxNetworks {
           : `sandbox ${sandboxId} has no network of its own (spawned with network "none" or from a snapshot without a NIC)`,
       );
     }
-    const policy = this.completePolicy(input);
+    const policy = this.completePolicy(input, templateDefault);
     const compiled = compilePolicy(policy);
     const generation = row.generation + 1;
     await applyEgressPolicy({
@@ -338,11 +362,12 @@ export class SandboxNetworks {
     this.byAddress.clear();
   }
 
-  /** Checks `input`; a missing `default` is the daemon's --egress. */
-  completePolicy(input: EgressPolicyInput): EgressPolicy {
-    const withDefault =
-      typeof input === "object" && input !== null ? { default: this.defaultEgress, ...input } : input;
-    return parseEgressPolicy(withDefault);
+  /**
+   * Checks `input`. A field it leaves out comes from the template's default policy when the snapshot has one;
+   * else a missing `default` is the daemon's --egress and a missing list is empty.
+   */
+  completePolicy(input: EgressPolicyInput, templateDefault?: EgressPolicy): EgressPolicy {
+    return completeEgress(input, templateDefault ?? { default: this.defaultEgress });
   }
 
   private register(sandboxId: string, address: string, policy: CompiledPolicy): void {

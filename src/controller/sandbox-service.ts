@@ -480,6 +480,11 @@ export interface SnapshotInfo {
   branch_mode: "full" | "diff" | "live" | null;
   /** Bytes its own files occupy on disk (allocated blocks; sparse RAM images count only what is stored). */
   disk_bytes: number;
+  /**
+   * The egress policy its sandboxes get when a spawn names none: its template's `[egress]`; null: the daemon's
+   * default (`--egress`).
+   */
+  egress_default: EgressPolicy | null;
 }
 
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */

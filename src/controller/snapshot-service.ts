@@ -171,6 +171,7 @@ export class DaemonSnapshots implements SnapshotService {
           origin: null,
           branch_mode: null,
           disk_bytes: 0,
+          egress_default: null,
         }),
       ),
     ].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -181,6 +182,11 @@ export class DaemonSnapshots implements SnapshotService {
     const found = (await this.list()).find((s) => s.tag === tag);
     if (!found) throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
     return found;
+  }
+
+  /** Snapshot `tag` as stored (its manifest read and checked), bootable or not; not_found if unknown. */
+  async stored(tag: string): Promise<StoredSnapshot> {
+    return this.store.get(assertTag(tag));
   }
 
   /** The snapshot to restore children from: not_found if unknown, conflict if not (yet) bootable. */
@@ -384,6 +390,7 @@ export class DaemonSnapshots implements SnapshotService {
       ephemeral,
       owner: owners.get(s.tag) ?? null,
       ...(await originFacts(s)),
+      egress_default: s.manifest.template.egress ?? null,
     };
   }
 }

@@ -35,6 +35,7 @@ export type {
   ReadyCheck,
   Template,
   TemplateCommand,
+  TemplateEgress,
   TemplateFile,
   TemplateStep,
 } from "./template.js";

@@ -70,9 +70,22 @@ export interface Template {
    * "none": no NIC at all (no child of it can ever have network). Not part of the image: a machine setting.
    */
   network: "nic" | "none";
+  /**
+   * The egress policy a sandbox of this template gets when its spawn names none (`[egress]`); undefined: the
+   * daemon's default. Checked here for shape only: the controller checks the entries (src/net/policy.ts) before
+   * anything is built. Not part of the image either.
+   */
+  egress: TemplateEgress | undefined;
   /** Absolute path of the TOML file. */
   source: string;
   builtin: boolean;
+}
+
+/** `[egress]`: the same fields as a spawn's egress policy (docs/network.md), `default` required. */
+export interface TemplateEgress {
+  default: "allow" | "deny";
+  allowOut: string[];
+  denyOut: string[];
 }
 
 export const TEMPLATE_DEFAULTS = {
@@ -93,6 +106,8 @@ export const TEMPLATE_LIMITS = {
   warmupBytes: 64 * 1024,
   descriptionChars: 500,
   templateFileBytes: 1024 * 1024,
+  /** Per list, as many as a spawn's policy may hold (src/net/policy.ts MAX_POLICY_ENTRIES). */
+  egressEntries: 512,
 };
 
 /** Debian Policy 5.6.1: lowercase letters, digits, + - . ; at least two characters; starts alphanumeric. */
@@ -113,6 +128,22 @@ const TemplateFileSchema = Type.Object(
     ),
   },
   { additionalProperties: false, rule: "must be a table with src, dest and optional mode" },
+);
+
+const EgressEntries = Type.Array(Type.String({ minLength: 1, maxLength: 253 }), {
+  maxItems: TEMPLATE_LIMITS.egressEntries,
+  rule: `must be a list of at most ${TEMPLATE_LIMITS.egressEntries} IPv4 addresses, CIDR blocks or domain names`,
+});
+
+const EgressSchema = Type.Object(
+  {
+    default: Type.Union([Type.Literal("allow"), Type.Literal("deny")], {
+      rule: 'must be "allow" or "deny" (what happens to a destination no entry names)',
+    }),
+    allow_out: Type.Optional(EgressEntries),
+    deny_out: Type.Optional(EgressEntries),
+  },
+  { additionalProperties: false, rule: "must be a table with default and optional allow_out, deny_out" },
 );
 
 const TemplateSchema = Type.Object(
@@ -153,6 +184,7 @@ const TemplateSchema = Type.Object(
         rule: 'must be "nic" (a NIC, network per sandbox) or "none" (no NIC)',
       }),
     ),
+    egress: Type.Optional(EgressSchema),
     files: Type.Optional(
       Type.Array(TemplateFileSchema, {
         maxItems: TEMPLATE_LIMITS.files,
@@ -190,6 +222,7 @@ function allowedFields(pointer: string): string[] {
   if (/^\/steps\/\d+$/.test(pointer)) return Object.keys(StepSchema.properties);
   if (pointer === "/from") return Object.keys(FromSchema.properties);
   if (pointer === "/dockerfile") return Object.keys(DockerfileSchema.properties);
+  if (pointer === "/egress") return Object.keys(EgressSchema.properties);
   return ["command", "user", "cwd", "env", "timeout_s", "interval_ms"];
 }
 
@@ -310,6 +343,9 @@ export async function parseTemplate(text: string, file: string, builtin = false)
       `${source}: field "warmup" is only allowed with interpreter = "python" (interpreter is "${interpreter}")`,
     );
   }
+  if (valid.egress !== undefined && valid.network === "none") {
+    problems.push(`${source}: field "egress" needs a NIC, and this template says network = "none"`);
+  }
   const files = await checkFiles(source, valid, problems);
   const v2 = format === 2 ? await checkV2(source, valid as V2Document, problems) : undefined;
   if (problems.length > 0) throw templateError(problems);
@@ -329,6 +365,11 @@ export async function parseTemplate(text: string, file: string, builtin = false)
     start: v2?.start,
     ready: v2?.ready,
     network: valid.network ?? "nic",
+    egress: valid.egress && {
+      default: valid.egress.default,
+      allowOut: valid.egress.allow_out ?? [],
+      denyOut: valid.egress.deny_out ?? [],
+    },
     source,
     builtin,
   };

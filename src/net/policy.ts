@@ -64,8 +64,8 @@ export function parseEgressPolicy(input: unknown, field = "network"): EgressPoli
   if (raw.default !== "allow" && raw.default !== "deny") {
     throw invalidArgument(`${field}.default must be "allow" or "deny"`);
   }
-  const allowOut = entries(raw.allowOut, `${field}.allowOut`);
-  let denyOut = entries(raw.denyOut, `${field}.denyOut`);
+  const allowOut = canonicalEntries(raw.allowOut, `${field}.allowOut`);
+  let denyOut = canonicalEntries(raw.denyOut, `${field}.denyOut`);
   let defaultVerdict: EgressDefault = raw.default;
   if (denyOut.includes(ALL_TRAFFIC)) {
     defaultVerdict = "deny";
@@ -124,7 +124,8 @@ export function normalizeName(text: string): string | null {
     : null;
 }
 
-function entries(value: unknown, field: string): string[] {
+/** A list of policy entries checked and in canonical form (sorted, duplicates dropped); `field` names it in errors. */
+export function canonicalEntries(value: unknown, field: string): string[] {
   if (value === undefined) return [];
   if (!Array.isArray(value)) throw invalidArgument(`${field} must be an array of strings`);
   if (value.length > MAX_POLICY_ENTRIES) {

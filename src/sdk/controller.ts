@@ -55,7 +55,10 @@ export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
 
 /** An egress policy (camelCase, as in E2B's `network` option; see docs/network.md). */
 export interface NetworkPolicy {
-  /** Destinations no entry names: "allow" or "deny". @default the daemon's --egress */
+  /**
+   * Destinations no entry names: "allow" or "deny". A field left out comes from the snapshot's template default
+   * (`[egress]`, docs/templates.md). @default the template's, else the daemon's --egress
+   */
   egress?: "allow" | "deny";
   /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
   allowOut?: string[];
@@ -93,7 +96,8 @@ export interface SpawnOptions extends RequestOptions {
    */
   timeoutMs?: number;
   /**
-   * Egress policy, or "none" (the sandbox's NIC leads nowhere). @default the daemon's --egress. Domain entries
+   * Egress policy, or "none" (the sandbox's NIC leads nowhere). @default the snapshot's template default
+   * (`[egress]`), else the daemon's --egress. Domain entries
    * work through the sandbox's DNS; other sandboxes, the host and the daemon are never reachable.
    */
   network?: NetworkPolicy | "none";

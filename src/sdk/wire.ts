@@ -61,7 +61,7 @@ export interface SandboxLimits {
 
 /** An egress policy as on the wire (docs/network.md). */
 export interface EgressPolicyWire {
-  /** Destinations no entry names. @default the daemon's --egress */
+  /** Destinations no entry names. @default the snapshot's template default (`[egress]`), else the daemon's --egress */
   egress?: "allow" | "deny";
   /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
   allow_out?: string[];

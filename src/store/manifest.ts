@@ -15,7 +15,21 @@ export const SnapshotManifestSchema = Type.Object({
   format: Type.Literal(MANIFEST_FORMAT),
   tag: Type.String(),
   createdAtUnix: Type.Integer(),
-  template: Type.Object({ name: Type.String(), interpreter: Type.String() }),
+  template: Type.Object({
+    name: Type.String(),
+    interpreter: Type.String(),
+    /**
+     * The template's egress default (`[egress]`, canonical form): what a sandbox of this snapshot (or of any
+     * snapshot made from it) gets when its spawn names no policy. Absent: the daemon's `--egress`.
+     */
+    egress: Type.Optional(
+      Type.Object({
+        default: Type.Union([Type.Literal("allow"), Type.Literal("deny")]),
+        allowOut: Type.Array(Type.String()),
+        denyOut: Type.Array(Type.String()),
+      }),
+    ),
+  }),
   image: Type.Object({
     hash: Type.String(),
     /** Changes when an image is rebuilt in place (`image build --force`): the disk layers would no longer fit. */

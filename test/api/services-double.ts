@@ -91,6 +91,7 @@ export class ServicesDouble {
       origin: "template",
       branch_mode: null,
       disk_bytes: 1024,
+      egress_default: null,
       ...overrides,
     };
     this.snapshotsByTag.set(tag, info);
@@ -466,6 +467,7 @@ export class ServicesDouble {
           origin: "branch",
           branch_mode: mode,
           disk_bytes: 12288,
+          egress_default: null,
         },
       };
     },

@@ -31,6 +31,7 @@ function snapshot(tag: string, fields: Partial<SnapshotWire> = {}): SnapshotWire
     origin: "template",
     branch_mode: null,
     disk_bytes: 1,
+    egress_default: null,
     ...fields,
   };
 }

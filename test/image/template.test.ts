@@ -264,3 +264,27 @@ describe("validation errors name the file, the field and the rule", () => {
     assert.equal((err.detail?.problems as string[] | undefined)?.length, 3);
   });
 });
+
+describe("[egress]: the policy a template's sandboxes get when a spawn names none", () => {
+  test("read into the template with its lists defaulting to empty; absent means none", async () => {
+    const t = await parseTemplate(
+      'name = "x"\n[egress]\ndefault = "deny"\nallow_out = ["pypi.org", "10.1.0.0/16"]',
+      file(),
+    );
+    assert.deepEqual(t.egress, { default: "deny", allowOut: ["pypi.org", "10.1.0.0/16"], denyOut: [] });
+    assert.equal((await parseTemplate('name = "x"', file())).egress, undefined);
+  });
+  test("default is required, lists hold strings, other fields are refused by name", async () => {
+    await rejects('name = "x"\n[egress]\nallow_out = ["a.test"]', 'field "egress.default" is required');
+    await rejects('name = "x"\n[egress]\ndefault = "open"', 'field "egress.default"', '"allow" or "deny"');
+    await rejects('name = "x"\n[egress]\ndefault = "deny"\nallow_out = "a.test"', 'field "egress.allow_out"');
+    await rejects(
+      'name = "x"\n[egress]\ndefault = "deny"\nallowOut = ["a.test"]',
+      'unknown field "egress.allowOut"',
+      "allowed: default, allow_out, deny_out",
+    );
+  });
+  test('a template without a NIC (network = "none") cannot have one', async () => {
+    await rejects('name = "x"\nnetwork = "none"\n[egress]\ndefault = "deny"', 'field "egress" needs a NIC');
+  });
+});

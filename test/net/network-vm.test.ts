@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
-import { readdir, writeFile } from "node:fs/promises";
+import { readdir, readFile, writeFile } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -16,8 +16,10 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import WebSocket from "ws";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
+import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { openServices } from "../../src/controller/sandbox-manager.js";
 import type { SandboxInfo } from "../../src/controller/sandbox-service.js";
+import { builtinTemplatesDir } from "../../src/image/package-root.js";
 import { resolveNetworkConfig } from "../../src/net/config.js";
 import { sandboxNetworkExists } from "../../src/net/namespace.js";
 import { StateDb } from "../../src/store/db.js";
@@ -155,6 +157,86 @@ describe("sandbox networks on real VMs", { timeout: 40 * 60_000, skip: !root && 
     assert.match(await fetchIn(sb.id, `http://${INTERNET_HOSTS.other}/`, 4), /^ERR /, "denied again");
     await services.sandboxes.kill(sb.id);
     assert.equal(await sandboxNetworkExists(sb.id), false, "its namespace and veth went with it");
+  });
+
+  it("a template's [egress] is what its sandboxes get when a spawn names none, and what fills a policy's gaps", async () => {
+    // The built-in pyagent template plus an [egress] table: the same image (egress is not part of it), a
+    // snapshot of its own. The daemon's default here is deny, so what reaches other.test comes from the template.
+    const templateFile = path.join(home.home, "egress-template.toml");
+    const pyagent = await readFile(path.join(builtinTemplatesDir(), "pyagent.toml"), "utf8");
+    await writeFile(
+      templateFile,
+      `${pyagent}\n[egress]\ndefault = "allow"\ndeny_out = ["Denied.test", "${INTERNET_HOSTS.denied}"]\n`,
+    );
+    const egressTag = "pyagent-egress";
+    await createSnapshot(home, { tag: egressTag, template: templateFile, templateFiles: true });
+    const templatePolicy = {
+      default: "allow",
+      allowOut: [],
+      denyOut: [INTERNET_HOSTS.denied, "denied.test"],
+    };
+    const info = await fetch(`http://127.0.0.1:${apiPort}/v1/snapshots/${egressTag}`, {
+      headers: { authorization: `Bearer ${TOKEN}` },
+    });
+    assert.deepEqual(((await info.json()) as { egress_default: unknown }).egress_default, {
+      egress: "allow",
+      allow_out: [],
+      deny_out: templatePolicy.denyOut,
+    });
+
+    const [plain] = await services.sandboxes.spawn({ snapshotTag: egressTag, n: 1, timeoutMs: 0 });
+    const sb = plain as SandboxInfo;
+    assert.deepEqual(sb.network.policy, templatePolicy);
+    await services.sandboxes.eval(sb.id, FETCH_DEF);
+    assert.match(
+      await fetchIn(sb.id, "http://other.test/"),
+      /^OK /,
+      "the template allows what no entry names",
+    );
+    assert.match(await fetchIn(sb.id, "http://denied.test/"), /^ERR URLError/, "and denies its deny_out");
+    assert.match(await fetchIn(sb.id, `http://${INTERNET_HOSTS.denied}/`, 4), /^ERR /);
+
+    // An update leaves out deny_out: it keeps the template's. `{}` puts the sandbox back at the template's.
+    const put = (body: unknown) =>
+      fetch(`http://127.0.0.1:${apiPort}/v1/sandboxes/${sb.id}/network`, {
+        method: "PUT",
+        headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" },
+        body: JSON.stringify(body),
+      }).then(async (r) => ({
+        status: r.status,
+        body: (await r.json()) as { network: { egress: unknown } },
+      }));
+    const denied = await put({ egress: "deny" });
+    assert.equal(denied.status, 200, JSON.stringify(denied.body));
+    assert.deepEqual(denied.body.network.egress, {
+      egress: "deny",
+      allow_out: [],
+      deny_out: templatePolicy.denyOut,
+    });
+    assert.match(await fetchIn(sb.id, `http://${INTERNET_HOSTS.other}/`, 4), /^ERR /, "denied by the update");
+    const reset = await put({});
+    assert.deepEqual(reset.body.network.egress, {
+      egress: "allow",
+      allow_out: [],
+      deny_out: templatePolicy.denyOut,
+    });
+    assert.match(await fetchIn(sb.id, `http://${INTERNET_HOSTS.other}/`), /^OK /, "the template's again");
+
+    // A spawn that names a policy gets it, with the fields it leaves out from the template.
+    const [explicit] = await services.sandboxes.spawn({
+      snapshotTag: egressTag,
+      n: 1,
+      timeoutMs: 0,
+      network: { allowOut: ["allowed.test"], denyOut: [] },
+    });
+    assert.deepEqual((explicit as SandboxInfo).network.policy, {
+      default: "allow",
+      allowOut: ["allowed.test"],
+      denyOut: [],
+    });
+    await services.sandboxes.kill(sb.id);
+    await services.sandboxes.kill((explicit as SandboxInfo).id);
+    await services.snapshots.delete(egressTag);
   });
 
   it("never reaches a sibling, the daemon or the host, even under allow", async () => {

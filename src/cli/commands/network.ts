@@ -13,7 +13,7 @@ export function addEgressOptions(command: Command): Command {
   return command
     .option(
       "--egress <allow|deny>",
-      "destinations no rule names: allowed or denied (default: the daemon's --egress)",
+      "destinations no rule names: allowed or denied (default: the template's [egress], else the daemon's --egress)",
     )
     .option(
       "--allow-out <dest>",

@@ -3,6 +3,7 @@
 import type { Static } from "@sinclair/typebox";
 import type { Command } from "commander";
 import type { SnapshotDetailWire } from "../../api/schemas.js";
+import { policyToWire } from "../../api/wire.js";
 import { resolvePaths } from "../../common/paths.js";
 import { localSnapshotDetail } from "../../controller/chains.js";
 import { routePath } from "../daemon-client.js";
@@ -25,12 +26,16 @@ export function registerSnapshotInfo(program: Command): void {
         const daemon = await snapshotDaemon(command);
         const detail: Detail = daemon
           ? await daemon.json<Detail>("GET", routePath`/v1/snapshots/${tag}/info`, { signal })
-          : await localSnapshotDetail(resolvePaths(), tag);
+          : localDetailToWire(await localSnapshotDetail(resolvePaths(), tag));
         if (opts.json) printJson(detail);
         else printDetail(detail);
         return undefined;
       }),
     );
+}
+
+function localDetailToWire(d: Awaited<ReturnType<typeof localSnapshotDetail>>): Detail {
+  return { ...d, egress_default: d.egress_default && policyToWire(d.egress_default) };
 }
 
 function printDetail(d: Detail): void {
@@ -43,6 +48,14 @@ function printDetail(d: Detail): void {
       ? "none"
       : `${d.parent_tag} (manifest sha256 ${d.parent_content_hash?.slice(0, 16) ?? "?"}…)`,
   );
+  if (d.egress_default) {
+    const { egress, allow_out: allow, deny_out: deny } = d.egress_default;
+    const lists = [
+      allow.length ? `allow ${allow.join(", ")}` : "",
+      deny.length ? `deny ${deny.join(", ")}` : "",
+    ];
+    out("egress", [`${egress} by default (the template's)`, ...lists.filter(Boolean)].join("; "));
+  }
   out("chain", `depth ${d.chain_depth}: ${[...d.ancestors, d.tag].join(" -> ")}`);
   out(
     "dependents",

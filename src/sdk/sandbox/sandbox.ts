@@ -48,7 +48,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   liveFork?: boolean;
   /**
    * Egress policy (E2B's `network`: allowOut/denyOut; `egress: "deny"` is E2B's allowInternetAccess: false), or
-   * "none" for a NIC that leads nowhere. @default the daemon's --egress
+   * "none" for a NIC that leads nowhere. @default the snapshot's template default (`[egress]`), else the
+   * daemon's --egress
    */
   network?: NetworkPolicy | "none";
   /**
