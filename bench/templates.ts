@@ -70,7 +70,9 @@ async function withExtraStep(templateFile: string): Promise<Template> {
   const text = await readFile(templateFile, "utf8");
   await writeFile(
     file,
-    `${text}\n[[steps]]\nrun = 'mkdir -p "$HOME" && echo one more step > "$HOME/bench-extra-step.txt"'\n`,
+    // The step's user may have no home yet (coding-agent's uid 1000 gets its passwd entry after the steps,
+    // so $HOME is "/"): the first of its home, its working directory and /tmp it can write to.
+    `${text}\n[[steps]]\nrun = 'for d in "$HOME" "$PWD" /tmp; do echo one more step > "$d/bench-extra-step.txt" 2>/dev/null && break; done'\n`,
   );
   return loadTemplate(file, { allowFiles: true });
 }

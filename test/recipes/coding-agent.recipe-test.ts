@@ -6,6 +6,8 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { forkChildren } from "../../src/controller/fork.js";
+import { openServices } from "../../src/controller/sandbox-manager.js";
+import { runExample } from "../support/examples.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 
 describe("recipe coding-agent", { timeout: 30 * 60_000 }, () => {
@@ -46,5 +48,43 @@ describe("recipe coding-agent", { timeout: 30 * 60_000 }, () => {
       eval: "(FORKD_WARM_MARKER, 'pytest' in dir())",
     });
     assert.equal(warm.children[0]?.result, "('warm', True)");
+  });
+
+  it("examples/coding-agent/best-of-n.ts scores each candidate in a child of its own", async () => {
+    const services = await openServices(home);
+    try {
+      const { stdout } = await runExample(services, {
+        home: home.home,
+        snapshotsDir: home.snapshots,
+        file: "coding-agent/best-of-n.ts",
+        snapshotTag: "coding-agent",
+      });
+      const row = (name: string) =>
+        new RegExp(`'${name}'\\s*│\\s*'([0-3])/3'\\s*│\\s*(true|false)`).exec(stdout);
+      assert.deepEqual(row("correct")?.slice(1), ["3", "true"], stdout);
+      assert.deepEqual(row("odd-only")?.slice(1), ["1", "true"], stdout);
+      assert.deepEqual(row("lint-fails")?.slice(1), ["3", "false"], stdout);
+      assert.deepEqual(row("syntax-error")?.slice(1), ["0", "false"], stdout);
+      assert.match(stdout, /^best candidate: correct \(reward 1\)$/m);
+      assert.deepEqual(services.sandboxes.list(), [], "the example killed its children");
+      // The template's [egress] is what a spawn that names no policy gets.
+      const [child] = await services.sandboxes.spawn({ snapshotTag: "coding-agent", n: 1, timeoutMs: 0 });
+      const policy = {
+        default: "deny",
+        allowOut: [
+          "*.githubusercontent.com",
+          "codeload.github.com",
+          "files.pythonhosted.org",
+          "github.com",
+          "pypi.org",
+        ],
+        denyOut: [],
+      };
+      assert.deepEqual(child?.network.policy, policy);
+      assert.deepEqual((await services.snapshots.get("coding-agent")).egress_default, policy);
+      await services.sandboxes.kill((child as { id: string }).id);
+    } finally {
+      await services.close({ killSandboxes: true });
+    }
   });
 });

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { openServices } from "../../src/controller/sandbox-manager.js";
+import { runExample } from "../support/examples.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 
 const isRoot = process.geteuid?.() === 0;
@@ -73,6 +74,27 @@ describe("recipe postgres", { skip: !isRoot && "needs root", timeout: 30 * 60_00
         /postgres -D \/var\/lib\/postgresql\/data/,
         "the parent's postmaster",
       );
+    } finally {
+      await services.close({ killSandboxes: true });
+    }
+  });
+
+  it("examples/postgres/test-per-child.ts runs its test in every child, through the SDK and a real API", async () => {
+    const services = await openServices(home);
+    try {
+      const { stdout } = await runExample(services, {
+        home: home.home,
+        snapshotsDir: home.snapshots,
+        file: "postgres/test-per-child.ts",
+        snapshotTag: "postgres",
+        args: ["3"],
+      });
+      assert.match(stdout, /^3 children spawned in \d+ ms$/m, stdout);
+      // console.table: one row per child with its own expected sum, every one ok.
+      for (const sum of [5050, 10100, 15150])
+        assert.match(stdout, new RegExp(`\\b${sum}\\b.*\\btrue\\b`), stdout);
+      assert.doesNotMatch(stdout, /\bfalse\b/, stdout);
+      assert.deepEqual(services.sandboxes.list(), [], "the example killed its children");
     } finally {
       await services.close({ killSandboxes: true });
     }

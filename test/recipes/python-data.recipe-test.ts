@@ -7,6 +7,8 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { createSnapshot } from "../../src/controller/create-snapshot.js";
 import { forkChildren } from "../../src/controller/fork.js";
+import { openServices } from "../../src/controller/sandbox-manager.js";
+import { runExample } from "../support/examples.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 
 describe("recipe python-data", { timeout: 40 * 60_000 }, () => {
@@ -35,6 +37,27 @@ describe("recipe python-data", { timeout: 40 * 60_000 }, () => {
     for (const child of result.children) {
       assert.equal(child.error, null, `child ${child.index}: ${child.error}`);
       assert.equal(child.result, "('warm', True, \"2 rows, columns ['a']\", 2.0)");
+    }
+  });
+
+  it("examples/python-data/sweep.ts fits one model per child, every child already warm", async () => {
+    const services = await openServices(home);
+    try {
+      const { stdout } = await runExample(services, {
+        home: home.home,
+        snapshotsDir: home.snapshots,
+        file: "python-data/sweep.ts",
+        snapshotTag: "python-data",
+        args: ["0.01", "1"],
+      });
+      assert.match(stdout, /^2 children spawned in \d+ ms$/m, stdout);
+      const accuracies = [...stdout.matchAll(/│\s*(0\.\d+|1)\s*│\s*true\s*│/g)].map((m) => Number(m[1]));
+      assert.equal(accuracies.length, 2, `one warm row per C:\n${stdout}`);
+      for (const a of accuracies) assert.ok(a > 0.7 && a <= 1, `a learnable data set: accuracy ${a}`);
+      assert.match(stdout, /^best C: (0\.01|1) \(held-out accuracy 0\.\d+\)$/m);
+      assert.deepEqual(services.sandboxes.list(), [], "the example killed its children");
+    } finally {
+      await services.close({ killSandboxes: true });
     }
   });
 });
