@@ -157,6 +157,7 @@ function SnapshotDetails({
           ],
           ["on disk", `${bytes(s.disk_bytes)} (files ${bytes(s.bytes)})`],
           ["machine", `${s.memory_mib ?? "?"} MiB, ${s.vcpus ?? "?"} vCPU, ${s.accelerator ?? "?"}`],
+          ["egress default", egressDefault(s.egress_default)],
           ["aliases", s.aliases.length > 0 ? s.aliases.join(", ") : "–"],
           ["created", new Date(s.created_at_unix * 1000).toLocaleString()],
           ["sandboxes", String(sandboxes.length)],
@@ -524,4 +525,14 @@ function Kill({ sandbox: sb }: { sandbox: SandboxWire }) {
       <ActionError error={action.error} />
     </Section>
   );
+}
+
+/** A snapshot's template egress default in a line; null: the daemon's --egress applies. */
+function egressDefault(policy: SnapshotWire["egress_default"]): string {
+  if (!policy) return "the daemon's";
+  const lists = [
+    policy.allow_out.length > 0 ? `allow ${policy.allow_out.join(", ")}` : "",
+    policy.deny_out.length > 0 ? `deny ${policy.deny_out.join(", ")}` : "",
+  ].filter(Boolean);
+  return [`${policy.egress} (the template's)`, ...lists].join("; ");
 }
