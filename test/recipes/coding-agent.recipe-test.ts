@@ -53,9 +53,7 @@ describe("recipe coding-agent", { timeout: 30 * 60_000 }, () => {
   it("examples/coding-agent/best-of-n.ts scores each candidate in a child of its own", async () => {
     const services = await openServices(home);
     try {
-      const { stdout } = await runExample(services, {
-        home: home.home,
-        snapshotsDir: home.snapshots,
+      const { stdout } = await runExample(services, home, {
         file: "coding-agent/best-of-n.ts",
         snapshotTag: "coding-agent",
       });

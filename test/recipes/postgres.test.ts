@@ -82,9 +82,7 @@ describe("recipe postgres", { skip: !isRoot && "needs root", timeout: 30 * 60_00
   it("examples/postgres/test-per-child.ts runs its test in every child, through the SDK and a real API", async () => {
     const services = await openServices(home);
     try {
-      const { stdout } = await runExample(services, {
-        home: home.home,
-        snapshotsDir: home.snapshots,
+      const { stdout } = await runExample(services, home, {
         file: "postgres/test-per-child.ts",
         snapshotTag: "postgres",
         args: ["3"],

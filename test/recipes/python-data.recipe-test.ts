@@ -43,9 +43,7 @@ describe("recipe python-data", { timeout: 40 * 60_000 }, () => {
   it("examples/python-data/sweep.ts fits one model per child, every child already warm", async () => {
     const services = await openServices(home);
     try {
-      const { stdout } = await runExample(services, {
-        home: home.home,
-        snapshotsDir: home.snapshots,
+      const { stdout } = await runExample(services, home, {
         file: "python-data/sweep.ts",
         snapshotTag: "python-data",
         args: ["0.01", "1"],

@@ -18,13 +18,15 @@ export const REPO_ROOT = path.resolve(
   import.meta.url.endsWith(".ts") ? "" : "..",
 );
 
+/** Runs `examples/<file>` against an API over `services`, forking from `snapshotTag`. */
 export async function runExample(
   services: Awaited<ReturnType<typeof openServices>>,
-  options: { home: string; snapshotsDir: string; file: string; snapshotTag: string; args?: string[] },
+  home: { home: string; snapshots: string },
+  options: { file: string; snapshotTag: string; args?: string[] },
 ): Promise<{ stdout: string; stderr: string }> {
-  const socketPath = path.join(options.home, "example-api.sock");
+  const socketPath = path.join(home.home, "example-api.sock");
   const daemon = await startDaemon(
-    { socketPath, auditLog: null, snapshotsDir: options.snapshotsDir, logger: pino({ level: "warn" }) },
+    { socketPath, auditLog: null, snapshotsDir: home.snapshots, logger: pino({ level: "warn" }) },
     // The services are the test's: the API must not close them when it stops.
     { ...services, close: async () => {} },
   );
