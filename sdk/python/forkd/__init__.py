@@ -31,6 +31,7 @@ from .errors import (
     UnavailableError,
 )
 from .exec_stream import ExecEvent, ExecStream, ExitEvent, OutputEvent
+from .network import NetworkRequest
 from .sandbox import CodeResult, CommandResult, Commands, EntryInfo, ExecutionError, Files, Sandbox
 from .settings import (
     DEFAULT_COMMAND_TIMEOUT,
@@ -66,6 +67,7 @@ __all__ = [
     "Files",
     "ForkdError",
     "InvalidArgumentError",
+    "NetworkRequest",
     "NotFoundError",
     "NotImplementedError",
     "OutputEvent",

@@ -32,6 +32,7 @@ from ._transport import (
 from .cancel import CancelToken
 from .errors import ForkdError, InvalidArgumentError
 from .exec_stream import ExecStream
+from .network import NetworkRequest, network_to_wire, policy
 from .settings import DEFAULT_COMMAND_TIMEOUT, Settings, check_duration, resolve_settings
 
 __all__ = ["Controller", "BranchMode", "DEFAULT_SNAPSHOT_TIMEOUT", "MAX_GUEST_TIMEOUT"]
@@ -345,6 +346,7 @@ class Controller:
         disk_limit_mib: Optional[int] = None,
         lifetime: Optional[float] = None,
         on_timeout: Optional[str] = None,
+        network: Optional[NetworkRequest] = None,
         request_timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
     ) -> List[Dict[str, Any]]:
@@ -354,7 +356,10 @@ class Controller:
         ``lifetime``: seconds until the daemon kills each sandbox (0 = no limit); default: the daemon's, none
         unless it runs with ``--default-timeout-ms``. ``on_timeout``: what the end of the lifetime does, ``"kill"``
         (the default) or ``"pause"`` (to disk; :meth:`resume_sandbox` wakes it). ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
-        ``per_child_netns``, ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
+        ``network``: an egress policy, ``{"egress": "allow"|"deny", "allow_out": [...], "deny_out": [...]}`` (a
+        field left out comes from the snapshot's template default, else the daemon's ``--egress``; docs/network.md),
+        or ``"none"`` (a NIC that leads nowhere). ``per_child_netns`` is accepted (every networked sandbox has a
+        namespace of its own); ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
         Limits (``memory_limit_mib``, ``cpu_limit_millicores``, ``pids_limit``, ``disk_limit_mib``): absent ones
         get the daemon's defaults; one the daemon's host cannot enforce is a 501 (docs/security.md, Limits).
         The call waits ``request_timeout`` plus one second per child.
@@ -382,6 +387,8 @@ class Controller:
             body["timeout_ms"] = _ms(check_duration(lifetime, "lifetime"))
         if on_timeout is not None:
             body["on_timeout"] = on_timeout
+        if network is not None:
+            body["network"] = network_to_wire(network)
         base = self.settings(request_timeout=request_timeout).request_timeout
         count = n if isinstance(n, int) and n > 0 else 1
         return self._list(
@@ -450,6 +457,24 @@ class Controller:
         body = {"timeout_ms": _ms(check_duration(lifetime, "lifetime"))}
         return self._object(
             Request("POST", _sandbox(sandbox_id, "/timeout"), json=body, has_json=True), request_timeout, cancel
+        )
+
+    def set_network_policy(
+        self,
+        sandbox_id: str,
+        egress: Optional[str] = None,
+        *,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """``PUT /v1/sandboxes/:id/network``: replaces a running sandbox's egress policy (new connections follow it
+        at once, established ones at their next packet). A field left out comes from the snapshot's template
+        default, else the daemon's ``--egress``. Returns the SandboxInfo dict."""
+        body = network_to_wire(policy(egress, allow_out, deny_out))
+        return self._object(
+            Request("PUT", _sandbox(sandbox_id, "/network"), json=body, has_json=True), request_timeout, cancel
         )
 
     def pause_sandbox(

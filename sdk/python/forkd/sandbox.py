@@ -31,6 +31,7 @@ from typing import (
 
 from .cancel import CancelToken
 from .controller import DEFAULT_SNAPSHOT_TIMEOUT, BranchMode, Controller, StreamedStdin
+from .network import NetworkRequest
 from .errors import (
     CancelledError,
     CommandExitError,
@@ -432,6 +433,7 @@ class Sandbox:
         memory_limit_mib: Optional[int] = None,
         live_fork: bool = False,
         on_timeout: Optional[str] = None,
+        network: Optional[NetworkRequest] = None,
         snapshot_timeout: float = DEFAULT_SNAPSHOT_TIMEOUT,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         url: Optional[str] = None,
@@ -448,8 +450,10 @@ class Sandbox:
         first builds it (image, boot, warm-up: minutes the first time, bounded by ``snapshot_timeout``).
         ``timeout``: the sandbox's lifetime in seconds (default 300; 0 = until killed), extendable with
         :meth:`set_timeout`; ``on_timeout="pause"`` pauses it to disk instead of killing it when that runs out
-        (:meth:`resume` or :meth:`connect` wakes it). Connection settings (``url``, ``token``, ``request_timeout``, ...) apply to every later
-        call on the sandbox.
+        (:meth:`resume` or :meth:`connect` wakes it). ``network``: an egress policy (``{"egress": "deny",
+        "allow_out": ["pypi.org"]}``; fields left out come from the template's ``[egress]``, else the daemon's
+        ``--egress``) or ``"none"``; default: the template's, else the daemon's. Connection settings (``url``,
+        ``token``, ``request_timeout``, ...) apply to every later call on the sandbox.
         """
         if (template is None) == (snapshot_tag is None):
             raise InvalidArgumentError(
@@ -471,6 +475,7 @@ class Sandbox:
                 live_fork=live_fork,
                 lifetime=lifetime,
                 on_timeout=on_timeout,
+                network=network,
                 cancel=cancel,
             )
             return cls(controller, info, command_timeout=command_timeout)
@@ -494,6 +499,7 @@ class Sandbox:
         timeout: float = DEFAULT_SANDBOX_TIMEOUT,
         memory_limit_mib: Optional[int] = None,
         live_fork: bool = False,
+        network: Optional[NetworkRequest] = None,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -513,7 +519,13 @@ class Sandbox:
             url, token, request_timeout, headers=headers, ssl_context=ssl_context, env=env
         )
         infos = controller.spawn_sandboxes(
-            tag, n, memory_limit_mib=memory_limit_mib, live_fork=live_fork, lifetime=lifetime, cancel=cancel
+            tag,
+            n,
+            memory_limit_mib=memory_limit_mib,
+            live_fork=live_fork,
+            lifetime=lifetime,
+            network=network,
+            cancel=cancel,
         )
         return [cls(controller, info, command_timeout=command_timeout) for info in infos]
 
@@ -671,6 +683,32 @@ class Sandbox:
             self.controller.set_sandbox_timeout(self.id, timeout, request_timeout=request_timeout, cancel=cancel)
         except ForkdError as err:
             raise self._diagnose(err, "setting its timeout") from err
+
+    def update_network(
+        self,
+        egress: Optional[str] = None,
+        *,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+        request_timeout: Optional[float] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> Dict[str, Any]:
+        """Replaces the sandbox's egress policy while it runs (E2B's ``update_network``); fields left out come
+        from the template's ``[egress]``, else the daemon's ``--egress``. Returns the policy now in force
+        (``{"egress", "allow_out", "deny_out"}``)."""
+        try:
+            self.info = self.controller.set_network_policy(
+                self.id,
+                egress,
+                allow_out=allow_out,
+                deny_out=deny_out,
+                request_timeout=request_timeout,
+                cancel=cancel,
+            )
+        except ForkdError as err:
+            raise self._diagnose(err, "updating its network") from err
+        policy: Dict[str, Any] = self.info["network"]["egress"]
+        return policy
 
     def branch(
         self,

@@ -141,6 +141,25 @@ class SandboxOnRealVms(unittest.TestCase):
         with self.assertRaises(forkd.InvalidArgumentError):
             sandbox.files.read("relative/path")
 
+    def test_egress_policy_at_create_and_while_running(self) -> None:
+        sandbox = self.create(network={"egress": "deny", "allow_out": ["PyPI.org"]})
+        self.assertEqual(sandbox.info["network"]["kind"], "netns")
+        self.assertEqual(sandbox.info["network"]["egress"], {"egress": "deny", "allow_out": ["pypi.org"], "deny_out": []})
+        # Fields left out of an update come from the default (this snapshot's template has none: the daemon's).
+        self.assertEqual(sandbox.update_network("allow", deny_out=["10.1.2.3/8"]),
+                         {"egress": "allow", "allow_out": [], "deny_out": ["10.0.0.0/8"]})
+        self.assertEqual(sandbox.controller.get_sandbox(sandbox.id)["network"]["egress"]["egress"], "allow")
+        with self.assertRaises(forkd.InvalidArgumentError) as bad_entry:
+            sandbox.update_network("deny", allow_out=["not a name"])
+        self.assertIn("not a name", str(bad_entry.exception))
+        self.assertEqual(sandbox.info["network"]["egress"]["egress"], "allow", "a refused update changes nothing")
+        with self.assertRaises(forkd.InvalidArgumentError) as typo:
+            self.create(network={"egres": "deny"})
+        self.assertIn("unknown field(s) egres", str(typo.exception))
+        isolated = self.create(network="none")
+        self.assertEqual((isolated.info["network"]["kind"], isolated.info["network"]["egress"]),
+                         ("private", {"egress": "deny", "allow_out": [], "deny_out": []}))
+
     def test_lifetime_ends_the_sandbox_and_set_timeout_extends_it(self) -> None:
         short = self.create(timeout=3)
         kept = self.create(timeout=3)

@@ -1,8 +1,8 @@
 """forkd v0.5 client code, run unmodified against this forkd (test_v05_replay.py runs this file).
 
 Written the way forkd v0.5's own documentation uses its Python ``Controller``: its README's live-BRANCH snippet, the
-``Controller`` docstring's spawn/branch/fan-out walk-through and its recipes' exec/eval calls (the recipes' and
-docstring's ``per_child_netns=True`` is left out: per-child network namespaces are not built here yet). Nothing
+``Controller`` docstring's spawn/branch/fan-out walk-through (with its ``per_child_netns=True``) and its recipes'
+exec/eval calls. Nothing
 in it knows it is not talking to v0.5: it imports ``Controller``/``ControllerError``, reads FORKD_URL and
 FORKD_TOKEN as v0.5 did, spawns from a snapshot tagged "pyagent", and reads the v0.5 fields of every answer.
 """
@@ -30,8 +30,9 @@ c.delete_snapshot(branch["tag"])
 
 # Controller docstring: list, spawn, branch a checkpoint, fan out grandchildren from it.
 print("snapshots:", sorted(s["tag"] for s in c.list_snapshots()))
-children = c.spawn_sandboxes("pyagent", n=1)
+children = c.spawn_sandboxes("pyagent", n=1, per_child_netns=True)
 sb_id = children[0]["id"]
+assert children[0]["netns"].startswith("forkd-sb-"), children[0]
 c.eval_code(sb_id, "memo = {'step': 1}")
 branch = c.branch_sandbox(sb_id, tag="checkpoint-1")
 assert branch["tag"] == "checkpoint-1", branch
