@@ -207,7 +207,7 @@ export class SandboxManager implements SandboxService {
   private readonly diskLimitMiB: number;
   private readonly consoleLogBytes: number;
   private readonly warmPool: WarmPool;
-  /** What spawns use of the manager (spawn-request.ts, spawn-children.ts). */
+  /** See spawn-request.ts and spawn-children.ts. */
   private readonly spawning: SpawnRequestContext & SpawnContext;
 
   private constructor(
@@ -276,14 +276,19 @@ export class SandboxManager implements SandboxService {
       options.branchConcurrency,
     );
     this.workspaces = new Workspaces(db, this, paths.snapshots);
-    this.spawning = {
-      paths,
-      db,
+    this.spawning = this.spawnContext();
+  }
+
+  /** What a spawn uses of the manager: its collaborators and settings, and where a started child goes. */
+  private spawnContext(): SpawnRequestContext & SpawnContext {
+    return {
+      paths: this.paths,
+      db: this.db,
       snapshots: this.snapshots,
-      networks,
+      networks: this.networks,
       admission: this.admission,
-      cgroups,
-      confinement,
+      cgroups: this.cgroups,
+      confinement: this.confinement,
       defaultTimeoutMs: this.defaultTimeoutMs,
       diskLimitMiB: this.diskLimitMiB,
       consoleLogBytes: this.consoleLogBytes,
