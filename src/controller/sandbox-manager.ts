@@ -43,28 +43,20 @@ import { allowUnprivilegedUserfaultfd } from "../isolation/userfaultfd.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import { PortProxy, type PortTarget } from "../net/port-proxy.js";
 import { type SandboxRow, StateDb } from "../store/db.js";
-import type { SnapshotManifest } from "../store/manifest.js";
 import { DEFAULT_CONSOLE_LOG_BYTES, printableConsole, readTail } from "../vmm/console-log.js";
 import { describeExit } from "../vmm/qemu-process.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
 import { Brancher, type BranchRequest, interruptedBranchTag } from "./branch.js";
-import { DEFAULT_FORK_CONCURRENCY, validateChildCount } from "./fork.js";
-import {
-  isOurProcess,
-  killAndWait,
-  processesMentioning,
-  processStartTime,
-  recordedIdentity,
-} from "./host-processes.js";
+import { validateChildCount } from "./fork.js";
+import { isOurProcess, killAndWait, processesMentioning, recordedIdentity } from "./host-processes.js";
 import { type HostStatus, type SandboxUsage, UsageSampler } from "./host-usage.js";
-import { newSandboxId } from "./ids.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import { MetricsSampler } from "./metrics-sampler.js";
 import { pauseLayerTag, writePauseLayer } from "./pause.js";
 import { branchPausedState } from "./paused-branch.js";
-import { pausedRowUpdate, residentBytes, settlePaused, validateOnTimeout } from "./paused-state.js";
+import { pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
 import { homeKey, prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
 import {
@@ -72,8 +64,6 @@ import {
   cgroupLimits,
   DEFAULT_DISK_LIMIT_MIB,
   parseLimits,
-  resolveLimits,
-  type SandboxLimits,
   validateLimitsRequest,
 } from "./sandbox-limits.js";
 import {
@@ -105,13 +95,18 @@ import {
   parseInbound,
   parseStringMap,
   tokenMatches,
-  validateEnvVars,
-  validateInbound,
-  validateMetadata,
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
+import { recordSpawned, type SpawnContext, type SpawnPolicy, startChildren } from "./spawn-children.js";
+import {
+  isIntIn,
+  MAX_SANDBOX_TIMEOUT_MS,
+  resolveSpawn,
+  type SpawnRequestContext,
+  spawnRows,
+} from "./spawn-request.js";
 import { assertAlias } from "./template-aliases.js";
-import { discardPrestarted, WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
+import { WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
 import { Workspaces } from "./workspaces.js";
 
 /**
@@ -119,8 +114,9 @@ import { Workspaces } from "./workspaces.js";
  * (`forkd daemon --default-timeout-ms`); callers that want E2B's five minutes ask for them (the SDKs do).
  */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
-export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 export { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB } from "./sandbox-limits.js";
+export { NETWORK_SETUP_CONCURRENCY, SPAWN_CONCURRENCY } from "./spawn-children.js";
+export { MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
 /** Default limit for the command of a snapshot-diff (package installs under TCG take minutes). */
 export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
@@ -128,14 +124,10 @@ export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 export const SWEEP_INTERVAL_MS = 1000;
 /** How often (at most, unless a kill or fork asked sooner) unused fork points are looked for and deleted. */
 export const EPHEMERAL_COLLECTION_INTERVAL_MS = 60_000;
-/** Children restored at once within one spawn request (see DEFAULT_FORK_CONCURRENCY for why one per core). */
-export const SPAWN_CONCURRENCY = DEFAULT_FORK_CONCURRENCY;
 /** Sandboxes re-attached at once after a restart (QMP and one agent round trip each; mostly waiting). */
 export const REATTACH_CONCURRENCY = 8;
 /** meta key: the boot the recorded pids and start times belong to. */
 const BOOT_ID_KEY = "boot_id";
-/** Sandbox networks created at once within one spawn request. */
-export const NETWORK_SETUP_CONCURRENCY = 8;
 /** A lifetime that ended in a pause that failed is tried again this much later (the sandbox keeps running). */
 export const TIMEOUT_PAUSE_RETRY_MS = 60_000;
 /** What a console read returns by default, and at most. */
@@ -215,6 +207,8 @@ export class SandboxManager implements SandboxService {
   private readonly diskLimitMiB: number;
   private readonly consoleLogBytes: number;
   private readonly warmPool: WarmPool;
+  /** See spawn-request.ts and spawn-children.ts. */
+  private readonly spawning: SpawnRequestContext & SpawnContext;
 
   private constructor(
     private readonly paths: ForkdPaths,
@@ -282,6 +276,29 @@ export class SandboxManager implements SandboxService {
       options.branchConcurrency,
     );
     this.workspaces = new Workspaces(db, this, paths.snapshots);
+    this.spawning = this.spawnContext();
+  }
+
+  /** What a spawn uses of the manager: its collaborators and settings, and where a started child goes. */
+  private spawnContext(): SpawnRequestContext & SpawnContext {
+    return {
+      paths: this.paths,
+      db: this.db,
+      snapshots: this.snapshots,
+      networks: this.networks,
+      admission: this.admission,
+      cgroups: this.cgroups,
+      confinement: this.confinement,
+      defaultTimeoutMs: this.defaultTimeoutMs,
+      diskLimitMiB: this.diskLimitMiB,
+      consoleLogBytes: this.consoleLogBytes,
+      log: this.log,
+      adopt: (sandbox) => {
+        this.live.set(sandbox.id, { handle: sandbox, killing: false });
+        this.watchExit(sandbox);
+      },
+      info: (row) => this.info(row),
+    };
   }
 
   /** Opens the manager: reconciles the database with the processes that are actually running. */
@@ -325,247 +342,19 @@ export class SandboxManager implements SandboxService {
     return children.map((child) => child.sandbox as SandboxInfo);
   }
 
-  /**
-   * Restores `request.n` children. "all-or-nothing": the first failure destroys the others and is thrown.
-   * "each": every child succeeds or fails on its own (a failed one leaves nothing behind).
-   */
+  /** Restores `request.n` children under `policy` (see SpawnPolicy): spawn-request.ts, then spawn-children.ts. */
   private async spawnChildren(
     request: SpawnRequest,
-    policy: "all-or-nothing" | "each",
+    policy: SpawnPolicy,
     /** The daemon's own call that needs these sandboxes only while it runs (see StateDb.markTransientSandbox). */
     transientFor?: string,
   ): Promise<ForkChild[]> {
-    const tag = assertTag(request.snapshotTag, "snapshot_tag");
-    const n = validateChildCount(request.n);
-    validateLimitsRequest(request);
-    const timeoutMs = request.timeoutMs ?? this.defaultTimeoutMs;
-    if (!isIntIn(timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
-      throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
-    }
-    const metadata = JSON.stringify(validateMetadata(request.metadata));
-    const envVars = JSON.stringify(validateEnvVars(request.env));
-    const onTimeout = validateOnTimeout(request.onTimeout);
-    if (request.autoResume === true && onTimeout !== "pause") {
-      throw invalidArgument('auto_resume needs on_timeout "pause" (only a paused sandbox can be resumed)');
-    }
-    const inbound = JSON.stringify(validateInbound(request.inbound));
-    // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
-    const reservations = [this.admission.reserveSpawn(n)];
-    const releaseAll = () => {
-      for (const r of reservations) r.release();
-    };
-    let snapshot: Awaited<ReturnType<DaemonSnapshots["bootable"]>>;
-    let limits: SandboxLimits;
-    let snapshotNic: SnapshotManifest["machine"]["nic"] | null;
-    let network: ReturnType<SandboxNetworks["resolvePolicy"]>;
-    try {
-      snapshot = await this.snapshots.bootable(tag);
-      snapshotNic = snapshot.manifest.machine.nic ?? null;
-      if (!snapshotNic && request.network !== undefined && request.network !== "none") {
-        throw conflict(
-          `snapshot ${tag} has no NIC (its template says network = "none"), so its sandboxes cannot have a network policy`,
-        );
-      }
-      network = this.networks.resolvePolicy(request.network, templateEgressOf(snapshot.manifest));
-      limits = resolveLimits(request, {
-        layout: this.cgroups,
-        diskCap: this.confinement.mode === "on",
-        defaultDiskMiB: this.diskLimitMiB,
-        ramMiB: snapshot.manifest.machine.memoryMiB,
-        vcpus: snapshot.manifest.machine.vcpus,
-      });
-      // live_fork may copy the RAM image to tmpfs first: host memory that is gone before any child starts.
-      if (request.liveFork === true) {
-        const ramMiB = snapshot.manifest.memory.ramBytes / 2 ** 20;
-        reservations.push(this.admission.reserveMemory(ramMiB, "a tmpfs copy of the RAM image (live_fork)"));
-      }
-    } catch (err) {
-      releaseAll();
-      throw err;
-    }
-    const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
-    const accelerator = snapshot.manifest.machine.accel;
-    // A pooled VM has a private NIC (or none) and maps the snapshot's disk image: not for a sandbox network or
-    // live_fork. Taken synchronously, before the first await below, so concurrent spawns never share one.
-    const pooled =
-      networkKind !== "netns" && request.liveFork !== true ? this.warmPool.take(tag, n) : undefined;
-    const prestarted = new Map((pooled?.children ?? []).map((child) => [child.id, child]));
-    const pooledIds = [...prestarted.keys()];
-    const rows: SandboxRow[] = Array.from({ length: n }, (_, index) => {
-      const id = pooledIds[index] ?? newSandboxId();
-      return {
-        id,
-        snapshot_tag: tag,
-        status: "starting",
-        pid: null,
-        pid_start_time: null,
-        run_dir: path.join(this.paths.run, id),
-        accelerator,
-        created_at_unix: Math.floor(Date.now() / 1000),
-        expires_at_unix_ms: null,
-        memory_limit_mib: request.memoryLimitMiB ?? null,
-        memory_image: null,
-        layer_tags: "[]",
-        last_branch_tag: null,
-        branch_blocked: null,
-        live_fork: request.liveFork === true ? 1 : 0,
-        // Recorded before they are created (see forget, destroy and reconcile).
-        cgroup: this.cgroups ? JSON.stringify(sandboxCgroupDirs(this.cgroups, id)) : null,
-        limits: JSON.stringify(limits),
-        ready_ms: null,
-        error: null,
-        metadata,
-        env_vars: envVars,
-        access_token: newAccessToken(),
-        traffic_token: newAccessToken(),
-        template_alias: request.templateAlias ?? null,
-        network: networkKind,
-        pause_tags: "[]",
-        pending_pause_tag: null,
-        memory_tag: null,
-        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
-        on_timeout: onTimeout,
-        auto_resume: request.autoResume === true ? 1 : 0,
-        paused_at_unix_ms: null,
-        inbound,
-        owner: request.owner ?? null,
-      };
-    });
-    // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
-    for (const row of rows) {
-      this.db.insertSandbox(row);
-      if (transientFor !== undefined) this.db.markTransientSandbox(row.id, transientFor);
-    }
-    crashPoint("spawn.recorded");
-    const started: Sandbox[] = [];
-    const failed = new Map<string, ForkdError>();
-    let plan: RestorePlan | undefined;
-    const forget = async (row: SandboxRow) => {
-      await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
-        this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
-      );
-      // A restore that failed killed its QEMU; what remains of the network is the namespace and veth.
-      await this.networks
-        .detach(row.id)
-        .catch((e: unknown) =>
-          this.log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox network"),
-        );
-      this.db.deleteSandbox(row.id);
-    };
-    try {
-      plan = await prepareRestore(this.paths, snapshot, { inMemory: request.liveFork === true });
-      const restorePlan = plan;
-      const layerTags = JSON.stringify(plan.chain.map((s) => s.tag));
-      for (const row of rows) {
-        row.layer_tags = layerTags;
-        this.db.updateSandbox(row.id, { layer_tags: layerTags });
-      }
-      crashPoint("spawn.planned");
-      // Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace
-      // and device setup), not CPU, so overlapping them hides that latency.
-      // Every setup is waited for, failed or not, so the cleanup below never races one still creating.
-      const nics = new Map<string, Awaited<ReturnType<SandboxNetworks["attach"]>>>();
-      const failures: unknown[] = [];
-      let nextNetwork = 0;
-      await Promise.all(
-        Array.from({ length: Math.min(NETWORK_SETUP_CONCURRENCY, n) }, async () => {
-          while (nextNetwork < rows.length && failures.length === 0) {
-            const row = rows[nextNetwork++] as SandboxRow;
-            try {
-              nics.set(row.id, await this.networks.attach(row.id, network, snapshotNic));
-            } catch (err) {
-              failures.push(err);
-            }
-          }
-        }),
-      );
-      if (failures.length > 0) throw failures[0];
-      let next = 0;
-      const worker = async () => {
-        while (next < rows.length && (policy === "each" || failures.length === 0)) {
-          const row = rows[next++] as SandboxRow;
-          try {
-            const child = prestarted.get(row.id);
-            prestarted.delete(row.id);
-            // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited (a pooled
-            // child has none: pools exist only on daemons without sandbox cgroups).
-            const cgroups =
-              this.cgroups && !child
-                ? await createSandboxCgroups(this.cgroups, row.id, cgroupLimits(limits))
-                : undefined;
-            crashPoint("spawn.limited");
-            const sandbox = await Sandbox.restore(
-              this.paths,
-              child ? (pooled?.plan ?? restorePlan) : restorePlan,
-              {
-                id: row.id,
-                prestarted: child,
-                outliveHost: true,
-                signal: request.signal,
-                nic: nics.get(row.id),
-                confinement: this.confinement,
-                cgroups,
-                diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
-                consoleLogBytes: this.consoleLogBytes,
-                onSpawned: async (pid) => {
-                  await this.recordSpawned(row.id, pid);
-                  crashPoint("spawn.launched");
-                },
-              },
-            );
-            started.push(sandbox);
-            crashPoint("spawn.restored");
-            row.pid = sandbox.pid;
-            row.memory_image = sandbox.memoryImage;
-            row.ready_ms = Math.round(sandbox.readyMs * 10) / 10;
-          } catch (err) {
-            failures.push(err);
-            failed.set(row.id, asForkdError(err));
-            // A child that failed on its own leaves nothing behind; all-or-nothing cleans up below.
-            if (policy === "each") await forget(row);
-          }
-        }
-      };
-      await Promise.all(Array.from({ length: Math.min(SPAWN_CONCURRENCY, n) }, worker));
-      if (policy === "all-or-nothing" && failures.length > 0) throw failures[0];
-      if (policy === "each" && started.length === 0 && request.signal?.aborted) throw failures[0];
-      const now = Date.now();
-      for (const sandbox of started) {
-        const row = rows.find((r) => r.id === sandbox.id) as SandboxRow;
-        row.status = "running";
-        row.expires_at_unix_ms = timeoutMs === 0 ? null : now + timeoutMs;
-        this.db.updateSandbox(row.id, {
-          status: "running",
-          expires_at_unix_ms: row.expires_at_unix_ms,
-          ready_ms: row.ready_ms,
-          memory_image: row.memory_image,
-        });
-        this.live.set(row.id, { handle: sandbox, killing: false });
-        this.watchExit(sandbox);
-      }
-      this.log.info({ tag, n, ids: started.map((s) => s.id), failed: failed.size }, "spawned");
-      crashPoint("spawn.running");
-      return rows.map((r): ForkChild => {
-        const error = failed.get(r.id);
-        return error ? { error } : { sandbox: this.info(this.db.sandbox(r.id) as SandboxRow) };
-      });
-    } catch (err) {
-      // All or nothing: a spawn that could not start every child starts none.
-      await Promise.all(started.map((s) => s.destroy()));
-      for (const row of rows) await forget(row);
-      throw err;
-    } finally {
-      releaseAll();
-      // Pooled VMs a failed spawn never got to: they have no sandbox to become.
-      await Promise.all([...prestarted.values()].map((c) => discardPrestarted(c)));
-      await plan?.dispose();
-    }
-  }
-
-  /** Records a just-spawned QEMU, so a restart finds it (its cgroups were made before it started). */
-  private async recordSpawned(id: string, pid: number): Promise<void> {
-    const startTime = await processStartTime(pid);
-    this.db.updateSandbox(id, { pid, pid_start_time: startTime });
+    const spawn = await resolveSpawn(this.spawning, request);
+    // Taken synchronously, before the first await below, so concurrent spawns never share one.
+    const pooled = spawn.poolable ? this.warmPool.take(spawn.tag, spawn.n) : undefined;
+    const pooledIds = (pooled?.children ?? []).map((child) => child.id);
+    const rows = spawnRows(spawn, pooledIds, { runDir: this.paths.run, cgroups: this.cgroups });
+    return startChildren(this.spawning, spawn, rows, { policy, pooled, transientFor });
   }
 
   /** See SandboxService.fork. */
@@ -795,7 +584,7 @@ export class SandboxManager implements SandboxService {
         diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
         consoleLogBytes: this.consoleLogBytes,
         onSpawned: async (pid) => {
-          await this.recordSpawned(id, pid);
+          await recordSpawned(this.db, id, pid);
           crashPoint("resume.launched");
         },
       });
@@ -1661,14 +1450,6 @@ function branchCount(row: SandboxRow): number {
 function tail(text: string): string {
   const t = text.length > 4096 ? `…${text.slice(-4096)}` : text;
   return t && !t.endsWith("\n") ? `${t}\n` : t;
-}
-
-function asForkdError(err: unknown): ForkdError {
-  return err instanceof ForkdError ? err : new ForkdError("internal", errorMessage(err), { cause: err });
-}
-
-function isIntIn(value: unknown, min: number, max: number): value is number {
-  return typeof value === "number" && Number.isInteger(value) && value >= min && value <= max;
 }
 
 /**
