@@ -78,12 +78,6 @@ export async function startChildren(
   rows: readonly SandboxRow[],
   options: { policy: SpawnPolicy; pooled?: PooledChildren; transientFor?: string },
 ): Promise<ForkChild[]> {
-  // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them.
-  for (const row of rows) {
-    ctx.db.insertSandbox(row);
-    if (options.transientFor !== undefined) ctx.db.markTransientSandbox(row.id, options.transientFor);
-  }
-  crashPoint("spawn.recorded");
   const run: SpawnRun = {
     spawn,
     rows,
@@ -96,6 +90,13 @@ export async function startChildren(
   };
   let plan: RestorePlan | undefined;
   try {
+    // Recorded before any QEMU starts: if the daemon dies mid-spawn, the restart finds and kills them. Inside
+    // the try: a record that cannot be written still gives back the reservations and the pooled VMs.
+    for (const row of rows) {
+      ctx.db.insertSandbox(row);
+      if (options.transientFor !== undefined) ctx.db.markTransientSandbox(row.id, options.transientFor);
+    }
+    crashPoint("spawn.recorded");
     plan = await prepareRestore(ctx.paths, spawn.snapshot, { inMemory: spawn.liveFork });
     const layerTags = JSON.stringify(plan.chain.map((s) => s.tag));
     for (const row of rows) {
