@@ -863,6 +863,7 @@ export class SandboxManager implements SandboxService {
       ...this.networks.portTarget(id, port),
       tls: inbound.httpsPorts.includes(port),
       hostHeader: hostHeaderFor(inbound, port),
+      owner: id,
     };
   }
 
@@ -1168,6 +1169,8 @@ export class SandboxManager implements SandboxService {
     this.metricsSampler.forget(row.id);
     this.usageSampler.forget(row.id);
     this.requestCollection();
+    // Before its namespace goes: a tunnel to a guest that no longer exists would never finish closing.
+    this.portProxy.closeTunnels(row.id);
     await this.networks.detach(row.id);
     this.log.info({ id: row.id, reason }, "sandbox stopped");
   }

@@ -18,12 +18,27 @@ export interface PortTarget {
   tls?: boolean;
   /** Send this Host header instead of the request's own. */
   hostHeader?: string | null;
+  /** Whose port it is (a sandbox id): `closeTunnels(owner)` ends its WebSocket tunnels. */
+  owner?: string;
 }
 
 /** A proxied request waits this long for the guest's response headers (long polls need minutes). */
 export const PROXY_RESPONSE_TIMEOUT_MS = 10 * 60_000;
 
 const AGENT_OPTIONS = { keepAlive: true, maxSockets: 256, maxFreeSockets: 32 };
+
+/**
+ * After the caller's side of a tunnel closes, the guest's side gets this long to finish its close before it is
+ * destroyed: http-proxy-3 only ends it, and a guest that never answers (its sandbox gone with its namespace)
+ * would keep it half-open, retransmitting, for many minutes.
+ */
+export const TUNNEL_CLOSE_GRACE_MS = 5_000;
+
+/** A WebSocket tunnel: the caller's socket and the socket to the guest, once the guest accepted. */
+interface Tunnel {
+  client: net.Socket;
+  guest?: net.Socket;
+}
 
 export class PortProxy {
   private readonly agent = new http.Agent(AGENT_OPTIONS);
@@ -33,6 +48,22 @@ export class PortProxy {
     xfwd: false,
     proxyTimeout: PROXY_RESPONSE_TIMEOUT_MS,
   });
+  /** Open tunnels by owner ("" for a target without one). */
+  private readonly tunnels = new Map<string, Set<Tunnel>>();
+  private readonly tunnelOf = new WeakMap<net.Socket, Tunnel>();
+
+  constructor() {
+    this.proxy.on("proxyReqWs", (proxyReq: http.ClientRequest, _req: unknown, client: net.Socket) => {
+      proxyReq.once("upgrade", (_res: unknown, guest: net.Socket) => {
+        const tunnel = this.tunnelOf.get(client);
+        if (!tunnel || client.destroyed) {
+          guest.destroy();
+          return;
+        }
+        tunnel.guest = guest;
+      });
+    });
+  }
 
   /**
    * Proxies one HTTP request (its `url` is the path to request in the guest) to `target`. Resolves with null
@@ -59,6 +90,7 @@ export class PortProxy {
   /** Proxies a WebSocket (or any HTTP/1.1 upgrade) on `socket` to `target`. */
   upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer, target: PortTarget): void {
     socket.on("error", () => {});
+    this.track(target.owner ?? "", socket);
     this.proxy.ws(req, socket, head, this.options(target), () => {
       if (socket.writable)
         socket.end("HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
@@ -66,10 +98,34 @@ export class PortProxy {
     });
   }
 
+  /** Ends every WebSocket tunnel to `owner`'s ports at once (its sandbox is gone). */
+  closeTunnels(owner: string): void {
+    for (const tunnel of this.tunnels.get(owner) ?? []) {
+      tunnel.guest?.destroy();
+      tunnel.client.destroy();
+    }
+    this.tunnels.delete(owner);
+  }
+
   close(): void {
+    for (const owner of [...this.tunnels.keys()]) this.closeTunnels(owner);
     this.agent.destroy();
     this.tlsAgent.destroy();
     this.proxy.close();
+  }
+
+  private track(owner: string, client: net.Socket): void {
+    const tunnel: Tunnel = { client };
+    this.tunnelOf.set(client, tunnel);
+    let open = this.tunnels.get(owner);
+    if (!open) this.tunnels.set(owner, (open = new Set()));
+    open.add(tunnel);
+    client.once("close", () => {
+      open.delete(tunnel);
+      if (open.size === 0 && this.tunnels.get(owner) === open) this.tunnels.delete(owner);
+      const guest = tunnel.guest;
+      if (guest && !guest.destroyed) setTimeout(() => guest.destroy(), TUNNEL_CLOSE_GRACE_MS).unref();
+    });
   }
 
   private options(target: PortTarget) {

@@ -12,6 +12,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import WebSocket from "ws";
@@ -352,7 +353,14 @@ describe("sandbox networks on real VMs", { timeout: 40 * 60_000, skip: !root && 
       ws.once("error", () => resolve(-1));
     });
     assert.equal(unauthorized, 401);
+    // A tunnel open when its sandbox goes is ended at once: its guest side could never finish closing.
+    const open = new WebSocket(`ws://${base}/8081/`, { headers: auth });
+    await new Promise((resolve, reject) => open.once("open", resolve).once("error", reject));
+    const ended = new Promise<number>((resolve) => open.once("close", () => resolve(performance.now())));
+    const killed = performance.now();
     await services.sandboxes.kill(sb.id);
+    const closedAfter = (await Promise.race([ended, sleep(15_000).then(() => Number.NaN)])) - killed;
+    assert.ok(closedAfter < 15_000, `the tunnel closed with its sandbox (after ${closedAfter} ms)`);
   });
 
   it("a daemon SIGKILLed mid-spawn leaves no namespace, veth or record after the restart", async () => {
