@@ -117,8 +117,8 @@ export class PortProxy {
   private track(owner: string, client: net.Socket): void {
     const tunnel: Tunnel = { client };
     this.tunnelOf.set(client, tunnel);
-    let open = this.tunnels.get(owner);
-    if (!open) this.tunnels.set(owner, (open = new Set()));
+    const open = this.tunnels.get(owner) ?? new Set<Tunnel>();
+    this.tunnels.set(owner, open);
     open.add(tunnel);
     client.once("close", () => {
       open.delete(tunnel);
