@@ -2,10 +2,12 @@
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import Database from "better-sqlite3";
 import { type ForkdPaths, resolvePaths } from "../../src/common/paths.js";
 import { cacheDirs } from "../../src/controller/restore-plan.js";
 import { resolveNetworkConfig } from "../../src/net/config.js";
 import { removeHostNetwork } from "../../src/net/host.js";
+import { removeSandboxNetwork } from "../../src/net/namespace.js";
 
 /** A fresh FORKD_HOME under /tmp sharing the machine's image cache (images are pure functions of recipes). */
 export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { cleanup(): Promise<void> }> {
@@ -15,6 +17,12 @@ export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { c
     ...paths,
     cleanup: async () => {
       await killProcessesMentioning(home);
+      // Sandboxes outlive a daemon (and their namespaces with them): a test that stopped its daemon without
+      // killing every sandbox would leave namespaces and veths behind once the home that records them is gone.
+      if (process.getuid?.() === 0) {
+        for (const id of await recordedNetworks(path.join(home, "state.db")))
+          await removeSandboxNetwork(id).catch(() => {});
+      }
       // Named by a record inside the home: read it before the home goes.
       const tmpfsDir = cacheDirs(paths).tmpfsDir;
       await rm(home, { recursive: true, force: true });
@@ -25,6 +33,21 @@ export async function tempHome(prefix = "forkd-test-"): Promise<ForkdPaths & { c
       }
     },
   };
+}
+
+/** The sandboxes with a network recorded in the state database `file` (none if it does not exist). */
+async function recordedNetworks(file: string): Promise<string[]> {
+  let db: Database.Database | undefined;
+  try {
+    db = new Database(file, { readonly: true, fileMustExist: true });
+    return (db.prepare("SELECT sandbox_id FROM sandbox_networks").all() as { sandbox_id: string }[]).map(
+      (r) => r.sandbox_id,
+    );
+  } catch {
+    return [];
+  } finally {
+    db?.close();
+  }
 }
 
 /** PIDs of processes whose command line contains `needle` (e.g. QEMUs using files under a test home). */
