@@ -31,7 +31,8 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       title: "Spawn sandboxes (forkd v0.5)",
       description:
         "Fork n children from a snapshot (forkd v0.5's tool; create_sandboxes is the same with a lifetime). " +
-        "per_child_netns and prewarm are v0.5 features this forkd refuses when true.",
+        "per_child_netns is accepted (every networked sandbox has its own namespace); prewarm is a v0.5 feature " +
+        "this forkd refuses when true.",
       inputSchema: {
         snapshot_tag: tagSchema,
         n: z.number().int().min(1).max(1000).default(1),
