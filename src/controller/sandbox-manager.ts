@@ -836,7 +836,7 @@ export class SandboxManager implements SandboxService {
 
   /** The egress default of snapshot `tag`'s template (undefined: none, or the snapshot is gone). */
   private async templateEgressFor(tag: string): Promise<EgressPolicy | undefined> {
-    const snapshot = await this.snapshots.stored(tag).catch(() => undefined);
+    const snapshot = await this.snapshots.store.get(tag).catch(() => undefined);
     return snapshot && templateEgressOf(snapshot.manifest);
   }
 

@@ -184,11 +184,6 @@ export class DaemonSnapshots implements SnapshotService {
     return found;
   }
 
-  /** Snapshot `tag` as stored (its manifest read and checked), bootable or not; not_found if unknown. */
-  async stored(tag: string): Promise<StoredSnapshot> {
-    return this.store.get(assertTag(tag));
-  }
-
   /** The snapshot to restore children from: not_found if unknown, conflict if not (yet) bootable. */
   async bootable(tag: string): Promise<StoredSnapshot> {
     assertTag(tag);

@@ -8,7 +8,6 @@ import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { after, before, describe, it, type TestContext } from "node:test";
-import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import {
   AuthenticationError,
@@ -19,6 +18,7 @@ import {
   Sandbox,
   SandboxNotFoundError,
 } from "../../src/sdk/index.js";
+import { REPO_ROOT } from "../support/examples.js";
 import { qemusMentioning } from "../support/host.js";
 import { startDaemon, type TestDaemon } from "./daemon-fixture.js";
 
@@ -348,11 +348,7 @@ describe("SDK against a real daemon and real VMs", { timeout: 20 * 60_000 }, () 
   });
 
   it("the examples in examples/sdk run against the daemon", async () => {
-    const root = path.resolve(
-      path.dirname(fileURLToPath(import.meta.url)),
-      "../..",
-      import.meta.url.endsWith(".ts") ? "" : "..",
-    );
+    const root = REPO_ROOT;
     const env = { ...process.env, FORKD_URL: daemon.socketUrl, FORKD_SNAPSHOT: daemon.tag };
     const run = (file: string, ...args: string[]) =>
       promisify(execFile)(
