@@ -6,6 +6,8 @@
 import { createHash } from "node:crypto";
 import { link, mkdir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
+import { ForkdError } from "../../src/common/errors.js";
+import { type HomeLock, lockHome } from "../../src/common/home-lock.js";
 import { resolvePaths } from "../../src/common/paths.js";
 import { GUEST_RUNTIME_CMDLINE } from "../../src/controller/boot.js";
 import { createSnapshot } from "../../src/controller/create-snapshot.js";
@@ -48,12 +50,32 @@ export async function linkSharedSnapshot(
   const sharedPaths = resolvePaths({ FORKD_HOME: sharedHome });
   const store = new SnapshotStore(sharedPaths.snapshots);
   if (!(await store.exists(tag))) {
-    await rm(sharedHome, { recursive: true, force: true });
-    await createSnapshot(sharedPaths, { tag, template });
+    // Test runs of several checkouts share this directory: one creates the snapshot, the others wait for it.
+    const lock = await waitForLock(sharedHome);
+    try {
+      if (!(await store.exists(tag))) {
+        await rm(sharedHome, { recursive: true, force: true });
+        await createSnapshot(sharedPaths, { tag, template });
+      }
+    } finally {
+      await lock.release();
+    }
   }
   const source = store.dirOf(tag);
   const target = path.join(homeDir, "snapshots", tag);
   await mkdir(target, { recursive: true, mode: 0o700 });
   for (const name of await readdir(source)) await link(path.join(source, name), path.join(target, name));
   return tag;
+}
+
+/** The shared home's lock (the daemon's own home lock), waiting while another test process holds it. */
+async function waitForLock(home: string): Promise<HomeLock> {
+  for (;;) {
+    try {
+      return await lockHome(home);
+    } catch (err) {
+      if (!(err instanceof ForkdError) || err.code !== "conflict") throw err;
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  }
 }
