@@ -285,15 +285,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     });
 
     const offline = await created({ allowInternetAccess: false });
-    assert.deepEqual(offline.spawn?.network, { default: "deny", allowOut: [], denyOut: [] });
+    assert.deepEqual(offline.spawn?.network, { default: "deny" });
     const offlineInfo = await offline.sandbox.getInfo();
     assert.equal(offlineInfo.allowInternetAccess, false);
     assert.deepEqual(offlineInfo.network?.denyOut, [ALL_TRAFFIC]);
-    assert.deepEqual((await created({ allowInternetAccess: true })).spawn?.network, {
-      default: "allow",
-      allowOut: [],
-      denyOut: [],
-    });
+    assert.equal(
+      (await created({ allowInternetAccess: true })).spawn?.network,
+      undefined,
+      "allowInternetAccess: true (what older Python SDKs always send) is the default: it never widens --egress deny",
+    );
     const allowList = await created({
       network: {
         allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
@@ -312,11 +312,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     ]);
     assert.deepEqual(
       (await created({ allowInternetAccess: false, network: { allowOut: ["pypi.org"] } })).spawn?.network,
-      { default: "deny", allowOut: ["pypi.org"], denyOut: [] },
+      { default: "deny", allowOut: ["pypi.org"] },
       "allowInternetAccess: false denies what allowOut does not name, as ALL_TRAFFIC does",
     );
     const denyList = await created({ network: { denyOut: ["10.0.0.0/8"] } });
-    assert.deepEqual(denyList.spawn?.network, { default: "allow", allowOut: [], denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(
+      denyList.spawn?.network,
+      { denyOut: ["10.0.0.0/8"] },
+      "a deny list narrows the default (the template's, else the daemon's): it never turns egress on",
+    );
     assert.deepEqual((await denyList.sandbox.getInfo()).network?.denyOut, ["10.0.0.0/8"]);
 
     const inbound = await created({
@@ -356,6 +360,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.deepEqual(double.lastNetworkPolicy, { default: "deny", allowOut: [], denyOut: [] });
     await sbx.updateNetwork({});
     assert.deepEqual(double.lastNetworkPolicy, {}, "nothing said: the daemon's default");
+    await sbx.updateNetwork({ allowInternetAccess: false });
+    await sbx.updateNetwork({ allowInternetAccess: true });
+    assert.deepEqual(double.lastNetworkPolicy, {}, "allowInternetAccess: true is the default again, no wider");
+    await sbx.updateNetwork({ denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(double.lastNetworkPolicy, { allowOut: [], denyOut: ["10.0.0.0/8"] });
     assert.equal((await sbx.getInfo()).allowInternetAccess, true);
     const bad = await sbx.updateNetwork({ denyOut: ["not a host!"] }).catch((e: unknown) => e);
     assert.ok(bad instanceof SandboxError && bad.statusCode === 400, `${bad}`);

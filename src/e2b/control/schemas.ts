@@ -9,7 +9,8 @@ import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { MAX_SANDBOX_TIMEOUT_MS } from "../../controller/sandbox-manager.js";
 import { PORT_PLACEHOLDER } from "../../controller/sandbox-settings.js";
 
-const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+/** A field E2B's server models also take as null (meaning: not given). */
+export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;
 
 /** E2B sandbox lifetimes are whole seconds; forkd allows up to its own maximum. */

@@ -14,7 +14,7 @@ import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
 import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { E2bContext } from "../context.js";
-import { OptionalBody } from "../control/schemas.js";
+import { Nullable, OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox, type SandboxSession } from "../session.js";
 
@@ -25,26 +25,31 @@ const MAX_UNREAD_BYTES = 8 * 1024 * 1024;
 /** Where a new context starts when the caller names no directory (E2B's default). */
 const DEFAULT_CONTEXT_CWD = "/home/user";
 
+/**
+ * E2B's server models (pydantic: `Optional[...] = None`) take null for every field but `code`, and the Python
+ * SDK sends null for what the caller left out (`"context_id": null, "language": null, "env_vars": null`):
+ * null means absent here.
+ */
 const ExecuteBody = Type.Object(
   {
     code: Type.String({ maxLength: MAX_CODE_CHARS }),
-    context_id: Type.Optional(Type.String({ maxLength: 64 })),
-    language: Type.Optional(Type.String({ maxLength: 32 })),
-    env_vars: Type.Optional(Type.Record(Type.String(), Type.String())),
+    context_id: Type.Optional(Nullable(Type.String({ maxLength: 64 }))),
+    language: Type.Optional(Nullable(Type.String({ maxLength: 32 }))),
+    env_vars: Type.Optional(Nullable(Type.Record(Type.String(), Type.String()))),
   },
   { additionalProperties: true },
 );
 const CreateContextBody = Type.Object(
   {
-    language: Type.Optional(Type.String({ maxLength: 32 })),
-    cwd: Type.Optional(Type.String({ maxLength: 4096 })),
+    language: Type.Optional(Nullable(Type.String({ maxLength: 32 }))),
+    cwd: Type.Optional(Nullable(Type.String({ maxLength: 4096 }))),
   },
   { additionalProperties: true },
 );
 const ContextParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
 
-function requirePython(language: string | undefined): void {
-  if (language === undefined || language === "" || language.toLowerCase() === "python") return;
+function requirePython(language: string | null | undefined): void {
+  if (language === undefined || language === null || language === "" || language.toLowerCase() === "python") return;
   throw invalidArgument(`language ${JSON.stringify(language)}: forkd's code interpreter runs Python only`);
 }
 
@@ -130,8 +135,8 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
       };
       const run = sandboxes.eval(id, body.code, {
         timeoutMs: MAX_TIMEOUT_MS,
-        ...(body.context_id !== undefined ? { context: body.context_id } : {}),
-        ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
+        ...(typeof body.context_id === "string" ? { context: body.context_id } : {}),
+        ...(body.env_vars !== undefined && body.env_vars !== null ? { env: body.env_vars } : {}),
         onStdout: (text) => emit("stdout", text),
         onStderr: (text) => emit("stderr", text),
         signal: cancel.signal,
