@@ -12,6 +12,7 @@ import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
 import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
 import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
+import { registerToken } from "./commands/token.js";
 import { registerUnpack } from "./commands/unpack.js";
 import { EXIT } from "./exit-codes.js";
 
@@ -36,6 +37,7 @@ export function buildProgram(): Command {
   registerRegistry(program);
   registerDoctor(program);
   registerDaemonCommands(program);
+  registerToken(program);
   return program;
 }
 

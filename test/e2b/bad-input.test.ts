@@ -362,7 +362,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.deepEqual(double.lastNetworkPolicy, {}, "nothing said: the daemon's default");
     await sbx.updateNetwork({ allowInternetAccess: false });
     await sbx.updateNetwork({ allowInternetAccess: true });
-    assert.deepEqual(double.lastNetworkPolicy, {}, "allowInternetAccess: true is the default again, no wider");
+    assert.deepEqual(
+      double.lastNetworkPolicy,
+      {},
+      "allowInternetAccess: true is the default again, no wider",
+    );
     await sbx.updateNetwork({ denyOut: ["10.0.0.0/8"] });
     assert.deepEqual(double.lastNetworkPolicy, { allowOut: [], denyOut: ["10.0.0.0/8"] });
     assert.equal((await sbx.getInfo()).allowInternetAccess, true);

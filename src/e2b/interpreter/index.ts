@@ -49,7 +49,8 @@ const CreateContextBody = Type.Object(
 const ContextParams = Type.Object({ id: Type.String({ maxLength: 64 }) });
 
 function requirePython(language: string | null | undefined): void {
-  if (language === undefined || language === null || language === "" || language.toLowerCase() === "python") return;
+  if (language === undefined || language === null || language === "" || language.toLowerCase() === "python")
+    return;
   throw invalidArgument(`language ${JSON.stringify(language)}: forkd's code interpreter runs Python only`);
 }
 
