@@ -8,6 +8,7 @@ import type http from "node:http";
 import type net from "node:net";
 import type {
   ContextInfo,
+  ContextLanguage,
   EvalOptions,
   EvalOutcome,
   ExecOptions,
@@ -306,7 +307,10 @@ export interface SandboxProcesses {
 
 /** Namespaces of a sandbox's warm interpreter. */
 export interface SandboxContexts {
-  create(id: string, options?: { id?: string; cwd?: string; signal?: AbortSignal }): Promise<ContextInfo>;
+  create(
+    id: string,
+    options?: { id?: string; cwd?: string; language?: ContextLanguage; signal?: AbortSignal },
+  ): Promise<ContextInfo>;
   list(id: string, options?: { signal?: AbortSignal }): Promise<ContextInfo[]>;
   restart(id: string, context: string, options?: { signal?: AbortSignal }): Promise<ContextInfo>;
   remove(id: string, context: string, options?: { signal?: AbortSignal }): Promise<void>;

@@ -82,7 +82,7 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
 
     const resumed = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 300_000 });
     assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "running");
-    assert.equal((await resumed.runCode("kept")).text, "'from before the pause'");
+    assert.equal((await resumed.runCode("kept")).text, "from before the pause");
     assert.equal(await resumed.files.read("/home/user/note.txt"), "written before the pause");
     const ticks = Number((await resumed.files.read("/tmp/ticks")).trim());
     await waitFor("the ticker to go on", 30_000, async () =>

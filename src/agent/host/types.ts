@@ -1,5 +1,7 @@
 /** The host-side view of agent results: camelCase, Buffers for bytes, no wire details. */
 import type {
+  ContextLanguage,
+  DisplayData,
   FsOp,
   Interpreter,
   ProcSignalName,
@@ -8,7 +10,16 @@ import type {
   WarmState,
 } from "../protocol/index.js";
 
-export type { FsOp, Interpreter, ProcSignalName, PtySize, RichFormats, WarmState };
+export type {
+  ContextLanguage,
+  DisplayData,
+  FsOp,
+  Interpreter,
+  ProcSignalName,
+  PtySize,
+  RichFormats,
+  WarmState,
+};
 
 export interface Hello {
   protocol: number;
@@ -91,6 +102,11 @@ export interface EvalOptions extends CallOptions {
    */
   onStdout?: (text: string) => void;
   onStderr?: (text: string) => void;
+  /**
+   * Display outputs (`display(value)`, matplotlib figures open at the end of the cell) as they happen; with it
+   * the cell streams (its prints too, one line per callback). Without streaming `display` prints the repr.
+   */
+  onDisplay?: (data: DisplayData) => void;
 }
 
 export interface PythonError {
@@ -216,12 +232,17 @@ export interface WatchHandle {
 export interface ContextInfo {
   id: string;
   cwd: string;
-  language: "python";
+  language: ContextLanguage;
 }
 
 export interface AgentContexts {
-  /** A fresh namespace starting from the template's warm-up names. */
-  create(options?: CallOptions & { id?: string; cwd?: string }): Promise<ContextInfo>;
+  /**
+   * A fresh namespace starting from the template's warm-up names; for bash or javascript a process of that
+   * language (not_implemented where the image lacks it).
+   */
+  create(
+    options?: CallOptions & { id?: string; cwd?: string; language?: ContextLanguage },
+  ): Promise<ContextInfo>;
   list(options?: CallOptions): Promise<ContextInfo[]>;
   /** The namespace starts again from the warm-up's names. */
   restart(id: string, options?: CallOptions): Promise<ContextInfo>;

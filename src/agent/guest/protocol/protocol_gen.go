@@ -120,8 +120,9 @@ func (x *CancelHeader) validate(path string) error {
 }
 
 type ContextCreateArgs struct {
-	ID  *string `json:"id,omitempty"`
-	Cwd *string `json:"cwd,omitempty"`
+	ID       *string `json:"id,omitempty"`
+	Cwd      *string `json:"cwd,omitempty"`
+	Language *string `json:"language,omitempty"`
 }
 
 func (x *ContextCreateArgs) decodeFields(m map[string]json.RawMessage, path string) error {
@@ -145,7 +146,17 @@ func (x *ContextCreateArgs) decodeFields(m map[string]json.RawMessage, path stri
 		}
 		x.Cwd = &v
 	}
-	if err := rejectUnknown(m, path, 2, "id", "cwd"); err != nil {
+	if raw, ok := m["language"]; ok {
+		if isNull(raw) {
+			return schemaError(path+"/language", "Expected union value", "")
+		}
+		var v string
+		if err := decodeString(raw, path+"/language", &v); err != nil {
+			return err
+		}
+		x.Language = &v
+	}
+	if err := rejectUnknown(m, path, 3, "id", "cwd", "language"); err != nil {
 		return err
 	}
 	return nil
@@ -186,6 +197,13 @@ func (x *ContextCreateArgs) validate(path string) error {
 		}
 		if !pattern4.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
+		}
+	}
+	if x.Language != nil {
+		switch *x.Language {
+		case "python", "bash", "javascript":
+		default:
+			return schemaError(path+"/language", "Expected union value", "")
 		}
 	}
 	return nil
@@ -2203,6 +2221,7 @@ type RichFormats struct {
 	Latex      *string `json:"latex,omitempty"`
 	Json       *string `json:"json,omitempty"`
 	Javascript *string `json:"javascript,omitempty"`
+	Chart      *string `json:"chart,omitempty"`
 }
 
 type WarmupArgs struct {
