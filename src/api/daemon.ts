@@ -8,7 +8,7 @@ import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
-import type { E2bSettings } from "../e2b/index.js";
+import { defaultSandboxDomain, type E2bSettings } from "../e2b/index.js";
 import { buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
@@ -137,6 +137,8 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     if (config.auditLog !== null) {
       audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
     }
+    // Sandbox host names (getHost) are the daemon's own, never E2B's production domain.
+    const e2bDomain = config.e2b?.domain ?? defaultSandboxDomain(checked.tcp);
     const metrics = createMetrics(services, { version: FORKD_VERSION });
     extensions = (config.extensions ?? []).map((make) =>
       make({ services, metrics, snapshotsDir: config.snapshotsDir, logger }),
@@ -151,7 +153,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       logger,
       maxConnections: config.maxConnections,
       headersTimeoutMs: config.headersTimeoutMs,
-      e2b: config.e2b,
+      e2b: { ...config.e2b, domain: e2bDomain },
       daemonTokens: checked.tokens,
     };
     const urls: string[] = [];
@@ -169,7 +171,10 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
         https: checked.https,
         origin: {
           bindHost: checked.tcp.host,
-          allowedHosts: config.allowedHosts,
+          allowedHosts: [
+            ...(config.allowedHosts ?? []),
+            ...(config.e2b?.domain === undefined ? [`*.${e2bDomain.split(":")[0]}`] : []),
+          ],
           allowedOrigins: config.allowedOrigins,
         },
       });

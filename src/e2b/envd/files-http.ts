@@ -3,7 +3,8 @@
  * (application/octet-stream, optionally gzip) or many (multipart/form-data, each part's filename its path).
  * Both move data through the agent in bounded chunks, so neither side buffers a whole file; an upload goes to
  * a temporary name beside its target and is renamed into place only when complete, and removed when it fails.
- * Access: the sandbox's X-Access-Token, or a signature made from it (the SDK's uploadUrl/downloadUrl).
+ * Access: the sandbox's X-Access-Token, or a signature made from it (the SDK's uploadUrl/downloadUrl); a signed
+ * URL that names no sandbox (built on E2B_SANDBOX_URL) reaches the sandbox whose token signed it.
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import path from "node:path";
@@ -13,6 +14,7 @@ import multipart from "@fastify/multipart";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { E2bContext } from "../context.js";
+import { ENVD_PORT } from "../routing.js";
 import { hasAccessToken, type SandboxSession } from "../session.js";
 import type { GuestUser } from "./guest-users.js";
 import { checkRequestedPath, resolveGuestPath } from "./paths.js";
@@ -84,6 +86,39 @@ function authorizeFiles(
   if (expiration !== undefined && expiration < Date.now() / 1000) {
     throw new ForkdError("unauthorized", "signature is already expired");
   }
+}
+
+/**
+ * The running sandbox a signed URL was made for, when the URL reaches the daemon without naming one: the SDKs
+ * build `uploadUrl`/`downloadUrl` on E2B_SANDBOX_URL, which carries no sandbox id (E2B routes them by host name).
+ * Only the holder of a sandbox's envd token can make a signature that verifies with it, so the one whose
+ * token verifies it is the sandbox meant; each candidate is checked in constant time.
+ */
+export function sandboxBySignature(
+  request: FastifyRequest<{ Querystring: FilesQuery }>,
+  context: E2bContext,
+): SandboxSession {
+  const { signature, signature_expiration: exp, path: filePath = "", username = "" } = request.query;
+  if (typeof signature !== "string") {
+    throw new ForkdError(
+      "unauthorized",
+      "no sandbox named: send E2b-Sandbox-Id with X-Access-Token, or use a signed URL (signature query parameter)",
+    );
+  }
+  const expiration = exp === undefined ? undefined : Number(exp);
+  if (expiration !== undefined && !Number.isInteger(expiration)) {
+    throw invalidArgument("signature_expiration must be a unix time in seconds");
+  }
+  const operation = request.method === "GET" ? "read" : "write";
+  const presented = Buffer.from(signature);
+  let found: string | undefined;
+  for (const sandbox of context.services.sandboxes.list({ status: "running" })) {
+    const token = context.services.sandboxes.accessTokens(sandbox.id).envd;
+    const expected = Buffer.from(fileSignature(filePath, operation, username, token, expiration));
+    if (presented.length === expected.length && timingSafeEqual(presented, expected)) found ??= sandbox.id;
+  }
+  if (found === undefined) throw new ForkdError("unauthorized", "invalid signature");
+  return { sandboxId: found, port: ENVD_PORT };
 }
 
 async function fileUser(context: E2bContext, session: SandboxSession, name: string | undefined) {
