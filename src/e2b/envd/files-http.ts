@@ -6,7 +6,7 @@
  * Access: the sandbox's X-Access-Token, or a signature made from it (the SDK's uploadUrl/downloadUrl); a signed
  * URL that names no sandbox (built on E2B_SANDBOX_URL) reaches the sandbox whose token signed it.
  */
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, timingSafeEqual } from "node:crypto";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { createGunzip, createGzip } from "node:zlib";
@@ -18,6 +18,7 @@ import { ENVD_PORT } from "../routing.js";
 import { hasAccessToken, type SandboxSession } from "../session.js";
 import type { GuestUser } from "./guest-users.js";
 import { checkRequestedPath, resolveGuestPath } from "./paths.js";
+import { uploadTemporary } from "./upload-names.js";
 import { DEFAULT_USER } from "./version.js";
 
 /** Bytes written to the guest per agent call. */
@@ -249,10 +250,7 @@ class Upload {
     }
     const existing = await files.stat(this.id, target).catch(() => null);
     if (existing?.type === "dir") throw invalidArgument(`path is a directory: ${target}`);
-    const temporary = path.posix.join(
-      path.posix.dirname(target),
-      `.${path.posix.basename(target)}.forkd-upload-${randomBytes(6).toString("hex")}`,
-    );
+    const temporary = uploadTemporary(target);
     const options = { user: this.user.name, mode: 0o644, parents: true };
     let pending: Buffer[] = [];
     let pendingBytes = 0;

@@ -3,6 +3,7 @@
  * the user's home, `~` expanded); errors carry envd's codes (NotFound -> the SDK's FileNotFoundError,
  * AlreadyExists -> makeDir() false, InvalidArgument for a path of the wrong kind).
  */
+
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import type { FileInfo, FsEvent, FsOp } from "../../agent/host/types.js";
@@ -16,6 +17,7 @@ import type { GuestUser } from "./guest-users.js";
 import { KEEPALIVE, keepaliveIntervalMs, withKeepalives } from "./keepalive.js";
 import { resolveGuestPath } from "./paths.js";
 import { callUser, sessionOf } from "./rpc-session.js";
+import { uploadEventFilter } from "./upload-names.js";
 
 const EVENT_TYPES: Record<FsOp, EventType> = {
   create: EventType.CREATE,
@@ -145,6 +147,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
       const { id, path } = await target(ctx, request.path);
       await watchable(id, path, ctx);
       const handle = files.watch(id, path, { recursive: request.recursive, signal: ctx.signal });
+      const visible = uploadEventFilter();
       yield { event: { case: "start", value: {} } };
       try {
         for await (const item of withKeepalives(handle.events, keepaliveIntervalMs(ctx.requestHeader))) {
@@ -152,8 +155,10 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
             yield { event: { case: "keepalive", value: {} } };
             continue;
           }
-          const event = await fsEvent(id, path, item, request.includeEntry);
-          yield { event: { case: "filesystem", value: event } };
+          for (const shown of visible(item)) {
+            const event = await fsEvent(id, path, shown, request.includeEntry);
+            yield { event: { case: "filesystem", value: event } };
+          }
         }
       } catch (err) {
         throw toConnectError(err);
