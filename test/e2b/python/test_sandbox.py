@@ -11,6 +11,7 @@ from e2b import (
     CommandExitException,
     NotFoundException,
     PtySize,
+    SandboxQuery,
     SandboxException,
     TimeoutException,
 )
@@ -186,10 +187,10 @@ async def test_info_list_timeout_metrics_connect(sbx, cls, api):
     assert info.metadata["suite"] == SUITE
     assert info.state.value == "running"
 
-    paginator = cls.list(query={"metadata": {"run": RUN, "api": api}})
+    paginator = cls.list(query=SandboxQuery(metadata={"run": RUN, "api": api}))
     found = await aw(paginator.next_items())
     assert [s.sandbox_id for s in found] == [sbx.sandbox_id]
-    none = await aw(cls.list(query={"metadata": {"run": "other"}}).next_items())
+    none = await aw(cls.list(query=SandboxQuery(metadata={"run": "other"})).next_items())
     assert none == []
 
     before = info.end_at
