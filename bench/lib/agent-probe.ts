@@ -31,15 +31,18 @@ const load = async <T>(rel: string): Promise<T> =>
   (await import(pathToFileURL(`${root}/dist/src/${rel}`).href)) as T;
 // Typed with this checkout's modules: the controller API they share is the same on both sides.
 const { resolvePaths } = await load<typeof import("../../src/common/paths.js")>("common/paths.js");
-const { createSnapshot } = await load<typeof import("../../src/controller/create-snapshot.js")>(
-  "controller/create-snapshot.js",
+const { createSnapshot } = await load<typeof import("../../src/controller/snapshots/create.js")>(
+  "controller/snapshots/create.js",
 );
-const { listSnapshots } =
-  await load<typeof import("../../src/controller/snapshots.js")>("controller/snapshots.js");
-const { prepareRestore } = await load<typeof import("../../src/controller/restore-plan.js")>(
-  "controller/restore-plan.js",
+const { listSnapshots } = await load<typeof import("../../src/controller/snapshots/list.js")>(
+  "controller/snapshots/list.js",
 );
-const { Sandbox } = await load<typeof import("../../src/controller/sandbox.js")>("controller/sandbox.js");
+const { prepareRestore } = await load<typeof import("../../src/controller/machines/restore-plan.js")>(
+  "controller/machines/restore-plan.js",
+);
+const { Sandbox } = await load<typeof import("../../src/controller/machines/sandbox-vm.js")>(
+  "controller/machines/sandbox-vm.js",
+);
 type Child = Awaited<ReturnType<typeof Sandbox.restore>>;
 
 const paths = resolvePaths();

@@ -10,7 +10,7 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { assertSandboxId } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
-import { servicesFor } from "../../controller/tenancy.js";
+import { servicesFor } from "../../controller/tenancy/tenant-view.js";
 import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
 import { type Principal, servicesOf } from "../principal.js";

@@ -3,7 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
-import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
+import { DEFAULT_BRANCH_MODE } from "../../controller/snapshots/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
 import { servicesOf } from "../principal.js";
