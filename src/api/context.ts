@@ -3,7 +3,7 @@
  * view, servicesOf(request) (src/http/request-scope.ts).
  */
 import type { Token } from "../common/tokens.js";
-import type { Services } from "../controller/tenancy.js";
+import type { Services } from "../controller/tenancy/tenant-view.js";
 import type { DaemonMetrics } from "./metrics.js";
 
 /** The daemon's services (SandboxService, SnapshotService), as the composition hands them to a listener. */

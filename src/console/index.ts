@@ -18,7 +18,7 @@ import {
 import { ForkdError } from "../common/errors.js";
 import { matchToken } from "../common/tokens.js";
 import { FORKD_VERSION } from "../common/version.js";
-import { ADMIN } from "../controller/tenancy.js";
+import { ADMIN } from "../controller/tenancy/tenant-view.js";
 import { adminServicesOf, servicesOfUpgrade } from "../http/request-scope.js";
 import { ConsoleAccess } from "./access.js";
 import { ConsoleFeed, type FeedOptions } from "./feed.js";

@@ -6,14 +6,14 @@
  * This is the data plane's authentication, the one place of src/e2b that holds the daemon's services as they are
  * (SandboxSessions, made by registerE2b): it finds the sandbox before anyone is known to act for it. The request
  * then acts within that one sandbox (its principal: the owner's tenant, confined to the sandbox), and its routes
- * see only that (servicesOf(request); controller/sandbox-view.ts).
+ * see only that (servicesOf(request); controller/tenancy/sandbox-view.ts).
  */
 import type { IncomingHttpHeaders } from "node:http";
 import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
 import { isValidSandboxId } from "../common/names.js";
 import type { AccessTokens, SandboxService } from "../controller/sandbox-service.js";
-import type { Principal } from "../controller/tenancy.js";
+import type { Principal } from "../controller/tenancy/tenant-view.js";
 import { SandboxUnreachable } from "./errors.js";
 import { sandboxAddressOf } from "./routing.js";
 

@@ -5,13 +5,13 @@
  *
  * A listener is handed the daemon's services once (provideServices, by src/api/app.ts). A route reaches them only
  * as servicesOf(request): the view of whoever authentication says the request acts for (`request.principal`,
- * controller/tenancy.ts). Route modules are given no services of their own, so none can skip the view.
+ * controller/tenancy/). Route modules are given no services of their own, so none can skip the view.
  */
 import type { IncomingMessage } from "node:http";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { responseGoneSignal } from "../common/client-signal.js";
 import { ForkdError } from "../common/errors.js";
-import { type Principal, type Services, servicesFor } from "../controller/tenancy.js";
+import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
 
 declare module "fastify" {
   interface FastifyRequest {

@@ -10,7 +10,7 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { assertSandboxId } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
-import type { Principal } from "../../controller/tenancy.js";
+import type { Principal } from "../../controller/tenancy/tenant-view.js";
 import { servicesOf, servicesOfUpgrade } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";

@@ -3,7 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
-import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
+import { DEFAULT_BRANCH_MODE } from "../../controller/snapshots/branch.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { notImplemented } from "../errors.js";

@@ -9,7 +9,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
-import type { Services } from "../../controller/tenancy.js";
+import type { Services } from "../../controller/tenancy/tenant-view.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";

@@ -3,7 +3,7 @@
  * the services (servicesOf of the call's request: that one sandbox) and the user.
  */
 import { Code, ConnectError, createContextKey, type HandlerContext } from "@connectrpc/connect";
-import type { Services } from "../../controller/tenancy.js";
+import type { Services } from "../../controller/tenancy/tenant-view.js";
 import type { E2bContext } from "../context.js";
 import { toConnectError } from "../errors.js";
 import { basicAuthUser, type SandboxSession } from "../session.js";
