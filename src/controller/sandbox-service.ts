@@ -408,7 +408,7 @@ export interface SandboxService {
       signal?: AbortSignal;
     },
   ): Promise<BranchOutcome>;
-  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see SandboxManager.snapshotDiff). */
+  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see sandboxes/snapshot-diff.ts). */
   snapshotDiff(request: {
     from: string;
     tag: string;
