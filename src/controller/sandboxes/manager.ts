@@ -34,7 +34,6 @@ import type { EgressPolicyInput } from "../../net/policy.js";
 import { type SandboxRow, StateDb } from "../../store/db.js";
 import type { SnapshotStore } from "../../store/snapshot-store.js";
 import { DEFAULT_CONSOLE_LOG_BYTES } from "../../vmm/console-log.js";
-import type { HostStatus, SandboxUsage } from "../host/usage.js";
 import { homeKey } from "../machines/restore-plan.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
 import { SandboxNetworks, type SandboxNetworksOptions } from "../networks/sandbox-networks.js";
@@ -43,6 +42,7 @@ import type {
   BranchOutcome,
   ConfinementStatus,
   ForkOutcome,
+  HostStatus,
   NetworkStatus,
   PauseOutcome,
   PauseRequest,
@@ -51,6 +51,7 @@ import type {
   SandboxMetrics,
   SandboxService,
   SandboxStatus,
+  SandboxUsage,
   SpawnRequest,
 } from "../sandbox-service.js";
 import { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";

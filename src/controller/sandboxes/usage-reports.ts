@@ -4,8 +4,8 @@
  */
 
 import type { StateDb } from "../../store/db.js";
-import { type HostStatus, type SandboxUsage, UsageSampler } from "../host/usage.js";
-import type { SandboxMetrics, SandboxService } from "../sandbox-service.js";
+import { UsageSampler } from "../host/usage.js";
+import type { HostStatus, SandboxMetrics, SandboxService, SandboxUsage } from "../sandbox-service.js";
 import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
 import { MetricsSampler } from "./metrics-sampler.js";
