@@ -14,7 +14,7 @@ import { conflict, errorMessage, ForkdError, invalidArgument } from "../../commo
 import { assertTag } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../../store/chain.js";
-import { MANIFEST_FILE, type SnapshotManifest } from "../../store/manifest.js";
+import { MANIFEST_FILE } from "../../store/manifest.js";
 import { flatImageFor, removeAssembledImage } from "../../store/memory-images.js";
 import { PAGE_SIZE } from "../../store/memory-layer.js";
 import { readQcow2Header } from "../../store/qcow2-header.js";
