@@ -123,7 +123,7 @@ export function defaultBranchTag(sandboxId: string): string {
 
 /**
  * The mark a BRANCH leaves on its source while its disk switch is not backed by a committed snapshot yet (see
- * SandboxManager.settleInterruptedBranch): the branch_blocked reason, followed by the new snapshot's tag.
+ * sandboxes/reattach.ts, settleInterruptedBranch): the branch_blocked reason, followed by the new snapshot's tag.
  */
 export const BRANCH_INTERRUPTED = "a BRANCH was interrupted (the daemon stopped) after switching the disk to";
 

@@ -16,16 +16,18 @@ import { SnapshotStore, type StoredSnapshot } from "../../store/snapshot-store.j
 import { snapshotIsBootable } from "../machines/restore-plan.js";
 import type {
   PackRequest,
+  PackResult,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
   SnapshotService,
   UnpackRequest,
+  UnpackResult,
 } from "../sandbox-service.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
-import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
+import { packSnapshot, unpackSnapshot } from "./packs.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 
 export class DaemonSnapshots implements SnapshotService {

@@ -43,13 +43,13 @@ import {
   PACK_MANIFEST_PATH,
   parsePackManifest,
 } from "../../store/pack-format.js";
+import type { UnpackResult } from "../sandbox-service.js";
 import {
   type PackedFile,
   type PackSource,
   packManifestBytes,
   preparePack,
   type UnpackOptions,
-  type UnpackResult,
   unpackSnapshot,
 } from "./packs.js";
 
