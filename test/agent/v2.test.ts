@@ -464,6 +464,7 @@ describe("contexts and eval v2", () => {
     assert.equal(second.stdout, "42 here\n");
     assert.equal(second.executionCount, 2);
     const third = await agent.client.eval(
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: bash's parameter expansion, not a template
       "echo ${CELL_ONLY-gone} $PWD; exit_with() { return $1; }; exit_with 3",
       {
         context: "sh",
@@ -480,6 +481,7 @@ describe("contexts and eval v2", () => {
     );
     assert.ok((await agent.client.contexts.list()).some((c) => c.id === "sh" && c.language === "bash"));
     await agent.client.contexts.restart("sh");
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: bash's parameter expansion, not a template
     assert.equal((await agent.client.eval("echo ${X-unset}", { context: "sh" })).stdout, "unset\n");
     await agent.client.contexts.remove("sh");
     await assert.rejects(

@@ -11,8 +11,8 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { ContextLanguage, DisplayData, EvalOutcome } from "../../agent/host/types.js";
 import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
-import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { Nullable, OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
@@ -130,11 +130,7 @@ function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
   return reply.status(code).type("text/plain; charset=utf-8").send(message);
 }
 
-const clientSignal = (request: FastifyRequest, reply: FastifyReply) =>
-  responseGoneSignal(reply.raw, `request ${request.id}`);
-
 export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
-  const { sandboxes } = context.services;
   const session = (request: { e2bSandbox?: SandboxSession }) => request.e2bSandbox as SandboxSession;
 
   scope.addHook("onRequest", async (request) => {
@@ -156,7 +152,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
       const id = session(request).sandboxId;
       const contextId = typeof body.context_id === "string" ? body.context_id : defaultContextOf(language);
       if (body.context_id === undefined || body.context_id === null) {
-        await ensureDefaultContext(id, language, clientSignal(request, reply));
+        await ensureDefaultContext(request, id, language, clientSignal(request, reply));
       }
       const out = new PassThrough();
       const cancel = new AbortController();
@@ -179,7 +175,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
         write({ type, text, timestamp: new Date().toISOString() });
         sawOutput();
       };
-      const run = sandboxes.eval(id, body.code, {
+      const run = servicesOf(request).sandboxes.eval(id, body.code, {
         timeoutMs: MAX_TIMEOUT_MS,
         ...(contextId !== undefined ? { context: contextId } : {}),
         ...(body.env_vars !== undefined && body.env_vars !== null ? { env: body.env_vars } : {}),
@@ -218,16 +214,25 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
   );
 
   /** A language's default context, made on its first cell (a Python sandbox always has `default`). */
-  const ensureDefaultContext = async (id: string, language: ContextLanguage, signal: AbortSignal) => {
+  const ensureDefaultContext = async (
+    request: FastifyRequest,
+    id: string,
+    language: ContextLanguage,
+    signal: AbortSignal,
+  ) => {
     const context = defaultContextOf(language);
     if (context === undefined) return;
-    await sandboxes.contexts.create(id, { id: context, language, signal }).catch((err: unknown) => {
-      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
-    });
+    await servicesOf(request)
+      .sandboxes.contexts.create(id, { id: context, language, signal })
+      .catch((err: unknown) => {
+        if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      });
   };
 
   scope.get("/contexts", async (request, reply) =>
-    sandboxes.contexts.list(session(request).sandboxId, { signal: clientSignal(request, reply) }),
+    servicesOf(request).sandboxes.contexts.list(session(request).sandboxId, {
+      signal: clientSignal(request, reply),
+    }),
   );
 
   scope.post<{ Body: Static<typeof CreateContextBody> }>(
@@ -238,7 +243,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
       const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
       if (!cwd.startsWith("/"))
         throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
-      return sandboxes.contexts.create(session(request).sandboxId, {
+      return servicesOf(request).sandboxes.contexts.create(session(request).sandboxId, {
         cwd,
         language,
         signal: clientSignal(request, reply),
@@ -250,7 +255,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
     "/contexts/:id",
     { schema: { params: ContextParams } },
     async (request, reply) => {
-      await sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
+      await servicesOf(request).sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
         signal: clientSignal(request, reply),
       });
       return reply.status(204).send();
@@ -261,7 +266,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
     "/contexts/:id/restart",
     { schema: { params: ContextParams } },
     async (request, reply) => {
-      await sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
+      await servicesOf(request).sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
         signal: clientSignal(request, reply),
       });
       return reply.status(204).send();
