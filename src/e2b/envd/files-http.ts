@@ -268,7 +268,9 @@ class Upload {
       pending = [];
       pendingBytes = 0;
       this.temporaries.add(temporary);
-      await files.write(this.id, temporary, data, { ...options, append: started });
+      // Appending from the first chunk on: the temporary is a fresh random name, so the agent's own atomic
+      // write (another temporary, renamed over this one) would only add names that watchers then see.
+      await files.write(this.id, temporary, data, { ...options, append: true });
       started = true;
     };
     for await (const chunk of stream as AsyncIterable<Buffer>) {

@@ -1,6 +1,7 @@
 """The core `e2b` SDK through e2b-code-interpreter's Sandbox, sync and async: what the JS suite
 (test/e2b/sdk-e2e.test.ts) covers, method by method."""
 
+import asyncio
 import os
 import time
 import urllib.request
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def wait_for(what, seconds, probe):
+    """Polls `probe` until it is true. Sleeps with asyncio: the async API's callbacks (on_event, on_data) run as
+    tasks of this event loop, which a blocking sleep would starve."""
     deadline = time.monotonic() + seconds
     while True:
         value = await aw(probe())
@@ -28,7 +31,7 @@ async def wait_for(what, seconds, probe):
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+        await asyncio.sleep(0.2)
 
 
 async def test_commands(sbx, api):
@@ -149,7 +152,7 @@ async def test_writes_in_place_watch_events_name_the_file(sbx, api):
         return any(e.name == "top.txt" for e in events) and any(e.name == "inner/nested.txt" for e in nested)
 
     await wait_for("watch events", 30, poll)
-    time.sleep(0.5)
+    await asyncio.sleep(0.5)
     poll()
     assert {e.name for e in events} == {"top.txt"}, "only the written file, never a temporary name"
     assert {e.name for e in nested} <= {"top.txt", "inner/nested.txt"}
