@@ -130,12 +130,24 @@ export class SandboxSessions {
     if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
     if (!this.holdsToken(headers, address.sandboxId, ["envd", "traffic"])) return;
     try {
-      await this.#sandboxes.resume(address.sandboxId);
+      await this.#sandboxes.resume(address.sandboxId, { timeoutMs: autoResumeLifetimeMs(info.timeout_ms) });
     } catch (err) {
       // Someone else's resume finished first: it is running, which is all this request needs.
       if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
     }
   }
+}
+
+/** The shortest lifetime an auto-resumed sandbox gets (E2B's: five minutes, or its own when longer). */
+export const AUTO_RESUME_MIN_LIFETIME_MS = 5 * 60_000;
+
+/**
+ * The lifetime of a sandbox auto-resumed by a request, from the resume on: its own (`timeout_ms`, null: none)
+ * but at least AUTO_RESUME_MIN_LIFETIME_MS, as on E2B, so the work that woke it is not cut off by a short
+ * lifetime ending again at once.
+ */
+export function autoResumeLifetimeMs(timeoutMs: number | null): number {
+  return timeoutMs === null ? 0 : Math.max(timeoutMs, AUTO_RESUME_MIN_LIFETIME_MS);
 }
 
 /** What the functions below need of an E2B context. */
@@ -174,7 +186,7 @@ export function sandboxSession(headers: IncomingHttpHeaders, context: WithSessio
 
 /**
  * E2B's autoResume: a data-plane request to a paused sandbox created with it resumes the sandbox first (for its
- * own lifetime), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
+ * own lifetime, at least five minutes: autoResumeLifetimeMs), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
  * who can reach the listener could otherwise make paused sandboxes take host memory again. A request that
  * finds it being paused or resumed waits for that to finish (the per-sandbox lock).
  */
