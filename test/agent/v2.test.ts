@@ -490,6 +490,32 @@ describe("contexts and eval v2", () => {
     );
   });
 
+  it("reads IPython's shell escapes and magics in Python cells, as E2B's Jupyter kernel does", async () => {
+    const lines: string[] = [];
+    const ran = await agent.client.eval(
+      "word = 'sandbox'\n!echo hello {word.upper()} $word; echo to-stderr >&2\nstatus = _exit_code\n" +
+        "listing = !printf 'a\\nb\\n'\n!exit 3\n(status, listing, _exit_code)",
+      { onStdout: (t) => lines.push(t) },
+    );
+    assert.equal(ran.error, null);
+    assert.deepEqual(lines, ["hello SANDBOX sandbox\n", "to-stderr\n"]);
+    assert.equal(ran.result, "(0, ['a', 'b'], 3)");
+    const cd = await agent.client.eval("%cd /tmp\nimport os\nos.getcwd()");
+    assert.equal(cd.stdout, "/tmp\n");
+    assert.equal(cd.result, "'/tmp'");
+    assert.equal((await agent.client.eval("os.getcwd()")).result, "'/tmp'", "the context stays there");
+    const script = await agent.client.eval("%%bash\nX=4\necho $((X * 10 + 2))");
+    assert.equal(script.stdout, "42\n");
+    const unknown = await agent.client.eval("%nosuchmagic 1");
+    assert.equal(unknown.error?.type, "UsageError");
+    assert.match(unknown.error?.message ?? "", /Line magic function `%nosuchmagic` not found/);
+    assert.equal((await agent.client.eval("%matplotlib inline\n1")).result, "1");
+    const text = await agent.client.eval("s = '''\n!not a command\n'''\ns.strip()");
+    assert.equal(text.result, "'!not a command'", "a cell that is Python is never rewritten");
+    const broken = await agent.client.eval("def broken(:\n!echo hi");
+    assert.equal(broken.error?.type, "SyntaxError", "Python's own error when the cell is neither");
+  });
+
   it("returns rich formats from the display protocol, and per-cell cwd and env", async () => {
     const out = await agent.client.eval(
       "class Pretty:\n    def __repr__(self): return 'Pretty()'\n    def _repr_html_(self): return '<b>hi</b>'\n    def _repr_png_(self): return b'\\x89PNG'\n    def _repr_json_(self): return {'a': 1}\nPretty()",

@@ -2,7 +2,10 @@
  * The newest `e2b` and `e2b-code-interpreter` from PyPI, unmodified, in a venv (test/support/python-venv.ts),
  * against a real forkd daemon with real VMs: the pytest suite in test/e2b/python/ (every test through the sync
  * and the async API), configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. The daemon has no
- * --e2b-domain, so getHost names the daemon's own domain. As root the sandboxes have networks.
+ * --e2b-domain, so getHost names the daemon's own domain. As root the sandboxes have networks, the daemon's
+ * default egress is deny (what test_network.py checks the SDKs cannot widen) and the tests' own "internet"
+ * (test/support/test-internet.ts) is what they reach. One daemon, two long-lived sandboxes (one per API) for
+ * most tests; the frameworks and the network tests make their own.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -13,7 +16,7 @@ import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
 import { e2bPythonVenv, PYTHON_TESTS_DIR, type PythonVenv } from "../support/python-venv.js";
-import { startTestInternet, type TestInternet } from "../support/test-internet.js";
+import { INTERNET_HOSTS, startTestInternet, type TestInternet } from "../support/test-internet.js";
 
 const execFileAsync = promisify(execFile);
 const root = process.getuid?.() === 0;
@@ -34,7 +37,7 @@ describe("E2B's Python SDKs on a real forkd daemon", { timeout: 40 * 60_000 }, (
       "shared-pyagent",
       "--e2b-max-upload-mib",
       String(MAX_UPLOAD_MIB),
-      ...(internet ? ["--dns-upstream", internet.dns] : []),
+      ...(internet ? ["--dns-upstream", internet.dns, "--egress", "deny"] : []),
     ]);
   });
 
@@ -60,6 +63,7 @@ describe("E2B's Python SDKs on a real forkd daemon", { timeout: 40 * 60_000 }, (
         HOME: process.env.HOME ?? "/root",
         PYTHONDONTWRITEBYTECODE: "1",
         FORKD_TEST_NETWORKS: root ? "1" : "0",
+        FORKD_TEST_INTERNET: JSON.stringify(INTERNET_HOSTS),
         ...env,
       },
       maxBuffer: 64 * 1024 * 1024,
@@ -79,14 +83,15 @@ describe("E2B's Python SDKs on a real forkd daemon", { timeout: 40 * 60_000 }, (
     };
   }
 
-  it("runs the SDK and code-interpreter suites, sync and async", async () => {
-    const counts = await pytest("sdk", ["test_sandbox.py", "test_code.py"], {
+  it("runs the SDK, code-interpreter, network and framework suites, sync and async", async () => {
+    const files = ["test_sandbox.py", "test_code.py", "test_network.py", "test_frameworks.py"];
+    const counts = await pytest("sdk", files, {
       E2B_API_URL: daemon.tcpUrl,
       E2B_SANDBOX_URL: daemon.tcpUrl,
       E2B_API_KEY: daemon.token,
     });
     assert.equal(counts.failures + counts.errors, 0, counts.output);
-    assert.ok(counts.tests >= 30, `every test ran, for both APIs (${counts.tests}):\n${counts.output}`);
+    assert.ok(counts.tests >= 40, `every test ran, for both APIs (${counts.tests}):\n${counts.output}`);
     process.stdout.write(
       `# python: e2b ${venv.versions.e2b}, e2b-code-interpreter ${venv.versions["e2b-code-interpreter"]}: ` +
         `${counts.tests} tests\n`,

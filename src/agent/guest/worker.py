@@ -29,7 +29,8 @@ output; otherwise its repr is printed.
 
 The request path is kept lean on purpose (a restored child pays for every step under TCG): no imports, no
 process spawn, one read and one write per cell (plus one write per streamed print). A cell runs like a notebook
-cell: statements execute in the context's namespace and the repr of a trailing expression is the result.
+cell: statements execute in the context's namespace and the repr of a trailing expression is the result; a
+directory it changes to stays its context's; IPython's `!cmd` and `%magic` lines work as in Jupyter (magics.py).
 SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored between cells.
 """
 
@@ -354,11 +355,37 @@ def with_cwd_env(request, context, run):
     try:
         return run()
     finally:
+        # A cell that changed directory (os.chdir, %cd) leaves its context there, as a kernel's process is.
+        try:
+            context.cwd = os.getcwd()
+        except OSError:
+            pass
         for key, old in saved.items():
             if old is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+def parse_cell(code, name):
+    """The cell's syntax tree; a cell that is not Python but has IPython's `!cmd` or `%magic` lines is read as
+    IPython reads it (magics.py, loaded only then). Its own SyntaxError otherwise."""
+    try:
+        return ast.parse(code, name, "exec")
+    except SyntaxError:
+        if "!" not in code and "%" not in code:
+            raise
+        import magics  # noqa: PLC0415 - only cells with IPython syntax pay for it
+
+        rewritten = magics.transform(code)
+        if rewritten is None:
+            raise
+        magics.install()
+        try:
+            return ast.parse(rewritten, name, "exec")
+        except SyntaxError:
+            pass
+        raise
 
 
 def run_cell(request, context):
@@ -377,7 +404,7 @@ def run_cell(request, context):
     State.cell = CellOutput(request, out, err)
     try:
         try:
-            tree = ast.parse(code, name, "exec")
+            tree = parse_cell(code, name)
             tail = None
             if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
                 tail = compile(ast.Expression(tree.body.pop().value), name, "eval")
