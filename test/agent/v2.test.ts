@@ -348,6 +348,20 @@ describe("watch", () => {
   });
 });
 
+describe("stats", () => {
+  it("reports memory and a filesystem's use as the guest sees them", async () => {
+    const stats = await agent.client.stats();
+    assert.ok(
+      stats.memTotalBytes > 0 && stats.memAvailableBytes <= stats.memTotalBytes,
+      JSON.stringify(stats),
+    );
+    assert.ok(stats.diskTotalBytes > 0 && stats.diskUsedBytes <= stats.diskTotalBytes, JSON.stringify(stats));
+    const tmp = await agent.client.stats({ path: "/tmp" });
+    assert.ok(tmp.diskTotalBytes > 0);
+    await assert.rejects(agent.client.stats({ path: "/no/such/dir" }), isForkdError("not_found"));
+  });
+});
+
 describe("contexts and eval v2", () => {
   it("starts new contexts from the warm-up's names, isolated from each other", async () => {
     await agent.client.warmup("import json\nWARM_NAME = 'warm'");

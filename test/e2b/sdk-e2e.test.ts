@@ -433,9 +433,23 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     await sbx.setTimeout(LIFETIME_MS + 60_000);
     assert.ok((await sbx.getInfo()).endAt.getTime() > before, "setTimeout moved the end");
 
-    const metrics = await sbx.getMetrics();
-    assert.equal(metrics.length, 1);
-    assert.ok((metrics[0]?.memTotal ?? 0) > 100 * 1024 * 1024, "guest memory is reported");
+    // A series since the sandbox started (a sample every 5 s), memory and disk from the guest.
+    const metrics = await waitFor("a second metrics sample", 30_000, async () => {
+      const series = await sbx.getMetrics();
+      return series.length >= 2 ? series : undefined;
+    });
+    const times = metrics.map((m) => m.timestamp.getTime());
+    assert.deepEqual(
+      times,
+      [...times].sort((a, b) => a - b),
+      "oldest first",
+    );
+    const latest = metrics.at(-1) as (typeof metrics)[number];
+    assert.ok(latest.memTotal > 100 * 1024 * 1024 && latest.memUsed > 0, "guest memory is reported");
+    assert.ok(latest.diskTotal > 100 * 1024 * 1024, `the root filesystem's size: ${latest.diskTotal}`);
+    assert.ok(latest.diskUsed > 0 && latest.diskUsed < latest.diskTotal, "its use");
+    const recent = await sbx.getMetrics({ start: latest.timestamp });
+    assert.ok(recent.length >= 1 && recent.length < metrics.length, "start narrows the series");
 
     // connect() from elsewhere: same sandbox, a working handle (the e2b package's own class).
     const connected = await BaseSandbox.connect(sbx.sandboxId);

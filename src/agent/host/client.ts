@@ -48,6 +48,7 @@ import type {
   FileInfo,
   FileWriteOptions,
   FsEvent,
+  GuestStats,
   Hello,
   PingInfo,
   ProcAttachOptions,
@@ -439,6 +440,19 @@ export class AgentClient {
       sandboxId: r.sandbox_id,
       hostname: r.hostname,
       uptimeMs: r.uptime_ms,
+    };
+  }
+
+  /** Memory and disk use as the guest sees them (the filesystem of `path`, default `/`). */
+  async stats(options: CallOptions & { path?: string } = {}): Promise<GuestStats> {
+    const args: OpArgs<"stats"> = options.path === undefined ? {} : { path: options.path };
+    const { result: r } = await this.call("stats", args, undefined, options.signal);
+    return {
+      memTotalBytes: r.mem_total_bytes,
+      memAvailableBytes: r.mem_available_bytes,
+      memCacheBytes: r.mem_cache_bytes,
+      diskTotalBytes: r.disk_total_bytes,
+      diskUsedBytes: r.disk_used_bytes,
     };
   }
 

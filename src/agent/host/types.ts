@@ -35,6 +35,18 @@ export interface PingInfo extends Hello {
   uptimeMs: number;
 }
 
+/** What the guest uses now, as it sees it (the agent's `stats`). */
+export interface GuestStats {
+  memTotalBytes: number;
+  /** MemAvailable. */
+  memAvailableBytes: number;
+  /** Page cache (Cached + Buffers). */
+  memCacheBytes: number;
+  diskTotalBytes: number;
+  /** Blocks in use, as df counts them. */
+  diskUsedBytes: number;
+}
+
 export interface RestoreRequest {
   /** CLOCK_REALTIME to set in the guest, ns since the epoch. */
   timeNs: bigint;

@@ -60,6 +60,26 @@ export const PingResult = Type.Object({
   uptime_ms: Count,
 });
 
+// ---- stats: what the guest uses now (E2B's metrics): memory from /proc/meminfo, a filesystem's statfs
+
+export const StatsArgs = Type.Object(
+  {
+    /** The filesystem to measure, by a path on it; default `/`. */
+    path: Type.Optional(GuestPath),
+  },
+  strict,
+);
+export const StatsResult = Type.Object({
+  mem_total_bytes: Count,
+  /** MemAvailable: what the guest could still use without swapping. */
+  mem_available_bytes: Count,
+  /** Page cache: Cached + Buffers. */
+  mem_cache_bytes: Count,
+  disk_total_bytes: Count,
+  /** Blocks in use (total - free), as df counts them. */
+  disk_used_bytes: Count,
+});
+
 // ---- restore: request body = entropy bytes (MIN_ENTROPY_BYTES..MAX_ENTROPY_BYTES of limits.ts)
 
 export const HOSTNAME_PATTERN =
@@ -459,6 +479,7 @@ const plain = { requestBody: "none", responseBody: "none", input: false } as con
 
 export const OPS = {
   ping: op({ args: PingArgs, result: PingResult, requestBody: "none", responseBody: "none", input: false }),
+  stats: op({ args: StatsArgs, result: StatsResult, ...plain }),
   restore: op({
     args: RestoreArgs,
     result: RestoreResult,
@@ -530,6 +551,7 @@ export type OpArgs<O extends OpName> = Static<(typeof OPS)[O]["args"]>;
 export type OpResult<O extends OpName> = Static<(typeof OPS)[O]["result"]>;
 
 export type PingResult = Static<typeof PingResult>;
+export type StatsResult = Static<typeof StatsResult>;
 export type RestoreArgs = Static<typeof RestoreArgs>;
 export type RestoreResult = Static<typeof RestoreResult>;
 export type EvalArgs = Static<typeof EvalArgs>;

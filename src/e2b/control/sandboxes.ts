@@ -410,7 +410,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     "/sandboxes/:sandboxID/metrics",
     {
       schema: {
-        summary: "What the sandbox uses now (one sample: forkd keeps no history)",
+        summary:
+          "The sandbox's metrics since it started (a sample every --metrics-interval-s, bounded and coarser as " +
+          "it ages), in [start, end] (unix seconds) when given",
         params: SandboxIdParams,
         querystring: MetricsQuery,
         response: { 200: Type.Array(SandboxMetric), ...errorResponses },
@@ -418,10 +420,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request, reply) => {
       runningSandbox(servicesOf(request), request.params.sandboxID);
-      const sample = await servicesOf(request).sandboxes.metrics(request.params.sandboxID, {
+      const { start, end } = request.query;
+      const samples = await servicesOf(request).sandboxes.metricsHistory(request.params.sandboxID, {
+        ...(start === undefined ? {} : { startMs: start * 1000 }),
+        ...(end === undefined ? {} : { endMs: end * 1000 + 999 }),
         signal: clientSignal(request, reply),
       });
-      return [metricToWire(sample)];
+      return samples.map(metricToWire);
     },
   );
 
@@ -447,7 +452,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
             return null;
           }
         })();
-        if (info) out[id] = metricToWire(await servicesOf(request).sandboxes.metrics(id, { signal }));
+        const latest = info && (await servicesOf(request).sandboxes.metricsHistory(id, { signal })).at(-1);
+        if (latest) out[id] = metricToWire(latest);
       }
       return { sandboxes: out };
     },

@@ -245,8 +245,8 @@ export const SandboxMetric = Type.Object({
   memUsed: Type.Integer(),
   memTotal: Type.Integer(),
   memCache: Type.Integer(),
-  diskUsed: Type.Integer({ description: "Not measured by forkd yet: 0." }),
-  diskTotal: Type.Integer({ description: "Not measured by forkd yet: 0." }),
+  diskUsed: Type.Integer({ description: "Bytes in use on the sandbox's root filesystem (its statfs)." }),
+  diskTotal: Type.Integer({ description: "Size of the sandbox's root filesystem." }),
 });
 export const ManyMetricsQuery = Type.Object({
   sandbox_ids: Type.Union([

@@ -2,6 +2,7 @@
 (test/e2b/sdk-e2e.test.ts) covers, method by method."""
 
 import asyncio
+import datetime
 import os
 import time
 import urllib.request
@@ -200,9 +201,19 @@ async def test_info_list_timeout_metrics_connect(sbx, cls, api):
     await aw(sbx.set_timeout(1900))
     assert (await aw(sbx.get_info())).end_at > before
 
+    # A series since the sandbox started (a sample every 5 s), memory and disk from the guest.
+    async def two_samples():
+        return len(await aw(sbx.get_metrics())) >= 2
+
+    await wait_for("a second metrics sample", 30, two_samples)
     metrics = await aw(sbx.get_metrics())
-    assert len(metrics) >= 1
-    assert metrics[-1].mem_total > 100 * 1024 * 1024
+    assert [m.timestamp for m in metrics] == sorted(m.timestamp for m in metrics)
+    assert metrics[0].timestamp >= info.started_at - datetime.timedelta(seconds=10)
+    latest = metrics[-1]
+    assert latest.mem_total > 100 * 1024 * 1024 and 0 < latest.mem_used < latest.mem_total
+    assert latest.disk_total > 100 * 1024 * 1024 and 0 < latest.disk_used < latest.disk_total
+    recent = await aw(sbx.get_metrics(start=latest.timestamp))
+    assert 1 <= len(recent) < len(metrics), "start narrows the series"
 
     connected = await aw(cls.connect(sbx.sandbox_id))
     assert (await aw(connected.commands.run("echo connected"))).stdout == "connected\n"

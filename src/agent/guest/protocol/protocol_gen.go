@@ -54,11 +54,11 @@ const (
 )
 
 var (
-	pattern0 = regexp.MustCompile("^[0-9]{1,19}$")
-	pattern1 = regexp.MustCompile("^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-	pattern2 = regexp.MustCompile("^[^\\x00]*$")
-	pattern3 = regexp.MustCompile("^[A-Za-z_][A-Za-z0-9_]{0,255}$")
-	pattern4 = regexp.MustCompile("^/[^\\x00]*$")
+	pattern0 = regexp.MustCompile("^/[^\\x00]*$")
+	pattern1 = regexp.MustCompile("^[0-9]{1,19}$")
+	pattern2 = regexp.MustCompile("^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+	pattern3 = regexp.MustCompile("^[^\\x00]*$")
+	pattern4 = regexp.MustCompile("^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 	pattern5 = regexp.MustCompile("^[a-z_][a-z0-9_-]*\\$?$")
 	pattern6 = regexp.MustCompile("^[A-Za-z0-9][A-Za-z0-9._-]*$")
 )
@@ -195,7 +195,7 @@ func (x *ContextCreateArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
@@ -419,16 +419,16 @@ func (x *EvalArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -577,16 +577,16 @@ func (x *ExecArgs) validate(path string) error {
 		if utf16Len(x.Argv[i]) > 131072 {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string length less or equal to 131072", "")
 		}
-		if !pattern2.MatchString(x.Argv[i]) {
+		if !pattern3.MatchString(x.Argv[i]) {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -597,7 +597,7 @@ func (x *ExecArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
@@ -713,7 +713,7 @@ func (x *FileListArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.MaxEntries != nil {
@@ -815,7 +815,7 @@ func (x *FileMkdirArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Mode != nil {
@@ -909,7 +909,7 @@ func (x *FileMoveArgs) validate(path string) error {
 	if utf16Len(x.Source) > 4096 {
 		return schemaError(path+"/source", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Source) {
+	if !pattern0.MatchString(x.Source) {
 		return schemaError(path+"/source", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if utf16Len(x.Destination) < 1 {
@@ -918,7 +918,7 @@ func (x *FileMoveArgs) validate(path string) error {
 	if utf16Len(x.Destination) > 4096 {
 		return schemaError(path+"/destination", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Destination) {
+	if !pattern0.MatchString(x.Destination) {
 		return schemaError(path+"/destination", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.User != nil {
@@ -999,7 +999,7 @@ func (x *FileReadArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Offset != nil {
@@ -1077,7 +1077,7 @@ func (x *FileRemoveArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -1128,7 +1128,7 @@ func (x *FileStatArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -1220,7 +1220,7 @@ func (x *FileWriteArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Mode != nil {
@@ -1465,7 +1465,7 @@ func (x *ProcInputArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1589,7 +1589,7 @@ func (x *ProcResizeArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1670,7 +1670,7 @@ func (x *ProcSelector) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1750,7 +1750,7 @@ func (x *ProcSignalArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1909,16 +1909,16 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len(x.Argv[i]) > 131072 {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string length less or equal to 131072", "")
 		}
-		if !pattern2.MatchString(x.Argv[i]) {
+		if !pattern3.MatchString(x.Argv[i]) {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1929,7 +1929,7 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
@@ -1951,7 +1951,7 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -2174,7 +2174,7 @@ func (x *RestoreArgs) Validate() error {
 }
 
 func (x *RestoreArgs) validate(path string) error {
-	if !pattern0.MatchString(x.TimeNs) {
+	if !pattern1.MatchString(x.TimeNs) {
 		return schemaError(path+"/time_ns", "Expected string to match '^[0-9]{1,19}$'", "")
 	}
 	if utf16Len(x.Hostname) < 1 {
@@ -2183,7 +2183,7 @@ func (x *RestoreArgs) validate(path string) error {
 	if utf16Len(x.Hostname) > 64 {
 		return schemaError(path+"/hostname", "Expected string length less or equal to 64", "")
 	}
-	if !pattern1.MatchString(x.Hostname) {
+	if !pattern2.MatchString(x.Hostname) {
 		return schemaError(path+"/hostname", "Expected string to match '^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$'", "")
 	}
 	if utf16Len(x.SandboxID) < 1 {
@@ -2222,6 +2222,64 @@ type RichFormats struct {
 	Json       *string `json:"json,omitempty"`
 	Javascript *string `json:"javascript,omitempty"`
 	Chart      *string `json:"chart,omitempty"`
+}
+
+type StatsArgs struct {
+	Path *string `json:"path,omitempty"`
+}
+
+func (x *StatsArgs) decodeFields(m map[string]json.RawMessage, path string) error {
+	if raw, ok := m["path"]; ok {
+		if isNull(raw) {
+			return schemaError(path+"/path", "Expected string", "an absolute path without NUL bytes")
+		}
+		var v string
+		if err := decodeString(raw, path+"/path", &v); err != nil {
+			return err
+		}
+		x.Path = &v
+	}
+	if err := rejectUnknown(m, path, 1, "path"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// UnmarshalJSON decodes with the schema's structural rules; Validate checks the rest.
+func (x *StatsArgs) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := decodeObject(b, "", &m); err != nil {
+		return err
+	}
+	return x.decodeFields(m, "")
+}
+
+// Validate checks StatsArgs against its schema's constraints; errors name the field.
+func (x *StatsArgs) Validate() error {
+	return x.validate("")
+}
+
+func (x *StatsArgs) validate(path string) error {
+	if x.Path != nil {
+		if utf16Len((*x.Path)) < 1 {
+			return schemaError(path+"/path", "Expected string length greater or equal to 1", "an absolute path without NUL bytes")
+		}
+		if utf16Len((*x.Path)) > 4096 {
+			return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
+		}
+		if !pattern0.MatchString((*x.Path)) {
+			return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
+		}
+	}
+	return nil
+}
+
+type StatsResult struct {
+	MemTotalBytes     int64 `json:"mem_total_bytes"`
+	MemAvailableBytes int64 `json:"mem_available_bytes"`
+	MemCacheBytes     int64 `json:"mem_cache_bytes"`
+	DiskTotalBytes    int64 `json:"disk_total_bytes"`
+	DiskUsedBytes     int64 `json:"disk_used_bytes"`
 }
 
 type WarmupArgs struct {
@@ -2337,7 +2395,7 @@ func (x *WatchArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -2387,6 +2445,13 @@ func ParseHostMessage(m map[string]json.RawMessage) (any, error) {
 var Ops = map[string]*OpSpec{
 	"ping": {Name: "ping", RequestBody: "none", ResponseBody: "none", Input: false, decode: func(b []byte) (any, error) {
 		var a PingArgs
+		if err := decodeArgs(b, &a); err != nil {
+			return nil, err
+		}
+		return &a, a.Validate()
+	}},
+	"stats": {Name: "stats", RequestBody: "none", ResponseBody: "none", Input: false, decode: func(b []byte) (any, error) {
+		var a StatsArgs
 		if err := decodeArgs(b, &a); err != nil {
 			return nil, err
 		}
@@ -2551,6 +2616,7 @@ var Ops = map[string]*OpSpec{
 // Handlers serves every op: the result (nil with an error), and the response body for byte-bodied ops.
 type Handlers[C any] interface {
 	Ping(call C, args *PingArgs, body []byte) (*PingResult, []byte, error)
+	Stats(call C, args *StatsArgs, body []byte) (*StatsResult, []byte, error)
 	Restore(call C, args *RestoreArgs, body []byte) (*RestoreResult, []byte, error)
 	Warmup(call C, args *WarmupArgs, body []byte) (*WarmupResult, []byte, error)
 	Exec(call C, args *ExecArgs, body []byte) (*ExecResult, []byte, error)
@@ -2580,6 +2646,12 @@ func Dispatch[C any](h Handlers[C], call C, op string, args any, body []byte) (a
 	switch op {
 	case "ping":
 		result, out, err := h.Ping(call, args.(*PingArgs), body)
+		if result == nil || err != nil {
+			return nil, out, err
+		}
+		return result, out, nil
+	case "stats":
+		result, out, err := h.Stats(call, args.(*StatsArgs), body)
 		if result == nil || err != nil {
 			return nil, out, err
 		}
