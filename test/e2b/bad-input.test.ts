@@ -155,6 +155,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.ok(pause instanceof SandboxError && pause.statusCode === 501, `pause: ${pause}`);
     assert.match((pause as SandboxError).message, /not supported/);
     assert.equal(await sbx.isRunning(), true);
+    const snapshot = await raw(`/sandboxes/${sbx.sandboxId}/snapshots`, {
+      method: "POST",
+      body: JSON.stringify({ memory: false }),
+    });
+    assert.equal(snapshot.status, 501, "a filesystem-only snapshot is refused, not taken with memory");
     const lifecycle = await Sandbox.create("py", {
       ...opts,
       lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
@@ -305,6 +310,29 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
       allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
       denyOut: [ALL_TRAFFIC],
     });
+    // The newest SDKs' dnsServers: allowed with a domain in allowOut (E2B's rule); an IPv4 address only.
+    const withDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["192.0.2.53"] },
+      }),
+    });
+    assert.equal(withDns.status, 201);
+    assert.deepEqual(double.lastSpawn?.network, {
+      default: "deny",
+      allowOut: ["pypi.org", "192.0.2.53"],
+      denyOut: [ALL_TRAFFIC],
+    });
+    const badDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["dns.example"] },
+      }),
+    });
+    assert.equal(badDns.status, 400);
+    assert.match(((await badDns.json()) as { message: string }).message, /dnsServers.*IPv4/);
     assert.deepEqual((await allowList.sandbox.getInfo()).network?.allowOut, [
       "*.pythonhosted.org",
       "1.1.1.1",

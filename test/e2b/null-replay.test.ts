@@ -10,8 +10,9 @@
  * The control plane's routes and fields are read from forkd's own E2B OpenAPI document (docs/e2b-openapi.json,
  * generated from the routes), so a route or field added later is replayed too: each field needs a sample value
  * here, and the test fails naming any that has none. What E2B accepts as null is from E2B's spec
- * (e2b-dev/infra spec/openapi.yml: `nullable` only on NewSandbox.mcp and the network's egressProxy) and from its
- * code interpreter's request models (every field of /execute and /contexts but `code` is Optional).
+ * (e2b-dev/infra spec/openapi.yml: `nullable` only on NewSandbox.mcp and the network's egressProxy; the newest
+ * SDK's models add network.allowPublicTraffic) and from its code interpreter's request models (every field of
+ * /execute and /contexts but `code` is Optional).
  */
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
@@ -27,8 +28,9 @@ const TOKEN = "e2b-null-replay-test-token-0123456789";
 
 /** Where E2B's servers take null (as "not given"), by route and field path. */
 const E2B_NULLABLE: Record<string, readonly string[]> = {
-  "POST /sandboxes": ["mcp", "network.egressProxy"],
-  "POST /v2/sandboxes": ["mcp", "network.egressProxy"],
+  // network.allowPublicTraffic: null is "the default" in the newest SDKs' models (e2b 2.63).
+  "POST /sandboxes": ["mcp", "network.egressProxy", "network.allowPublicTraffic"],
+  "POST /v2/sandboxes": ["mcp", "network.egressProxy", "network.allowPublicTraffic"],
   "PUT /sandboxes/{sandboxID}/network": ["egressProxy"],
   "POST /execute": ["context_id", "language", "env_vars"],
   "POST /contexts": ["cwd", "language"],
@@ -50,6 +52,9 @@ const SAMPLES: Record<string, unknown> = {
   "network.httpsPorts": [8443],
   "network.rules": {},
   "network.egressProxy": { address: "socks5://192.0.2.9:1080" },
+  "network.dnsServers": ["192.0.2.53"],
+  dnsServers: ["192.0.2.53"],
+  requireHealthyGuest: false,
   autoPause: false,
   autoPauseMemory: true,
   autoResume: { enabled: false },

@@ -7,6 +7,7 @@ import { randomBytes } from "node:crypto";
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
+import { ForkdError } from "../../common/errors.js";
 import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
@@ -84,6 +85,13 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     },
     async (request, reply) => {
       const source = knownSandbox(servicesOf(request), request.params.sandboxID);
+      if (request.body?.memory === false) {
+        throw new ForkdError(
+          "not_implemented",
+          "a snapshot with memory: false (filesystem only) is not supported by forkd: its snapshots keep the " +
+            "whole sandbox, memory included; omit memory or send true",
+        );
+      }
       const name = request.body?.name;
       const outcome = await servicesOf(request).sandboxes.branch(source.id, {
         tag: `snap-${randomBytes(6).toString("hex")}`,

@@ -14,6 +14,7 @@
  * What forkd cannot honour is refused by name (501): header transforms of outbound HTTPS (`rules`), a SOCKS5
  * egress proxy (`egressProxy`).
  */
+import { isIPv4 } from "node:net";
 import type { Static } from "@sinclair/typebox";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type {
@@ -35,6 +36,7 @@ interface E2bEgress {
   denyOut?: string[];
   rules?: Record<string, unknown[]>;
   egressProxy?: unknown;
+  dnsServers?: string[];
 }
 
 /**
@@ -62,7 +64,9 @@ export function egressFromE2b(
   }
   const list = (entries: string[] | undefined) =>
     entries !== undefined ? entries : missingLists === "cleared" ? [] : undefined;
-  const lists = { allowOut: list(allowOut), denyOut: list(denyOut) };
+  // E2B: "when allowOut contains a domain, the servers in dnsServers are also allowed".
+  const dns = domain !== undefined ? checkedDnsServers(request.dnsServers) : [];
+  const lists = { allowOut: list(allowOut === undefined ? undefined : [...allowOut, ...dns]), denyOut: list(denyOut) };
   return {
     // Only ever "deny": an "allow" would widen an operator's `--egress deny` (see the rule above).
     ...(denyAll ? { default: "deny" as const } : {}),
@@ -123,6 +127,16 @@ export function networkToE2b(info: SandboxInfo): {
       ...(inbound.httpsPorts.length > 0 ? { httpsPorts: inbound.httpsPorts } : {}),
     },
   };
+}
+
+/** network.dnsServers: IPv4 addresses only, as E2B takes them. */
+function checkedDnsServers(servers: string[] | undefined): string[] {
+  for (const server of servers ?? []) {
+    if (!isIPv4(server)) {
+      throw invalidArgument(`network.dnsServers: ${JSON.stringify(server)} is not an IPv4 address`);
+    }
+  }
+  return servers ?? [];
 }
 
 function refuseUnhonourable(request: E2bEgress): void {

@@ -6,7 +6,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ForkdError, notFound } from "../../common/errors.js";
+import { errorMessage, ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
 import type { Services } from "../../controller/tenancy/tenant-view.js";
@@ -81,6 +81,22 @@ function refuseMemoryless(memory: boolean | undefined, what: string): void {
 }
 
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);
+
+/** How long a pause with requireHealthyGuest waits for the guest agent's answer. */
+const HEALTHY_GUEST_TIMEOUT_MS = 5000;
+
+/** E2B's requireHealthyGuest: the sandbox's agent answers a ping, else 503 (ServiceBusyError) and no pause. */
+async function requireAnsweringAgent(request: FastifyRequest, id: string): Promise<void> {
+  try {
+    await servicesOf(request).sandboxes.ping(id, { signal: AbortSignal.timeout(HEALTHY_GUEST_TIMEOUT_MS) });
+  } catch (err) {
+    throw new ForkdError(
+      "unavailable",
+      `sandbox ${id}'s guest agent did not answer within ${HEALTHY_GUEST_TIMEOUT_MS} ms ` +
+        `(${errorMessage(err)}): not paused (requireHealthyGuest)`,
+    );
+  }
+}
 
 /** Create-time options forkd cannot honour: refused by name instead of silently dropped. */
 function refuseUnsupported(body: Static<typeof NewSandbox>): void {
@@ -352,6 +368,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       const info = knownSandbox(servicesOf(request), id);
       if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
       refuseMemoryless(request.body?.memory, "pause");
+      if (request.body?.requireHealthyGuest === true) await requireAnsweringAgent(request, id);
       await servicesOf(request).sandboxes.pause(id, { signal: clientSignal(request, reply) });
       return reply.status(204).send();
     },

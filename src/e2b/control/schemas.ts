@@ -61,6 +61,14 @@ const EgressFields = {
   egressProxy: Type.Optional(
     Nullable(Type.Object({}, { ...open, description: "SOCKS5 egress proxy: not supported (501)." })),
   ),
+  dnsServers: Type.Optional(
+    Type.Array(Type.String({ maxLength: 64 }), {
+      maxItems: 64,
+      description:
+        "IPv4 DNS servers the sandbox may reach when allowOut names a domain (added to allowOut then). Names " +
+        "resolve through the sandbox's own DNS forwarder, so none is needed; E2B's default 8.8.8.8 is not added.",
+    }),
+  ),
 };
 const HttpsPorts = Type.Array(Type.Integer({ minimum: 1, maximum: 65535 }), {
   maxItems: 64,
@@ -72,9 +80,12 @@ export const NetworkConfig = Type.Object(
   {
     ...EgressFields,
     allowPublicTraffic: Type.Optional(
-      Type.Boolean({
-        description: "false: requests to the sandbox's ports need E2B-Traffic-Access-Token. Default true.",
-      }),
+      Nullable(
+        Type.Boolean({
+          description:
+            "false: requests to the sandbox's ports need E2B-Traffic-Access-Token. Default (absent or null) true.",
+        }),
+      ),
     ),
     maskRequestHost: Type.Optional(
       Type.String({
@@ -208,7 +219,16 @@ export const ConnectBody = Type.Object(
   open,
 );
 export const PauseBody = Type.Object(
-  { memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })) },
+  {
+    memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })),
+    requireHealthyGuest: Type.Optional(
+      Type.Boolean({
+        description:
+          "true: refuse the pause (503, the sandbox keeps running) when the guest agent does not answer a ping. " +
+          "forkd's pause saves the VM whole, so it never needs the agent otherwise.",
+      }),
+    ),
+  },
   open,
 );
 /** E2B's declared default lifetime of a sandbox resumed through the v1 resume route (ResumedSandbox.timeout). */
@@ -263,6 +283,9 @@ export const SnapshotRequest = Type.Object(
         pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
         description: "A template name for the snapshot; naming it again moves the name to the new one.",
       }),
+    ),
+    memory: Type.Optional(
+      Type.Boolean({ description: "false (a filesystem-only snapshot) is refused: 501; snapshots keep memory." }),
     ),
   },
   open,

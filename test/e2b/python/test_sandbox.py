@@ -17,7 +17,7 @@ from e2b import (
     SandboxException,
     TimeoutException,
 )
-from conftest import RUN, SUITE, aw
+from conftest import LIFETIME_S, RUN, SUITE, aw
 
 pytestmark = pytest.mark.anyio
 
@@ -300,3 +300,21 @@ async def test_wrong_key_and_unknown_sandbox(cls):
     with pytest.raises(NotFoundException):
         await aw(cls.connect("sb-00000000dead"))
     assert await aw(cls.kill("sb-00000000dead")) is False
+
+
+async def test_pause_and_connect_resume(sbx, cls, api):
+    """pause() keeps memory, processes and files; connect() resumes it under the same id."""
+    await aw(sbx.run_code("kept = 'from before the pause'"))
+    await aw(sbx.files.write(f"{api}/paused.txt", "on disk"))
+    assert await aw(sbx.pause()) is True
+    assert (await aw(cls.get_info(sbx.sandbox_id))).state.value == "paused"
+    assert await aw(cls.pause(sbx.sandbox_id)) is False, "already paused"
+    resumed = await aw(cls.connect(sbx.sandbox_id, timeout=LIFETIME_S))
+    assert resumed.sandbox_id == sbx.sandbox_id
+    assert (await aw(resumed.run_code("kept"))).text == "from before the pause"
+    assert await aw(resumed.files.read(f"{api}/paused.txt")) == "on disk"
+    assert (await aw(cls.get_info(sbx.sandbox_id))).state.value == "running"
+    # E2B's filesystem-only pause (cold boot on resume) is refused by name; the sandbox keeps running.
+    with pytest.raises(SandboxException, match="not supported"):
+        await aw(resumed.pause(mode="filesystem"))
+    assert await aw(resumed.is_running()) is True
