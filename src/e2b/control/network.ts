@@ -66,7 +66,10 @@ export function egressFromE2b(
     entries !== undefined ? entries : missingLists === "cleared" ? [] : undefined;
   // E2B: "when allowOut contains a domain, the servers in dnsServers are also allowed".
   const dns = domain !== undefined ? checkedDnsServers(request.dnsServers) : [];
-  const lists = { allowOut: list(allowOut === undefined ? undefined : [...allowOut, ...dns]), denyOut: list(denyOut) };
+  const lists = {
+    allowOut: list(allowOut === undefined ? undefined : [...allowOut, ...dns]),
+    denyOut: list(denyOut),
+  };
   return {
     // Only ever "deny": an "allow" would widen an operator's `--egress deny` (see the rule above).
     ...(denyAll ? { default: "deny" as const } : {}),

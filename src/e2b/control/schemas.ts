@@ -285,7 +285,9 @@ export const SnapshotRequest = Type.Object(
       }),
     ),
     memory: Type.Optional(
-      Type.Boolean({ description: "false (a filesystem-only snapshot) is refused: 501; snapshots keep memory." }),
+      Type.Boolean({
+        description: "false (a filesystem-only snapshot) is refused: 501; snapshots keep memory.",
+      }),
     ),
   },
   open,
