@@ -4,6 +4,8 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { procStatFields } from "../../src/controller/host-processes.js";
+import type { SnapshotManifest } from "../../src/store/manifest.js";
+import { qemuVersion } from "../../src/vmm/qemu-tools.js";
 
 export const RESULTS_DIR = path.resolve(
   fileURLToPath(new URL(".", import.meta.url)),
@@ -20,6 +22,31 @@ export interface Row {
 export function hostDescription(): string {
   const cpu = os.cpus()[0]?.model ?? "unknown cpu";
   return `${os.cpus().length} x ${cpu}, ${(os.totalmem() / 1024 ** 3).toFixed(0)} GiB, Linux ${os.release()}`;
+}
+
+/** What every result records of the machine its guests ran on (a benchmark's numbers mean little without it). */
+export interface BenchConditions {
+  accelerator: string;
+  /** The guest CPU model (`-cpu`) of the snapshot the children came from. */
+  cpu_model: string;
+  /** The QEMU that ran the children (FORKD_QEMU_BINARY or the one on PATH). */
+  qemu_version: string;
+  /** The QEMU the snapshot's parent ran on. */
+  snapshot_qemu_version: string;
+}
+
+export async function benchConditions(manifest: SnapshotManifest | undefined): Promise<BenchConditions> {
+  return {
+    accelerator: manifest?.machine.accel ?? "unknown",
+    cpu_model: manifest?.machine.cpu ?? "unknown",
+    qemu_version: (await qemuVersion()).version,
+    snapshot_qemu_version: manifest?.machine.qemuVersion ?? "unknown",
+  };
+}
+
+/** One line for a results file's header: accelerator, CPU model and QEMU version. */
+export function conditionsLine(c: BenchConditions): string {
+  return `${c.accelerator}, -cpu ${c.cpu_model}, QEMU ${c.qemu_version}`;
 }
 
 export function markdownTable(rows: Row[]): string {

@@ -12,11 +12,12 @@ import { GUEST_MAC } from "../common/guest-network.js";
 import type { BuiltImage, Template, TemplateCommand } from "../image/index.js";
 import { type ConfinementConfig, resolveConfinement } from "../isolation/confinement.js";
 import { privateNetnsUnavailable } from "../isolation/launcher.js";
+import { cpuModelFor } from "../vmm/cpu-model.js";
 import { launchVm, type VmHandle } from "../vmm/launch.js";
 import { describeExit, type QemuExit } from "../vmm/qemu-process.js";
 import type { FileOwner } from "../vmm/unix-listener.js";
 import type { AcceleratorChoice } from "./accelerator.js";
-import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
+import { type MachineShape, machineSpec } from "./machine.js";
 import { type NicAttachment, privateNic } from "./sandbox-network.js";
 import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
