@@ -14,10 +14,10 @@
 import { createHash } from "node:crypto";
 import os from "node:os";
 import { resolvePaths } from "../src/common/paths.js";
-import { createSnapshot } from "../src/controller/create-snapshot.js";
-import { prepareRestore, type RestorePlan } from "../src/controller/restore-plan.js";
-import { Sandbox } from "../src/controller/sandbox.js";
-import { listSnapshots } from "../src/controller/snapshots.js";
+import { prepareRestore, type RestorePlan } from "../src/controller/machines/restore-plan.js";
+import { Sandbox } from "../src/controller/machines/sandbox-vm.js";
+import { createSnapshot } from "../src/controller/snapshots/create.js";
+import { listSnapshots } from "../src/controller/snapshots/list.js";
 import type { SnapshotManifest } from "../src/store/manifest.js";
 import { SnapshotStore } from "../src/store/snapshot-store.js";
 import { DEFAULT_TCG_CPU_MODEL } from "../src/vmm/cpu-model.js";

@@ -3,7 +3,7 @@ import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { procStatFields } from "../../src/controller/host-processes.js";
+import { procStatFields } from "../../src/controller/host/processes.js";
 import type { SnapshotManifest } from "../../src/store/manifest.js";
 import { qemuVersion } from "../../src/vmm/qemu-tools.js";
 
