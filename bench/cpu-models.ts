@@ -36,16 +36,12 @@ const DEFAULT_MODELS = [
   // AVX/AVX2: wider vector paths in glibc and numpy, and a larger XSAVE state per context switch.
   "max,-avx,-avx2,-fma,-f16c",
   "max,-avx,-avx2,-fma,-f16c,-erms,-fsrm,-la57",
-  // x86-64 v1 and v2 (QEMU has no model names for the levels): qemu64, and Nehalem (SSE4.2, POPCNT, CX16).
-  "qemu64",
+  // x86-64-v2 (SSE4.2, POPCNT, CX16; QEMU has no names for the levels), none of the above.
   "Nehalem",
-  // v2 plus XSAVE and AES (Westmere/SandyBridge without AVX); v3 (Haswell) without ERMS.
-  "SandyBridge,-avx",
-  "Haswell-noTSX,-erms",
 ];
 const MODELS = process.env.BENCH_MODELS ? process.env.BENCH_MODELS.split(";") : DEFAULT_MODELS;
 const QEMUS = process.env.BENCH_QEMU_BINARIES ? process.env.BENCH_QEMU_BINARIES.split(";") : [undefined];
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 10);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 8);
 const KEEP = process.env.BENCH_KEEP === "1";
 const REUSE = process.env.BENCH_REUSE === "1";
 const EXEC_TRUE_CALLS = 3;
