@@ -4,7 +4,8 @@
  *   - in the guest: `posix_spawn` + wait of /bin/true, timed by the guest itself (a Python cell): the guest's
  *     kernel and libc creating a process, no agent;
  *   - the agent: `exec true` straight to a sandbox's agent (in this process, no daemon): the guest agent's own
- *     time for the call (its `duration_ms`) and the host round trip, and the sandbox's QEMU CPU per call;
+ *     time for the call (its `duration_ms`) and the host round trip, and the sandbox's QEMU CPU per call; the
+ *     same in a sibling whose guest address-space randomisation is on (randomize_va_space 2 vs 0);
  *   - the daemon: forkd's SDK `commands.run(["true"])` (REST exec stream over TCP), then the shells E2B users get:
  *     `bash -c true` (forkd's string form) and `bash -l -c true` (E2B's argv);
  *   - E2B's SDK `commands.run('true')` (envd's Process service, `bash -l -c true`);
@@ -55,8 +56,20 @@ const push = (key: string, value: number) => {
 let e2bBox: E2bSandbox | undefined;
 let forkdBox: Sandbox | undefined;
 let direct: Direct | undefined;
+let directAslr: Direct | undefined;
 try {
   direct = await Direct.restore(paths, plan);
+  // The same snapshot with the guest's address-space randomisation switched the other way at run time, so
+  // both settings are measured side by side whatever the snapshot was booted with (TCG default: off).
+  directAslr = await Direct.restore(paths, plan);
+  for (const [sandbox, value] of [
+    [direct, 0],
+    [directAslr, 2],
+  ] as const) {
+    const set = await sandbox.agent.exec(["sh", "-c", `echo ${value} > /proc/sys/kernel/randomize_va_space`]);
+    if (set.exitCode !== 0) throw new Error(`cannot set randomize_va_space: ${set.stderr}`);
+  }
+  const a = directAslr;
   forkdBox = await Sandbox.create({ snapshotTag: TAG, url, token, env: {}, timeoutMs: 30 * 60_000 });
   e2bBox = await E2bSandbox.create({ timeoutMs: 30 * 60_000 });
   const d = direct;
@@ -92,6 +105,15 @@ try {
         push("agent exec true (host round trip)", performance.now() - t);
         push("agent exec true (guest agent's duration)", ran.durationMs);
         push("agent exec true (QEMU CPU)", (await threadsCpuMs(d.pid)) - cpu);
+        if (ran.exitCode !== 0) throw new Error(`exec true exited ${ran.exitCode}`);
+      },
+    ],
+    [
+      "agent exec true, guest ASLR on",
+      async () => {
+        const cpu = await threadsCpuMs(a.pid);
+        const ran = await a.agent.exec(["true"], { timeoutMs: 60_000 });
+        push("agent exec true, guest ASLR on (QEMU CPU)", (await threadsCpuMs(a.pid)) - cpu);
         if (ran.exitCode !== 0) throw new Error(`exec true exited ${ran.exitCode}`);
       },
     ],
@@ -157,7 +179,9 @@ try {
       undefined,
       `transport and host client: ${r1(agentHost - agentGuest)} ms`,
     ),
-    row("agent exec true (QEMU CPU)", undefined, "host CPU of the sandbox's QEMU per call"),
+    row("agent exec true (QEMU CPU)", undefined, "host CPU of the sandbox's QEMU per call (guest ASLR off)"),
+    row("agent exec true, guest ASLR on", undefined, "the same call in a sibling with randomize_va_space=2"),
+    row("agent exec true, guest ASLR on (QEMU CPU)", undefined, "host CPU of that sibling's QEMU per call"),
     row(
       "forkd SDK commands.run(['true'])",
       "< 150 ms",
@@ -195,6 +219,7 @@ try {
   await e2bBox?.kill().catch(() => {});
   await forkdBox?.kill().catch(() => {});
   await direct?.destroy();
+  await directAslr?.destroy();
   await plan.dispose();
   await server.stop();
 }
