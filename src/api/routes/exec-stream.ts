@@ -18,7 +18,7 @@ import { ndjsonLine, readNdjson } from "../ndjson.js";
 import { BinaryBody, ExecBody, ExecStreamEvent, errorResponses, SandboxParams } from "../schemas.js";
 import { compileBodyValidator } from "../validation.js";
 import { exitCodeOf, type OutputEncoding } from "../wire.js";
-import { execOptions } from "./sandboxes.js";
+import { execOptions } from "./guest-calls.js";
 
 /** One NDJSON request line: the exec request, or a stdin frame (up to 1 MiB of data as base64, with room to spare). */
 const MAX_REQUEST_LINE_BYTES = 2 * 1024 * 1024;
