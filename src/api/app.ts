@@ -18,6 +18,7 @@ import Fastify, {
 } from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
+import { PORT_PROXY_HEADER } from "../common/proxied-path.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 import {
@@ -40,6 +41,7 @@ import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerHostRoutes } from "./routes/host.js";
 import {
+  checkPortProxied,
   portUpgradeHandler,
   refuseUpgrade,
   registerNetworkRoutes,
@@ -222,6 +224,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
     checkOrigin(request.headers);
+    checkPortProxied(request.headers, request.routeOptions.url);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -326,6 +329,11 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
       checkOrigin(req.headers);
     } catch (err) {
       refuseUpgrade(socket, err);
+      return;
+    }
+    // What `forkd port` proxies is for the port route only (refused there when it is not).
+    if (req.headers[PORT_PROXY_HEADER] !== undefined) {
+      forkdUpgrade(req, socket, head);
       return;
     }
     // An extension's upgrade (the console's terminals) authenticates its own.

@@ -131,6 +131,9 @@ export class PortProxy {
   private options(target: PortTarget) {
     return {
       target: `${target.tls ? "https" : "http"}://${target.host}:${target.port}`,
+      // The path goes to the guest as the request spelled it: http-proxy-3 would otherwise put it through a URL
+      // parser, which resolves dot segments (encoded ones too) and turns backslashes into slashes.
+      toProxy: true,
       secure: false,
       ...(target.hostHeader ? { headers: { host: target.hostHeader } } : {}),
     };
