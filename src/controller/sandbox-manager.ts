@@ -198,7 +198,12 @@ export class SandboxManager implements SandboxService {
   private readonly usageSampler = new UsageSampler();
   private collectionRequested = false;
   private lastCollection = 0;
-  private readonly portProxy = new PortProxy();
+  private readonly portProxy = new PortProxy((err, target) =>
+    this.log.warn(
+      { err: errorMessage(err), sandbox: target?.owner, port: target?.port },
+      "a proxied connection failed",
+    ),
+  );
   /** Pause, resume, kill and BRANCH of one sandbox run one at a time. */
   private readonly locks = new KeyedLock();
   /** Sandboxes whose lifetime ended and whose pause or kill is under way (the sweep starts each once). */

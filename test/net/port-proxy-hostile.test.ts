@@ -14,6 +14,7 @@ import { writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
+import { isConnectionError } from "../../src/api/daemon.js";
 import { PORT_PROXY_HEADER } from "../../src/common/proxied-path.js";
 import { cliEntry, type DaemonProcess, startDaemonProcess } from "../api/daemon-process.js";
 import { send } from "../api/raw-http.js";
@@ -29,6 +30,9 @@ const STREAM_PORT = 8090;
 const UPGRADE_HEADERS =
   "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n" +
   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+/** The message the daemon logs when an error of one connection reached the process's top level. */
+const REACHED_THE_TOP = /reached the top|uncaught exception/;
 
 /**
  * Run by the probe user: sends each raw request target of argv[2] (JSON) to 127.0.0.1:argv[1] as a GET (an
@@ -235,5 +239,45 @@ describe("the port proxy against hostile callers and guests", {
       headers: marked,
     });
     assert.equal(port.status, 200, port.text);
+  });
+
+  it("a guest streaming a plain answer to an upgrade, to callers that leave mid-stream, stops nothing", async () => {
+    for (let i = 0; i < 5; i++) {
+      const viaForkd = await upgradeAndLeave(
+        net.connect(daemon.socketPath),
+        `GET /v1/sandboxes/${id}/ports/${STREAM_PORT}/ws HTTP/1.1\r\nHost: localhost\r\n`,
+      );
+      assert.match(viaForkd, /^HTTP\/1\.1 200 /, "the guest's answer reached the caller");
+      // E2B's data plane: the sandbox is public (forkd-API sandboxes are), so no credential at all.
+      const viaE2b = await upgradeAndLeave(
+        net.connect(tcpPort, "127.0.0.1"),
+        `GET /ws HTTP/1.1\r\nHost: 127.0.0.1:${tcpPort}\r\ne2b-sandbox-id: ${id}\r\ne2b-sandbox-port: ${STREAM_PORT}\r\n`,
+      );
+      assert.match(viaE2b, /^HTTP\/1\.1 200 /, "through E2B's data plane too");
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(daemon.child.exitCode, null, `the daemon exited:\n${daemon.log()}`);
+    assert.equal(daemon.child.signalCode, null);
+    const health = await send(daemon.socket, "GET", "/healthz");
+    assert.equal(health.status, 200);
+    assert.doesNotMatch(
+      daemon.log(),
+      REACHED_THE_TOP,
+      "no connection's error reached the process's top level",
+    );
+  });
+});
+
+describe("the daemon's last line of defence", () => {
+  it("keeps serving after an error of one connection only, and exits on any other uncaught error", () => {
+    const reset = Object.assign(new Error("write ECONNRESET"), { code: "ECONNRESET", syscall: "write" });
+    assert.equal(isConnectionError(reset), true);
+    const ended = Object.assign(new Error("write after end"), { code: "ERR_STREAM_WRITE_AFTER_END" });
+    assert.equal(isConnectionError(ended), true);
+    const disk = Object.assign(new Error("ENOSPC"), { code: "ENOSPC", syscall: "write" });
+    assert.equal(isConnectionError(disk), false);
+    assert.equal(isConnectionError(new TypeError("x is undefined")), false);
+    assert.equal(isConnectionError("ECONNRESET"), false);
   });
 });
