@@ -13,10 +13,10 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { assertSandboxId } from "../../common/names.js";
 import { PORT_PROXY_HEADER } from "../../common/proxied-path.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
-import { servicesFor } from "../../controller/tenancy.js";
-import type { ApiContext } from "../app.js";
+import type { Principal } from "../../controller/tenancy/tenant-view.js";
+import { servicesOf, servicesOfUpgrade } from "../../http/request-scope.js";
+import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
-import { type Principal, servicesOf } from "../principal.js";
 import {
   EgressPolicyWire,
   errorResponses,
@@ -30,7 +30,7 @@ import { policyFromWire, sandboxToWire } from "../wire.js";
 const PORT_ROUTE = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})\/ports\/(\d{1,5})(\/[^?#]*)?(\?.*)?$/;
 const PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
 
-export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext): void {
+export function registerNetworkRoutes(app: FastifyInstance): void {
   app.get(
     "/v1/network",
     {
@@ -40,7 +40,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: NetworkStatusWire, ...errorResponses },
       },
     },
-    async (request) => servicesOf(request, context).sandboxes.networkStatus(),
+    async (request) => servicesOf(request).sandboxes.networkStatus(),
   );
 
   app.put<{ Params: Static<typeof SandboxParams>; Body: Static<typeof EgressPolicyWire> }>(
@@ -59,10 +59,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request) =>
       sandboxToWire(
-        await servicesOf(request, context).sandboxes.setNetworkPolicy(
-          request.params.id,
-          policyFromWire(request.body),
-        ),
+        await servicesOf(request).sandboxes.setNetworkPolicy(request.params.id, policyFromWire(request.body)),
       ),
   );
 }
@@ -122,12 +119,12 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
         // The router decoded the wildcard parameter (%2F, %3F): the guest gets the raw spelling instead.
         const target = guestTarget(request.raw.url);
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
-        servicesOf(request, context).sandboxes.get(id);
+        servicesOf(request).sandboxes.get(id);
         request.raw.url = target;
         stripDaemonTokens(request.raw.headers, context.daemonTokens);
         reply.hijack();
         const res = reply.raw;
-        const failure = await servicesOf(request, context)
+        const failure = await servicesOf(request)
           .sandboxes.proxyHttp(id, port, request.raw, res)
           .catch((err: unknown) => err);
         if (failure === null) return;
@@ -169,13 +166,7 @@ export function portUpgradeHandler(
         assertSandboxId(id);
         req.url = `${rest ?? "/"}${query ?? ""}`;
         stripDaemonTokens(req.headers, context.daemonTokens);
-        servicesFor(context.services, principal).sandboxes.proxyUpgrade(
-          id,
-          Number(portText),
-          req,
-          socket,
-          head,
-        );
+        servicesOfUpgrade(req, principal).sandboxes.proxyUpgrade(id, Number(portText), req, socket, head);
       })
       .catch((err: unknown) => refuseUpgrade(socket, err));
   };
