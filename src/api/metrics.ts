@@ -6,6 +6,7 @@
  */
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import type { SpawnObserver } from "../controller/sandboxes/spawn-observer.js";
 
 /** From a warm restore under KVM (~10 ms) to 1000 children under TCG (minutes). */
 const SPAWN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -16,6 +17,8 @@ export interface DaemonMetrics {
   registry: Registry;
   spawnDuration: Histogram<"outcome">;
   sandboxReady: Histogram;
+  /** Feeds spawnDuration and sandboxReady from every spawn, whichever face asked (controller's observeSpawns). */
+  spawns: SpawnObserver;
   execDuration: Histogram<"op" | "outcome">;
   httpRequests: Counter<"method" | "route" | "status">;
   httpErrors: Counter<"method" | "route" | "code">;
@@ -101,21 +104,29 @@ export function createMetrics(
     },
   });
 
+  const spawnDuration = new Histogram({
+    name: "forkd_spawn_duration_seconds",
+    help:
+      "A spawn, whichever API asked (forkd POST /v1/sandboxes, E2B's create), request to all n children ready " +
+      "(or to its failure).",
+    labelNames: ["outcome"],
+    buckets: SPAWN_BUCKETS,
+    registers: [registry],
+  });
+  const sandboxReady = new Histogram({
+    name: "forkd_sandbox_ready_seconds",
+    help: "Per spawned sandbox: restore to ready.",
+    buckets: SPAWN_BUCKETS,
+    registers: [registry],
+  });
   return {
     registry,
-    spawnDuration: new Histogram({
-      name: "forkd_spawn_duration_seconds",
-      help: "POST /v1/sandboxes, request to response (all n children ready).",
-      labelNames: ["outcome"],
-      buckets: SPAWN_BUCKETS,
-      registers: [registry],
-    }),
-    sandboxReady: new Histogram({
-      name: "forkd_sandbox_ready_seconds",
-      help: "Per sandbox: restore to ready.",
-      buckets: SPAWN_BUCKETS,
-      registers: [registry],
-    }),
+    spawnDuration,
+    sandboxReady,
+    spawns: {
+      spawnEnded: (outcome, seconds) => spawnDuration.observe({ outcome }, seconds),
+      sandboxReady: (readyMs) => sandboxReady.observe(readyMs / 1000),
+    },
     execDuration: new Histogram({
       name: "forkd_exec_duration_seconds",
       help: "exec / exec_stream / eval, request to result.",
