@@ -71,14 +71,19 @@ ldflags_for() {
   echo "$flags"
 }
 
-check_go() {
-  command -v go >/dev/null || die "Go is not installed (Go >= 1.26 builds these tools)"
-  local goversion minor
-  goversion=$(GOTOOLCHAIN=local go env GOVERSION)
-  minor=$(echo "${goversion#go}" | cut -d. -f2)
-  if [ "$(echo "${goversion#go}" | cut -d. -f1)" -lt 1 ] || [ "$minor" -lt 26 ]; then
-    die "$goversion is too old: k8s.io/kubernetes v1.37 needs Go >= 1.26 (the go on PATH: $(command -v go))"
-  fi
+# The first Go >= 1.26 of: the one on PATH, the machine image's /usr/local/go (Debian 12's golang-go is 1.19).
+pick_go() {
+  local candidate goversion
+  for candidate in "$(command -v go || true)" /usr/local/go/bin/go; do
+    [ -x "$candidate" ] || continue
+    goversion=$(GOTOOLCHAIN=local "$candidate" env GOVERSION)
+    goversion=${goversion#go}
+    if [ "${goversion%%.*}" -gt 1 ] || { [ "${goversion%%.*}" -eq 1 ] && [ "$(echo "$goversion" | cut -d. -f2)" -ge 26 ]; }; then
+      export PATH="$(dirname "$candidate"):$PATH"
+      return
+    fi
+  done
+  die "no Go >= 1.26 found (k8s.io/kubernetes v1.37 needs it; on PATH: $(command -v go || echo none))"
 }
 
 build_module() {
@@ -143,7 +148,7 @@ build)
   rm -rf "$cache"/.staging-* # what an interrupted build left (only a holder of the lock builds)
   for module in "${order[@]}"; do
     is_current "$module" || {
-      check_go
+      pick_go
       build_module "$module"
     }
   done
