@@ -13,8 +13,9 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
-import { packSnapshot, unpackSnapshot } from "../../src/controller/packs.js";
-import { verifyImage } from "../../src/controller/restore-plan.js";
+import { verifyImage } from "../../src/controller/machines/restore-plan.js";
+import { packSnapshot } from "../../src/controller/snapshots/pack.js";
+import { unpackSnapshot } from "../../src/controller/snapshots/unpack.js";
 import {
   buildImage,
   importedImagesDir,
