@@ -231,6 +231,12 @@ export interface SpawnRequest extends LimitsRequest {
   templateAlias?: string;
   /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
   network?: NetworkRequest;
+  /**
+   * forkd v0.5's per_child_netns: each child in a network namespace of its own. Every sandbox with a network has
+   * one, so true only insists on it: refused (not_implemented) by a daemon that runs isolated sandboxes, and
+   * contradicted (invalid_argument) by network "none" (sandboxes/settings.ts, validateOwnNamespace).
+   */
+  ownNamespace?: boolean;
   /** What the end of the lifetime does (default kill). */
   onTimeout?: OnTimeout;
   /** A data-plane request to it while paused resumes it (E2B's autoResume); needs onTimeout "pause". */
@@ -299,6 +305,8 @@ export interface WorkspaceService {
     snapshotTag: string;
     memoryLimitMiB?: number;
     network?: NetworkRequest;
+    /** See SpawnRequest.ownNamespace. */
+    ownNamespace?: boolean;
     signal?: AbortSignal;
   }): Promise<WorkspaceInfo>;
   /** `diff` (v0.5's flag): write a layer over the previous suspend's; else one layer over the workspace's base. */
