@@ -132,7 +132,11 @@ describe("snapshot chains over the REST API on the real controller (no VM)", { t
     const spawned = await call(app, "POST", "/v1/sandboxes", { snapshot_tag: "d2" });
     assert.equal(spawned.status, 409, spawned.body);
     assert.match(String(spawned.json?.error), /d1/);
-    assert.deepEqual(JSON.parse((await call(app, "GET", "/v1/sandboxes")).body), [], "nothing left of the spawn");
+    assert.deepEqual(
+      JSON.parse((await call(app, "GET", "/v1/sandboxes")).body),
+      [],
+      "nothing left of the spawn",
+    );
     // The orphan no longer hangs on d0: d0 goes alone.
     assert.deepEqual((await call(app, "GET", "/v1/snapshots/d0/info")).json?.all_dependents, []);
 
