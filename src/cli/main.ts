@@ -12,6 +12,7 @@ import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
 import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
 import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
+import { registerTeardown } from "./commands/teardown.js";
 import { registerUnpack } from "./commands/unpack.js";
 import { EXIT } from "./exit-codes.js";
 
@@ -35,6 +36,7 @@ export function buildProgram(): Command {
   registerUnpack(program);
   registerRegistry(program);
   registerDoctor(program);
+  registerTeardown(program);
   registerDaemonCommands(program);
   return program;
 }
