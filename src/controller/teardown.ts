@@ -57,13 +57,13 @@ export async function teardownHome(
   }
 }
 
+/** Sandboxes recorded in the home: all but paused ones have (or had: dead) a QEMU and host state to clean up; paused ones are only files. */
 function recorded(dbFile: string): { live: string[]; all: string[] } {
   const db = new StateDb(dbFile);
   try {
     const rows = db.sandboxes();
-    const networks = new Set(db.networks().map((n) => n.sandbox_id));
     return {
-      live: rows.filter((r) => r.status !== "dead" || networks.has(r.id)).map((r) => r.id),
+      live: rows.filter((r) => r.status !== "paused").map((r) => r.id),
       all: rows.map((r) => r.id),
     };
   } finally {
