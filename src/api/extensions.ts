@@ -8,8 +8,8 @@ import type http from "node:http";
 import type net from "node:net";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
-import type { DaemonServices } from "./app.js";
 import type { Token } from "./auth.js";
+import type { DaemonServices } from "./context.js";
 import type { DaemonMetrics } from "./metrics.js";
 
 /** One listener, as an extension sees it. */
@@ -25,6 +25,10 @@ export interface ListenerInfo {
 
 /** What an extension's factory gets: the daemon's services and metrics, shared by every listener. */
 export interface ExtensionContext {
+  /**
+   * The daemon's services, for the extension's own background work (the console's history and feed). Its routes
+   * reach them as their callers' views (servicesOf, adminServicesOf in src/http/request-scope.ts).
+   */
   services: DaemonServices;
   metrics: DaemonMetrics;
   /** Where snapshots live on the host (SnapshotInfo.dir). */

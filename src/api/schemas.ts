@@ -10,6 +10,7 @@ import {
   MAX_PATH_CHARS,
   MAX_TIMEOUT_MS,
 } from "../agent/protocol/limits.js";
+import { MAX_POLICY_ENTRIES } from "../controller/networks/sandbox-networks.js";
 import {
   MAX_CPU_LIMIT_MILLICORES,
   MAX_DISK_LIMIT_MIB,
@@ -19,20 +20,19 @@ import {
   MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
-} from "../controller/sandbox-limits.js";
+} from "../controller/sandboxes/limits.js";
 import {
   CONSOLE_READ_BYTES,
   MAX_CONSOLE_READ_BYTES,
   MAX_SANDBOX_TIMEOUT_MS,
-} from "../controller/sandbox-manager.js";
-import { MAX_POLICY_ENTRIES } from "../controller/sandbox-network.js";
+} from "../controller/sandboxes/manager.js";
 import {
   MAX_ENV_BYTES,
   MAX_ENV_VARS,
   MAX_METADATA_ENTRIES,
   MAX_METADATA_KEY_CHARS,
   MAX_METADATA_VALUE_CHARS,
-} from "../controller/sandbox-settings.js";
+} from "../controller/sandboxes/settings.js";
 
 /** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
 export const MAX_SPAWN_N = 1000;
@@ -285,7 +285,10 @@ export const DeleteSnapshotQuery = Type.Object(
   { additionalProperties: false },
 );
 
-/** Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; packs.ts bounds each file). */
+/**
+ * Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; controller/snapshots/packs.ts
+ * bounds each file).
+ */
 export const MAX_PACK_UPLOAD_BYTES = 256 * 1024 ** 3;
 
 export const PackQuery = Type.Object(

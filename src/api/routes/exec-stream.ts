@@ -11,11 +11,10 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
-import type { ApiContext } from "../app.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
+import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
 import { BinaryBody, ExecBody, ExecStreamEvent, errorResponses, SandboxParams } from "../schemas.js";
 import { compileBodyValidator } from "../validation.js";
 import { exitCodeOf, type OutputEncoding } from "../wire.js";
@@ -77,7 +76,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       const { exec, stdin } = await readRequest(request.body);
       const options = execOptions(exec);
       const encoding: OutputEncoding = exec.encoding ?? "utf8";
-      servicesOf(request, context).sandboxes.get(id); // unknown id: a plain 404 before the stream starts
+      servicesOf(request).sandboxes.get(id); // unknown id: a plain 404 before the stream starts
 
       const out = new PassThrough();
       // One controller for both causes (client gone, client too slow): no AbortSignal.any, whose sources Node 20
@@ -120,7 +119,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
         .header("x-accel-buffering", "no");
       emit({ type: "started", id });
       const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
-      void servicesOf(request, context)
+      void servicesOf(request)
         .sandboxes.exec(id, exec.args, {
           ...options,
           stdin,

@@ -1,16 +1,14 @@
 /**
  * Packs through the API: `GET /v1/snapshots/:tag/pack` streams a pack of the chain (the daemon writes it under
  * FORKD_HOME/transfers first, then sends and removes it); `POST /v1/snapshots/unpack` receives one (streamed, bounded)
- * and installs it all or nothing. The format and every check are controller/packs.ts'. Registered in its own scope:
- * the unpack body is raw bytes, read as a stream.
+ * and installs it all or nothing. The format and every check are controller/snapshots/packs.ts'. Registered in its own
+ * scope: the unpack body is raw bytes, read as a stream.
  */
 import { createReadStream } from "node:fs";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
-import type { ApiContext } from "../app.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import {
   BinaryBody,
   errorResponses,
@@ -23,7 +21,7 @@ import {
 
 export const PACK_CONTENT_TYPE = "application/zstd";
 
-export function registerPackRoutes(scope: FastifyInstance, context: ApiContext): void {
+export function registerPackRoutes(scope: FastifyInstance): void {
   for (const type of [PACK_CONTENT_TYPE, "application/octet-stream"]) {
     scope.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
@@ -43,7 +41,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
       },
     },
     async (request, reply) => {
-      const { result, file, dispose } = await servicesOf(request, context).snapshots.pack({
+      const { result, file, dispose } = await servicesOf(request).snapshots.pack({
         tag: request.params.tag,
         withoutImage: request.query.without_image,
         level: request.query.level,
@@ -89,7 +87,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
           `send the pack as ${PACK_CONTENT_TYPE} (or application/octet-stream), not ${request.headers["content-type"]}`,
         );
       }
-      const installed = await servicesOf(request, context).snapshots.unpack({
+      const installed = await servicesOf(request).snapshots.unpack({
         body: (body as AsyncIterable<Buffer> | undefined) ?? emptyBody(),
         maxBytes: MAX_PACK_UPLOAD_BYTES,
         tag: request.query.tag,

@@ -1,6 +1,6 @@
 /** `forkd console <id>`: the end of a sandbox's serial console, as the daemon kept it (bounded per sandbox). */
 import type { Command } from "commander";
-import { MAX_CONSOLE_READ_BYTES } from "../../controller/sandbox-manager.js";
+import { MAX_CONSOLE_READ_BYTES } from "../../controller/sandboxes/manager.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";

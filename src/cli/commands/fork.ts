@@ -2,7 +2,12 @@ import { type Command, InvalidArgumentError } from "commander";
 import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { percentile } from "../../common/stats.js";
-import { type ForkResult, failedChildren, forkChildren, MAX_CHILDREN } from "../../controller/fork.js";
+import {
+  type ForkResult,
+  failedChildren,
+  forkChildren,
+  MAX_CHILDREN,
+} from "../../controller/sandboxes/fork-children.js";
 import { EXIT } from "../exit-codes.js";
 import { oneLine, printJson, printTable, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -12,7 +12,7 @@ import {
   MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
-} from "../../controller/sandbox-limits.js";
+} from "../../controller/sandboxes/limits.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -1,7 +1,7 @@
 /** `forkd teardown`: retire this host's forkd home (the Debian package runs it when removed). */
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { teardownHome } from "../../controller/teardown.js";
+import { teardownHome } from "../../controller/sandboxes/teardown.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";

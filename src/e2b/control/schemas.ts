@@ -6,8 +6,8 @@
  * by the routes with a message naming them.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
-import { MAX_SANDBOX_TIMEOUT_MS } from "../../controller/sandbox-manager.js";
-import { PORT_PLACEHOLDER } from "../../controller/sandbox-settings.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../controller/sandboxes/manager.js";
+import { PORT_PLACEHOLDER } from "../../controller/sandboxes/settings.js";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;
