@@ -33,8 +33,9 @@ trap 'rm -rf "$work"' EXIT
 root="$work/root"
 lib="$root/usr/lib/forkd"
 
-npm install --global --prefix "$work/npm" --allow-scripts=better-sqlite3,koffi \
-  --no-audit --no-fund --loglevel=error "$tgz" >&2
+# --prefix also moves where npm reads its global config from: keep this machine's (registry, CA, proxy).
+npm install --global --prefix "$work/npm" --globalconfig "$(npm config get globalconfig)" \
+  --allow-scripts=better-sqlite3,koffi --no-audit --no-fund --loglevel=error "$tgz" >&2
 mkdir -p "$root/usr/lib"
 mv "$work/npm/lib/node_modules/forkd" "$lib"
 version="$(node -p 'require(process.argv[1]).version' "$lib/package.json")"

@@ -15,6 +15,10 @@
 # package) and bookworm-backports has none, so on a plain Debian 12 this stops before installing anything and
 # says how to get one.
 #
+# Packaging and its tests (docs: the README's Install section): g++ and make to compile better-sqlite3 where npm
+# cannot fetch a prebuilt binary for this Node.js, dpkg-dev (dpkg-shlibdeps) for scripts/build-deb.sh, and
+# systemd for systemd-analyze, which checks the unit (a container may have no systemd package).
+#
 # Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
 # bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
 # docker-registry on a loopback port of their own.
@@ -34,7 +38,8 @@ scripts/check-node.sh
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
   gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium \
-  skopeo umoci bubblewrap buildah docker-registry >/dev/null
+  skopeo umoci bubblewrap buildah docker-registry \
+  g++ make dpkg-dev systemd >/dev/null
 # The package starts a registry service on :5000; forkd's tests run their own and need no service.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
