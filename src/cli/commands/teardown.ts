@@ -1,7 +1,7 @@
 /** `forkd teardown`: retire this host's forkd home (the Debian package runs it when removed). */
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { teardownHome } from "../../controller/sandboxes/teardown.js";
+import { retireHome } from "../../controller/sandboxes/retire-home.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -18,7 +18,7 @@ export function registerTeardown(program: Command): void {
     .option("--json", "print {killed, bridge, remaining} as JSON")
     .action((opts) =>
       runCommand(async () => {
-        const report = await teardownHome(resolvePaths(), {
+        const report = await retireHome(resolvePaths(), {
           network: { bridge: opts.netBridge, subnet: opts.netSubnet },
         });
         if (opts.json) printJson(report);

@@ -1,5 +1,5 @@
 /**
- * `forkd teardown` (teardownHome) on real VMs: a sandbox left running by a stopped daemon is killed, and the
+ * `forkd teardown` (retireHome) on real VMs: a sandbox left running by a stopped daemon is killed, and the
  * home's bridge, host rules, cgroup parents and in-memory cache go; the home's files stay. Refused while a
  * daemon holds the home.
  */
@@ -12,7 +12,7 @@ import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
 import { cacheDirs, homeKey } from "../../src/controller/machines/restore-plan.js";
 import { openServices } from "../../src/controller/sandboxes/manager.js";
-import { teardownHome } from "../../src/controller/sandboxes/teardown.js";
+import { retireHome } from "../../src/controller/sandboxes/retire-home.js";
 import { detectCgroupLayout } from "../../src/isolation/cgroup.js";
 import { resolveNetworkConfig } from "../../src/net/config.js";
 import { hostTableName } from "../../src/net/nft.js";
@@ -49,7 +49,7 @@ describe("teardown of a home", {
       const [info] = await services.sandboxes.spawn({ snapshotTag: tag, n: 1 });
       id = info!.id;
       await assert.rejects(
-        teardownHome(home),
+        retireHome(home),
         (err: unknown) => err instanceof ForkdError && err.code === "conflict",
       );
     } finally {
@@ -62,7 +62,7 @@ describe("teardown of a home", {
     const parents = Object.values(layout.hierarchies).map((h) => h.parent);
     assert.ok(parents.length > 0 && parents.every((dir) => existsSync(dir)), "cgroup parents were made");
 
-    const report = await teardownHome(home);
+    const report = await retireHome(home);
     assert.deepEqual(report.killed, [id]);
     assert.equal(report.bridge, config.bridge);
     assert.deepEqual(await qemusMentioning(home.home), [], "no QEMU left");
@@ -77,7 +77,7 @@ describe("teardown of a home", {
     assert.ok(existsSync(path.join(home.snapshots, tag)), "snapshots stay");
     assert.ok(existsSync(path.join(home.home, "state.db")), "the state database stays");
 
-    const again = await teardownHome(home);
+    const again = await retireHome(home);
     assert.deepEqual(again.killed, [], "a second teardown has nothing to kill");
   });
 });
