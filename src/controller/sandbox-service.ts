@@ -232,6 +232,12 @@ export interface SpawnRequest extends LimitsRequest {
   templateAlias?: string;
   /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
   network?: NetworkRequest;
+  /**
+   * forkd v0.5's per_child_netns: each child in a network namespace of its own. Every sandbox with a network has
+   * one, so true only insists on it: refused (not_implemented) by a daemon that runs isolated sandboxes, and
+   * contradicted (invalid_argument) by network "none" (sandboxes/settings.ts, validateOwnNamespace).
+   */
+  ownNamespace?: boolean;
   /** What the end of the lifetime does (default kill). */
   onTimeout?: OnTimeout;
   /** A data-plane request to it while paused resumes it (E2B's autoResume); needs onTimeout "pause". */
@@ -300,6 +306,8 @@ export interface WorkspaceService {
     snapshotTag: string;
     memoryLimitMiB?: number;
     network?: NetworkRequest;
+    /** See SpawnRequest.ownNamespace. */
+    ownNamespace?: boolean;
     signal?: AbortSignal;
   }): Promise<WorkspaceInfo>;
   /** `diff` (v0.5's flag): write a layer over the previous suspend's; else one layer over the workspace's base. */
@@ -622,7 +630,7 @@ export interface SnapshotService {
     owner?: string | null;
     signal?: AbortSignal;
   }): Promise<SnapshotInfo>;
-  /** A pack of the chain ending at `tag` (snapshots/packs.ts), as a file the caller sends and then disposes of. */
+  /** A pack of the chain ending at `tag` (snapshots/pack.ts), as a file the caller sends and then disposes of. */
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
@@ -669,7 +677,7 @@ export interface UnpackRequest {
   signal?: AbortSignal;
 }
 
-/** What a pack of a chain holds (snapshots/packs.ts). */
+/** What a pack of a chain holds (snapshots/pack.ts). */
 export interface PackResult {
   out: string;
   /** Root first. */
@@ -682,7 +690,7 @@ export interface PackResult {
   ms: number;
 }
 
-/** What an unpack (or a registry pull) installed (snapshots/packs.ts). */
+/** What an unpack (or a registry pull) installed (snapshots/unpack.ts). */
 export interface UnpackResult {
   head: string;
   /** Root first, as installed. */

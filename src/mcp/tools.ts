@@ -87,8 +87,25 @@ export function commandResult(outputs: OutputStore, outcome: CommandOutcome, wha
 }
 
 export function registerTools(server: McpServer, context: ToolContext): void {
-  const { controller, outputs, commands } = context;
+  for (const register of [
+    listSnapshotsTool,
+    snapshotInfoTool,
+    createSandboxesTool,
+    forkSandboxTool,
+    runCommandTool,
+    stopCommandTool,
+    runCodeTool,
+    readFileTool,
+    writeFileTool,
+    listFilesTool,
+    pauseSandboxTool,
+    resumeSandboxTool,
+  ]) {
+    register(server, context);
+  }
+}
 
+function listSnapshotsTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_snapshots",
     {
@@ -100,7 +117,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
     },
     async () => result({ snapshots: (await controller.listSnapshots()).map(snapshotSummary) }),
   );
+}
 
+function snapshotInfoTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "snapshot_info",
     {
@@ -122,7 +141,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function createSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "create_sandboxes",
     {
@@ -156,7 +177,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ sandboxes: spawned.map(sandboxSummary) });
     },
   );
+}
 
+function forkSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "fork_sandbox",
     {
@@ -196,7 +219,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function runCommandTool(server: McpServer, { outputs, commands }: ToolContext): void {
   server.registerTool(
     "run_command",
     {
@@ -242,7 +267,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result(commandResult(outputs, outcome, `\`${command.slice(0, 80)}\` in ${sandbox_id}`));
     },
   );
+}
 
+function stopCommandTool(server: McpServer, { outputs, commands }: ToolContext): void {
   server.registerTool(
     "stop_command",
     {
@@ -265,7 +292,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       );
     },
   );
+}
 
+function runCodeTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "run_code",
     {
@@ -301,7 +330,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ result: value, stdout, stderr, error, timed_out: answer.timed_out === true });
     },
   );
+}
 
+function readFileTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "read_file",
     {
@@ -335,7 +366,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function writeFileTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "write_file",
     {
@@ -358,7 +391,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ path, bytes: written.bytes });
     },
   );
+}
 
+function listFilesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_files",
     {
@@ -377,6 +412,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
+
+function pauseSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "pause_sandbox",
     {
@@ -391,7 +429,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ id: sandbox_id, status: paused.sandbox.status, pause_ms: paused.pause_ms });
     },
   );
+}
 
+function resumeSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "resume_sandbox",
     {

@@ -23,8 +23,23 @@ const EXCERPT_CHARS = 256;
 const WAIT_READ_BYTES = 4 * 1024 * 1024;
 
 export function registerV05Tools(server: McpServer, context: ToolContext): void {
-  const { controller, outputs } = context;
+  for (const register of [
+    spawnSandboxesTool,
+    branchSandboxTool,
+    createSnapshotTool,
+    waitForTextTool,
+    listSandboxesTool,
+    getSandboxTool,
+    killSandboxTool,
+    execCommandTool,
+    evalCodeTool,
+    pingSandboxTool,
+  ]) {
+    register(server, context);
+  }
+}
 
+function spawnSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "spawn_sandboxes",
     {
@@ -60,7 +75,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ result: spawned });
     },
   );
+}
 
+function branchSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "branch_sandbox",
     {
@@ -89,7 +106,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(branch);
     },
   );
+}
 
+function createSnapshotTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "create_snapshot",
     {
@@ -132,7 +151,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(created);
     },
   );
+}
 
+function waitForTextTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "wait_for_text",
     {
@@ -176,7 +197,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       });
     },
   );
+}
 
+function listSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_sandboxes",
     {
@@ -186,7 +209,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
     },
     async () => result({ result: await controller.listSandboxes() }),
   );
+}
 
+function getSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "get_sandbox",
     {
@@ -197,7 +222,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
     },
     async ({ sandbox_id }) => result(await controller.getSandbox(sandbox_id)),
   );
+}
 
+function killSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "kill_sandbox",
     {
@@ -211,7 +238,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ id: sandbox_id, killed: true });
     },
   );
+}
 
+function execCommandTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "exec_command",
     {
@@ -242,7 +271,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(shown);
     },
   );
+}
 
+function evalCodeTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "eval_code",
     {
@@ -262,7 +293,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ ...answer, result: value });
     },
   );
+}
 
+function pingSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "ping_sandbox",
     {

@@ -6,7 +6,7 @@
 
 import type http from "node:http";
 import type net from "node:net";
-import { invalidArgument } from "../../common/errors.js";
+import { errorMessage, invalidArgument } from "../../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../../net/policy.js";
 import { PortProxy, type PortTarget } from "../../net/port-proxy.js";
 import type { SandboxRow } from "../../store/db.js";
@@ -21,10 +21,17 @@ export interface NetworkCallsContext {
   networks: SandboxNetworks;
   live: Pick<LiveSandboxes, "row" | "running">;
   store: Pick<SnapshotStore, "get">;
+  /** Hears of each proxied connection that failed (the proxy goes on serving the others). */
+  log: { warn(obj: object, msg?: string): void };
 }
 
 export class NetworkCalls {
-  private readonly portProxy = new PortProxy();
+  private readonly portProxy = new PortProxy((err, target) =>
+    this.ctx.log.warn(
+      { err: errorMessage(err), sandbox: target?.owner, port: target?.port },
+      "a proxied connection failed",
+    ),
+  );
 
   constructor(private readonly ctx: NetworkCallsContext) {}
 

@@ -130,9 +130,11 @@ function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
   return reply.status(code).type("text/plain; charset=utf-8").send(message);
 }
 
-export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
-  const session = (request: { e2bSandbox?: SandboxSession }) => request.e2bSandbox as SandboxSession;
+type ExecuteRoute = { Body: Static<typeof ExecuteBody> };
+type CreateContextRoute = { Body: Static<typeof CreateContextBody> | undefined };
+type ContextRoute = { Params: Static<typeof ContextParams> };
 
+export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
   scope.addHook("onRequest", async (request) => {
     const resolved = resolveSandbox(request, context);
     const route = request.routeOptions.url ?? "";
@@ -142,136 +144,17 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
   scope.setErrorHandler((err, _request, reply) => sendPlainError(reply, err));
 
   scope.get("/health", async () => "OK");
-
-  scope.post<{ Body: Static<typeof ExecuteBody> }>(
-    "/execute",
-    { schema: { body: ExecuteBody } },
-    async (request, reply) => {
-      const body = request.body;
-      const language = languageOf(body.language);
-      const id = session(request).sandboxId;
-      const contextId = typeof body.context_id === "string" ? body.context_id : defaultContextOf(language);
-      if (body.context_id === undefined || body.context_id === null) {
-        await ensureDefaultContext(request, id, language, clientSignal(request, reply));
-      }
-      const out = new PassThrough();
-      const cancel = new AbortController();
-      const gone = clientSignal(request, reply);
-      gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
-      let sawOutput!: () => void;
-      const firstOutput = new Promise<"output">((resolve) => {
-        sawOutput = () => resolve("output");
-      });
-      const write = (event: object) => {
-        if (out.destroyed || out.writableEnded) return;
-        out.write(line(event));
-        if (out.writableLength > MAX_UNREAD_BYTES && !cancel.signal.aborted) {
-          cancel.abort(
-            new ForkdError("unavailable", `client read too slowly (over ${MAX_UNREAD_BYTES} bytes unread)`),
-          );
-        }
-      };
-      const emit = (type: "stdout" | "stderr", text: string) => {
-        write({ type, text, timestamp: new Date().toISOString() });
-        sawOutput();
-      };
-      const run = servicesOf(request).sandboxes.eval(id, body.code, {
-        timeoutMs: MAX_TIMEOUT_MS,
-        ...(contextId !== undefined ? { context: contextId } : {}),
-        ...(body.env_vars !== undefined && body.env_vars !== null ? { env: body.env_vars } : {}),
-        onStdout: (text) => emit("stdout", text),
-        onStderr: (text) => emit("stderr", text),
-        onDisplay: (data) => {
-          write({ type: "result", ...e2bResult(undefined, data), is_main_result: false });
-          sawOutput();
-        },
-        signal: cancel.signal,
-      });
-      // The status line waits for the cell's first output or its end, so a cell refused at once (an unknown
-      // context, a sandbox without an interpreter) gets its own status instead of a 200 stream.
-      await Promise.race([firstOutput, run]);
-      run
-        .then(
-          (outcome) => {
-            for (const event of outcomeEvents(outcome)) write(event);
-          },
-          (err: unknown) => {
-            const reason =
-              cancel.signal.aborted && cancel.signal.reason instanceof ForkdError
-                ? cancel.signal.reason
-                : err;
-            write({
-              type: "error",
-              name: "ExecutionError",
-              value: toE2bError(reason).message,
-              traceback: "",
-            });
-          },
-        )
-        .finally(() => out.end());
-      return reply.type("application/x-ndjson").header("cache-control", "no-store").send(out);
-    },
-  );
-
-  /** A language's default context, made on its first cell (a Python sandbox always has `default`). */
-  const ensureDefaultContext = async (
-    request: FastifyRequest,
-    id: string,
-    language: ContextLanguage,
-    signal: AbortSignal,
-  ) => {
-    const context = defaultContextOf(language);
-    if (context === undefined) return;
-    await servicesOf(request)
-      .sandboxes.contexts.create(id, { id: context, language, signal })
-      .catch((err: unknown) => {
-        if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
-      });
-  };
-
+  scope.post<ExecuteRoute>("/execute", { schema: { body: ExecuteBody } }, execute);
   scope.get("/contexts", async (request, reply) =>
-    servicesOf(request).sandboxes.contexts.list(session(request).sandboxId, {
-      signal: clientSignal(request, reply),
-    }),
+    servicesOf(request).sandboxes.contexts.list(sandboxOf(request), { signal: clientSignal(request, reply) }),
   );
-
-  scope.post<{ Body: Static<typeof CreateContextBody> }>(
+  scope.post<CreateContextRoute>(
     "/contexts",
     { schema: { body: OptionalBody(CreateContextBody) } },
-    async (request, reply) => {
-      const language = languageOf(request.body?.language);
-      const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
-      if (!cwd.startsWith("/"))
-        throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
-      return servicesOf(request).sandboxes.contexts.create(session(request).sandboxId, {
-        cwd,
-        language,
-        signal: clientSignal(request, reply),
-      });
-    },
+    createContext,
   );
-
-  scope.delete<{ Params: Static<typeof ContextParams> }>(
-    "/contexts/:id",
-    { schema: { params: ContextParams } },
-    async (request, reply) => {
-      await servicesOf(request).sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
-        signal: clientSignal(request, reply),
-      });
-      return reply.status(204).send();
-    },
-  );
-
-  scope.post<{ Params: Static<typeof ContextParams> }>(
-    "/contexts/:id/restart",
-    { schema: { params: ContextParams } },
-    async (request, reply) => {
-      await servicesOf(request).sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
-        signal: clientSignal(request, reply),
-      });
-      return reply.status(204).send();
-    },
-  );
+  scope.delete<ContextRoute>("/contexts/:id", { schema: { params: ContextParams } }, removeContext);
+  scope.post<ContextRoute>("/contexts/:id/restart", { schema: { params: ContextParams } }, restartContext);
 
   scope.all("/*", async (request) => {
     throw new ForkdError(
@@ -279,4 +162,108 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
       `no route ${request.method} ${request.url.split("?")[0]} in the code interpreter`,
     );
   });
+}
+
+/** The sandbox a request addresses (the data plane's hook resolved it). */
+const sandboxOf = (request: FastifyRequest) => (request.e2bSandbox as SandboxSession).sandboxId;
+
+/** POST /execute: the cell's output as NDJSON events while it runs, then its result. */
+async function execute(request: FastifyRequest<ExecuteRoute>, reply: FastifyReply) {
+  const body = request.body;
+  const language = languageOf(body.language);
+  const id = sandboxOf(request);
+  const contextId = typeof body.context_id === "string" ? body.context_id : defaultContextOf(language);
+  if (body.context_id === undefined || body.context_id === null) {
+    await ensureDefaultContext(request, id, language, clientSignal(request, reply));
+  }
+  const out = new PassThrough();
+  const cancel = new AbortController();
+  const gone = clientSignal(request, reply);
+  gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
+  let sawOutput!: () => void;
+  const firstOutput = new Promise<"output">((resolve) => {
+    sawOutput = () => resolve("output");
+  });
+  const write = (event: object) => {
+    if (out.destroyed || out.writableEnded) return;
+    out.write(line(event));
+    if (out.writableLength > MAX_UNREAD_BYTES && !cancel.signal.aborted) {
+      cancel.abort(
+        new ForkdError("unavailable", `client read too slowly (over ${MAX_UNREAD_BYTES} bytes unread)`),
+      );
+    }
+  };
+  const emit = (type: "stdout" | "stderr", text: string) => {
+    write({ type, text, timestamp: new Date().toISOString() });
+    sawOutput();
+  };
+  const run = servicesOf(request).sandboxes.eval(id, body.code, {
+    timeoutMs: MAX_TIMEOUT_MS,
+    ...(contextId !== undefined ? { context: contextId } : {}),
+    ...(body.env_vars !== undefined && body.env_vars !== null ? { env: body.env_vars } : {}),
+    onStdout: (text) => emit("stdout", text),
+    onStderr: (text) => emit("stderr", text),
+    onDisplay: (data) => {
+      write({ type: "result", ...e2bResult(undefined, data), is_main_result: false });
+      sawOutput();
+    },
+    signal: cancel.signal,
+  });
+  // The status line waits for the cell's first output or its end, so a cell refused at once (an unknown
+  // context, a sandbox without an interpreter) gets its own status instead of a 200 stream.
+  await Promise.race([firstOutput, run]);
+  run
+    .then(
+      (outcome) => {
+        for (const event of outcomeEvents(outcome)) write(event);
+      },
+      (err: unknown) => {
+        const reason =
+          cancel.signal.aborted && cancel.signal.reason instanceof ForkdError ? cancel.signal.reason : err;
+        write({ type: "error", name: "ExecutionError", value: toE2bError(reason).message, traceback: "" });
+      },
+    )
+    .finally(() => out.end());
+  return reply.type("application/x-ndjson").header("cache-control", "no-store").send(out);
+}
+
+/** A language's default context, made on its first cell (a Python sandbox always has `default`). */
+async function ensureDefaultContext(
+  request: FastifyRequest,
+  id: string,
+  language: ContextLanguage,
+  signal: AbortSignal,
+): Promise<void> {
+  const context = defaultContextOf(language);
+  if (context === undefined) return;
+  await servicesOf(request)
+    .sandboxes.contexts.create(id, { id: context, language, signal })
+    .catch((err: unknown) => {
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+    });
+}
+
+async function createContext(request: FastifyRequest<CreateContextRoute>, reply: FastifyReply) {
+  const language = languageOf(request.body?.language);
+  const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
+  if (!cwd.startsWith("/")) throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
+  return servicesOf(request).sandboxes.contexts.create(sandboxOf(request), {
+    cwd,
+    language,
+    signal: clientSignal(request, reply),
+  });
+}
+
+async function removeContext(request: FastifyRequest<ContextRoute>, reply: FastifyReply) {
+  await servicesOf(request).sandboxes.contexts.remove(sandboxOf(request), request.params.id, {
+    signal: clientSignal(request, reply),
+  });
+  return reply.status(204).send();
+}
+
+async function restartContext(request: FastifyRequest<ContextRoute>, reply: FastifyReply) {
+  await servicesOf(request).sandboxes.contexts.restart(sandboxOf(request), request.params.id, {
+    signal: clientSignal(request, reply),
+  });
+  return reply.status(204).send();
 }
