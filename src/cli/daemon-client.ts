@@ -6,8 +6,8 @@
 import http, { type IncomingMessage } from "node:http";
 import https from "node:https";
 import type { Command } from "commander";
-import { DEFAULT_SOCKET_PATH } from "../api/defaults.js";
 import { ERROR_CODES, type ErrorCode, ForkdError, invalidArgument } from "../common/errors.js";
+import { DEFAULT_SOCKET_PATH } from "../common/limits.js";
 
 export interface DaemonTarget {
   /** "unix:/run/forkd/forkd.sock", "http://127.0.0.1:8889", "https://host:8889". */

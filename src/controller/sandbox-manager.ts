@@ -15,6 +15,12 @@ import type { EvalOptions, ExecOptions } from "../agent/host/types.js";
 import { crashPoint } from "../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../common/errors.js";
 import { lockHome } from "../common/home-lock.js";
+import {
+  CONSOLE_READ_BYTES,
+  DEFAULT_DISK_LIMIT_MIB,
+  MAX_CONSOLE_READ_BYTES,
+  MAX_SANDBOX_TIMEOUT_MS,
+} from "../common/limits.js";
 import { assertSandboxRef, assertTag, isValidSandboxId } from "../common/names.js";
 import type { ForkdPaths } from "../common/paths.js";
 import {
@@ -59,13 +65,7 @@ import { branchPausedState } from "./paused-branch.js";
 import { pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
 import { homeKey, prepareRestore, type RestorePlan } from "./restore-plan.js";
 import { CHILD_READY_TIMEOUT_MS, Sandbox, type SandboxHandle } from "./sandbox.js";
-import {
-  cgroupDirsOf,
-  cgroupLimits,
-  DEFAULT_DISK_LIMIT_MIB,
-  parseLimits,
-  validateLimitsRequest,
-} from "./sandbox-limits.js";
+import { cgroupDirsOf, cgroupLimits, parseLimits, validateLimitsRequest } from "./sandbox-limits.js";
 import {
   type NetworkRequest,
   SandboxNetworks,
@@ -98,13 +98,7 @@ import {
 } from "./sandbox-settings.js";
 import { DaemonSnapshots } from "./snapshot-service.js";
 import { recordSpawned, type SpawnContext, type SpawnPolicy, startChildren } from "./spawn-children.js";
-import {
-  isIntIn,
-  MAX_SANDBOX_TIMEOUT_MS,
-  resolveSpawn,
-  type SpawnRequestContext,
-  spawnRows,
-} from "./spawn-request.js";
+import { isIntIn, resolveSpawn, type SpawnRequestContext, spawnRows } from "./spawn-request.js";
 import { assertAlias } from "./template-aliases.js";
 import { WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
 import { Workspaces } from "./workspaces.js";
@@ -114,9 +108,7 @@ import { Workspaces } from "./workspaces.js";
  * (`forkd daemon --default-timeout-ms`); callers that want E2B's five minutes ask for them (the SDKs do).
  */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
-export { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB } from "./sandbox-limits.js";
 export { NETWORK_SETUP_CONCURRENCY, SPAWN_CONCURRENCY } from "./spawn-children.js";
-export { MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
 /** Default limit for the command of a snapshot-diff (package installs under TCG take minutes). */
 export const SNAPSHOT_DIFF_EXEC_TIMEOUT_MS = 30 * 60_000;
 
@@ -130,9 +122,6 @@ export const REATTACH_CONCURRENCY = 8;
 const BOOT_ID_KEY = "boot_id";
 /** A lifetime that ended in a pause that failed is tried again this much later (the sandbox keeps running). */
 export const TIMEOUT_PAUSE_RETRY_MS = 60_000;
-/** What a console read returns by default, and at most. */
-export const CONSOLE_READ_BYTES = 64 * 1024;
-export const MAX_CONSOLE_READ_BYTES = 4 * 2 ** 20;
 /** Console output kept in the record of a sandbox whose VM ended on its own. */
 export const EXIT_CONSOLE_TAIL_BYTES = 2048;
 

@@ -6,6 +6,7 @@
 
 import path from "node:path";
 import { conflict, invalidArgument } from "../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../common/limits.js";
 import { assertTag } from "../common/names.js";
 import { type CgroupLayout, sandboxCgroupDirs } from "../isolation/cgroup.js";
 import type { ConfinementConfig } from "../isolation/confinement.js";
@@ -22,8 +23,6 @@ import { type SandboxNetworks, templateEgressOf } from "./sandbox-network.js";
 import type { SpawnRequest } from "./sandbox-service.js";
 import { newAccessToken, validateEnvVars, validateInbound, validateMetadata } from "./sandbox-settings.js";
 import type { DaemonSnapshots } from "./snapshot-service.js";
-
-export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 
 /** The columns of a sandbox's record that every child of one spawn has in common. */
 export type SharedColumns = Pick<

@@ -5,6 +5,16 @@
  */
 import { createReadStream } from "node:fs";
 import { type FileHandle, open, rm, stat } from "node:fs/promises";
+import {
+  DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS,
+  GUEST_WORK_GRACE_MS,
+  MAX_GUEST_TIMEOUT_MS,
+  NDJSON_CONTENT_TYPE,
+  PACK_CHAIN_HEADER,
+  PACK_CONTENT_TYPE,
+  SPAWN_MS_PER_CHILD,
+  STDIN_FRAME_BYTES,
+} from "../common/limits.js";
 import { CallScope } from "./call-scope.js";
 import { ForkdSdkError, InvalidArgumentError } from "./errors.js";
 import { type ExecEvent, execEvents } from "./exec-stream.js";
@@ -42,16 +52,8 @@ import type {
   VersionInfo,
 } from "./wire.js";
 
-/** Building an image, booting and warming a parent takes minutes under TCG. */
-export const DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS = 30 * 60_000;
-/** Network allowance on top of a command's own timeout, for calls that wait for guest work. */
-const GUEST_WORK_GRACE_MS = 10_000;
-/** Deadline allowance per child of a spawn request, on top of `requestTimeoutMs`. */
-export const SPAWN_MS_PER_CHILD = 1_000;
-/** Stdin bytes per NDJSON frame of a streamed-stdin exec (the daemon bounds one request line). */
-const STDIN_FRAME_BYTES = 256 * 1024;
-/** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
-export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
+/** Building an image, booting and warming a parent takes minutes under TCG (the table's default). */
+export { DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS };
 
 /** An egress policy (camelCase, as in E2B's `network` option; see docs/network.md). */
 export interface NetworkPolicy {
@@ -455,10 +457,10 @@ export class Controller {
           method: "POST",
           path,
           bodyStream: stdinFrames(exec, stdin),
-          contentType: "application/x-ndjson",
-          accept: "application/x-ndjson",
+          contentType: NDJSON_CONTENT_TYPE,
+          accept: NDJSON_CONTENT_TYPE,
         }
-      : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: "application/x-ndjson" };
+      : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: NDJSON_CONTENT_TYPE };
     const scope = new CallScope(options.signal);
     let completed = false;
     try {
@@ -534,7 +536,7 @@ export class Controller {
       method: "GET",
       path: pathOf`/v1/snapshots/${required(tag, "tag")}/pack`,
       query,
-      accept: "application/zstd",
+      accept: PACK_CONTENT_TYPE,
     };
     let file: FileHandle;
     try {
@@ -560,7 +562,7 @@ export class Controller {
         throw await streamFailure(settings, request, scope, new Error("the pack ended early"));
       }
       await file.close();
-      const chain = String(response.headers["x-forkd-pack-chain"] ?? "")
+      const chain = String(response.headers[PACK_CHAIN_HEADER] ?? "")
         .split(",")
         .filter(Boolean);
       return { out, bytes, chain };
@@ -595,7 +597,7 @@ export class Controller {
         path: "/v1/snapshots/unpack",
         query,
         bodyStream: createReadStream(file) as AsyncIterable<Buffer>,
-        contentType: "application/zstd",
+        contentType: PACK_CONTENT_TYPE,
         deadlineMs: timeoutMs,
         deadlineSetting: "timeoutMs",
       },

@@ -5,6 +5,7 @@
  */
 import http, { type IncomingHttpHeaders, type IncomingMessage } from "node:http";
 import https from "node:https";
+import { HEALTH_CHECK_TIMEOUT_MS, MAX_RESPONSE_BYTES } from "../common/limits.js";
 import { CallScope } from "./call-scope.js";
 import { ConnectionError, errorFromResponse, ForkdSdkError, PayloadTooLargeError } from "./errors.js";
 import type { ResolvedSettings } from "./settings.js";
@@ -43,9 +44,6 @@ export interface HttpResponse {
   body: Buffer;
 }
 
-/** Larger answers than this are refused rather than buffered (the daemon's own limits are far lower). */
-export const MAX_RESPONSE_BYTES = 1024 * 1024 * 1024;
-const HEALTH_CHECK_TIMEOUT_MS = 2_000;
 /** Errors that mean nothing answered at the address: the daemon is not reachable there. */
 const UNREACHABLE_CODES = new Set([
   "ENOENT",

@@ -19,6 +19,7 @@ import os
 import ssl
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
+from . import _limits
 from ._transport import (
     CallScope,
     QueryValue,
@@ -42,15 +43,15 @@ BranchMode = str
 sandbox's base) or ``"live"`` (like diff, memory captured while the sandbox runs; needs ``live_fork=True``)."""
 
 #: Building an image, booting and warming a parent takes minutes under TCG (create_snapshot, compact_snapshot).
-DEFAULT_SNAPSHOT_TIMEOUT = 30 * 60.0
+DEFAULT_SNAPSHOT_TIMEOUT = _limits.DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS / 1000
 #: The daemon's longest guest-side timeout, in seconds; "no limit" (0) is sent as this: the wire needs a bound.
-MAX_GUEST_TIMEOUT = 24 * 3600.0
+MAX_GUEST_TIMEOUT = _limits.MAX_GUEST_TIMEOUT_MS / 1000
 #: Network allowance on top of a command's own timeout, for calls that wait for guest work.
-GUEST_WORK_GRACE = 10.0
+GUEST_WORK_GRACE = _limits.GUEST_WORK_GRACE_MS / 1000
 #: Deadline allowance per child of a spawn request, on top of ``request_timeout``.
-SPAWN_SECONDS_PER_CHILD = 1.0
+SPAWN_SECONDS_PER_CHILD = _limits.SPAWN_MS_PER_CHILD / 1000
 #: Stdin bytes per NDJSON frame of a streamed-stdin exec (the daemon bounds one request line at 2 MiB).
-STDIN_FRAME_BYTES = 256 * 1024
+STDIN_FRAME_BYTES = _limits.STDIN_FRAME_BYTES
 
 Stdin = Union[str, bytes, bytearray, memoryview]
 StreamedStdin = Union[Stdin, Iterable[Union[str, bytes]]]
@@ -268,7 +269,7 @@ class Controller:
             "GET",
             path_of("/v1/snapshots/{}/pack", _required(tag, "tag")),
             query=query,
-            accept="application/zstd",
+            accept=_limits.PACK_CONTENT_TYPE,
         )
         timeout = check_duration(DEFAULT_SNAPSHOT_TIMEOUT if request_timeout is None else request_timeout,
                                  "request_timeout")
@@ -286,7 +287,7 @@ class Controller:
                     for chunk in stream.chunks():
                         target.write(chunk)
                         written += len(chunk)
-                    chain = [t for t in (stream.header("x-forkd-pack-chain") or "").split(",") if t]
+                    chain = [t for t in (stream.header(_limits.PACK_CHAIN_HEADER) or "").split(",") if t]
                 finally:
                     stream.close()
         except BaseException:
@@ -323,7 +324,7 @@ class Controller:
                     "/v1/snapshots/unpack",
                     query=query,
                     body_stream=iter(lambda: source.read(1 << 20), b""),
-                    content_type="application/zstd",
+                    content_type=_limits.PACK_CONTENT_TYPE,
                 ),
                 DEFAULT_SNAPSHOT_TIMEOUT if request_timeout is None else request_timeout,
                 cancel,
@@ -682,14 +683,14 @@ class Controller:
         settings = self.settings(request_timeout=request_timeout)
         if stdin is None or isinstance(stdin, (str, bytes, bytearray, memoryview)):
             _inline_stdin(body, stdin)
-            request = Request("POST", route, json=body, has_json=True, accept="application/x-ndjson")
+            request = Request("POST", route, json=body, has_json=True, accept=_limits.NDJSON_CONTENT_TYPE)
         else:
             request = Request(
                 "POST",
                 route,
                 body_stream=_stdin_frames(body, stdin),
-                content_type="application/x-ndjson",
-                accept="application/x-ndjson",
+                content_type=_limits.NDJSON_CONTENT_TYPE,
+                accept=_limits.NDJSON_CONTENT_TYPE,
             )
         program = str(args[0])
         scope = CallScope(cancel)

@@ -29,6 +29,7 @@ from typing import (
     overload,
 )
 
+from . import _limits
 from .cancel import CancelToken
 from .controller import DEFAULT_SNAPSHOT_TIMEOUT, BranchMode, Controller, StreamedStdin
 from .network import NetworkRequest
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 #: A command line given as a string runs under bash, like the E2B SDK; a list runs without a shell.
-SHELL = ("/bin/bash", "-c")
+SHELL = _limits.COMMAND_SHELL_ARGV
 SNAPSHOT_POLL_INTERVAL = 0.5
 DIAGNOSIS_TIMEOUT = 5.0
 

@@ -11,6 +11,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { MAX_UNREAD_OUTPUT_BYTES, NDJSON_CONTENT_TYPE } from "../../common/limits.js";
 import type { ApiContext } from "../app.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
@@ -23,11 +24,6 @@ import { execOptions } from "./sandboxes.js";
 
 /** One NDJSON request line: the exec request, or a stdin frame (up to 1 MiB of data as base64, with room to spare). */
 const MAX_REQUEST_LINE_BYTES = 2 * 1024 * 1024;
-/**
- * Output buffered for a client that reads slower than the process writes. Past this the exec is cancelled rather
- * than holding unbounded memory in a root daemon.
- */
-export const MAX_UNREAD_OUTPUT_BYTES = 8 * 1024 * 1024;
 
 const StdinFrame = Type.Union([
   Type.Object({ stdin: Type.String() }, { additionalProperties: false }),
@@ -43,7 +39,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
   // Only the two documented bodies: a route whose schema is given per content type validates no other type, so
   // a text/plain body (which Fastify parses by default) would reach the handler unchecked.
   scope.removeContentTypeParser("text/plain");
-  scope.addContentTypeParser("application/x-ndjson", (_request, payload, done) => done(null, payload));
+  scope.addContentTypeParser(NDJSON_CONTENT_TYPE, (_request, payload, done) => done(null, payload));
 
   scope.post<{ Params: Static<typeof SandboxParams>; Body: StreamBody }>(
     "/v1/sandboxes/:id/exec/stream",
@@ -60,13 +56,13 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
         body: {
           content: {
             "application/json": { schema: ExecBody },
-            "application/x-ndjson": { schema: BinaryBody },
+            [NDJSON_CONTENT_TYPE]: { schema: BinaryBody },
           },
         },
         response: {
           200: {
             description: "NDJSON event stream",
-            content: { "application/x-ndjson": { schema: ExecStreamEvent } },
+            content: { [NDJSON_CONTENT_TYPE]: { schema: ExecStreamEvent } },
           },
           ...errorResponses,
         },
@@ -114,10 +110,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       const stdout = chunkEncoder("stdout");
       const stderr = chunkEncoder("stderr");
 
-      reply
-        .type("application/x-ndjson")
-        .header("cache-control", "no-store")
-        .header("x-accel-buffering", "no");
+      reply.type(NDJSON_CONTENT_TYPE).header("cache-control", "no-store").header("x-accel-buffering", "no");
       emit({ type: "started", id });
       const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
       void servicesOf(request, context)

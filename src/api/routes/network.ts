@@ -8,7 +8,8 @@ import type http from "node:http";
 import type net from "node:net";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import { assertSandboxId } from "../../common/names.js";
+import { SANDBOX_ID_PATTERN } from "../../common/limits.js";
+import { assertSandboxId, unanchored } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
 import { servicesFor } from "../../controller/tenancy.js";
 import type { ApiContext } from "../app.js";
@@ -24,7 +25,9 @@ import {
 } from "../schemas.js";
 import { policyFromWire, sandboxToWire } from "../wire.js";
 
-const PORT_ROUTE = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})\/ports\/(\d{1,5})(\/[^?#]*)?(\?.*)?$/;
+const PORT_ROUTE = new RegExp(
+  `^/v1/sandboxes/(${unanchored(SANDBOX_ID_PATTERN)})/ports/(\\d{1,5})(/[^?#]*)?(\\?.*)?$`,
+);
 const PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
 
 export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext): void {

@@ -3,6 +3,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { DEFAULT_EXEC_TIMEOUT_SECS } from "../../common/limits.js";
 import { DEFAULT_BRANCH_MODE } from "../../controller/branch.js";
 import type { ApiContext } from "../app.js";
 import { notImplemented } from "../errors.js";
@@ -13,7 +14,6 @@ import {
   BranchResultWire,
   ConfinementStatusWire,
   ConsoleQuery,
-  DEFAULT_EXEC_TIMEOUT_SECS,
   EvalBody,
   EvalResponse,
   ExecBody,

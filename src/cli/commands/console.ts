@@ -1,6 +1,6 @@
 /** `forkd console <id>`: the end of a sandbox's serial console, as the daemon kept it (bounded per sandbox). */
 import type { Command } from "commander";
-import { MAX_CONSOLE_READ_BYTES } from "../../controller/sandbox-manager.js";
+import { CONSOLE_READ_BYTES, MAX_CONSOLE_READ_BYTES } from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";
@@ -13,7 +13,7 @@ export function registerConsole(program: Command): void {
       .argument("<id>", "sandbox id")
       .option(
         "--bytes <n>",
-        "how much of the end to print (default 64 KiB)",
+        `how much of the end to print (default ${CONSOLE_READ_BYTES / 1024} KiB)`,
         parseIntOption("--bytes", 1, MAX_CONSOLE_READ_BYTES),
       ),
   ).action((id: string, opts: { bytes?: number }, command: Command) =>

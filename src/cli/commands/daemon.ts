@@ -5,20 +5,21 @@ import { type Command, InvalidArgumentError } from "commander";
 import pino from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
 import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
-import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
+import {
+  DEFAULT_DISK_LIMIT_MIB,
+  DEFAULT_SOCKET_PATH,
+  MAX_DISK_LIMIT_MIB,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MIN_DISK_LIMIT_MIB,
+} from "../../common/limits.js";
 import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { consoleExtension } from "../../console/index.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
 import { cacheDirs } from "../../controller/restore-plan.js";
-import {
-  DEFAULT_DISK_LIMIT_MIB,
-  MAX_DISK_LIMIT_MIB,
-  MIN_DISK_LIMIT_MIB,
-} from "../../controller/sandbox-limits.js";
-import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandbox-manager.js";
+import { openServices } from "../../controller/sandbox-manager.js";
 import { limitTenants } from "../../controller/tenancy.js";
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/warm-pool.js";
 import { confinementMode } from "../../isolation/confinement.js";

@@ -1,6 +1,7 @@
 /** `forkd eval <id> CODE`: Python in a sandbox's warm interpreter, through the daemon. */
 import { readFile } from "node:fs/promises";
 import type { Command } from "commander";
+import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
@@ -25,7 +26,11 @@ export function registerEval(program: Command): void {
       )
       .argument("<id>", "sandbox id")
       .argument("<code>", "Python code, or - to read it from stdin")
-      .option("--timeout-ms <ms>", "limit for the evaluation", parseIntOption("--timeout-ms", 1, 86_400_000))
+      .option(
+        "--timeout-ms <ms>",
+        "limit for the evaluation",
+        parseIntOption("--timeout-ms", 1, MAX_GUEST_TIMEOUT_MS),
+      )
       .option("--json", "print the whole answer as JSON")
       .addHelpText("after", "\nExample:\n  forkd eval sb-0123456789ab 'numpy.arange(3).sum()'\n"),
   ).action((id: string, code: string, opts, command: Command) =>

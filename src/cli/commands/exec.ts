@@ -4,15 +4,18 @@
  */
 import { type Command, InvalidArgumentError } from "commander";
 import { readNdjson } from "../../api/ndjson.js";
-import { MAX_EXEC_ARGS } from "../../api/schemas.js";
 import { ERROR_CODES, type ErrorCode, ForkdError, invalidArgument } from "../../common/errors.js";
+import {
+  DEFAULT_EXEC_TIMEOUT_SECS,
+  ENV_NAME_PATTERN,
+  MAX_EXEC_ARGS,
+  MAX_GUEST_TIMEOUT_MS,
+  STDIN_FRAME_BYTES,
+} from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { EXIT } from "../exit-codes.js";
 import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";
-
-/** Stdin is sent in frames of this many bytes (base64 in NDJSON lines, well under the daemon's line limit). */
-const STDIN_FRAME_BYTES = 256 * 1024;
 
 interface ExecEvent {
   type: string;
@@ -34,8 +37,8 @@ export function registerExec(program: Command): void {
       .option("-w, --cwd <dir>", "working directory in the sandbox (absolute)")
       .option(
         "--timeout-ms <ms>",
-        "kill the command after this long (default 30 s)",
-        parseIntOption("--timeout-ms", 1, 86_400_000),
+        `kill the command after this long (default ${DEFAULT_EXEC_TIMEOUT_SECS} s)`,
+        parseIntOption("--timeout-ms", 1, MAX_GUEST_TIMEOUT_MS),
       )
       .addHelpText("after", "\nExample:\n  forkd exec sb-0123456789ab -- python3 -c 'print(2+2)'\n"),
   ).action((id: string, argv: string[], opts, command: Command) =>
@@ -92,7 +95,7 @@ async function* ndjsonRequest(request: object, stdin: NodeJS.ReadableStream): As
 function collectEnv(value: string, previous: Record<string, string>): Record<string, string> {
   const eq = value.indexOf("=");
   const name = eq === -1 ? value : value.slice(0, eq);
-  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new InvalidArgumentError("expected NAME=value");
+  if (!new RegExp(ENV_NAME_PATTERN).test(name)) throw new InvalidArgumentError("expected NAME=value");
   const fromHere = eq === -1 ? process.env[name] : value.slice(eq + 1);
   if (fromHere === undefined) throw new InvalidArgumentError(`${name} is not set here; give NAME=value`);
   return { ...previous, [name]: fromHere };

@@ -3,6 +3,7 @@ import { readFile, rename, rm, writeFile } from "node:fs/promises";
 import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
 import type { FileInfoWire } from "../../api/schemas.js";
+import { FILE_MODE_PATTERN } from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { oneLine, printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -134,7 +135,7 @@ export function registerFiles(program: Command): void {
 }
 
 function parseMode(value: string): string {
-  if (!/^0?[0-7]{3,4}$/.test(value))
+  if (!new RegExp(FILE_MODE_PATTERN).test(value))
     throw new InvalidArgumentError("expected octal permission bits, e.g. 0644");
   return value;
 }

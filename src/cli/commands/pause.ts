@@ -2,6 +2,7 @@
 import type { Command } from "commander";
 import type { PauseResponse, SandboxInfoWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { isValidSandboxId } from "../../common/names.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { printJson } from "../output.js";
@@ -52,7 +53,7 @@ export function registerResume(program: Command): void {
       .option(
         "--timeout-ms <ms>",
         "lifetime from now (default: the one it had; 0 = until killed)",
-        parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
+        parseIntOption("--timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
       )
       .option("--json", "print the sandbox as JSON"),
   ).action((id: string, opts, command: Command) =>

@@ -1,6 +1,7 @@
 /** `forkd set-timeout`: extend (or remove) a sandbox's lifetime. */
 import type { Command } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -13,7 +14,7 @@ export function registerSetTimeout(program: Command): void {
       .command("set-timeout")
       .description("set a sandbox's remaining lifetime from now (daemon); 0 = until killed")
       .argument("<id>", "sandbox id")
-      .argument("<ms>", "milliseconds from now", parseIntOption("<ms>", 0, 7 * 24 * 3_600_000))
+      .argument("<ms>", "milliseconds from now", parseIntOption("<ms>", 0, MAX_SANDBOX_TIMEOUT_MS))
       .option("--json", "print the sandbox as JSON"),
   ).action((id: string, ms: number, opts, command: Command) =>
     runCommand(async (signal) => {

@@ -1,6 +1,7 @@
 /** `forkd snapshot-diff --from BASE --tag NEW --exec CMD`: a new layer on BASE made by running a command (daemon). */
 import type { Command } from "commander";
 import type { BranchResultWire } from "../../api/schemas.js";
+import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -22,7 +23,7 @@ export function registerSnapshotDiff(program: Command): void {
       .option(
         "--timeout-ms <ms>",
         "limit for the command (default 30 minutes)",
-        parseIntOption("--timeout-ms", 1, 86_400_000),
+        parseIntOption("--timeout-ms", 1, MAX_GUEST_TIMEOUT_MS),
       )
       .option("--json", "print the result as JSON")
       .addHelpText(

@@ -1,18 +1,21 @@
 /** `forkd spawn`: fork sandboxes from a snapshot through the daemon; they live until killed or timed out. */
 import { type Command, Option } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
-import { MAX_SPAWN_N } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import {
+  DEFAULT_MEMORY_OVERHEAD_MIB,
+  DEFAULT_PIDS_LIMIT,
   MAX_CPU_LIMIT_MILLICORES,
   MAX_DISK_LIMIT_MIB,
   MAX_MEMORY_LIMIT_MIB,
   MAX_PIDS_LIMIT,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_SPAWN_N,
   MIN_CPU_LIMIT_MILLICORES,
   MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
-} from "../../controller/sandbox-limits.js";
+} from "../../common/limits.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -35,7 +38,7 @@ export function registerSpawn(program: Command): void {
         )
         .option(
           "--memory-limit-mib <mib>",
-          "memory limit per sandbox (default: guest RAM + 256 MiB where the host has the memory controller)",
+          `memory limit per sandbox (default: guest RAM + ${DEFAULT_MEMORY_OVERHEAD_MIB} MiB where the host has the memory controller)`,
           parseIntOption("--memory-limit-mib", MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB),
         )
         .option(
@@ -45,7 +48,7 @@ export function registerSpawn(program: Command): void {
         )
         .option(
           "--pids-limit <n>",
-          "processes and threads QEMU may have (default 128)",
+          `processes and threads QEMU may have (default ${DEFAULT_PIDS_LIMIT})`,
           parseIntOption("--pids-limit", MIN_PIDS_LIMIT, MAX_PIDS_LIMIT),
         )
         .option(
@@ -56,7 +59,7 @@ export function registerSpawn(program: Command): void {
         .option(
           "--timeout-ms <ms>",
           "lifetime (default: until killed, unless the daemon has --default-timeout-ms; 0 = until killed)",
-          parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
+          parseIntOption("--timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
         )
         .addOption(
           new Option("--on-timeout <action>", "what the end of the lifetime does: kill, or pause to disk")

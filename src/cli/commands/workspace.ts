@@ -1,6 +1,8 @@
 /** `forkd workspace create|suspend|resume|list|delete`: forkd v0.5's named, suspendable sandboxes. */
 import type { Command } from "commander";
 import type { WorkspaceInfoWire } from "../../api/schemas.js";
+import { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB, WORKSPACE_NAME_PATTERN } from "../../common/limits.js";
+import { unanchored } from "../../common/names.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
@@ -36,12 +38,12 @@ export function registerWorkspace(program: Command): void {
     workspace
       .command("create")
       .description("create a workspace: a running sandbox from a snapshot, under a name")
-      .argument("<name>", "1-64 of [A-Za-z0-9_-]")
+      .argument("<name>", `a name matching ${unanchored(WORKSPACE_NAME_PATTERN)}`)
       .requiredOption("-t, --tag <tag>", "snapshot tag")
       .option(
         "--memory-limit-mib <mib>",
         "memory limit of its sandbox",
-        parseIntOption("--memory-limit-mib", 1, 1 << 20),
+        parseIntOption("--memory-limit-mib", MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB),
       )
       .option("--json", "print the workspace as JSON"),
   ).action((name: string, opts, command: Command) =>
