@@ -11,9 +11,9 @@ import os from "node:os";
 import path from "node:path";
 import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
-import type { BranchMode } from "../src/controller/branch.js";
-import { createSnapshot } from "../src/controller/create-snapshot.js";
-import { openServices } from "../src/controller/sandbox-manager.js";
+import { openServices } from "../src/controller/sandboxes/manager.js";
+import type { BranchMode } from "../src/controller/snapshots/branch.js";
+import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 10);

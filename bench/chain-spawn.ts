@@ -9,8 +9,8 @@
  */
 import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
-import { chainDetail, compactSnapshot } from "../src/controller/chains.js";
-import { openServices } from "../src/controller/sandbox-manager.js";
+import { openServices } from "../src/controller/sandboxes/manager.js";
+import { chainDetail, compactSnapshot } from "../src/controller/snapshots/chains.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const SPAWNS = Number(process.env.BENCH_SPAWNS ?? 10);

@@ -8,7 +8,7 @@
  *   npm run bench -- confinement   (env: BENCH_N=20, BENCH_ROUNDS=4; one unmeasured warm-up spawn first)
  */
 import os from "node:os";
-import { openServices } from "../src/controller/sandbox-manager.js";
+import { openServices } from "../src/controller/sandboxes/manager.js";
 import type { ConfinementMode } from "../src/isolation/confinement.js";
 import { tempHome } from "../test/support/host.js";
 import { linkSharedSnapshot } from "../test/support/snapshots.js";

@@ -13,8 +13,8 @@ import os from "node:os";
 import path from "node:path";
 import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
-import { createSnapshot } from "../src/controller/create-snapshot.js";
-import { openServices } from "../src/controller/sandbox-manager.js";
+import { openServices } from "../src/controller/sandboxes/manager.js";
+import { createSnapshot } from "../src/controller/snapshots/create.js";
 import {
   hostDescription,
   markdownTable,

@@ -23,11 +23,11 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { errorMessage } from "../src/common/errors.js";
 import { resolvePaths } from "../src/common/paths.js";
-import { chooseAccelerator } from "../src/controller/accelerator.js";
-import { coldBootEval } from "../src/controller/cold-boot.js";
-import { createSnapshot } from "../src/controller/create-snapshot.js";
-import { forkChildren } from "../src/controller/fork.js";
-import { listSnapshots } from "../src/controller/snapshots.js";
+import { chooseAccelerator } from "../src/controller/machines/accelerator.js";
+import { coldBootEval } from "../src/controller/machines/cold-boot.js";
+import { forkChildren } from "../src/controller/sandboxes/fork-children.js";
+import { createSnapshot } from "../src/controller/snapshots/create.js";
+import { listSnapshots } from "../src/controller/snapshots/list.js";
 import { buildImage, loadTemplate } from "../src/image/index.js";
 import { hostDescription, markdownTable, printRows, pssKiB, type Row, writeResults } from "./lib/report.js";
 

@@ -8,8 +8,8 @@
  */
 import os from "node:os";
 import { resolvePaths } from "../src/common/paths.js";
-import { prepareRestore } from "../src/controller/restore-plan.js";
-import { Sandbox } from "../src/controller/sandbox.js";
+import { prepareRestore } from "../src/controller/machines/restore-plan.js";
+import { Sandbox } from "../src/controller/machines/sandbox-vm.js";
 import { queryJit } from "../src/vmm/incoming.js";
 import { threadsCpuMs } from "./lib/phases.js";
 import { hostDescription, markdownTable, printRows, pssKiB, type Row, writeResults } from "./lib/report.js";

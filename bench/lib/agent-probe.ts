@@ -7,6 +7,7 @@
  *   node dist/bench/lib/agent-probe.js --root <forkd checkout> --home <FORKD_HOME> --n 30
  */
 
+import { existsSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { cpuMs, idleCpuMsPerSecond, pssKiB } from "./report.js";
@@ -27,19 +28,31 @@ const rounds = Number(values.rounds);
 const tag = values.tag as string;
 process.env.FORKD_HOME = values.home;
 
-const load = async <T>(rel: string): Promise<T> =>
-  (await import(pathToFileURL(`${root}/dist/src/${rel}`).href)) as T;
+// A module by its path in this checkout, then by its paths in older ones (a baseline checkout may predate the
+// controller's folders).
+const load = async <T>(...rels: string[]): Promise<T> => {
+  const file = rels.map((rel) => `${root}/dist/src/${rel}`).find((candidate) => existsSync(candidate));
+  if (!file) throw new Error(`${root}/dist/src has none of ${rels.join(", ")}: build that checkout first`);
+  return (await import(pathToFileURL(file).href)) as T;
+};
 // Typed with this checkout's modules: the controller API they share is the same on both sides.
 const { resolvePaths } = await load<typeof import("../../src/common/paths.js")>("common/paths.js");
-const { createSnapshot } = await load<typeof import("../../src/controller/create-snapshot.js")>(
+const { createSnapshot } = await load<typeof import("../../src/controller/snapshots/create.js")>(
+  "controller/snapshots/create.js",
   "controller/create-snapshot.js",
 );
-const { listSnapshots } =
-  await load<typeof import("../../src/controller/snapshots.js")>("controller/snapshots.js");
-const { prepareRestore } = await load<typeof import("../../src/controller/restore-plan.js")>(
+const { listSnapshots } = await load<typeof import("../../src/controller/snapshots/list.js")>(
+  "controller/snapshots/list.js",
+  "controller/snapshots.js",
+);
+const { prepareRestore } = await load<typeof import("../../src/controller/machines/restore-plan.js")>(
+  "controller/machines/restore-plan.js",
   "controller/restore-plan.js",
 );
-const { Sandbox } = await load<typeof import("../../src/controller/sandbox.js")>("controller/sandbox.js");
+const { Sandbox } = await load<typeof import("../../src/controller/machines/sandbox-vm.js")>(
+  "controller/machines/sandbox-vm.js",
+  "controller/sandbox.js",
+);
 type Child = Awaited<ReturnType<typeof Sandbox.restore>>;
 
 const paths = resolvePaths();

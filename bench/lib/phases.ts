@@ -10,9 +10,9 @@ import { readdir, readFile, rm } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../../src/agent/host/client.js";
 import type { ForkdPaths } from "../../src/common/paths.js";
-import { newSandboxId } from "../../src/controller/ids.js";
-import type { RestorePlan } from "../../src/controller/restore-plan.js";
-import { launchChild, Sandbox } from "../../src/controller/sandbox.js";
+import { newSandboxId } from "../../src/controller/machines/ids.js";
+import type { RestorePlan } from "../../src/controller/machines/restore-plan.js";
+import { launchChild, Sandbox } from "../../src/controller/machines/sandbox-vm.js";
 import { type JitStats, queryJit, startIncoming, waitIncomingLoaded } from "../../src/vmm/incoming.js";
 
 export const PHASES = [

@@ -3,7 +3,7 @@ import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { procStatFields } from "../../src/controller/host-processes.js";
+import { procStatFields } from "../../src/controller/host/processes.js";
 
 export const RESULTS_DIR = path.resolve(
   fileURLToPath(new URL(".", import.meta.url)),

@@ -1,7 +1,7 @@
 /** What a spawn costs the host: its wall clock and host CPU per child, QEMUs and this process's tools included. */
 import { execFileSync } from "node:child_process";
-import { procStatFields } from "../../src/controller/host-processes.js";
-import type { openServices } from "../../src/controller/sandbox-manager.js";
+import { procStatFields } from "../../src/controller/host/processes.js";
+import type { openServices } from "../../src/controller/sandboxes/manager.js";
 import { cpuMs } from "./report.js";
 
 let clockTicks: number | undefined;

@@ -1,14 +1,14 @@
 /**
  * The request-scoped principal: who a request acts for (an admin, or one tenant), resolved once when the request
- * is authenticated (app.ts), and the services as that principal may use them (controller/tenancy.ts). Routes
+ * is authenticated (app.ts), and the services as that principal may use them (controller/tenancy). Routes
  * reach the services only through `servicesOf(request)`, so no route can forget the scope.
  */
 import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
 import type { Token } from "../common/tokens.js";
-import { ADMIN, type Principal, type Services, servicesFor } from "../controller/tenancy.js";
+import { ADMIN, type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
 
-export { ADMIN, type Principal } from "../controller/tenancy.js";
+export { ADMIN, type Principal } from "../controller/tenancy/tenant-view.js";
 
 declare module "fastify" {
   interface FastifyRequest {

@@ -274,7 +274,10 @@ export const DeleteSnapshotQuery = Type.Object(
   { additionalProperties: false },
 );
 
-/** Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; packs.ts bounds each file). */
+/**
+ * Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; controller/snapshots/packs.ts
+ * bounds each file).
+ */
 export const MAX_PACK_UPLOAD_BYTES = 256 * 1024 ** 3;
 
 export const PackQuery = Type.Object(

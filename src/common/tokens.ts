@@ -19,7 +19,7 @@ export interface Token {
   /** What the audit log calls this token (with its tenant, if any). */
   id: string;
   /**
-   * The tenant whose sandboxes and snapshots the token sees and touches (src/controller/tenancy.ts); null: an
+   * The tenant whose sandboxes and snapshots the token sees and touches (src/controller/tenancy); null: an
    * admin token, which sees everything (every token of a file written before tenants existed).
    */
   tenant: string | null;

@@ -1,6 +1,6 @@
 /**
  * The daemon's view of sandboxes and snapshots: what the REST API (src/api) and, through it, the CLI and SDKs
- * can do. Implemented by SandboxManager (sandbox-manager.ts) and SnapshotService (snapshot-service.ts).
+ * can do. Implemented by SandboxManager (sandboxes/manager.ts) and SnapshotService (snapshots/daemon-snapshots.ts).
  * Errors are ForkdErrors whose code maps to an HTTP status (src/common/errors.ts).
  */
 
@@ -29,12 +29,12 @@ import type {
 } from "../agent/host/types.js";
 import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
-import type { ChainDetail } from "./chains.js";
-import type { HostStatus, SandboxUsage } from "./host-usage.js";
-import type { PackResult, UnpackResult } from "./packs.js";
-import type { LimitsRequest, SandboxLimits } from "./sandbox-limits.js";
-import type { NetworkRequest, SandboxNetworkInfo } from "./sandbox-network.js";
-import type { ResolvedTemplate, TemplateAlias } from "./template-aliases.js";
+import type { HostStatus, SandboxUsage } from "./host/usage.js";
+import type { NetworkRequest, SandboxNetworkInfo } from "./networks/sandbox-networks.js";
+import type { LimitsRequest, SandboxLimits } from "./sandboxes/limits.js";
+import type { ChainDetail } from "./snapshots/chains.js";
+import type { PackResult, UnpackResult } from "./snapshots/packs.js";
+import type { ResolvedTemplate, TemplateAlias } from "./snapshots/template-aliases.js";
 
 export type { EgressPolicy, EgressPolicyInput, HostStatus, NetworkRequest, SandboxNetworkInfo, SandboxUsage };
 
@@ -116,13 +116,13 @@ export interface SandboxInfo {
   limits: SandboxLimits;
   network: SandboxNetworkInfo;
   inbound: InboundSettings;
-  /** The tenant that owns it (see tenancy.ts); null: an admin's. */
+  /** The tenant that owns it (see tenancy/tenant-view.ts); null: an admin's. */
   owner: string | null;
 }
 
 /**
  * How a sandbox's ports are reached through the daemon (E2B's network.allowPublicTraffic, maskRequestHost and
- * httpsPorts; see sandbox-settings.ts for the checks). `hostHeader` and `httpsPorts` hold for every front (the
+ * httpsPorts; see sandboxes/settings.ts for the checks). `hostHeader` and `httpsPorts` hold for every front (the
  * forkd port route too); `requireTrafficToken` is the E2B data plane's rule (the forkd API has its own tokens).
  */
 export interface InboundSettings {
@@ -192,7 +192,7 @@ export interface SpawnRequest extends LimitsRequest {
   timeoutMs?: number;
   /** Map RAM from a tmpfs copy of the snapshot's image, so the sandbox can be live-BRANCHed. */
   liveFork?: boolean;
-  /** String metadata to find the sandboxes by later (see sandbox-settings.ts for the limits). */
+  /** String metadata to find the sandboxes by later (see sandboxes/settings.ts for the limits). */
   metadata?: Record<string, string>;
   /** Environment variables every process and cell in the sandboxes gets (a call's own env wins). */
   env?: Record<string, string>;
@@ -206,7 +206,7 @@ export interface SpawnRequest extends LimitsRequest {
   autoResume?: boolean;
   /** How its ports are reached; default: public, the request's own Host, plain HTTP (E2B's defaults). */
   inbound?: Partial<InboundSettings>;
-  /** The tenant the sandboxes belong to (tenancy.ts sets it); absent: an admin's. */
+  /** The tenant the sandboxes belong to (tenancy/tenant-view.ts sets it); absent: an admin's. */
   owner?: string | null;
   signal?: AbortSignal;
 }
@@ -391,7 +391,7 @@ export interface SandboxService {
   ): Promise<ForkOutcome>;
   procs: SandboxProcesses;
   contexts: SandboxContexts;
-  /** BRANCH: snapshot the running sandbox into a new tag; it keeps running (see controller/branch.ts). */
+  /** BRANCH: snapshot the running sandbox into a new tag; it keeps running (see controller/snapshots/branch.ts). */
   branch(
     id: string,
     request: {
@@ -469,7 +469,7 @@ export interface SnapshotInfo {
   aliases: string[];
   /** Made by the daemon for its own use (a fork point); deleted once nothing needs it. */
   ephemeral: boolean;
-  /** The tenant that owns it (see tenancy.ts); null: an admin's. */
+  /** The tenant that owns it (see tenancy/tenant-view.ts); null: an admin's. */
   owner: string | null;
   /**
    * How it came to be: booted from a template, BRANCHed from a sandbox, compacted from a chain, a sandbox's paused
@@ -487,7 +487,7 @@ export interface SnapshotInfo {
   egress_default: EgressPolicy | null;
 }
 
-/** A snapshot with its chain: ancestors, dependents, bytes per layer (see chains.ts). */
+/** A snapshot with its chain: ancestors, dependents, bytes per layer (see snapshots/chains.ts). */
 export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
 
 export interface SnapshotCreateRequest {
@@ -530,7 +530,7 @@ export interface SnapshotService {
     owner?: string | null;
     signal?: AbortSignal;
   }): Promise<SnapshotInfo>;
-  /** A pack of the chain ending at `tag` (packs.ts), as a file the caller sends and then disposes of. */
+  /** A pack of the chain ending at `tag` (snapshots/packs.ts), as a file the caller sends and then disposes of. */
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
@@ -539,7 +539,7 @@ export interface SnapshotService {
    * nothing does). not_found if unknown.
    */
   retire(tag: string): Promise<"deleted" | "deferred">;
-  /** Names for snapshot tags (see template-aliases.ts). */
+  /** Names for snapshot tags (see snapshots/template-aliases.ts). */
   aliases: {
     list(): Promise<TemplateAlias[]>;
     get(alias: string): Promise<TemplateAlias>;

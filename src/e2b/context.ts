@@ -3,7 +3,7 @@ import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
 import type { Token } from "../common/tokens.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import { type Principal, type Services, servicesFor } from "../controller/tenancy.js";
+import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
 import { TemplateFacts } from "./control/template-facts.js";
 import { GuestUsers } from "./envd/guest-users.js";
 import { Watchers } from "./envd/watchers.js";
@@ -59,7 +59,7 @@ declare module "fastify" {
 const scoped = new WeakMap<FastifyRequest, Services>();
 
 /**
- * The services as a control-plane request's principal may use them (controller/tenancy.ts: a tenant's API key
+ * The services as a control-plane request's principal may use them (controller/tenancy: a tenant's API key
  * sees only its own sandboxes and snapshots). The data plane needs none: a sandbox's own secrets open it.
  */
 export function servicesOf(request: FastifyRequest, context: E2bContext): Services {

@@ -42,7 +42,7 @@ export interface SandboxRow {
   live_fork: number;
   /** JSON array of the sandbox's cgroup directories, recorded before they are created (older rows: one path). */
   cgroup: string | null;
-  /** JSON SandboxLimits (controller/sandbox-limits.ts): what it runs with; "{}" for rows older than v7. */
+  /** JSON SandboxLimits (controller/sandboxes/limits.ts): what it runs with; "{}" for rows older than v7. */
   limits: string;
   ready_ms: number | null;
   error: string | null;
@@ -77,7 +77,7 @@ export interface SandboxRow {
   paused_at_unix_ms: number | null;
   /** JSON InboundSettings (controller/sandbox-service.ts): how its ports are reached through the daemon. */
   inbound: string;
-  /** The tenant that owns it (controller/tenancy.ts); null: an admin's, or older than tenants (v8). */
+  /** The tenant that owns it (controller/tenancy); null: an admin's, or older than tenants (v8). */
   owner: string | null;
 }
 

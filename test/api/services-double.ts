@@ -41,8 +41,8 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
-import { validateInbound } from "../../src/controller/sandbox-settings.js";
-import type { TemplateAlias } from "../../src/controller/template-aliases.js";
+import { validateInbound } from "../../src/controller/sandboxes/settings.js";
+import type { TemplateAlias } from "../../src/controller/snapshots/template-aliases.js";
 import { parseEgressPolicy } from "../../src/net/policy.js";
 
 export class ServicesDouble {

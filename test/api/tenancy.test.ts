@@ -2,7 +2,7 @@
  * Tenancy over the HTTP contract: two tenants' tokens and an admin's on one real TCP listener, the forkd REST API
  * through fetch and the E2B control plane through the real `e2b` SDK. The services behind the API are the test
  * double (test/api/services-double.ts), which records owners as the real services do; what is tested here is
- * the scope every route goes through (controller/tenancy.ts): another tenant's sandboxes and snapshots answer
+ * the scope every route goes through (controller/tenancy): another tenant's sandboxes and snapshots answer
  * exactly what an unknown one answers, and never appear in lists. Real VMs: test/e2b/tenancy-e2e.test.ts.
  */
 import assert from "node:assert/strict";
@@ -17,7 +17,7 @@ import type { FastifyInstance } from "fastify";
 import { buildApi } from "../../src/api/app.js";
 import { loadTokenFile } from "../../src/api/auth.js";
 import { tokenFromString } from "../../src/common/tokens.js";
-import { limitTenants } from "../../src/controller/tenancy.js";
+import { limitTenants } from "../../src/controller/tenancy/tenant-view.js";
 import { packageRoot } from "../../src/image/package-root.js";
 import { send } from "./raw-http.js";
 import { ServicesDouble } from "./services-double.js";

@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { ForkdError } from "../../src/common/errors.js";
 import { lockHome } from "../../src/common/home-lock.js";
 import { resolvePaths } from "../../src/common/paths.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
 
 const dirs: string[] = [];
 const home = async () => {

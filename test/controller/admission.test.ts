@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
-import { Admission, DEFAULT_ADMISSION_LIMITS } from "../../src/controller/admission.js";
+import { Admission, DEFAULT_ADMISSION_LIMITS } from "../../src/controller/sandboxes/admission.js";
 
 const isCode = (code: string, pattern: RegExp) => (err: unknown) =>
   err instanceof ForkdError && err.code === code && pattern.test(err.message);

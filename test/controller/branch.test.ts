@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
 import { qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 

@@ -15,7 +15,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import pino from "pino";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
 import { readLayerIndex } from "../../src/store/memory-layer.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
 import { tempHome } from "../support/host.js";

@@ -9,7 +9,7 @@ import { randomBytes } from "node:crypto";
 import { open, symlink, writeFile } from "node:fs/promises";
 import { promisify } from "node:util";
 import type { ForkdPaths } from "../../src/common/paths.js";
-import { childSpec } from "../../src/controller/machine.js";
+import { childSpec } from "../../src/controller/machines/machine.js";
 import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { manifestDigest } from "../../src/store/chain.js";
 import type { SnapshotManifest } from "../../src/store/manifest.js";

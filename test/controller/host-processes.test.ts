@@ -7,7 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
 import { after, describe, it } from "node:test";
 import { currentBootId, identityOf, isAlive, procStatFields } from "../../src/common/processes.js";
-import { killAndWait, processesMentioning, signalIfOurs } from "../../src/controller/host-processes.js";
+import { killAndWait, processesMentioning, signalIfOurs } from "../../src/controller/host/processes.js";
 import { waitFor } from "../support/host.js";
 
 const children: ChildProcess[] = [];

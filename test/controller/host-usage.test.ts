@@ -9,7 +9,7 @@ import { once } from "node:events";
 import os from "node:os";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as delay } from "node:timers/promises";
-import { parseProcStatCpu, smapsRollup, UsageSampler } from "../../src/controller/host-usage.js";
+import { parseProcStatCpu, smapsRollup, UsageSampler } from "../../src/controller/host/usage.js";
 
 const HELD_BYTES = 64 * 1024 * 1024;
 // Fills a buffer (every page written, so private and resident), says so, then spins.

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
-import { machineSpec, tcgCacheMiB } from "../../src/controller/machine.js";
+import { machineSpec, tcgCacheMiB } from "../../src/controller/machines/machine.js";
 import { buildQemuArgs, restoreCompatibilityKey } from "../../src/vmm/qemu-args.js";
 
 const shape = {

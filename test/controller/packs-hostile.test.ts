@@ -13,8 +13,8 @@ import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
-import { packSnapshot, unpackSnapshot } from "../../src/controller/packs.js";
-import { verifyImage } from "../../src/controller/restore-plan.js";
+import { verifyImage } from "../../src/controller/machines/restore-plan.js";
+import { packSnapshot, unpackSnapshot } from "../../src/controller/snapshots/packs.js";
 import {
   buildImage,
   importedImagesDir,

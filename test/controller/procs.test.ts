@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type { AgentClient } from "../../src/agent/host/client.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 

@@ -16,8 +16,8 @@ import {
   tokenMatches,
   validateEnvVars,
   validateMetadata,
-} from "../../src/controller/sandbox-settings.js";
-import { TemplateAliases } from "../../src/controller/template-aliases.js";
+} from "../../src/controller/sandboxes/settings.js";
+import { TemplateAliases } from "../../src/controller/snapshots/template-aliases.js";
 import { SCHEMA_VERSION, StateDb } from "../../src/store/db.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
 

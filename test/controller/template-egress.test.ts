@@ -4,8 +4,8 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { templateEgressPolicy } from "../../src/controller/create-snapshot.js";
-import { completeEgress } from "../../src/controller/sandbox-network.js";
+import { completeEgress } from "../../src/controller/networks/sandbox-networks.js";
+import { templateEgressPolicy } from "../../src/controller/snapshots/create.js";
 
 const template = (egress: { default: "allow" | "deny"; allowOut?: string[]; denyOut?: string[] }) => ({
   name: "t",

@@ -5,8 +5,8 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { openServices } from "../../src/controller/sandbox-manager.js";
-import { parseWarmPoolTarget } from "../../src/controller/warm-pool.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
+import { parseWarmPoolTarget } from "../../src/controller/sandboxes/warm-pool.js";
 import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 

@@ -11,7 +11,7 @@ import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { cgroupLimits, resolveLimits } from "../../src/controller/sandbox-limits.js";
+import { cgroupLimits, resolveLimits } from "../../src/controller/sandboxes/limits.js";
 import {
   createSandboxCgroups,
   detectCgroupLayout,

@@ -11,8 +11,8 @@ import { after, before, describe, it } from "node:test";
 import pino from "pino";
 import { chromium } from "playwright-core";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
-import { createSnapshot } from "../../src/controller/create-snapshot.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
+import { createSnapshot } from "../../src/controller/snapshots/create.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 
 const TOKEN = "browser-recipe-token-0123456789abcdef";

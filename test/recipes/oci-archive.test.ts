@@ -6,8 +6,8 @@
 import assert from "node:assert/strict";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { createSnapshot } from "../../src/controller/create-snapshot.js";
-import { forkChildren } from "../../src/controller/fork.js";
+import { forkChildren } from "../../src/controller/sandboxes/fork-children.js";
+import { createSnapshot } from "../../src/controller/snapshots/create.js";
 import { makeBusyboxLayout, saveArchive } from "../image/oci-fixtures.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 import { copyRecipe } from "./recipe-copy.js";

@@ -5,8 +5,8 @@
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { createSnapshot } from "../../src/controller/create-snapshot.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
+import { createSnapshot } from "../../src/controller/snapshots/create.js";
 import { runExample } from "../support/examples.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 

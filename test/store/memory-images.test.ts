@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { chmod, chown, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { after, before, describe, it } from "node:test";
-import { memoryImageOptions } from "../../src/controller/restore-plan.js";
+import { memoryImageOptions } from "../../src/controller/machines/restore-plan.js";
 import { resolveChain } from "../../src/store/chain.js";
 import { flatImageFor } from "../../src/store/memory-images.js";
 import { SnapshotStore, type StoredSnapshot } from "../../src/store/snapshot-store.js";

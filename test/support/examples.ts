@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import pino from "pino";
 import { startDaemon } from "../../src/api/daemon.js";
-import type { openServices } from "../../src/controller/sandbox-manager.js";
+import type { openServices } from "../../src/controller/sandboxes/manager.js";
 
 /** The repository root, from src/ (tsx) or dist/ (built tests). */
 export const REPO_ROOT = path.resolve(

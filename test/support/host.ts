@@ -4,7 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import Database from "better-sqlite3";
 import { type ForkdPaths, resolvePaths } from "../../src/common/paths.js";
-import { cacheDirs } from "../../src/controller/restore-plan.js";
+import { cacheDirs } from "../../src/controller/machines/restore-plan.js";
 import { resolveNetworkConfig } from "../../src/net/config.js";
 import { removeHostNetwork } from "../../src/net/host.js";
 import { removeSandboxNetwork } from "../../src/net/namespace.js";

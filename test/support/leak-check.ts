@@ -17,7 +17,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import Database from "better-sqlite3";
 import type { ForkdPaths } from "../../src/common/paths.js";
-import { cacheDirs, homeKey } from "../../src/controller/restore-plan.js";
+import { cacheDirs, homeKey } from "../../src/controller/machines/restore-plan.js";
 import { detectCgroupLayout, sandboxCgroupDirs } from "../../src/isolation/cgroup.js";
 import { sandboxNetNames } from "../../src/net/names.js";
 import { processesMentioning } from "./host.js";

@@ -4,7 +4,7 @@
  *   argv: <snapshot tag> <n>
  */
 import { resolvePaths } from "../../src/common/paths.js";
-import { openServices } from "../../src/controller/sandbox-manager.js";
+import { openServices } from "../../src/controller/sandboxes/manager.js";
 
 const [tag, n] = process.argv.slice(2);
 const services = await openServices(resolvePaths());

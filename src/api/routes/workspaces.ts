@@ -1,7 +1,7 @@
 /**
  * forkd v0.5's stateful workspaces (`/v1/workspaces`), wire-compatible: create (201), list, get, delete (204),
  * suspend `{diff}` and resume (200 with the WorkspaceInfo). Suspend is a pause and resume a resume of the
- * workspace's sandbox (controller/workspaces.ts), so unlike v0.5 the sandbox keeps its id and network.
+ * workspace's sandbox (controller/sandboxes/workspaces.ts), so unlike v0.5 the sandbox keeps its id and network.
  */
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
@@ -22,7 +22,7 @@ import {
 type NameRequest = { Params: Static<typeof WorkspaceNameParams> };
 
 export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContext): void {
-  // Through the request's view: a tenant has no workspaces (controller/tenancy.ts).
+  // Through the request's view: a tenant has no workspaces (controller/tenancy/tenant-view.ts).
   const workspacesOf = (request: FastifyRequest) => servicesOf(request, context).sandboxes.workspaces;
   const networkStatus = () => context.services.sandboxes.networkStatus();
 

@@ -17,11 +17,11 @@ import {
 import { assertTag } from "../../common/names.js";
 import { resolvePaths } from "../../common/paths.js";
 import { consoleExtension } from "../../console/index.js";
-import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/branch.js";
-import { cacheDirs } from "../../controller/restore-plan.js";
-import { openServices } from "../../controller/sandbox-manager.js";
-import { limitTenants } from "../../controller/tenancy.js";
-import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/warm-pool.js";
+import { cacheDirs } from "../../controller/machines/restore-plan.js";
+import { openServices } from "../../controller/sandboxes/manager.js";
+import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
+import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
+import { limitTenants } from "../../controller/tenancy/tenant-view.js";
 import { confinementMode } from "../../isolation/confinement.js";
 import {
   DEFAULT_CONSOLE_LOG_BYTES,

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { runDoctor } from "../../controller/doctor.js";
+import { runDoctor } from "../../controller/host/doctor.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -3,7 +3,7 @@ import { invalidArgument } from "../../common/errors.js";
 import { MAX_GUEST_TIMEOUT_MS, MAX_SANDBOX_TIMEOUT_MS, MAX_SPAWN_N } from "../../common/limits.js";
 import { resolvePaths } from "../../common/paths.js";
 import { percentile } from "../../common/stats.js";
-import { type ForkResult, failedChildren, forkChildren } from "../../controller/fork.js";
+import { type ForkResult, failedChildren, forkChildren } from "../../controller/sandboxes/fork-children.js";
 import { EXIT } from "../exit-codes.js";
 import { oneLine, printJson, printTable, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -1,10 +1,10 @@
 /**
  * `forkd push TAG REF` and `forkd pull REF [--tag NEW]`: snapshot chains through an OCI registry (see
- * controller/registry.ts). Like pack and unpack they work on this host's files directly.
+ * controller/snapshots/registry.ts). Like pack and unpack they work on this host's files directly.
  */
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { pullSnapshot, pushSnapshot } from "../../controller/registry.js";
+import { pullSnapshot, pushSnapshot } from "../../controller/snapshots/registry.js";
 import { oneLine, printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 

@@ -8,7 +8,7 @@ import type { Static } from "@sinclair/typebox";
 import type { Command } from "commander";
 import type { SnapshotDetailWire } from "../../api/schemas.js";
 import { resolvePaths } from "../../common/paths.js";
-import { removeSnapshot, snapshotDescendants } from "../../controller/chains.js";
+import { removeSnapshot, snapshotDescendants } from "../../controller/snapshots/chains.js";
 import { routePath } from "../daemon-client.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -2,7 +2,7 @@
 import type { Command } from "commander";
 import type { SnapshotInfoWire } from "../../api/schemas.js";
 import { resolvePaths } from "../../common/paths.js";
-import { compactSnapshot, localSnapshotDetail } from "../../controller/chains.js";
+import { compactSnapshot, localSnapshotDetail } from "../../controller/snapshots/chains.js";
 import { routePath } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

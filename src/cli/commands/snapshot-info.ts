@@ -5,7 +5,7 @@ import type { Command } from "commander";
 import type { SnapshotDetailWire } from "../../api/schemas.js";
 import { policyToWire } from "../../api/wire.js";
 import { resolvePaths } from "../../common/paths.js";
-import { localSnapshotDetail } from "../../controller/chains.js";
+import { localSnapshotDetail } from "../../controller/snapshots/chains.js";
 import { routePath } from "../daemon-client.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";

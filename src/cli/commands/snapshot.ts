@@ -6,7 +6,7 @@ import { type Command, Option } from "commander";
 import type { BranchResultWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
-import { createSnapshot } from "../../controller/create-snapshot.js";
+import { createSnapshot } from "../../controller/snapshots/create.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { listSnapshots } from "../../controller/snapshots.js";
+import { listSnapshots } from "../../controller/snapshots/list.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
 import { registerRmi } from "./rmi.js";

@@ -6,7 +6,7 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { matchToken } from "../../common/tokens.js";
-import { ADMIN } from "../../controller/tenancy.js";
+import { ADMIN } from "../../controller/tenancy/tenant-view.js";
 import type { E2bContext } from "../context.js";
 import { sendE2bError } from "../errors.js";
 import { registerForkRoutes } from "./forks.js";

@@ -10,7 +10,7 @@ import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
-import type { Services } from "../../controller/tenancy.js";
+import type { Services } from "../../controller/tenancy/tenant-view.js";
 import { type E2bContext, servicesOf } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";
 import {

@@ -12,7 +12,7 @@ import {
   SDK_SANDBOX_TIMEOUT_MS,
   TEMPLATE_ALIAS_PATTERN,
 } from "../../common/limits.js";
-import { PORT_PLACEHOLDER } from "../../controller/sandbox-settings.js";
+import { PORT_PLACEHOLDER } from "../../controller/sandboxes/settings.js";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;

@@ -1,0 +1,354 @@
+/**
+ * Booting a fresh VM from an image to a warm agent: used for a snapshot's parent and for the cold-boot
+ * baseline the spawn benchmark compares forks against. The guest agent announces itself with a hello when it
+ * has opened its port: that handshake, never a fixed sleep, is what "booted" means.
+ */
+import { mkdir, open } from "node:fs/promises";
+import { AgentClient } from "../../agent/host/client.js";
+import type { ProcEnd, ProcHandle } from "../../agent/host/types.js";
+import { deadlineSignal, sleep } from "../../common/deadline.js";
+import { ForkdError } from "../../common/errors.js";
+import { GUEST_MAC } from "../../common/guest-network.js";
+import type { BuiltImage, Template, TemplateCommand } from "../../image/index.js";
+import { type ConfinementConfig, resolveConfinement } from "../../isolation/confinement.js";
+import { privateNetnsUnavailable } from "../../isolation/launcher.js";
+import { launchVm, type VmHandle } from "../../vmm/launch.js";
+import { describeExit, type QemuExit } from "../../vmm/qemu-process.js";
+import type { FileOwner } from "../../vmm/unix-listener.js";
+import { type NicAttachment, privateNic } from "../networks/sandbox-networks.js";
+import type { AcceleratorChoice } from "./accelerator.js";
+import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
+import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
+
+/**
+ * Kernel arguments the runtime adds to the image's own. `tsc=reliable`: under TCG the guest's jiffies-based
+ * clocksource watchdog sees the TSC skew whenever the host is loaded, marks it unstable and falls back to
+ * jiffies; without a continuous clocksource there are no high-resolution timers and no tickless idle, so every
+ * idle child takes 250 timer interrupts a second (measured: 15 ms of host CPU per idle child per second, which
+ * with 100 children saturated 2 cores). The TSC itself follows QEMU's virtual clock and is monotonic.
+ */
+export const GUEST_RUNTIME_CMDLINE = "tsc=reliable";
+
+/** A cold boot to the agent's hello: ~20 s under TCG on a 2-core host, ~1 s under KVM. */
+export const BOOT_TIMEOUT_MS = { tcg: 240_000, kvm: 60_000 } as const;
+/** Warm-up code (e.g. `import numpy`) takes seconds under TCG. */
+export const WARMUP_TIMEOUT_MS = 300_000;
+
+export interface BootedVm {
+  vm: VmHandle;
+  /** Who the VM's QEMU runs as (null: this process's user); files made for it are handed over. */
+  owner: FileOwner | null;
+  agent: AgentClient;
+  shape: MachineShape;
+  bootMs: number;
+  warmupMs: number;
+  /** Time from starting the template's `start` command until its `ready` command succeeded (0: neither). */
+  readyMs: number;
+}
+
+/** What booting a parent needs of its template (a built image carries it too: `BuiltImage.template`). */
+export type BootTemplate = Pick<Template, "name" | "memoryMib" | "vcpus" | "interpreter"> & {
+  warmup?: string | null;
+  /** "nic" (the default) or "none". */
+  network?: Template["network"];
+  /** The template's egress default, recorded in the snapshot's manifest (none for a bare image). */
+  egress?: Template["egress"];
+  /** The template file, for errors. */
+  source?: string;
+  /** Format 2: started in the parent and polled until ready before the warm-up (none for a bare image). */
+  start?: Template["start"];
+  ready?: Template["ready"];
+};
+
+export function machineShape(
+  template: BootTemplate,
+  image: BuiltImage,
+  accel: AcceleratorChoice,
+): MachineShape {
+  return {
+    accel: accel.accel,
+    tscKhz: accel.tscKhz,
+    cpuModel: cpuModelFor(accel.accel),
+    memoryMiB: template.memoryMib,
+    vcpus: template.vcpus,
+    kernel: image.kernel,
+    initrd: image.initrd,
+    kernelCmdline: `${image.manifest.kernel.cmdline} ${GUEST_RUNTIME_CMDLINE}`,
+  };
+}
+
+/**
+ * The parent's NIC (a parent never has an uplink: it is booted, warmed and saved). With offloads on a tap in
+ * a private namespace where the host can give it one, so children on their namespaces' taps get offloads too;
+ * without a peer (and so without offloads) where it cannot.
+ */
+export async function parentNic(): Promise<{
+  shape: NonNullable<MachineShape["nic"]>;
+  attachment: NicAttachment;
+}> {
+  const vnetHdr = (await privateNetnsUnavailable()) === null;
+  return { shape: { mac: GUEST_MAC, vnetHdr }, attachment: await privateNic(vnetHdr) };
+}
+
+/**
+ * Boots `image` with RAM in `memoryFile` (MAP_SHARED, so the guest writes straight into it) on the disk
+ * overlay `disk`, waits for the agent's hello and runs the template's warm-up. On failure the VM is killed and
+ * the error carries the end of the guest console.
+ */
+export async function bootWarmVm(options: {
+  template: BootTemplate;
+  image: BuiltImage;
+  accel: AcceleratorChoice;
+  runDir: string;
+  memoryFile: string;
+  disk: string;
+  /** Boot with a NIC (default: the template's `network`). */
+  network?: boolean;
+  /** What the disk overlay's backing chain reads (a symlink to the root filesystem, or the file itself). */
+  diskBacking: readonly string[];
+  /** Default: this process's (resolveConfinement()). */
+  confinement?: ConfinementConfig;
+  signal?: AbortSignal;
+  onProgress?: (step: BootStep, message: string) => void;
+}): Promise<BootedVm> {
+  const { template, image, accel, runDir } = options;
+  const progress = options.onProgress ?? (() => {});
+  const nic = (options.network ?? template.network !== "none") ? await parentNic() : undefined;
+  const shape: MachineShape = { ...machineShape(template, image, accel), nic: nic?.shape };
+  const confinement = options.confinement ?? (await resolveConfinement());
+  const started = performance.now();
+  const bootDeadline = deadlineSignal(BOOT_TIMEOUT_MS[accel.accel], options.signal);
+  const bootSignal = bootDeadline.signal;
+  progress("boot", `booting ${template.name} (${shape.memoryMiB} MiB, ${accel.accel})`);
+  const spec = confineSpec(
+    confinement,
+    machineSpec(shape, {
+      runDir,
+      memoryFile: options.memoryFile,
+      shared: true,
+      disk: options.disk,
+      nicBackend: nic?.attachment.backend,
+    }),
+  );
+  const vm = await (async () => {
+    await mkdir(runDir, { recursive: true, mode: 0o700 });
+    await createRamFile(options.memoryFile, shape.memoryMiB);
+    const start = vmStart(confinement, {
+      spec,
+      runDir,
+      readOnly: options.diskBacking,
+      nic: nic?.attachment,
+      // A parent is saved by the program that booted it; without that program it is of no use to anyone.
+      dieWithParent: true,
+    });
+    return launchVm(spec, { runDir, signal: bootSignal, ...start });
+  })().catch((err: unknown) => {
+    bootDeadline.dispose();
+    throw err;
+  });
+  let agent: AgentClient | undefined;
+  try {
+    agent = new AgentClient(await raceExit(vm, vm.agentConnection, "boot"));
+    const hello = await raceExit(vm, agent.waitHello({ signal: bootSignal }), "boot");
+    const bootMs = performance.now() - started;
+    progress("boot", `agent ${hello.agentVersion} ready after ${(bootMs / 1000).toFixed(1)} s`);
+    let readyMs = 0;
+    if (template.start || template.ready) {
+      const readyStarted = performance.now();
+      await raceExit(vm, startAndWaitReady(agent, template, image, progress, options.signal), "start/ready");
+      readyMs = performance.now() - readyStarted;
+    }
+    let warmupMs = 0;
+    // A Python template is warmed even without warm-up code: the call also waits for the worker to be up,
+    // so the snapshot never catches it half-started.
+    if (template.interpreter === "python") {
+      progress("warmup", "running warm-up");
+      const warmStarted = performance.now();
+      const result = await raceExit(
+        vm,
+        agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
+        "warm-up",
+      );
+      if (result.error) {
+        throw new ForkdError(
+          "unprocessable",
+          `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
+        );
+      }
+      warmupMs = performance.now() - warmStarted;
+      progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
+    }
+    return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs, readyMs };
+  } catch (err) {
+    agent?.close();
+    const tail = await vm.consoleTail(2000).catch(() => "");
+    await vm.kill({ graceMs: 0 }).catch(() => {});
+    if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
+      throw new ForkdError(
+        err instanceof ForkdError ? err.code : "internal",
+        `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
+        { cause: err },
+      );
+    }
+    throw err;
+  } finally {
+    bootDeadline.dispose();
+  }
+}
+
+export type BootStep = "boot" | "ready" | "warmup";
+
+/** The tag the template's `start` process carries in the guest (proc.list/connect find it by it). */
+export const START_PROCESS_TAG = "forkd-start";
+const OUTPUT_TAIL_BYTES = 4096;
+
+/** Who `start`/`ready` run as: the command's own user, else the image's (format 2), else root. */
+function commandUser(
+  command: TemplateCommand,
+  image: BuiltImage,
+  template: BootTemplate,
+  field: string,
+): string | undefined {
+  const user = command.user ?? image.manifest.settings?.user;
+  if (user === undefined || user === "root") return command.user;
+  if (!/^[A-Za-z_][A-Za-z0-9_.-]{0,31}$/.test(user)) {
+    throw new ForkdError(
+      "invalid_argument",
+      `template ${template.name}: the image's user is ${JSON.stringify(user)}, not a name the guest agent can run ${field} as; set ${field}.user`,
+    );
+  }
+  return user;
+}
+
+class OutputTail {
+  private text = "";
+  add = (chunk: Buffer) => {
+    this.text = (this.text + chunk.toString("utf8")).slice(-OUTPUT_TAIL_BYTES);
+  };
+  toString(): string {
+    return this.text.trim();
+  }
+}
+
+/**
+ * Starts the template's `start` command (a process that outlives the call: every child inherits it running)
+ * and polls its `ready` command until it exits 0, within ready's deadline. Fails with the output of both when
+ * the service exits or never becomes ready; the parent is then not snapshotted.
+ */
+async function startAndWaitReady(
+  agent: AgentClient,
+  template: BootTemplate,
+  image: BuiltImage,
+  progress: (step: BootStep, message: string) => void,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  const startOutput = new OutputTail();
+  let exited: ProcEnd | undefined;
+  let handle: ProcHandle | undefined;
+  if (template.start) {
+    const start = template.start;
+    progress("ready", `starting ${JSON.stringify(start.argv.join(" ")).slice(0, 120)}`);
+    handle = agent.procs.start(start.argv, {
+      tag: START_PROCESS_TAG,
+      user: commandUser(start, image, template, "start"),
+      cwd: start.cwd,
+      env: Object.keys(start.env).length > 0 ? start.env : undefined,
+      onStdout: startOutput.add,
+      onStderr: startOutput.add,
+      signal,
+    });
+    handle.done.then(
+      (end) => {
+        exited = end;
+      },
+      () => {},
+    );
+    const pid = await handle.pid.catch((err: unknown) => {
+      throw new ForkdError(
+        "unprocessable",
+        `template ${template.name}: start command could not be started: ${err instanceof Error ? err.message : String(err)}`,
+      );
+    });
+    progress("ready", `start command running (pid ${pid})`);
+  }
+  try {
+    const ready = template.ready;
+    if (!ready) return;
+    const deadline = performance.now() + ready.timeoutMs;
+    const user = commandUser(ready, image, template, "ready");
+    let attempts = 0;
+    let last = "";
+    for (;;) {
+      if (exited) {
+        throw new ForkdError(
+          "unprocessable",
+          `template ${template.name}: start command exited (${exited.error ?? (exited.signal ? `signal ${exited.signal}` : `exit code ${exited.exitCode}`)}) before ready succeeded` +
+            (startOutput.toString() ? `\n--- start output (last lines) ---\n${startOutput}` : ""),
+        );
+      }
+      const remaining = deadline - performance.now();
+      if (remaining <= 0) {
+        throw new ForkdError(
+          "timeout",
+          `template ${template.name}: ready command did not succeed within ${ready.timeoutMs / 1000} s (${attempts} attempts)` +
+            (last ? `\n--- ready output (last attempt) ---\n${last}` : "") +
+            (startOutput.toString() ? `\n--- start output (last lines) ---\n${startOutput}` : ""),
+        );
+      }
+      attempts++;
+      const result = await agent.exec(ready.argv, {
+        user,
+        cwd: ready.cwd,
+        env: Object.keys(ready.env).length > 0 ? ready.env : undefined,
+        timeoutMs: Math.round(Math.max(1000, Math.min(remaining, 60_000))),
+        signal,
+      });
+      if (result.exitCode === 0) {
+        progress("ready", `ready after ${attempts} attempt${attempts === 1 ? "" : "s"}`);
+        return;
+      }
+      last = `exit code ${result.exitCode ?? result.signal}: ${Buffer.concat([result.stdout, result.stderr]).toString("utf8").trim().slice(-OUTPUT_TAIL_BYTES)}`;
+      await sleep(ready.intervalMs, signal);
+    }
+  } finally {
+    // The process keeps running in the guest (and in every child); only this call stops following it.
+    handle?.detach();
+  }
+}
+
+/**
+ * The parent's RAM file, made at its full size before QEMU starts: an unprivileged QEMU cannot create files
+ * outside its run directory, and QEMU only extends a file that is too small. Sparse: nothing is allocated
+ * until the guest writes.
+ */
+async function createRamFile(file: string, memoryMiB: number): Promise<void> {
+  const handle = await open(file, "wx", 0o600);
+  try {
+    await handle.truncate(memoryMiB * 2 ** 20);
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * When the agent's socket closes, QEMU's exit is often reaped a moment later; a failure within this window is
+ * reported as the QEMU exit (the root cause) rather than as a closed connection.
+ */
+export const EXIT_ATTRIBUTION_MS = 300;
+
+/** Rejects with the QEMU exit (and its output) if the VM dies while `work` is pending. */
+export async function raceExit<T>(vm: VmHandle, work: Promise<T>, what: string): Promise<T> {
+  const qemuExit = (exit: QemuExit) => {
+    const output = vm.process.outputTail().trim();
+    return new ForkdError("unavailable", `${what}: QEMU ${describeExit(exit)}${output ? `: ${output}` : ""}`);
+  };
+  const died = vm.exited.then((exit): never => {
+    throw qemuExit(exit);
+  });
+  try {
+    return await Promise.race([work, died]);
+  } catch (err) {
+    const exit = await Promise.race([vm.exited, sleep(EXIT_ATTRIBUTION_MS).then(() => undefined)]);
+    throw exit ? qemuExit(exit) : err;
+  }
+}

@@ -1,0 +1,325 @@
+/**
+ * One sandbox: a child VM restored from a snapshot. It owns a run directory (sockets, console log, its private
+ * disk overlay), a QEMU process whose RAM maps the snapshot's memory file MAP_PRIVATE, and the agent channel.
+ */
+import { randomBytes } from "node:crypto";
+import { closeSync, openSync } from "node:fs";
+import { copyFile, mkdir, readFile, rm } from "node:fs/promises";
+import path from "node:path";
+import { AgentClient } from "../../agent/host/client.js";
+import { deadlineSignal } from "../../common/deadline.js";
+import { errorMessage, ForkdError } from "../../common/errors.js";
+import type { ForkdPaths } from "../../common/paths.js";
+import { type ConfinementConfig, resolveConfinement } from "../../isolation/confinement.js";
+import { readLayerIndex } from "../../store/memory-layer.js";
+import type { ConsoleLog } from "../../vmm/console-log.js";
+import { type GuestRamMapping, writePagesFromFile } from "../../vmm/guest-memory.js";
+import { startIncoming } from "../../vmm/incoming.js";
+import { launchVm, type VmHandle } from "../../vmm/launch.js";
+import { type DeferredDeviceState, deferredDeviceState, loadPagesThenState } from "../../vmm/page-restore.js";
+import { DEVICE_STATE_FD } from "../../vmm/qemu-args.js";
+import type { QmpClient } from "../../vmm/qmp.js";
+import type { FileOwner } from "../../vmm/unix-listener.js";
+import { type NicAttachment, privateNic } from "../networks/sandbox-networks.js";
+import { raceExit } from "./boot.js";
+import { newSandboxId } from "./ids.js";
+import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
+import type { RestorePlan } from "./restore-plan.js";
+import { chainDiskFiles, confineSpec, vmOwner, vmStart } from "./vm-launch.js";
+
+/**
+ * From spawn to the agent's answer to the post-restore fix-up. Under TCG on a loaded 2-core host with 100
+ * children starting together this reaches tens of seconds; a child slower than this is reported as failed.
+ */
+export const CHILD_READY_TIMEOUT_MS = { tcg: 120_000, kvm: 30_000 } as const;
+
+/** Bytes of fresh host entropy mixed into each child's kernel RNG (it resumes with its parent's RNG state). */
+export const CHILD_ENTROPY_BYTES = 64;
+
+/** What the daemon needs of a running sandbox, whether it started it (Sandbox) or re-attached (AdoptedSandbox). */
+export interface SandboxHandle {
+  readonly id: string;
+  readonly pid: number;
+  readonly runDir: string;
+  readonly agent: AgentClient;
+  /** The snapshot whose RAM image it maps (what it was restored from, or for a resumed sandbox what it was spawned on). */
+  readonly snapshotTag: string;
+  /** The flat RAM image its guest RAM maps MAP_PRIVATE. */
+  readonly memoryImage: string;
+  /** Who its QEMU runs as, when not as the daemon's own user: files and sockets made for it are handed over. */
+  readonly vmOwner: FileOwner | null;
+  /** Its serial console's bounded log. */
+  readonly console: ConsoleLog;
+  /** Its QMP connection (opened on first use). */
+  qmp(): Promise<QmpClient>;
+  /**
+   * Lets go of the agent and QMP connections and leaves the VM running, for the next daemon to re-attach:
+   * QEMU's monitor serves one client at a time, so a connection kept open would starve that re-attach.
+   */
+  release(): void;
+  /** Kills the VM and removes its run directory. Idempotent. */
+  destroy(): Promise<void>;
+}
+
+export interface RestoreOptions {
+  id?: string;
+  signal?: AbortSignal;
+  /** Default CHILD_READY_TIMEOUT_MS for the snapshot's accelerator. */
+  readyTimeoutMs?: number;
+  /** Keep the VM running if this program exits (the daemon re-attaches after a restart). */
+  outliveHost?: boolean;
+  /** Called with the QEMU pid as soon as it is spawned, before the guest is ready (to record or limit it). */
+  onSpawned?: (pid: number) => Promise<void>;
+  /**
+   * What the child's NIC (if its snapshot has one) is attached to; default: a tap in a private namespace with
+   * no uplink (SandboxNetworks.attach gives a sandbox its own network).
+   */
+  nic?: NicAttachment;
+  /** Default: this process's (resolveConfinement()). */
+  confinement?: ConfinementConfig;
+  /** Cgroups QEMU joins before it starts (created by the caller). */
+  cgroups?: readonly string[];
+  /** Cap on the sandbox's writable disk layer, in bytes (RLIMIT_FSIZE of its QEMU). */
+  diskLimitBytes?: number;
+  /** The console log's budget in bytes (default 4 MiB). */
+  consoleLogBytes?: number;
+  /**
+   * A child of this plan's snapshot already started by a warm pool (`launchChild` with `deferred`): its
+   * id and run directory are used, and only its device state is loaded now. `id`, `nic` and the
+   * confinement options are the pool's (it serves only unconfined daemons, see sandboxes/warm-pool.ts).
+   */
+  prestarted?: PrestartedChild;
+}
+
+/** A QEMU started for a child with `-incoming defer`: devices realised, waiting for its device state. */
+export interface PrestartedChild {
+  id: string;
+  runDir: string;
+  vm: VmHandle;
+}
+
+export interface LaunchChildOptions
+  extends Pick<RestoreOptions, "nic" | "confinement" | "cgroups" | "diskLimitBytes" | "consoleLogBytes"> {
+  runDir: string;
+  signal?: AbortSignal;
+  outliveHost?: boolean;
+  /** `-incoming defer`: start QEMU and its devices, load the device state later (`startIncoming`). */
+  deferred?: boolean;
+  /** `-S`: the guest stays stopped after the load until QMP `cont` (measurements). */
+  startPaused?: boolean;
+}
+
+export interface LaunchedChild {
+  vm: VmHandle;
+  confinement: ConfinementConfig;
+  /** Set when the plan has pages to write first: the device state then goes through this FIFO. */
+  deferredState?: DeferredDeviceState;
+}
+
+/** Makes a child's run directory and disk overlay and starts its QEMU (confined) on `plan`'s snapshot. */
+export async function launchChild(plan: RestorePlan, options: LaunchChildOptions): Promise<LaunchedChild> {
+  const { manifest, dir } = plan.snapshot;
+  const { runDir } = options;
+  await mkdir(runDir, { recursive: true, mode: 0o700 });
+  const deviceState = path.join(dir, SNAPSHOT_FILES.deviceState);
+  // Pages to write first: the device state then goes through a FIFO, fed once RAM is complete.
+  const deferredState = plan.pageLayers.length > 0 ? deferredDeviceState(runDir) : undefined;
+  const disk = path.join(runDir, RUN_FILES.disk);
+  await copyFile(plan.overlayTemplate, disk);
+  const snapshotNic = manifest.machine.nic;
+  const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
+  const confinement = options.confinement ?? (await resolveConfinement());
+  const spec = confineSpec(
+    confinement,
+    childSpec(manifest, {
+      runDir,
+      memoryFile: plan.memoryImage,
+      shared: false,
+      disk,
+      restoreFrom: deferredState?.path ?? deviceState,
+      nicBackend: nic?.backend,
+    }),
+  );
+  if (options.deferred && spec.restore) spec.restore.deferred = true;
+  if (options.startPaused) spec.startPaused = true;
+  const start = vmStart(confinement, {
+    spec,
+    runDir,
+    readOnly: await chainDiskFiles(plan.chain),
+    nic,
+    keepFds: [DEVICE_STATE_FD],
+    cgroups: options.cgroups,
+    fileSizeLimitBytes: options.diskLimitBytes,
+    // A daemon's sandbox outlives the daemon (it re-attaches); any other child dies with its program.
+    dieWithParent: options.outliveHost !== true,
+  });
+  const vm = await launchVm(spec, {
+    runDir,
+    signal: options.signal,
+    outliveHost: options.outliveHost,
+    consoleLog: { maxBytes: options.consoleLogBytes },
+    ...start,
+  });
+  return { vm, confinement, deferredState };
+}
+
+export class Sandbox implements SandboxHandle {
+  private destroyed: Promise<void> | undefined;
+
+  private constructor(
+    readonly id: string,
+    readonly snapshotTag: string,
+    readonly memoryImage: string,
+    readonly runDir: string,
+    readonly vm: VmHandle,
+    readonly agent: AgentClient,
+    readonly vmOwner: FileOwner | null,
+    readonly createdAtUnix: number,
+    /** From the start of the restore to the agent's answer to the fix-up. */
+    readonly readyMs: number,
+  ) {}
+
+  get pid(): number {
+    return this.vm.pid;
+  }
+
+  get console(): ConsoleLog {
+    return this.vm.console;
+  }
+
+  qmp(): Promise<QmpClient> {
+    return this.vm.qmp();
+  }
+
+  release(): void {
+    this.agent.close();
+    this.vm.closeQmp();
+  }
+
+  static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
+    const started = performance.now();
+    const id = options.prestarted?.id ?? options.id ?? newSandboxId();
+    const { snapshot } = plan;
+    const { manifest } = snapshot;
+    const runDir = options.prestarted?.runDir ?? path.join(paths.run, id);
+    const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
+    const deadline = deadlineSignal(readyTimeoutMs, options.signal);
+    const { signal } = deadline;
+    let vm: VmHandle | undefined;
+    let agent: AgentClient | undefined;
+    let deferred: DeferredDeviceState | undefined;
+    try {
+      let confinement: ConfinementConfig;
+      if (options.prestarted) {
+        vm = options.prestarted.vm;
+        confinement = options.confinement ?? (await resolveConfinement());
+        if (options.outliveHost) vm.process.keepAfterHost();
+        await startIncoming(await vm.qmp({ signal }), { signal });
+      } else {
+        const child = await launchChild(plan, {
+          runDir,
+          nic: options.nic,
+          signal,
+          outliveHost: options.outliveHost,
+          confinement: options.confinement,
+          cgroups: options.cgroups,
+          diskLimitBytes: options.diskLimitBytes,
+          consoleLogBytes: options.consoleLogBytes,
+        });
+        vm = child.vm;
+        confinement = child.confinement;
+        deferred = child.deferredState;
+      }
+      const launched = vm;
+      const owner = vmOwner(confinement, launched.pid);
+      await options.onSpawned?.(launched.pid);
+      if (deferred) {
+        const layers = plan.pageLayers;
+        await raceExit(
+          launched,
+          loadPagesThenState(
+            launched,
+            deferred,
+            await readFile(path.join(snapshot.dir, SNAPSHOT_FILES.deviceState)),
+            (mapping) => writeLayerPages(mapping, layers),
+            { signal, expectedBytes: manifest.memory.ramBytes },
+          ),
+          `sandbox ${id}: writing its pages`,
+        );
+      }
+      // Every later call on this sandbox gets the same patience as its restore: a loaded TCG host is slow.
+      agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
+        callTimeoutMs: readyTimeoutMs,
+      });
+      await raceExit(
+        launched,
+        agent.restore(
+          {
+            timeNs: BigInt(Date.now()) * 1_000_000n,
+            entropy: randomBytes(CHILD_ENTROPY_BYTES),
+            hostname: id,
+            sandboxId: id,
+          },
+          { signal },
+        ),
+        `sandbox ${id}: post-restore fix-up`,
+      );
+      signal.throwIfAborted();
+      const readyMs = performance.now() - started;
+      return new Sandbox(
+        id,
+        plan.memoryTag,
+        plan.memoryImage,
+        runDir,
+        launched,
+        agent,
+        owner,
+        Math.floor(Date.now() / 1000),
+        readyMs,
+      );
+    } catch (err) {
+      agent?.close();
+      const tail = vm ? await vm.consoleTail(1500).catch(() => "") : "";
+      await vm?.kill({ graceMs: 0 }).catch(() => {});
+      await rm(runDir, { recursive: true, force: true });
+      if (signal.aborted && !options.signal?.aborted) {
+        throw new ForkdError(
+          "timeout",
+          `sandbox ${id} from ${snapshot.tag}: not ready within ${readyTimeoutMs / 1000} s` +
+            (tail ? `\n--- guest console ---\n${tail}` : ""),
+          { cause: err },
+        );
+      }
+      throw err instanceof ForkdError
+        ? err
+        : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
+    } finally {
+      deferred?.dispose();
+      deadline.dispose();
+    }
+  }
+
+  /** Kills the VM and removes everything it had on the host. Idempotent; safe to call concurrently. */
+  destroy(): Promise<void> {
+    this.destroyed ??= (async () => {
+      this.agent.close();
+      // A sandbox has nothing to flush: its overlay is discarded with it, so skip the graceful quit.
+      await this.vm.kill({ graceMs: 0 }).catch(() => {});
+      await rm(this.runDir, { recursive: true, force: true });
+    })();
+    return this.destroyed;
+  }
+}
+
+/** Writes every page of `layers` (oldest first, so a newer layer's page wins) into a restoring child's RAM. */
+async function writeLayerPages(mapping: GuestRamMapping, layers: readonly string[]): Promise<void> {
+  for (const layer of layers) {
+    const { pages, dataOffset } = await readLayerIndex(layer);
+    const fd = openSync(layer, "r");
+    try {
+      writePagesFromFile(mapping, pages, fd, dataOffset);
+    } finally {
+      closeSync(fd);
+    }
+  }
+}

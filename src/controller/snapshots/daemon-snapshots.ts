@@ -1,0 +1,411 @@
+/** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
+
+import { createWriteStream } from "node:fs";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import path from "node:path";
+import { pipeline } from "node:stream/promises";
+import { crashPoint } from "../../common/crash-points.js";
+import { conflict, errorMessage, ForkdError, invalidArgument, notFound } from "../../common/errors.js";
+import { assertTag } from "../../common/names.js";
+import type { ForkdPaths } from "../../common/paths.js";
+import { imageOfFiles } from "../../image/index.js";
+import type { ConfinementConfig } from "../../isolation/confinement.js";
+import { jobWriterAlive, type StateDb } from "../../store/db.js";
+import { sweepDeadPackScratch } from "../../store/pack-archive.js";
+import { SnapshotStore, type StoredSnapshot } from "../../store/snapshot-store.js";
+import { snapshotIsBootable } from "../machines/restore-plan.js";
+import type {
+  PackRequest,
+  SnapshotCreateRequest,
+  SnapshotDeleteOptions,
+  SnapshotDetail,
+  SnapshotInfo,
+  SnapshotService,
+  UnpackRequest,
+} from "../sandbox-service.js";
+import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
+import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
+import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
+import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
+
+export class DaemonSnapshots implements SnapshotService {
+  readonly store: SnapshotStore;
+  private readonly templateAliases: TemplateAliases;
+  private readonly imageDirs: readonly string[];
+  private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
+
+  private readonly confinement: ConfinementConfig | undefined;
+
+  constructor(
+    private readonly paths: ForkdPaths,
+    private readonly db: StateDb,
+    /** Ids of live sandboxes restored from `tag` (a snapshot they map cannot be deleted). */
+    private readonly usersOf: (tag: string) => string[],
+    options: {
+      /**
+       * Runs before a delete (a warm pool drains the snapshot's prestarted VMs); the function it returns
+       * undoes that when the delete is refused.
+       */
+      beforeDelete?: (tag: string) => Promise<() => void>;
+      defaultSnapshot?: string;
+      /** Image caches whose images a v0.5 client may name by kernel/rootfs path (default: this host's cache). */
+      imageDirs?: readonly string[];
+      /** How parent VMs are confined (the daemon's). */
+      confinement?: ConfinementConfig;
+    } = {},
+  ) {
+    this.confinement = options.confinement;
+    this.store = new SnapshotStore(paths.snapshots);
+    this.beforeDelete = options.beforeDelete;
+    this.imageDirs = options.imageDirs ?? [paths.images];
+    this.templateAliases = new TemplateAliases(db, this.store, options.defaultSnapshot);
+  }
+
+  readonly aliases: SnapshotService["aliases"] = {
+    list: async () => this.templateAliases.list(),
+    get: async (alias) => this.templateAliases.get(alias),
+    set: (alias, tag, owner) => this.templateAliases.set(alias, tag, owner),
+    delete: (alias) => this.templateAliases.delete(alias),
+  };
+
+  resolveTemplate(name: string, options: { orDefault?: boolean } = {}): Promise<ResolvedTemplate> {
+    return this.templateAliases.resolve(name, options);
+  }
+
+  defaultTemplate(): Promise<string | null> {
+    return this.templateAliases.defaultTag();
+  }
+
+  /**
+   * Retires a snapshot: its aliases go now, the snapshot itself now if nothing needs it, else as soon as nothing
+   * does (a sandbox still runs on it, or another snapshot depends on it). not_found if unknown.
+   */
+  async retire(tag: string): Promise<"deleted" | "deferred"> {
+    await this.get(tag);
+    for (const alias of this.templateAliases.namesOf(tag)) this.templateAliases.delete(alias);
+    try {
+      await this.delete(tag);
+      return "deleted";
+    } catch (err) {
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      this.markEphemeral(tag, "retired while still needed");
+      return "deferred";
+    }
+  }
+
+  /** Marks a snapshot the daemon made for itself: collectEphemeral() deletes it once nothing needs it. */
+  markEphemeral(tag: string, reason: string): void {
+    this.db.markEphemeral({ tag, reason, created_at_unix: Math.floor(Date.now() / 1000) });
+  }
+
+  /**
+   * Deletes the daemon's own snapshots that no sandbox runs on, no alias names and no other snapshot depends
+   * on (newest first, so a chain of them goes leaves first). Returns the tags deleted.
+   */
+  async collectEphemeral(): Promise<string[]> {
+    const deleted: string[] = [];
+    const named = new Set(this.db.aliases().map((a) => a.tag));
+    for (const row of this.db.ephemeralSnapshots()) {
+      if (named.has(row.tag) || this.usersOf(row.tag).length > 0) continue;
+      if (!(await this.store.exists(row.tag))) {
+        this.db.forgetEphemeral(row.tag);
+        continue;
+      }
+      try {
+        await removeSnapshot(this.paths, row.tag, { sandboxesOf: this.usersOf });
+        this.db.forgetEphemeral(row.tag);
+        this.db.setSnapshotOwner(row.tag, null);
+        deleted.push(row.tag);
+      } catch (err) {
+        // Still depended on (another snapshot, a VM outside the daemon): tried again on a later sweep.
+        if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+      }
+    }
+    return deleted;
+  }
+
+  /** Start-up: a snapshot still "writing" belongs to a daemon that is gone; mark it failed, sweep its files. */
+  async reconcile(): Promise<void> {
+    for (const job of this.db.snapshotJobs()) {
+      if (job.status === "writing" && !(await jobWriterAlive(job))) {
+        this.db.upsertSnapshotJob({
+          ...job,
+          status: "failed",
+          error: "the daemon stopped while it was being written",
+        });
+      }
+    }
+    await sweepStaleSnapshotFiles(this.store);
+    // Packs in transit belong to requests of a daemon that is gone; so do the link farms of packs it wrote.
+    await rm(this.paths.transfers, { recursive: true, force: true });
+    await sweepDeadPackScratch();
+  }
+
+  async list(): Promise<SnapshotInfo[]> {
+    // Jobs first: a write that completes in between then shows as ready (its job row is deleted only after the
+    // snapshot is published), never as missing.
+    const allJobs = this.db.snapshotJobs();
+    const owners = this.db.snapshotOwners();
+    const ready = await Promise.all((await this.store.list()).map((s) => this.describe(s, owners)));
+    const readyTags = new Set(ready.map((s) => s.tag));
+    const jobs = allJobs.filter((j) => !readyTags.has(j.tag));
+    return [
+      ...ready,
+      ...jobs.map(
+        (j): SnapshotInfo => ({
+          tag: j.tag,
+          created_at_unix: j.started_at_unix,
+          status: j.status,
+          bootable: false,
+          template: null,
+          accelerator: null,
+          memory_mib: null,
+          parent_tag: null,
+          bytes: 0,
+          error: j.error,
+          vcpus: null,
+          source_sandbox: null,
+          aliases: [],
+          ephemeral: false,
+          owner: owners.get(j.tag) ?? null,
+          origin: null,
+          branch_mode: null,
+          disk_bytes: 0,
+          egress_default: null,
+        }),
+      ),
+    ].sort((a, b) => a.tag.localeCompare(b.tag));
+  }
+
+  async get(tag: string): Promise<SnapshotInfo> {
+    assertTag(tag);
+    const found = (await this.list()).find((s) => s.tag === tag);
+    if (!found) throw notFound(`snapshot ${JSON.stringify(tag)} not found`);
+    return found;
+  }
+
+  /** The snapshot to restore children from: not_found if unknown, conflict if not (yet) bootable. */
+  async bootable(tag: string): Promise<StoredSnapshot> {
+    assertTag(tag);
+    const job = this.db.snapshotJob(tag);
+    if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is still being written`);
+    let snapshot: StoredSnapshot;
+    try {
+      snapshot = await this.store.get(tag);
+    } catch (err) {
+      if (job?.status === "failed" && err instanceof ForkdError && err.code === "not_found") {
+        throw conflict(
+          `snapshot ${JSON.stringify(tag)} failed and is not bootable: ${job.error ?? "unknown error"}`,
+        );
+      }
+      throw err;
+    }
+    const problem = await snapshotIsBootable(snapshot);
+    if (problem) throw conflict(`snapshot ${JSON.stringify(tag)} is not bootable: ${problem}`);
+    return snapshot;
+  }
+
+  async create(request: SnapshotCreateRequest): Promise<SnapshotInfo> {
+    const tag = assertTag(request.tag);
+    if (request.image !== undefined && request.template !== undefined) {
+      throw invalidArgument("give template, or kernel and rootfs, not both");
+    }
+    // Refused before a job row exists: a path outside the allowlist leaves no trace.
+    const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
+    if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
+    const claimed = this.db.claimSnapshotJob({
+      tag,
+      status: "writing",
+      kind: "template",
+      started_at_unix: Math.floor(Date.now() / 1000),
+      error: null,
+      owner: request.owner ?? null,
+    });
+    if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
+    crashPoint("snapshot.claimed");
+    try {
+      await createSnapshot(this.paths, {
+        tag,
+        ...(image ? { image } : { template: request.template ?? tag }),
+        confinement: this.confinement,
+        signal: request.signal,
+      });
+      crashPoint("snapshot.committed");
+      this.db.deleteSnapshotJob(tag);
+    } catch (err) {
+      // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
+      if (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code)) {
+        this.db.deleteSnapshotJob(tag);
+      } else {
+        this.db.upsertSnapshotJob({
+          tag,
+          status: "failed",
+          kind: "template",
+          started_at_unix: Math.floor(Date.now() / 1000),
+          error: errorMessage(err).split("\n")[0] ?? "failed",
+        });
+      }
+      throw err;
+    }
+    return this.get(tag);
+  }
+
+  async detail(tag: string): Promise<SnapshotDetail> {
+    const info = await this.get(tag);
+    if (info.status !== "ready") {
+      return { ...info, ...emptyChainDetail(), chain_error: info.error };
+    }
+    const { tag: _tag, parent_tag: _parent, ...chain } = await chainDetail(this.paths, tag);
+    return { ...info, ...chain };
+  }
+
+  /** See SnapshotService.delete; the chain rules live in chains.ts (removeSnapshot). */
+  async delete(tag: string, options: SnapshotDeleteOptions = {}): Promise<string[]> {
+    assertTag(tag);
+    const job = this.db.snapshotJob(tag);
+    if (job?.status === "writing") throw conflict(`snapshot ${JSON.stringify(tag)} is being written`);
+    if (job && !(await this.store.exists(tag))) {
+      this.db.deleteSnapshotJob(tag);
+      this.db.setSnapshotOwner(tag, null);
+      return [tag];
+    }
+    const undo = await this.beforeDelete?.(tag);
+    let deleted: string[];
+    try {
+      deleted = await removeSnapshot(this.paths, tag, { ...options, sandboxesOf: this.usersOf });
+    } catch (err) {
+      undo?.();
+      throw err;
+    }
+    if (job) this.db.deleteSnapshotJob(tag);
+    for (const gone of deleted) this.db.setSnapshotOwner(gone, null);
+    return deleted;
+  }
+
+  async compact(request: {
+    from: string;
+    to: string;
+    owner?: string | null;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo> {
+    const to = assertTag(request.to, "to");
+    assertTag(request.from);
+    if (await this.store.exists(to)) throw conflict(`snapshot ${JSON.stringify(to)} already exists`);
+    const claimed = this.db.claimSnapshotJob({
+      tag: to,
+      status: "writing",
+      kind: "compact",
+      started_at_unix: Math.floor(Date.now() / 1000),
+      error: null,
+      owner: request.owner ?? null,
+    });
+    if (!claimed) throw conflict(`snapshot ${JSON.stringify(to)} is already being written`);
+    crashPoint("compact.claimed");
+    try {
+      await compactSnapshot(this.paths, { from: request.from, to, signal: request.signal });
+      crashPoint("compact.committed");
+    } finally {
+      // A failed compaction leaves nothing behind (it was staged): the tag is simply free again.
+      this.db.deleteSnapshotJob(to);
+    }
+    return this.get(to);
+  }
+
+  /**
+   * Packs the chain ending at `tag` (with its guest image unless `withoutImage`) into a file of its own under the
+   * transfers directory; the caller sends it and calls `dispose`.
+   */
+  async pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }> {
+    const tag = assertTag(request.tag);
+    const dir = await this.transferDir("pack-");
+    const dispose = () => rm(dir, { recursive: true, force: true });
+    try {
+      const file = path.join(dir, `${tag}.tar.zst`);
+      const result = await packSnapshot(this.paths, {
+        tag,
+        out: file,
+        level: request.level,
+        withoutImage: request.withoutImage,
+        signal: request.signal,
+      });
+      return { file, result, dispose };
+    } catch (err) {
+      await dispose();
+      throw err;
+    }
+  }
+
+  /**
+   * Receives a pack (at most `maxBytes`) into the transfers directory, then verifies and installs it, all or
+   * nothing (packs.ts: a pack is hostile input). The received file is removed either way.
+   */
+  async unpack(request: UnpackRequest): Promise<UnpackResult> {
+    const dir = await this.transferDir("unpack-");
+    try {
+      const file = path.join(dir, "pack.tar.zst");
+      await receive(request.body, file, request.maxBytes, request.signal);
+      crashPoint("unpack.received");
+      const result = await unpackSnapshot(this.paths, {
+        file,
+        tag: request.tag,
+        force: request.force,
+        sandboxesOf: this.usersOf,
+        signal: request.signal,
+      });
+      // Only admins unpack (tenancy/tenant-view.ts): what it wrote is an admin's, whoever held those tags before.
+      for (const tag of [...result.installed, ...result.replaced]) this.db.setSnapshotOwner(tag, null);
+      return result;
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async transferDir(prefix: string): Promise<string> {
+    await mkdir(this.paths.transfers, { recursive: true, mode: 0o700 });
+    return mkdtemp(path.join(this.paths.transfers, prefix));
+  }
+
+  private async describe(s: StoredSnapshot, owners: Map<string, string>): Promise<SnapshotInfo> {
+    const problem = await snapshotIsBootable(s);
+    const ephemeral = this.db.ephemeralSnapshots().some((row) => row.tag === s.tag);
+    return {
+      tag: s.tag,
+      created_at_unix: s.manifest.createdAtUnix,
+      status: "ready",
+      bootable: problem === null,
+      template: s.manifest.template.name,
+      accelerator: s.manifest.machine.accel,
+      memory_mib: s.manifest.machine.memoryMiB,
+      parent_tag: s.manifest.parent?.tag ?? null,
+      bytes: Object.values(s.manifest.files).reduce((sum, f) => sum + f.size, 0),
+      error: problem,
+      vcpus: s.manifest.machine.vcpus,
+      source_sandbox: s.manifest.origin.sourceSandbox,
+      aliases: this.templateAliases.namesOf(s.tag),
+      ephemeral,
+      owner: owners.get(s.tag) ?? null,
+      ...(await originFacts(s)),
+      egress_default: s.manifest.template.egress ?? null,
+    };
+  }
+}
+
+/** Writes `body` to `file`, refusing (payload_too_large) beyond `maxBytes`. */
+async function receive(
+  body: AsyncIterable<Buffer>,
+  file: string,
+  maxBytes: number,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  let received = 0;
+  async function* bounded() {
+    for await (const chunk of body) {
+      received += chunk.length;
+      if (received > maxBytes) {
+        throw new ForkdError("payload_too_large", `the pack is larger than ${maxBytes} bytes`);
+      }
+      yield chunk;
+    }
+  }
+  await pipeline(bounded(), createWriteStream(file, { flags: "wx", mode: 0o600 }), { signal });
+}
