@@ -1,11 +1,12 @@
 /**
  * Versions and hard limits of the agent protocol. Both ends enforce them; the host enforces them on everything
- * the guest sends because the guest runs user code and is hostile by assumption. The two that callers of the
- * API see as well (a call's longest timeout, the longest path) come from the table of src/common/limits.ts.
+ * the guest sends because the guest runs user code and is hostile by assumption. The ones that callers of the
+ * API see as well (a call's longest timeout, the longest path, the patterns of tags and sandbox ids the guest
+ * checks) come from the table of src/common/limits.ts; the generator writes them into the Go side too.
  */
-import { MAX_GUEST_TIMEOUT_MS, MAX_PATH_CHARS } from "../../common/limits.js";
+import { MAX_GUEST_TIMEOUT_MS, MAX_PATH_CHARS, SANDBOX_ID_PATTERN, TAG_PATTERN } from "../../common/limits.js";
 
-export { MAX_PATH_CHARS };
+export { MAX_PATH_CHARS, SANDBOX_ID_PATTERN, TAG_PATTERN };
 
 /**
  * Bumped on any change an older peer would misread. Additive changes (a new op, a new optional result field)
