@@ -19,7 +19,6 @@ import Fastify, {
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
-import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
 import {
   E2B_ROUTE_TAG,
   type E2bSettings,
@@ -30,6 +29,7 @@ import {
 } from "../e2b/index.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
+import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
@@ -71,11 +71,6 @@ export const HEADERS_TIMEOUT_MS = 20_000;
 /** Connections one listener holds at once; more are refused by the kernel's accept path (Node closes them). */
 export const DEFAULT_MAX_CONNECTIONS = 1024;
 
-export interface DaemonServices {
-  sandboxes: SandboxService;
-  snapshots: SnapshotService;
-}
-
 export interface ApiOptions {
   services: DaemonServices;
   /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
@@ -110,13 +105,7 @@ export interface ApiOptions {
   extensions?: readonly ApiExtension[];
 }
 
-export interface ApiContext {
-  services: DaemonServices;
-  snapshotsDir: string;
-  metrics: DaemonMetrics;
-  /** See ApiOptions.daemonTokens. */
-  daemonTokens: readonly Token[];
-}
+export type { ApiContext, DaemonServices };
 
 declare module "fastify" {
   interface FastifyInstance {

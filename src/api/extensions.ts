@@ -8,8 +8,8 @@ import type http from "node:http";
 import type net from "node:net";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
-import type { DaemonServices } from "./app.js";
 import type { Token } from "./auth.js";
+import type { DaemonServices } from "./context.js";
 import type { DaemonMetrics } from "./metrics.js";
 
 /** One listener, as an extension sees it. */

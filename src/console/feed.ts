@@ -8,7 +8,7 @@
  * one event per tick, and a stalled client costs the daemon a bounded amount of memory.
  */
 import type { ServerResponse } from "node:http";
-import type { DaemonServices } from "../api/app.js";
+import type { DaemonServices } from "../api/context.js";
 import type { DaemonMetrics } from "../api/metrics.js";
 import { sandboxToWire, snapshotToWire } from "../api/wire.js";
 import { errorMessage } from "../common/errors.js";

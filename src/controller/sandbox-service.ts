@@ -29,14 +29,12 @@ import type {
 } from "../agent/host/types.js";
 import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
-import type { HostStatus, SandboxUsage } from "./host/usage.js";
+import type { SnapshotManifest } from "../store/manifest.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./networks/sandbox-networks.js";
 import type { LimitsRequest, SandboxLimits } from "./sandboxes/limits.js";
-import type { ChainDetail } from "./snapshots/chains.js";
-import type { PackResult, UnpackResult } from "./snapshots/packs.js";
 import type { ResolvedTemplate, TemplateAlias } from "./snapshots/template-aliases.js";
 
-export type { EgressPolicy, EgressPolicyInput, HostStatus, NetworkRequest, SandboxNetworkInfo, SandboxUsage };
+export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
 
 /** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
 export interface NetworkStatus {
@@ -575,4 +573,117 @@ export interface UnpackRequest {
   /** Replace existing snapshots of the same tags that differ. */
   force?: boolean;
   signal?: AbortSignal;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// What the services report about the host, chains and packs (declared here, with the rest of the contract, so the
+// modules that compute them import the contract and not the other way round)
+
+export interface SandboxUsage {
+  id: string;
+  timestamp_unix_ms: number;
+  rss_bytes: number;
+  /** Proportional set size: shared pages divided among the processes sharing them. */
+  pss_bytes: number;
+  /** Pages only this VM holds (Private_Clean + Private_Dirty): what killing it frees. */
+  private_bytes: number;
+  /** Host CPU time the VM used since it started (all vCPUs, QEMU's own threads included). */
+  cpu_seconds: number;
+  /** CPU seconds per second over `cpu_window_ms`, x100 (100 = one host core busy). */
+  cpu_used_pct: number;
+  /** The window `cpu_used_pct` is measured over: since the previous usage sample, or the VM's whole life. */
+  cpu_window_ms: number;
+}
+
+export interface HostStatus {
+  timestamp_unix_ms: number;
+  cpu_count: number;
+  /** Busy share of all host CPUs over `cpu_window_ms`, 0..100. */
+  cpu_used_pct: number;
+  /** Since the previous host sample, or since the host booted (the first sample). */
+  cpu_window_ms: number;
+  load_avg: [number, number, number];
+  mem_total_bytes: number;
+  mem_available_bytes: number;
+  /** The daemon process's own resident memory. */
+  daemon_rss_bytes: number;
+  /** Sandboxes the daemon knows, by status. */
+  sandboxes: Record<SandboxStatus, number>;
+}
+
+export interface LayerUsage {
+  tag: string;
+  origin: SnapshotManifest["origin"]["kind"];
+  memory: {
+    format: "flat" | "layer";
+    /** Pages stored in this layer's memory file. */
+    pages: number;
+    /** Guest RAM size. */
+    logical_bytes: number;
+    /** Bytes the memory file occupies on disk (st_blocks * 512: holes and shared extents as the fs counts). */
+    physical_bytes: number;
+  };
+  disk: {
+    /** The qcow2 layer's virtual size (the guest's disk size). */
+    logical_bytes: number;
+    physical_bytes: number;
+    /** Where the layer reads through to, as recorded in it (relative). */
+    backing: string | null;
+  };
+  vmstate_bytes: number;
+}
+
+export interface ChainDetail {
+  tag: string;
+  /** 0 for a snapshot without a parent. */
+  chain_depth: number;
+  parent_tag: string | null;
+  /** sha256 of the parent's manifest, as recorded in this snapshot (forkd v0.5's parent_content_hash). */
+  parent_content_hash: string | null;
+  /** Root first, up to the parent (as far as the chain can be followed). */
+  ancestors: string[];
+  /** Direct dependents. */
+  dependents: string[];
+  /** Everything that depends on this snapshot, parents before their children. */
+  all_dependents: string[];
+  /** Root first, this snapshot last. */
+  layers: LayerUsage[];
+  /** Totals of `layers`: what a child of this snapshot reads from. */
+  chain_bytes: { memory_physical: number; disk_physical: number; vmstate: number };
+  /** forkd v0.5's fields, for this snapshot alone. */
+  memory_logical_bytes: number;
+  memory_physical_bytes: number;
+  vmstate_bytes: number;
+  /** Why the chain cannot be restored (missing or changed parent, too deep), or null. */
+  chain_error: string | null;
+}
+
+export interface PackResult {
+  out: string;
+  /** Root first. */
+  chain: string[];
+  files: number;
+  /** Bytes of the packed files (uncompressed) and of the pack. */
+  content_bytes: number;
+  pack_bytes: number;
+  image_included: boolean;
+  ms: number;
+}
+
+export interface UnpackResult {
+  head: string;
+  /** Root first, as installed. */
+  chain: string[];
+  /** Layers written by this unpack. */
+  installed: string[];
+  /** Layers already present, identical, and kept. */
+  reused: string[];
+  /** Existing snapshots replaced (`force`). */
+  replaced: string[];
+  /** Local snapshots that depended on a replaced one and are now unbootable. */
+  orphaned: string[];
+  image: "installed" | "present";
+  /** Bytes read out of the pack. */
+  content_bytes: number;
+  ms: number;
 }

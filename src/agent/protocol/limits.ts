@@ -4,7 +4,12 @@
  * API see as well (a call's longest timeout, the longest path, the patterns of tags and sandbox ids the guest
  * checks) come from the table of src/common/limits.ts; the generator writes them into the Go side too.
  */
-import { MAX_GUEST_TIMEOUT_MS, MAX_PATH_CHARS, SANDBOX_ID_PATTERN, TAG_PATTERN } from "../../common/limits.js";
+import {
+  MAX_GUEST_TIMEOUT_MS,
+  MAX_PATH_CHARS,
+  SANDBOX_ID_PATTERN,
+  TAG_PATTERN,
+} from "../../common/limits.js";
 
 export { MAX_PATH_CHARS, SANDBOX_ID_PATTERN, TAG_PATTERN };
 

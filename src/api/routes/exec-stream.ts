@@ -12,7 +12,7 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { MAX_UNREAD_OUTPUT_BYTES, NDJSON_CONTENT_TYPE } from "../../common/limits.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
 import { servicesOf } from "../principal.js";

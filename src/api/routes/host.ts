@@ -5,7 +5,7 @@
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import {
   errorResponses,
   HostStatusWire,

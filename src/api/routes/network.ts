@@ -12,7 +12,7 @@ import { SANDBOX_ID_PATTERN } from "../../common/limits.js";
 import { assertSandboxId, unanchored } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
 import { servicesFor } from "../../controller/tenancy/tenant-view.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
 import { type Principal, servicesOf } from "../principal.js";
 import {

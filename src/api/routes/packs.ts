@@ -9,7 +9,7 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { PACK_CHAIN_HEADER, PACK_CONTENT_TYPE } from "../../common/limits.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import {

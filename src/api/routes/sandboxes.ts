@@ -5,7 +5,7 @@ import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { DEFAULT_EXEC_TIMEOUT_SECS } from "../../common/limits.js";
 import { DEFAULT_BRANCH_MODE } from "../../controller/snapshots/branch.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { notImplemented } from "../errors.js";
 import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";

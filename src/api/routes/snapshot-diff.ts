@@ -2,7 +2,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";
 import { BranchResultWire, errorResponses, Tag } from "../schemas.js";

@@ -4,7 +4,7 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { invalidArgument } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { notImplemented } from "../errors.js";
 import { servicesOf } from "../principal.js";
 import { clientSignal } from "../request-signal.js";

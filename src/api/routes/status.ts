@@ -2,7 +2,7 @@
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { FORKD_VERSION } from "../../common/version.js";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { errorResponses, HealthResponse, VersionResponse } from "../schemas.js";
 
 export function registerStatusRoutes(app: FastifyInstance, context: ApiContext): void {

@@ -2,7 +2,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import type { ApiContext } from "../app.js";
+import type { ApiContext } from "../context.js";
 import { servicesOf } from "../principal.js";
 import { AliasParams, errorResponses, SetAliasBody, TemplateAliasWire } from "../schemas.js";
 

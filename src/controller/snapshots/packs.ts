@@ -55,7 +55,10 @@ import { restoreCompatibilityKey } from "../../vmm/qemu-args.js";
 import { qemuVersion } from "../../vmm/qemu-tools.js";
 import { childSpec, SNAPSHOT_FILES } from "../machines/machine.js";
 import { cacheDirs, snapshotIsBootable, verifyImage } from "../machines/restore-plan.js";
+import type { PackResult, UnpackResult } from "../sandbox-service.js";
 import { descendantsOf, loadGraph, qemusUsing, removeAssembledImages } from "./chains.js";
+
+export type { PackResult, UnpackResult };
 
 /** Data files of a snapshot in the order they are packed (manifests come first, for every layer). */
 const DATA_FILES = [
@@ -92,18 +95,6 @@ export interface PackOptions {
   withoutImage?: boolean;
   signal?: AbortSignal;
   onProgress?: (message: string) => void;
-}
-
-export interface PackResult {
-  out: string;
-  /** Root first. */
-  chain: string[];
-  files: number;
-  /** Bytes of the packed files (uncompressed) and of the pack. */
-  content_bytes: number;
-  pack_bytes: number;
-  image_included: boolean;
-  ms: number;
 }
 
 export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Promise<PackResult> {
@@ -258,24 +249,6 @@ export interface UnpackOptions {
   sandboxesOf?: (tag: string) => string[];
   signal?: AbortSignal;
   onProgress?: (message: string) => void;
-}
-
-export interface UnpackResult {
-  head: string;
-  /** Root first, as installed. */
-  chain: string[];
-  /** Layers written by this unpack. */
-  installed: string[];
-  /** Layers already present, identical, and kept. */
-  reused: string[];
-  /** Existing snapshots replaced (`force`). */
-  replaced: string[];
-  /** Local snapshots that depended on a replaced one and are now unbootable. */
-  orphaned: string[];
-  image: "installed" | "present";
-  /** Bytes read out of the pack. */
-  content_bytes: number;
-  ms: number;
 }
 
 type LayerFate = "install" | "reuse" | "replace";
