@@ -131,6 +131,7 @@ const LAYERS: Record<string, Layer> = {
     readme: "e2b/README.md",
     forkd: [
       "common",
+      "http",
       "controller/sandbox-service.ts",
       "controller/tenancy",
       "controller/sandboxes/settings.ts",
@@ -151,6 +152,7 @@ const LAYERS: Record<string, Layer> = {
     readme: "api/README.md",
     forkd: [
       "common",
+      "http",
       "controller/sandbox-service.ts",
       "controller/tenancy",
       "controller/snapshots/branch.ts",
@@ -160,9 +162,22 @@ const LAYERS: Record<string, Layer> = {
     ],
     packages: ["fastify", "@fastify/swagger", "@sinclair/typebox", "pino", "prom-client", "koffi"],
   },
+  http: {
+    readme: "http/README.md",
+    forkd: ["common", "controller/tenancy", "controller/sandbox-service.ts"],
+    packages: ["fastify"],
+  },
   console: {
     readme: "console/README.md",
-    forkd: ["common", "api", "controller/sandbox-service.ts", "agent/host", "agent/protocol"],
+    forkd: [
+      "common",
+      "http",
+      "api",
+      "controller/sandbox-service.ts",
+      "controller/tenancy",
+      "agent/host",
+      "agent/protocol",
+    ],
     packages: ["fastify", "@sinclair/typebox", "cookie", "prom-client", "ws"],
   },
   sdk: { readme: "sdk/README.md", forkd: ["common/limits.ts"], packages: [] },

@@ -27,6 +27,7 @@ import {
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
+import { provideServices } from "../http/request-scope.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
@@ -71,6 +72,8 @@ export const HEADERS_TIMEOUT_MS = 20_000;
 /** Connections one listener holds at once; more are refused by the kernel's accept path (Node closes them). */
 export const DEFAULT_MAX_CONNECTIONS = 1024;
 
+export type { ApiContext, DaemonServices } from "./context.js";
+
 export interface ApiOptions {
   services: DaemonServices;
   /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
@@ -104,8 +107,6 @@ export interface ApiOptions {
   /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
   extensions?: readonly ApiExtension[];
 }
-
-export type { ApiContext, DaemonServices };
 
 declare module "fastify" {
   interface FastifyInstance {
@@ -155,6 +156,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   };
   if (options.https) fastifyOptions.https = { ...options.https, ...serverTimeouts };
   const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
+  // First of all hooks: every route reaches the services only as its caller's view (servicesOf).
+  provideServices(app, options.services);
   app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
   // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
   app.addConstraintStrategy(surfaceConstraint);
@@ -162,7 +165,6 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
   const context: ApiContext = {
-    services: options.services,
     snapshotsDir: options.snapshotsDir,
     metrics,
     daemonTokens,
@@ -176,7 +178,6 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   installJsonParser(app);
 
   app.decorateRequest("caller", "");
-  app.decorateRequest("principal", null);
   app.decorateRequest("auditIds", {
     getter(this: FastifyRequest & { _auditIds?: string[] }) {
       this._auditIds ??= [];
@@ -283,14 +284,14 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   registerSnapshotRoutes(app, context);
   registerSnapshotDiffRoutes(app, context);
   registerSandboxRoutes(app, context);
-  registerForkRoutes(app, context);
-  registerTemplateAliasRoutes(app, context);
-  registerWorkspaceRoutes(app, context);
-  registerHostRoutes(app, context);
+  registerForkRoutes(app);
+  registerTemplateAliasRoutes(app);
+  registerWorkspaceRoutes(app);
+  registerHostRoutes(app);
   await app.register(async (scope) => registerExecStreamRoute(scope, context));
-  await app.register(async (scope) => registerFileRoutes(scope, context));
-  await app.register(async (scope) => registerPackRoutes(scope, context));
-  registerNetworkRoutes(app, context);
+  await app.register(async (scope) => registerFileRoutes(scope));
+  await app.register(async (scope) => registerPackRoutes(scope));
+  registerNetworkRoutes(app);
   await app.register(async (scope) => registerPortProxyRoutes(scope, context));
   for (const extension of extensions) await extension.register(app, listener);
   const e2b = await registerE2b(app, {

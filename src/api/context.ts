@@ -1,21 +1,18 @@
 /**
- * What the API's parts share, as types only: the services a daemon serves and the context every route
- * registration gets. Declared apart from app.ts (which imports the routes and extensions) so that the routes and
- * extensions need not import app.ts back: no import cycle, type-only ones included.
+ * What the forkd API's route modules are given by app.ts. No services: a route reaches those only as the caller's
+ * view, servicesOf(request) (src/http/request-scope.ts).
  */
-import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import type { Token } from "./auth.js";
+import type { Token } from "../common/tokens.js";
+import type { Services } from "../controller/tenancy/tenant-view.js";
 import type { DaemonMetrics } from "./metrics.js";
 
-export interface DaemonServices {
-  sandboxes: SandboxService;
-  snapshots: SnapshotService;
-}
+/** The daemon's services (SandboxService, SnapshotService), as the composition hands them to a listener. */
+export type DaemonServices = Services;
 
 export interface ApiContext {
-  services: DaemonServices;
+  /** Where snapshots live on the host (reported as SnapshotInfo.dir). */
   snapshotsDir: string;
   metrics: DaemonMetrics;
-  /** See ApiOptions.daemonTokens (app.ts). */
+  /** Every token of the daemon: removed from requests the port proxy passes on to a sandbox (ApiOptions). */
   daemonTokens: readonly Token[];
 }

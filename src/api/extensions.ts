@@ -25,6 +25,10 @@ export interface ListenerInfo {
 
 /** What an extension's factory gets: the daemon's services and metrics, shared by every listener. */
 export interface ExtensionContext {
+  /**
+   * The daemon's services, for the extension's own background work (the console's history and feed). Its routes
+   * reach them as their callers' views (servicesOf, adminServicesOf in src/http/request-scope.ts).
+   */
   services: DaemonServices;
   metrics: DaemonMetrics;
   /** Where snapshots live on the host (SnapshotInfo.dir). */

@@ -18,6 +18,8 @@ import {
 import { ForkdError } from "../common/errors.js";
 import { matchToken } from "../common/tokens.js";
 import { FORKD_VERSION } from "../common/version.js";
+import { ADMIN } from "../controller/tenancy/tenant-view.js";
+import { adminServicesOf, servicesOfUpgrade } from "../http/request-scope.js";
 import { ConsoleAccess } from "./access.js";
 import { ConsoleFeed, type FeedOptions } from "./feed.js";
 import { HistoryRecorder } from "./history.js";
@@ -76,7 +78,7 @@ class WebConsole implements ApiExtension {
       options.feed,
       this.log,
     );
-    this.terminals = new TerminalServer(context.services.sandboxes, this.log, options.maxTerminals);
+    this.terminals = new TerminalServer(this.log, options.maxTerminals);
   }
 
   screen: ApiExtension["screen"] = (request, listener) => this.access.screen(request, listener);
@@ -102,6 +104,8 @@ class WebConsole implements ApiExtension {
         `${CONSOLE_API}/events`,
         { config: { console: "session" }, schema: { hide: true } },
         async (request, reply) => {
+          // The feed shows the whole daemon: an admin's view (a tenant's bearer token is refused here).
+          adminServicesOf(request, "the console's event stream");
           if (this.feed.full) throw new ForkdError("unavailable", "too many console event streams are open");
           reply.hijack();
           const res = reply.raw;
@@ -128,7 +132,8 @@ class WebConsole implements ApiExtension {
         { method: req.method ?? "GET", url: req.url ?? "", headers: req.headers },
         listener,
       );
-      this.terminals.accept(req, socket, head, caller);
+      // authorizeUpgrade refused every caller but an admin: a terminal may open any sandbox.
+      this.terminals.accept(req, socket, head, caller, servicesOfUpgrade(req, ADMIN).sandboxes);
     } catch (err) {
       refuse(socket, err);
     }

@@ -55,7 +55,6 @@ export class TerminalServer {
   private readonly open = new Set<Terminal>();
 
   constructor(
-    private readonly sandboxes: SandboxService,
     private readonly log: Log,
     private readonly maxTerminals = DEFAULT_MAX_TERMINALS,
   ) {}
@@ -67,9 +66,16 @@ export class TerminalServer {
   /**
    * Upgrades an authorized request. What is wrong with the request itself (the sandbox, its size, too many
    * terminals) is answered on the WebSocket as an error message, so the page can show the daemon's words; only a
-   * request without the terminal subprotocol is refused before the upgrade (it is not the console's).
+   * request without the terminal subprotocol is refused before the upgrade (it is not the console's). `sandboxes`:
+   * the caller's view of them.
    */
-  accept(req: http.IncomingMessage, socket: net.Socket, head: Buffer, caller: string): void {
+  accept(
+    req: http.IncomingMessage,
+    socket: net.Socket,
+    head: Buffer,
+    caller: string,
+    sandboxes: SandboxService,
+  ): void {
     const offered = String(req.headers["sec-websocket-protocol"] ?? "")
       .split(",")
       .map((p) => p.trim());
@@ -82,7 +88,7 @@ export class TerminalServer {
     this.wss.handleUpgrade(req, socket, head, (ws) => {
       let target: { id: string; size: PtySize };
       try {
-        target = this.target(req.url ?? "/");
+        target = this.target(sandboxes, req.url ?? "/");
       } catch (err) {
         ws.on("error", () => {});
         const code = err instanceof ForkdError ? err.code : "internal";
@@ -92,7 +98,7 @@ export class TerminalServer {
         ws.close(1008, "the terminal cannot be opened");
         return;
       }
-      const terminal = new Terminal(ws, this.sandboxes, target.id, target.size, this.log);
+      const terminal = new Terminal(ws, sandboxes, target.id, target.size, this.log);
       this.open.add(terminal);
       this.log.info({ sandbox: target.id, caller }, "terminal opened");
       terminal.finished.then(() => {
@@ -103,13 +109,13 @@ export class TerminalServer {
   }
 
   /** The sandbox and size a terminal request names (query `sandbox`, `cols`, `rows`), checked. */
-  private target(url: string): { id: string; size: PtySize } {
+  private target(sandboxes: SandboxService, url: string): { id: string; size: PtySize } {
     const query = new URL(url, "http://terminal").searchParams;
     const id = assertSandboxRef(query.get("sandbox") ?? "");
     const size = { cols: Number(query.get("cols") ?? 80), rows: Number(query.get("rows") ?? 24) };
     if (!checkSize.Check(size))
       throw new ForkdError("invalid_argument", "cols and rows must be integers in 1..1000");
-    const info = this.sandboxes.get(id);
+    const info = sandboxes.get(id);
     if (info.status !== "running")
       throw new ForkdError("conflict", `sandbox ${id} is ${info.status}: no shell to open`);
     if (this.open.size >= this.maxTerminals) {

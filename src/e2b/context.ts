@@ -1,12 +1,14 @@
-/** What the E2B surfaces share: the daemon's services, its API keys, and the caches they keep. */
-import type { FastifyRequest } from "fastify";
-import { ForkdError } from "../common/errors.js";
+/**
+ * What the E2B surfaces share: the daemon's API keys, its E2B settings, and the caches they keep. No services: a
+ * route reaches those only as its caller's view, servicesOf(request) (src/http/request-scope.ts); the data plane's
+ * sandbox sessions (session.ts) hold them to find the sandbox a request addresses and check its tokens.
+ */
 import type { Token } from "../common/tokens.js";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
-import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
 import { TemplateFacts } from "./control/template-facts.js";
 import { GuestUsers } from "./envd/guest-users.js";
 import { Watchers } from "./envd/watchers.js";
+import { SandboxSessions } from "./session.js";
 
 export interface E2bOptions {
   services: { sandboxes: SandboxService; snapshots: SnapshotService };
@@ -34,10 +36,13 @@ export interface E2bOptions {
 /** The daemon's E2B settings (flags of `forkd daemon`). */
 export type E2bSettings = Pick<E2bOptions, "domain" | "maxUploadBytes" | "privateTraffic">;
 
-export interface E2bContext extends E2bOptions {
+/** What registerE2b gives each surface's routes: E2bOptions without the services. */
+export interface E2bContext extends Omit<E2bOptions, "services"> {
   facts: TemplateFacts;
   users: GuestUsers;
   watchers: Watchers;
+  /** The data plane's sessions: which running sandbox a request addresses, and whether it holds its tokens. */
+  sessions: SandboxSessions;
 }
 
 declare module "fastify" {
@@ -51,27 +56,7 @@ declare module "fastify" {
     /** Who made the request, for the audit log (declared by src/api too; the declarations merge). */
     caller: string;
     auditIds: string[];
-    /** Who the request acts for (declared by src/api too): set by the control plane's key check. */
-    principal: Principal | null;
   }
-}
-
-const scoped = new WeakMap<FastifyRequest, Services>();
-
-/**
- * The services as a control-plane request's principal may use them (controller/tenancy: a tenant's API key
- * sees only its own sandboxes and snapshots). The data plane needs none: a sandbox's own secrets open it.
- */
-export function servicesOf(request: FastifyRequest, context: E2bContext): Services {
-  let services = scoped.get(request);
-  if (services === undefined) {
-    if (request.principal === null) {
-      throw new ForkdError("internal", "E2B request reached a route without an authenticated principal");
-    }
-    services = servicesFor(context.services, request.principal);
-    scoped.set(request, services);
-  }
-  return services;
 }
 
 /**
@@ -79,10 +64,12 @@ export function servicesOf(request: FastifyRequest, context: E2bContext): Servic
  * which a client polls on the listener it created them on.
  */
 export function createE2bContext(options: E2bOptions): E2bContext {
+  const { services, ...settings } = options;
   return {
-    ...options,
-    facts: new TemplateFacts(options.services.snapshots),
-    users: new GuestUsers(options.services.sandboxes),
-    watchers: new Watchers(options.services.sandboxes),
+    ...settings,
+    facts: new TemplateFacts(),
+    users: new GuestUsers(),
+    watchers: new Watchers(),
+    sessions: new SandboxSessions(services.sandboxes),
   };
 }

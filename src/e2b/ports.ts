@@ -11,6 +11,8 @@ import type net from "node:net";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../common/errors.js";
 import { stripDaemonTokens } from "../common/tokens.js";
+import type { SandboxService } from "../controller/sandbox-service.js";
+import { servicesOf, servicesOfUpgrade } from "../http/request-scope.js";
 import type { E2bContext } from "./context.js";
 import { SandboxUnreachable, sendE2bError, toE2bError } from "./errors.js";
 import { sandboxAddressOf, surfaceOf } from "./routing.js";
@@ -30,10 +32,11 @@ export async function registerPorts(scope: FastifyInstance, context: E2bContext)
   scope.addContentTypeParser("*", (_request, _payload, done) => done(null, undefined));
   const proxy = async (request: FastifyRequest, reply: FastifyReply) => {
     const session = resolveSandbox(request, context);
-    admit(request.raw.headers, context, session);
+    const { sandboxes } = servicesOf(request);
+    admit(request.raw.headers, context, sandboxes, session);
     reply.hijack();
     const res = reply.raw;
-    const failure = await context.services.sandboxes
+    const failure = await sandboxes
       .proxyHttp(session.sandboxId, session.port, request.raw, res)
       .catch((err: unknown) => toE2bError(err).message);
     if (failure === null) return;
@@ -72,8 +75,9 @@ export function upgradeToSandboxPort(
         await autoResume(req, context);
         if (socket.destroyed) return;
         const session = sandboxSession(req.headers, context);
-        admit(req.headers, context, session);
-        context.services.sandboxes.proxyUpgrade(session.sandboxId, session.port, req, socket, head);
+        const { sandboxes } = servicesOfUpgrade(req, session.principal);
+        admit(req.headers, context, sandboxes, session);
+        sandboxes.proxyUpgrade(session.sandboxId, session.port, req, socket, head);
       } catch (err) {
         const { code, message } = toE2bError(err);
         const body = JSON.stringify({ code, message });
@@ -91,8 +95,12 @@ export function upgradeToSandboxPort(
  * Whether the request may reach the sandbox's port: a valid port, a network the daemon can reach, and the
  * traffic token when the sandbox is not public. Then strips the credentials the guest must not see.
  */
-function admit(headers: http.IncomingHttpHeaders, context: E2bContext, session: SandboxSession): void {
-  const { sandboxes } = context.services;
+function admit(
+  headers: http.IncomingHttpHeaders,
+  context: E2bContext,
+  sandboxes: SandboxService,
+  session: SandboxSession,
+): void {
   const { sandboxId, port } = session;
   if (Number.isNaN(port)) {
     throw invalidArgument("the request names no sandbox port (E2b-Sandbox-Port: 1..65535)");

@@ -2,19 +2,26 @@
  * A data-plane request's sandbox: which one it addresses (headers or host name), that it is running (else
  * E2B's 502), and that the request carries that sandbox's secret. One sandbox's token never opens another:
  * tokens are per sandbox and checked against the sandbox the request names.
+ *
+ * This is the data plane's authentication, the one place of src/e2b that holds the daemon's services as they are
+ * (SandboxSessions, made by registerE2b): it finds the sandbox before anyone is known to act for it. The request
+ * then acts within that one sandbox (its principal: the owner's tenant, confined to the sandbox), and its routes
+ * see only that (servicesOf(request); controller/tenancy/sandbox-view.ts).
  */
 import type { IncomingHttpHeaders } from "node:http";
 import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
 import { isValidSandboxId } from "../common/names.js";
-import type { AccessTokens } from "../controller/sandbox-service.js";
-import type { E2bContext } from "./context.js";
+import type { AccessTokens, SandboxService } from "../controller/sandbox-service.js";
+import type { Principal } from "../controller/tenancy/tenant-view.js";
 import { SandboxUnreachable } from "./errors.js";
 import { sandboxAddressOf } from "./routing.js";
 
 export interface SandboxSession {
   sandboxId: string;
   port: number;
+  /** Whom a request to it acts for: the sandbox's owner, confined to the sandbox. */
+  principal: Principal;
 }
 
 declare module "fastify" {
@@ -24,42 +31,99 @@ declare module "fastify" {
   }
 }
 
+/**
+ * The data plane's authentication over the daemon's sandboxes (one per listener's E2B context): only what a
+ * request's own headers name and carry is looked up, never handed out.
+ */
+export class SandboxSessions {
+  readonly #sandboxes: SandboxService;
+
+  constructor(sandboxes: SandboxService) {
+    this.#sandboxes = sandboxes;
+  }
+
+  /** The running sandbox the headers address; SandboxUnreachable (502) otherwise. */
+  session(headers: IncomingHttpHeaders): SandboxSession {
+    const address = sandboxAddressOf(headers);
+    if (address === null)
+      throw new ForkdError("invalid_argument", "no sandbox named (E2b-Sandbox-Id header)");
+    const { sandboxId, port } = address;
+    if (!isValidSandboxId(sandboxId)) {
+      throw new SandboxUnreachable(`sandbox ${JSON.stringify(String(sandboxId).slice(0, 64))} not found`);
+    }
+    let status: string;
+    let wakes: boolean;
+    let owner: string | null;
+    try {
+      const info = this.#sandboxes.get(sandboxId);
+      status = info.status;
+      wakes = info.auto_resume;
+      owner = info.owner;
+    } catch {
+      throw new SandboxUnreachable(`sandbox ${sandboxId} not found`);
+    }
+    if (status === "paused") {
+      throw new SandboxUnreachable(
+        wakes
+          ? `sandbox ${sandboxId} is paused: a request with one of its access tokens resumes it (autoResume), ` +
+              "or connect to it"
+          : `sandbox ${sandboxId} is paused: connect to it to resume it (it was created without autoResume)`,
+      );
+    }
+    if (status !== "running") throw new SandboxUnreachable(`sandbox ${sandboxId} is not running (${status})`);
+    return { sandboxId, port, principal: { tenant: owner, sandbox: sandboxId } };
+  }
+
+  /** Whether the headers carry one of sandbox `sandboxId`'s secrets of the kinds accepted. */
+  holdsToken(
+    headers: IncomingHttpHeaders,
+    sandboxId: string,
+    accepted: readonly (keyof AccessTokens)[],
+  ): boolean {
+    const presented: Record<keyof AccessTokens, string | undefined> = {
+      envd: header(headers, "x-access-token"),
+      traffic: header(headers, TRAFFIC_TOKEN_HEADER),
+    };
+    return accepted.some((kind) => this.#sandboxes.verifyAccessToken(sandboxId, kind, presented[kind]));
+  }
+
+  /** See autoResume below. */
+  async autoResume(headers: IncomingHttpHeaders): Promise<void> {
+    const address = sandboxAddressOf(headers);
+    if (address === null || !isValidSandboxId(address.sandboxId)) return;
+    let info: ReturnType<SandboxService["get"]>;
+    try {
+      info = this.#sandboxes.get(address.sandboxId);
+    } catch {
+      return;
+    }
+    if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
+    if (!this.holdsToken(headers, address.sandboxId, ["envd", "traffic"])) return;
+    try {
+      await this.#sandboxes.resume(address.sandboxId);
+    } catch (err) {
+      // Someone else's resume finished first: it is running, which is all this request needs.
+      if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
+    }
+  }
+}
+
+/** What the functions below need of an E2B context. */
+type WithSessions = { sessions: SandboxSessions };
+
 /** The running sandbox a data-plane request addresses; SandboxUnreachable (502) otherwise. */
-export function resolveSandbox(request: FastifyRequest, context: E2bContext): SandboxSession {
+export function resolveSandbox(request: FastifyRequest, context: WithSessions): SandboxSession {
   const session = sandboxSession(request.headers, context);
   request.e2bSandbox = session;
+  request.principal = session.principal;
   request.caller = `sandbox:${session.sandboxId}`;
   request.auditIds.push(session.sandboxId);
   return session;
 }
 
 /** resolveSandbox for a request that never reaches a route (a WebSocket upgrade). */
-export function sandboxSession(headers: IncomingHttpHeaders, context: E2bContext): SandboxSession {
-  const address = sandboxAddressOf(headers);
-  if (address === null) throw new ForkdError("invalid_argument", "no sandbox named (E2b-Sandbox-Id header)");
-  const { sandboxId, port } = address;
-  if (!isValidSandboxId(sandboxId)) {
-    throw new SandboxUnreachable(`sandbox ${JSON.stringify(String(sandboxId).slice(0, 64))} not found`);
-  }
-  let status: string;
-  let wakes: boolean;
-  try {
-    const info = context.services.sandboxes.get(sandboxId);
-    status = info.status;
-    wakes = info.auto_resume;
-  } catch {
-    throw new SandboxUnreachable(`sandbox ${sandboxId} not found`);
-  }
-  if (status === "paused") {
-    throw new SandboxUnreachable(
-      wakes
-        ? `sandbox ${sandboxId} is paused: a request with one of its access tokens resumes it (autoResume), ` +
-            "or connect to it"
-        : `sandbox ${sandboxId} is paused: connect to it to resume it (it was created without autoResume)`,
-    );
-  }
-  if (status !== "running") throw new SandboxUnreachable(`sandbox ${sandboxId} is not running (${status})`);
-  return { sandboxId, port };
+export function sandboxSession(headers: IncomingHttpHeaders, context: WithSessions): SandboxSession {
+  return context.sessions.session(headers);
 }
 
 /**
@@ -68,25 +132,8 @@ export function sandboxSession(headers: IncomingHttpHeaders, context: E2bContext
  * who can reach the listener could otherwise make paused sandboxes take host memory again. A request that
  * finds it being paused or resumed waits for that to finish (the per-sandbox lock).
  */
-export async function autoResume(request: HeadersOf, context: E2bContext): Promise<void> {
-  const address = sandboxAddressOf(request.headers);
-  if (address === null || !isValidSandboxId(address.sandboxId)) return;
-  const { sandboxes } = context.services;
-  let info: ReturnType<typeof sandboxes.get>;
-  try {
-    info = sandboxes.get(address.sandboxId);
-  } catch {
-    return;
-  }
-  if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
-  const session = { sandboxId: address.sandboxId, port: address.port };
-  if (!hasAccessToken(request, context, session, ["envd", "traffic"])) return;
-  try {
-    await sandboxes.resume(address.sandboxId);
-  } catch (err) {
-    // Someone else's resume finished first: it is running, which is all this request needs.
-    if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
-  }
+export async function autoResume(request: HeadersOf, context: WithSessions): Promise<void> {
+  await context.sessions.autoResume(request.headers);
 }
 
 export function header(headers: IncomingHttpHeaders, name: string): string | undefined {
@@ -103,21 +150,16 @@ type HeadersOf = { headers: IncomingHttpHeaders };
 /** Whether the request carries one of the sandbox's secrets of the kinds accepted. */
 export function hasAccessToken(
   request: HeadersOf,
-  context: E2bContext,
-  session: SandboxSession,
+  context: WithSessions,
+  session: Pick<SandboxSession, "sandboxId">,
   accepted: readonly (keyof AccessTokens)[],
 ): boolean {
-  const { sandboxes } = context.services;
-  const presented: Record<keyof AccessTokens, string | undefined> = {
-    envd: header(request.headers, "x-access-token"),
-    traffic: header(request.headers, TRAFFIC_TOKEN_HEADER),
-  };
-  return accepted.some((kind) => sandboxes.verifyAccessToken(session.sandboxId, kind, presented[kind]));
+  return context.sessions.holdsToken(request.headers, session.sandboxId, accepted);
 }
 
 export function requireAccessToken(
   request: FastifyRequest,
-  context: E2bContext,
+  context: WithSessions,
   session: SandboxSession,
   accepted: readonly (keyof AccessTokens)[] = ["envd"],
 ): void {

@@ -166,6 +166,7 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
       ["GET", "/v1/sandboxes/:ID/files/stat?path=/etc/secret"],
       ["GET", "/v1/sandboxes/:ID/ports/8080/"],
       ["GET", "/v1/sandboxes/:ID/console"],
+      ["GET", "/v1/sandboxes/:ID/usage"],
       ["POST", "/v1/sandboxes/:ID/pause"],
       ["POST", "/v1/sandboxes/:ID/resume"],
     ] as [string, string, unknown?][]) {
@@ -338,6 +339,24 @@ describe("tenancy over the forkd API and the E2B control plane", () => {
     assert.equal((await call(ALICE, "GET", "/metrics")).status, 403);
     const admin = await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${ADMIN}` } });
     assert.equal(admin.status, 200);
+  });
+
+  it("/v1/host is for admins; /v1/usage lists only the caller's sandboxes", async () => {
+    const a = await spawn(ALICE);
+    const b = await spawn(BOB);
+    const host = await call(ALICE, "GET", "/v1/host");
+    assert.equal(host.status, 403, host.text);
+    assert.equal((host.json as { code: string }).code, "forbidden");
+    assert.equal((await call(ADMIN, "GET", "/v1/host")).status, 200);
+    const usage = async (token: string, query = "") =>
+      ((await call(token, "GET", `/v1/usage${query}`)).json as { sandboxes: { id: string }[] }).sandboxes.map(
+        (u) => u.id,
+      );
+    const bobs = await usage(BOB);
+    assert.ok(bobs.includes(b) && !bobs.includes(a), JSON.stringify(bobs));
+    assert.deepEqual(await usage(BOB, `?id=${a}&id=${b}`), [b]);
+    const all = await usage(ADMIN);
+    assert.ok(all.includes(a) && all.includes(b), JSON.stringify(all));
   });
 
   it("E2B control plane through the SDK: another tenant's sandbox is SandboxNotFoundError everywhere", async () => {

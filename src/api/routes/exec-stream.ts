@@ -12,11 +12,10 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { MAX_UNREAD_OUTPUT_BYTES, NDJSON_CONTENT_TYPE } from "../../common/limits.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
 import { ndjsonLine, readNdjson } from "../ndjson.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
 import { BinaryBody, ExecBody, ExecStreamEvent, errorResponses, SandboxParams } from "../schemas.js";
 import { compileBodyValidator } from "../validation.js";
 import { exitCodeOf, type OutputEncoding } from "../wire.js";
@@ -73,7 +72,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       const { exec, stdin } = await readRequest(request.body);
       const options = execOptions(exec);
       const encoding: OutputEncoding = exec.encoding ?? "utf8";
-      servicesOf(request, context).sandboxes.get(id); // unknown id: a plain 404 before the stream starts
+      servicesOf(request).sandboxes.get(id); // unknown id: a plain 404 before the stream starts
 
       const out = new PassThrough();
       // One controller for both causes (client gone, client too slow): no AbortSignal.any, whose sources Node 20
@@ -113,7 +112,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
       reply.type(NDJSON_CONTENT_TYPE).header("cache-control", "no-store").header("x-accel-buffering", "no");
       emit({ type: "started", id });
       const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
-      void servicesOf(request, context)
+      void servicesOf(request)
         .sandboxes.exec(id, exec.args, {
           ...options,
           stdin,

@@ -6,9 +6,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
-import type { ApiContext } from "../context.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import {
   BinaryBody,
   errorResponses,
@@ -25,7 +23,7 @@ import { fileInfoToWire } from "../wire.js";
 
 type IdParams = Static<typeof SandboxParams>;
 
-export function registerFileRoutes(scope: FastifyInstance, context: ApiContext): void {
+export function registerFileRoutes(scope: FastifyInstance): void {
   scope.removeAllContentTypeParsers();
   scope.addContentTypeParser(
     "*",
@@ -52,15 +50,10 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
       const target = guestPath(request.query.path);
       const data = request.body ?? Buffer.alloc(0);
       const mode = request.query.mode === undefined ? undefined : Number.parseInt(request.query.mode, 8);
-      const written = await servicesOf(request, context).sandboxes.files.write(
-        request.params.id,
-        target,
-        data,
-        {
-          mode,
-          signal: clientSignal(request, reply),
-        },
-      );
+      const written = await servicesOf(request).sandboxes.files.write(request.params.id, target, data, {
+        mode,
+        signal: clientSignal(request, reply),
+      });
       return { path: target, bytes: written.bytes };
     },
   );
@@ -80,7 +73,7 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) => {
       const target = guestPath(request.query.path);
-      const content = await servicesOf(request, context).sandboxes.files.read(request.params.id, target, {
+      const content = await servicesOf(request).sandboxes.files.read(request.params.id, target, {
         maxBytes: MAX_FILE_TRANSFER_BYTES,
         signal: clientSignal(request, reply),
       });
@@ -112,7 +105,7 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     async (request, reply) => {
       const target = guestPath(request.query.path);
       if (target === "/") throw invalidArgument('refusing to remove "/"');
-      await servicesOf(request, context).sandboxes.files.remove(request.params.id, target, {
+      await servicesOf(request).sandboxes.files.remove(request.params.id, target, {
         recursive: request.query.recursive === true,
         signal: clientSignal(request, reply),
       });
@@ -133,7 +126,7 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) => {
       const target = guestPath(request.query.path);
-      const listing = await servicesOf(request, context).sandboxes.files.list(request.params.id, target, {
+      const listing = await servicesOf(request).sandboxes.files.list(request.params.id, target, {
         signal: clientSignal(request, reply),
       });
       return { path: target, entries: listing.entries.map(fileInfoToWire), truncated: listing.truncated };
@@ -153,13 +146,9 @@ export function registerFileRoutes(scope: FastifyInstance, context: ApiContext):
     },
     async (request, reply) =>
       fileInfoToWire(
-        await servicesOf(request, context).sandboxes.files.stat(
-          request.params.id,
-          guestPath(request.query.path),
-          {
-            signal: clientSignal(request, reply),
-          },
-        ),
+        await servicesOf(request).sandboxes.files.stat(request.params.id, guestPath(request.query.path), {
+          signal: clientSignal(request, reply),
+        }),
       ),
   );
 }

@@ -1,11 +1,12 @@
 /**
  * What the host and its sandboxes use, measured on the host: `GET /v1/host` (CPUs, load, memory, sandboxes by
- * status), `GET /v1/usage` (every running sandbox's memory and CPU) and `GET /v1/sandboxes/:id/usage`.
+ * status; an admin's), `GET /v1/usage` (every running sandbox's memory and CPU: the caller's) and
+ * `GET /v1/sandboxes/:id/usage`, all through the caller's view of the services.
  */
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
-import type { ApiContext } from "../context.js";
+import { servicesOf } from "../../http/request-scope.js";
 import {
   errorResponses,
   HostStatusWire,
@@ -15,19 +16,19 @@ import {
   UsageResponse,
 } from "../schemas.js";
 
-export function registerHostRoutes(app: FastifyInstance, context: ApiContext): void {
-  const { sandboxes } = context.services;
-
+export function registerHostRoutes(app: FastifyInstance): void {
   app.get(
     "/v1/host",
     {
       schema: {
         tags: ["status"],
         summary: "The host: CPUs, load, memory, sandboxes by status",
+        description:
+          "For admins: 403 for a tenant's token (the counts and load describe every tenant's sandboxes).",
         response: { 200: HostStatusWire, ...errorResponses },
       },
     },
-    async () => sandboxes.host(),
+    async (request) => servicesOf(request).sandboxes.host(),
   );
 
   app.get<{ Querystring: Static<typeof UsageQuery> }>(
@@ -37,8 +38,9 @@ export function registerHostRoutes(app: FastifyInstance, context: ApiContext): v
         tags: ["sandboxes"],
         summary: "Memory (RSS, PSS, private) and CPU of running sandboxes, measured on the host",
         description:
-          "One entry per running sandbox (or per id asked for that is running; others are left out). Reads each " +
-          "VM's /proc/<pid>/smaps_rollup and stat: nothing is asked of the guests.",
+          "One entry per running sandbox (or per id asked for that is running; others are left out; a tenant's " +
+          "token sees its own sandboxes only). Reads each VM's /proc/<pid>/smaps_rollup and stat: nothing is " +
+          "asked of the guests.",
         querystring: UsageQuery,
         response: { 200: UsageResponse, ...errorResponses },
       },
@@ -46,7 +48,7 @@ export function registerHostRoutes(app: FastifyInstance, context: ApiContext): v
     async (request) => {
       const id = request.query.id;
       const ids = id === undefined ? undefined : Array.isArray(id) ? id : [id];
-      return { sandboxes: await sandboxes.usage(ids === undefined ? {} : { ids }) };
+      return { sandboxes: await servicesOf(request).sandboxes.usage(ids === undefined ? {} : { ids }) };
     },
   );
 
@@ -56,12 +58,13 @@ export function registerHostRoutes(app: FastifyInstance, context: ApiContext): v
       schema: {
         tags: ["sandboxes"],
         summary: "Memory (RSS, PSS, private) and CPU of one sandbox, measured on the host",
-        description: "409 when the sandbox is not running.",
+        description: "409 when the sandbox is not running; 404 for another tenant's, as for an unknown id.",
         params: SandboxParams,
         response: { 200: SandboxUsageWire, ...errorResponses },
       },
     },
     async (request) => {
+      const { sandboxes } = servicesOf(request);
       const info = sandboxes.get(request.params.id);
       const [usage] = await sandboxes.usage({ ids: [info.id] });
       if (!usage) throw new ForkdError("conflict", `sandbox ${info.id} is ${info.status}: no VM to measure`);

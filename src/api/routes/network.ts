@@ -11,10 +11,10 @@ import type { FastifyInstance } from "fastify";
 import { SANDBOX_ID_PATTERN } from "../../common/limits.js";
 import { assertSandboxId, unanchored } from "../../common/names.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
-import { servicesFor } from "../../controller/tenancy/tenant-view.js";
+import type { Principal } from "../../controller/tenancy/tenant-view.js";
+import { servicesOf, servicesOfUpgrade } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
-import { type Principal, servicesOf } from "../principal.js";
 import {
   EgressPolicyWire,
   errorResponses,
@@ -30,7 +30,7 @@ const PORT_ROUTE = new RegExp(
 );
 const PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
 
-export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext): void {
+export function registerNetworkRoutes(app: FastifyInstance): void {
   app.get(
     "/v1/network",
     {
@@ -40,7 +40,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: NetworkStatusWire, ...errorResponses },
       },
     },
-    async (request) => servicesOf(request, context).sandboxes.networkStatus(),
+    async (request) => servicesOf(request).sandboxes.networkStatus(),
   );
 
   app.put<{ Params: Static<typeof SandboxParams>; Body: Static<typeof EgressPolicyWire> }>(
@@ -59,10 +59,7 @@ export function registerNetworkRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request) =>
       sandboxToWire(
-        await servicesOf(request, context).sandboxes.setNetworkPolicy(
-          request.params.id,
-          policyFromWire(request.body),
-        ),
+        await servicesOf(request).sandboxes.setNetworkPolicy(request.params.id, policyFromWire(request.body)),
       ),
   );
 }
@@ -99,12 +96,12 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
           ? request.raw.url.slice(request.raw.url.indexOf("?"))
           : "";
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
-        servicesOf(request, context).sandboxes.get(id);
+        servicesOf(request).sandboxes.get(id);
         request.raw.url = `/${request.params["*"] ?? ""}${query}`;
         stripDaemonTokens(request.raw.headers, context.daemonTokens);
         reply.hijack();
         const res = reply.raw;
-        const failure = await servicesOf(request, context)
+        const failure = await servicesOf(request)
           .sandboxes.proxyHttp(id, port, request.raw, res)
           .catch((err: unknown) => err);
         if (failure === null) return;
@@ -144,13 +141,7 @@ export function portUpgradeHandler(
         assertSandboxId(id);
         req.url = `${rest ?? "/"}${query ?? ""}`;
         stripDaemonTokens(req.headers, context.daemonTokens);
-        servicesFor(context.services, principal).sandboxes.proxyUpgrade(
-          id,
-          Number(portText),
-          req,
-          socket,
-          head,
-        );
+        servicesOfUpgrade(req, principal).sandboxes.proxyUpgrade(id, Number(portText), req, socket, head);
       })
       .catch((err: unknown) => refuseUpgrade(socket, err));
   };

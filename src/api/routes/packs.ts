@@ -9,9 +9,7 @@ import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { PACK_CHAIN_HEADER, PACK_CONTENT_TYPE } from "../../common/limits.js";
-import type { ApiContext } from "../context.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import {
   BinaryBody,
   errorResponses,
@@ -22,7 +20,7 @@ import {
   UnpackResultWire,
 } from "../schemas.js";
 
-export function registerPackRoutes(scope: FastifyInstance, context: ApiContext): void {
+export function registerPackRoutes(scope: FastifyInstance): void {
   for (const type of [PACK_CONTENT_TYPE, "application/octet-stream"]) {
     scope.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
@@ -42,7 +40,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
       },
     },
     async (request, reply) => {
-      const { result, file, dispose } = await servicesOf(request, context).snapshots.pack({
+      const { result, file, dispose } = await servicesOf(request).snapshots.pack({
         tag: request.params.tag,
         withoutImage: request.query.without_image,
         level: request.query.level,
@@ -88,7 +86,7 @@ export function registerPackRoutes(scope: FastifyInstance, context: ApiContext):
           `send the pack as ${PACK_CONTENT_TYPE} (or application/octet-stream), not ${request.headers["content-type"]}`,
         );
       }
-      const installed = await servicesOf(request, context).snapshots.unpack({
+      const installed = await servicesOf(request).snapshots.unpack({
         body: (body as AsyncIterable<Buffer> | undefined) ?? emptyBody(),
         maxBytes: MAX_PACK_UPLOAD_BYTES,
         tag: request.query.tag,

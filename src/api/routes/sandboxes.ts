@@ -5,10 +5,9 @@ import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { DEFAULT_EXEC_TIMEOUT_SECS } from "../../common/limits.js";
 import { DEFAULT_BRANCH_MODE } from "../../controller/snapshots/branch.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { notImplemented } from "../errors.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
 import {
   BranchBody,
   BranchResultWire,
@@ -81,7 +80,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
             'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
           );
         }
-        const status = servicesOf(request, context).sandboxes.networkStatus();
+        const status = servicesOf(request).sandboxes.networkStatus();
         if (status.mode !== "netns") {
           throw notImplemented(
             `per_child_netns=true: this daemon runs isolated sandboxes (${status.reason})`,
@@ -90,7 +89,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       }
       const stop = metrics.spawnDuration.startTimer();
       try {
-        const spawned = await servicesOf(request, context).sandboxes.spawn({
+        const spawned = await servicesOf(request).sandboxes.spawn({
           snapshotTag: body.snapshot_tag,
           n: body.n ?? 1,
           memoryLimitMiB: body.memory_limit_mib ?? undefined,
@@ -130,7 +129,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request) => {
       const { snapshot_tag: snapshotTag, status } = request.query;
-      return servicesOf(request, context).sandboxes.list({ snapshotTag, status }).map(sandboxToWire);
+      return servicesOf(request).sandboxes.list({ snapshotTag, status }).map(sandboxToWire);
     },
   );
 
@@ -150,7 +149,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if (all !== true && tag === undefined) {
         throw invalidArgument("refusing to kill without a filter: give all=true or snapshot_tag=<tag>");
       }
-      const killed = await servicesOf(request, context).sandboxes.killAll(
+      const killed = await servicesOf(request).sandboxes.killAll(
         tag === undefined ? undefined : { snapshotTag: tag },
       );
       request.auditIds.push(...killed);
@@ -168,7 +167,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
         response: { 200: SandboxInfoWire, ...errorResponses },
       },
     },
-    async (request) => sandboxToWire(servicesOf(request, context).sandboxes.get(request.params.id)),
+    async (request) => sandboxToWire(servicesOf(request).sandboxes.get(request.params.id)),
   );
 
   app.delete<IdRequest>(
@@ -182,7 +181,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) => {
-      await servicesOf(request, context).sandboxes.kill(request.params.id);
+      await servicesOf(request).sandboxes.kill(request.params.id);
       return reply.status(204).send();
     },
   );
@@ -199,9 +198,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request) =>
-      sandboxToWire(
-        servicesOf(request, context).sandboxes.setTimeout(request.params.id, request.body.timeout_ms),
-      ),
+      sandboxToWire(servicesOf(request).sandboxes.setTimeout(request.params.id, request.body.timeout_ms)),
   );
 
   app.post<IdRequest & { Body: Static<typeof PauseBody> | undefined }>(
@@ -220,7 +217,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       },
     },
     async (request, reply) => {
-      const outcome = await servicesOf(request, context).sandboxes.pause(request.params.id, {
+      const outcome = await servicesOf(request).sandboxes.pause(request.params.id, {
         merge: request.body?.merge === true ? "always" : "auto",
         signal: clientSignal(request, reply),
       });
@@ -245,7 +242,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request, reply) =>
       sandboxToWire(
-        await servicesOf(request, context).sandboxes.resume(request.params.id, {
+        await servicesOf(request).sandboxes.resume(request.params.id, {
           timeoutMs: request.body?.timeout_ms,
           signal: clientSignal(request, reply),
         }),
@@ -264,7 +261,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
     },
     async (request, reply) =>
       pingToWire(
-        await servicesOf(request, context).sandboxes.ping(request.params.id, {
+        await servicesOf(request).sandboxes.ping(request.params.id, {
           signal: clientSignal(request, reply),
         }),
       ),
@@ -289,7 +286,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const options = execOptions(body);
       const stop = metrics.execDuration.startTimer({ op: "exec" });
       try {
-        const outcome = await servicesOf(request, context).sandboxes.exec(request.params.id, body.args, {
+        const outcome = await servicesOf(request).sandboxes.exec(request.params.id, body.args, {
           ...options,
           stdin: stdinOf(body),
           signal: clientSignal(request, reply),
@@ -320,7 +317,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       const body = request.body;
       const stop = metrics.execDuration.startTimer({ op: "eval" });
       try {
-        const outcome = await servicesOf(request, context).sandboxes.eval(request.params.id, body.code, {
+        const outcome = await servicesOf(request).sandboxes.eval(request.params.id, body.code, {
           timeoutMs: timeoutMsOf(body, undefined),
           signal: clientSignal(request, reply),
         });
@@ -359,7 +356,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
       if ((body.live && mode !== "live") || (body.diff && mode !== "diff")) {
         throw invalidArgument(`mode ${mode} contradicts the legacy ${body.live ? "live" : "diff"} flag`);
       }
-      const outcome = await servicesOf(request, context).sandboxes.branch(request.params.id, {
+      const outcome = await servicesOf(request).sandboxes.branch(request.params.id, {
         tag: body.tag,
         mode,
         wait: body.wait,
@@ -378,7 +375,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: ApiContext)
 }
 
 /** Fork, metrics: the lifecycle routes the E2B API also uses. */
-export function registerForkRoutes(app: FastifyInstance, context: ApiContext): void {
+export function registerForkRoutes(app: FastifyInstance): void {
   app.post<IdRequest & { Body: Static<typeof ForkBody> }>(
     "/v1/sandboxes/:id/fork",
     {
@@ -396,7 +393,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
       },
     },
     async (request, reply) => {
-      const outcome = await servicesOf(request, context).sandboxes.fork(request.params.id, {
+      const outcome = await servicesOf(request).sandboxes.fork(request.params.id, {
         count: request.body?.count ?? 1,
         timeoutMs: request.body?.timeout_ms,
         signal: clientSignal(request, reply),
@@ -432,10 +429,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
       },
     },
     async (request, reply) => {
-      const text = await servicesOf(request, context).sandboxes.console(
-        request.params.id,
-        request.query.bytes,
-      );
+      const text = await servicesOf(request).sandboxes.console(request.params.id, request.query.bytes);
       return reply.type("text/plain; charset=utf-8").send(text);
     },
   );
@@ -449,7 +443,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
         response: { 200: ConfinementStatusWire, ...errorResponses },
       },
     },
-    async (request) => servicesOf(request, context).sandboxes.confinementStatus(),
+    async (request) => servicesOf(request).sandboxes.confinementStatus(),
   );
 
   app.get<IdRequest>(
@@ -463,7 +457,7 @@ export function registerForkRoutes(app: FastifyInstance, context: ApiContext): v
       },
     },
     async (request, reply) =>
-      servicesOf(request, context).sandboxes.metrics(request.params.id, {
+      servicesOf(request).sandboxes.metrics(request.params.id, {
         signal: clientSignal(request, reply),
       }),
   );

@@ -2,9 +2,8 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
 import { BranchResultWire, errorResponses, Tag } from "../schemas.js";
 import { branchToWire } from "../wire.js";
 
@@ -50,7 +49,7 @@ export function registerSnapshotDiffRoutes(app: FastifyInstance, context: ApiCon
     },
     async (request, reply) => {
       const { exec } = request.body;
-      const outcome = await servicesOf(request, context).sandboxes.snapshotDiff({
+      const outcome = await servicesOf(request).sandboxes.snapshotDiff({
         from: request.params.tag,
         tag: request.body.tag,
         command: typeof exec === "string" ? ["/bin/sh", "-c", exec] : exec,

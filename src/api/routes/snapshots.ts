@@ -4,10 +4,9 @@ import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { invalidArgument } from "../../common/errors.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { notImplemented } from "../errors.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
 import {
   CompactSnapshotBody,
   CreateSnapshotBody,
@@ -33,7 +32,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         response: { 200: Type.Array(SnapshotInfoWire), ...errorResponses },
       },
     },
-    async (request) => (await servicesOf(request, context).snapshots.list()).map(toWire),
+    async (request) => (await servicesOf(request).snapshots.list()).map(toWire),
   );
 
   app.post<{ Body: CreateSnapshotBody }>(
@@ -67,7 +66,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         body.kernel !== undefined && body.rootfs !== undefined
           ? { kernel: body.kernel, rootfs: body.rootfs }
           : undefined;
-      const created = await servicesOf(request, context).snapshots.create({
+      const created = await servicesOf(request).snapshots.create({
         tag: body.tag,
         ...(image ? { image } : { template: body.template ?? body.tag }),
         signal: clientSignal(request, reply),
@@ -86,7 +85,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
         response: { 200: SnapshotInfoWire, ...errorResponses },
       },
     },
-    async (request) => toWire(await servicesOf(request, context).snapshots.get(request.params.tag)),
+    async (request) => toWire(await servicesOf(request).snapshots.get(request.params.tag)),
   );
 
   app.get<TagRequest>(
@@ -100,7 +99,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request) => {
-      const detail = await servicesOf(request, context).snapshots.detail(request.params.tag);
+      const detail = await servicesOf(request).snapshots.detail(request.params.tag);
       return { ...detail, ...toWire(detail) };
     },
   );
@@ -120,7 +119,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request, reply) => {
-      const deleted = await servicesOf(request, context).snapshots.delete(request.params.tag, {
+      const deleted = await servicesOf(request).snapshots.delete(request.params.tag, {
         cascade: request.query.cascade,
         force: request.query.force,
       });
@@ -145,7 +144,7 @@ export function registerSnapshotRoutes(app: FastifyInstance, context: ApiContext
       },
     },
     async (request, reply) => {
-      const compacted = await servicesOf(request, context).snapshots.compact({
+      const compacted = await servicesOf(request).snapshots.compact({
         from: request.params.tag,
         to: request.body.to,
         signal: clientSignal(request, reply),

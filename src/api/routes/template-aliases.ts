@@ -2,13 +2,12 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import type { ApiContext } from "../context.js";
-import { servicesOf } from "../principal.js";
+import { servicesOf } from "../../http/request-scope.js";
 import { AliasParams, errorResponses, SetAliasBody, TemplateAliasWire } from "../schemas.js";
 
 type AliasRequest = { Params: Static<typeof AliasParams> };
 
-export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiContext): void {
+export function registerTemplateAliasRoutes(app: FastifyInstance): void {
   app.get(
     "/v1/template-aliases",
     {
@@ -18,7 +17,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
         response: { 200: Type.Array(TemplateAliasWire), ...errorResponses },
       },
     },
-    async (request) => servicesOf(request, context).snapshots.aliases.list(),
+    async (request) => servicesOf(request).snapshots.aliases.list(),
   );
 
   app.get<AliasRequest>(
@@ -31,7 +30,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
         response: { 200: TemplateAliasWire, ...errorResponses },
       },
     },
-    async (request) => servicesOf(request, context).snapshots.aliases.get(request.params.alias),
+    async (request) => servicesOf(request).snapshots.aliases.get(request.params.alias),
   );
 
   app.put<AliasRequest & { Body: Static<typeof SetAliasBody> }>(
@@ -48,10 +47,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
       },
     },
     async (request) => {
-      const row = await servicesOf(request, context).snapshots.aliases.set(
-        request.params.alias,
-        request.body.tag,
-      );
+      const row = await servicesOf(request).snapshots.aliases.set(request.params.alias, request.body.tag);
       request.auditIds.push(row.tag);
       return row;
     },
@@ -68,7 +64,7 @@ export function registerTemplateAliasRoutes(app: FastifyInstance, context: ApiCo
       },
     },
     async (request, reply) => {
-      await servicesOf(request, context).snapshots.aliases.delete(request.params.alias);
+      await servicesOf(request).snapshots.aliases.delete(request.params.alias);
       return reply.status(204).send();
     },
   );

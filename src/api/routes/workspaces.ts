@@ -7,9 +7,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { invalidArgument } from "../../common/errors.js";
-import type { ApiContext } from "../context.js";
-import { servicesOf } from "../principal.js";
-import { clientSignal } from "../request-signal.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import {
   CreateWorkspaceBody,
   errorResponses,
@@ -21,10 +19,9 @@ import {
 
 type NameRequest = { Params: Static<typeof WorkspaceNameParams> };
 
-export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContext): void {
-  // Through the request's view: a tenant has no workspaces (controller/tenancy/tenant-view.ts).
-  const workspacesOf = (request: FastifyRequest) => servicesOf(request, context).sandboxes.workspaces;
-  const networkStatus = () => context.services.sandboxes.networkStatus();
+export function registerWorkspaceRoutes(app: FastifyInstance): void {
+  // Through the request's view: a tenant has no workspaces (controller/tenancy/).
+  const workspacesOf = (request: FastifyRequest) => servicesOf(request).sandboxes.workspaces;
 
   app.get(
     "/v1/workspaces",
@@ -51,9 +48,10 @@ export function registerWorkspaceRoutes(app: FastifyInstance, context: ApiContex
     },
     async (request, reply) => {
       const body = request.body;
-      if (body.per_child_netns === true && networkStatus().mode !== "netns") {
+      const network = servicesOf(request).sandboxes.networkStatus();
+      if (body.per_child_netns === true && network.mode !== "netns") {
         throw invalidArgument(
-          `per_child_netns=true: this daemon runs isolated sandboxes (${networkStatus().reason})`,
+          `per_child_netns=true: this daemon runs isolated sandboxes (${network.reason})`,
         );
       }
       const created = await workspacesOf(request).create({

@@ -24,11 +24,17 @@ import type {
   SnapshotService,
 } from "../sandbox-service.js";
 import { assertAlias, type TemplateAlias } from "../snapshots/template-aliases.js";
+import { oneSandboxView } from "./sandbox-view.js";
 
 /** Who a request acts for, resolved once when it is authenticated. */
 export interface Principal {
   /** The caller's tenant; null: an admin, who sees everything. */
   tenant: string | null;
+  /**
+   * The one sandbox the request is confined to, within its tenant's view (sandbox-view.ts): a request opened by
+   * that sandbox's own access tokens (the E2B data plane). Absent: the tenant's whole view.
+   */
+  sandbox?: string;
 }
 
 export const ADMIN: Principal = Object.freeze({ tenant: null });
@@ -56,10 +62,17 @@ export interface Services {
   snapshots: SnapshotService;
 }
 
-/** The services as `principal` may use them: unchanged for an admin, a tenant's view otherwise. */
+/**
+ * The services as `principal` may use them: unchanged for an admin, a tenant's view otherwise, narrowed to one
+ * sandbox for a principal confined to it.
+ */
 export function servicesFor(services: Services, principal: Principal): Services {
-  if (principal.tenant === null) return services;
-  const scope = new TenantScope(services, principal.tenant);
+  const tenantView = principal.tenant === null ? services : tenantScope(services, principal.tenant);
+  return principal.sandbox === undefined ? tenantView : oneSandboxView(tenantView, principal.sandbox);
+}
+
+function tenantScope(services: Services, tenant: string): Services {
+  const scope = new TenantScope(services, tenant);
   return { sandboxes: scope.sandboxes(), snapshots: scope.snapshots() };
 }
 

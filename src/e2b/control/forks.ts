@@ -8,8 +8,9 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
-import { type E2bContext, servicesOf } from "../context.js";
-import { clientSignal, knownSandbox } from "./sandboxes.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
+import type { E2bContext } from "../context.js";
+import { knownSandbox } from "./sandboxes.js";
 import {
   DEFAULT_FORK_TIMEOUT_SECONDS,
   DEFAULT_PAGE_LIMIT,
@@ -46,8 +47,8 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     },
     async (request, reply) => {
       // A paused source forks from its paused state and stays paused.
-      const source = knownSandbox(servicesOf(request, context), request.params.sandboxID);
-      const outcome = await servicesOf(request, context).sandboxes.fork(source.id, {
+      const source = knownSandbox(servicesOf(request), request.params.sandboxID);
+      const outcome = await servicesOf(request).sandboxes.fork(source.id, {
         count: request.body?.count ?? 1,
         timeoutMs: (request.body?.timeout ?? DEFAULT_FORK_TIMEOUT_SECONDS) * 1000,
         signal: clientSignal(request, reply),
@@ -55,7 +56,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       const results = outcome.children.map((child): Static<typeof ForkResult> => {
         if (child.sandbox) {
           request.auditIds.push(child.sandbox.id);
-          const tokens = servicesOf(request, context).sandboxes.accessTokens(child.sandbox.id);
+          const tokens = servicesOf(request).sandboxes.accessTokens(child.sandbox.id);
           return { sandbox: sandboxToWire(child.sandbox, tokens, domain) };
         }
         const error: Static<typeof ErrorBody> = {
@@ -82,9 +83,9 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
       },
     },
     async (request, reply) => {
-      const source = knownSandbox(servicesOf(request, context), request.params.sandboxID);
+      const source = knownSandbox(servicesOf(request), request.params.sandboxID);
       const name = request.body?.name;
-      const outcome = await servicesOf(request, context).sandboxes.branch(source.id, {
+      const outcome = await servicesOf(request).sandboxes.branch(source.id, {
         tag: `snap-${randomBytes(6).toString("hex")}`,
         mode: source.live_fork && source.status === "running" ? "live" : "diff",
         alias: name,
@@ -106,7 +107,7 @@ export function registerForkRoutes(app: FastifyInstance, context: E2bContext): v
     },
     async (request, reply) => {
       const { sandboxID, name, limit, nextToken } = request.query;
-      const taken = (await servicesOf(request, context).snapshots.list())
+      const taken = (await servicesOf(request).snapshots.list())
         .filter((s) => s.status === "ready" && s.source_sandbox !== null && !s.ephemeral)
         .filter((s) => sandboxID === undefined || s.source_sandbox === sandboxID)
         .filter((s) => name === undefined || s.tag === name || s.aliases.includes(name));

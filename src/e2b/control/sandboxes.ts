@@ -6,12 +6,12 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
 import type { Services } from "../../controller/tenancy/tenant-view.js";
-import { type E2bContext, servicesOf } from "../context.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
+import type { E2bContext } from "../context.js";
 import { egressFromE2b, networkFromE2b } from "./network.js";
 import {
   ConnectBody,
@@ -80,10 +80,6 @@ function refuseMemoryless(memory: boolean | undefined, what: string): void {
   }
 }
 
-export function clientSignal(request: FastifyRequest, reply: FastifyReply): AbortSignal {
-  return responseGoneSignal(reply.raw, `request ${request.id}`);
-}
-
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);
 
 /** Create-time options forkd cannot honour: refused by name instead of silently dropped. */
@@ -104,9 +100,8 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
 
 export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext): void {
   const domain = context.domain ?? null;
-  // `info` came through the request's view already (only its owner holds it), so its tokens may be read here.
-  const toSandbox = (info: SandboxInfo) =>
-    sandboxToWire(info, context.services.sandboxes.accessTokens(info.id), domain);
+  const toSandbox = (request: FastifyRequest, info: SandboxInfo) =>
+    sandboxToWire(info, servicesOf(request).sandboxes.accessTokens(info.id), domain);
   /** Resumes `id`; a resume another request already finished counts (two connects at once both succeed). */
   const resumeOrJoin = async (
     { sandboxes }: Services,
@@ -131,8 +126,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     const body = request.body;
     refuseUnsupported(body);
     const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
-    const template = await resolveTemplateName(servicesOf(request, context), body.templateID);
-    const [info] = await servicesOf(request, context).sandboxes.spawn({
+    const template = await resolveTemplateName(servicesOf(request), body.templateID);
+    const [info] = await servicesOf(request).sandboxes.spawn({
       snapshotTag: template.tag,
       n: 1,
       timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
@@ -147,7 +142,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     });
     const created = info as SandboxInfo;
     request.auditIds.push(created.id);
-    return reply.status(201).send(toSandbox(created));
+    return reply.status(201).send(toSandbox(request, created));
   };
   for (const url of ["/v2/sandboxes", "/sandboxes"]) {
     app.post(
@@ -187,7 +182,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       const states = parseStates(query.state);
       const metadata = parseMetadataFilter(query.metadata);
       const startedAfter = parseDate(query.startedAfter);
-      const services = servicesOf(request, context);
+      const services = servicesOf(request);
       const template = query.template ? await resolveTemplateName(services, query.template, false) : null;
       const matching = services.sandboxes
         .list()
@@ -207,7 +202,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       if (page.nextToken !== undefined) reply.header("x-next-token", page.nextToken);
       reply.header("x-total-running", String(matching.length));
       return Promise.all(
-        page.items.map(async (s) => listedToWire(s, await context.facts.of(s.snapshot_tag))),
+        page.items.map(async (s) =>
+          listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag)),
+        ),
       );
     },
   );
@@ -223,10 +220,13 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request) => {
       const metadata = parseMetadataFilter(request.query.metadata);
-      const running = servicesOf(request, context)
-        .sandboxes.list()
+      const services = servicesOf(request);
+      const running = services.sandboxes
+        .list()
         .filter((s) => s.status === "running" && matchesMetadata(s.metadata, metadata));
-      return Promise.all(running.map(async (s) => listedToWire(s, await context.facts.of(s.snapshot_tag))));
+      return Promise.all(
+        running.map(async (s) => listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag))),
+      );
     },
   );
 
@@ -240,9 +240,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request) => {
-      const info = knownSandbox(servicesOf(request, context), request.params.sandboxID);
-      const facts = await context.facts.of(info.snapshot_tag);
-      return detailToWire(info, facts, servicesOf(request, context).sandboxes.accessTokens(info.id), domain);
+      const info = knownSandbox(servicesOf(request), request.params.sandboxID);
+      const facts = await context.facts.of(servicesOf(request).snapshots, info.snapshot_tag);
+      return detailToWire(info, facts, servicesOf(request).sandboxes.accessTokens(info.id), domain);
     },
   );
 
@@ -258,7 +258,7 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     async (request, reply) => {
       const id = request.params.sandboxID;
       if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-      await servicesOf(request, context).sandboxes.kill(id);
+      await servicesOf(request).sandboxes.kill(id);
       return reply.status(204).send();
     },
   );
@@ -274,11 +274,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(servicesOf(request, context), request.params.sandboxID);
-      servicesOf(request, context).sandboxes.setTimeout(
-        request.params.sandboxID,
-        request.body.timeout * 1000,
-      );
+      runningSandbox(servicesOf(request), request.params.sandboxID);
+      servicesOf(request).sandboxes.setTimeout(request.params.sandboxID, request.body.timeout * 1000);
       return reply.status(204).send();
     },
   );
@@ -294,9 +291,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      runningSandbox(servicesOf(request), request.params.sandboxID);
       const seconds = request.body?.duration ?? DEFAULT_TIMEOUT_SECONDS;
-      servicesOf(request, context).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
+      servicesOf(request).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
       return reply.status(204).send();
     },
   );
@@ -318,21 +315,21 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
       async (request, reply) => {
         const id = request.params.sandboxID;
-        const info = knownSandbox(servicesOf(request, context), id);
+        const info = knownSandbox(servicesOf(request), id);
         const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
         if (e2bState(info) === "paused") {
           refuseMemoryless(request.body?.memory, "resume");
           const resumed = await resumeOrJoin(
-            servicesOf(request, context),
+            servicesOf(request),
             id,
             seconds * 1000,
             clientSignal(request, reply),
           );
-          return reply.status(201).send(toSandbox(resumed));
+          return reply.status(201).send(toSandbox(request, resumed));
         }
         return reply
           .status(200)
-          .send(toSandbox(servicesOf(request, context).sandboxes.extendTimeout(id, seconds * 1000)));
+          .send(toSandbox(request, servicesOf(request).sandboxes.extendTimeout(id, seconds * 1000)));
       },
     );
   }
@@ -352,10 +349,10 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request, reply) => {
       const id = request.params.sandboxID;
-      const info = knownSandbox(servicesOf(request, context), id);
+      const info = knownSandbox(servicesOf(request), id);
       if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
       refuseMemoryless(request.body?.memory, "pause");
-      await servicesOf(request, context).sandboxes.pause(id, { signal: clientSignal(request, reply) });
+      await servicesOf(request).sandboxes.pause(id, { signal: clientSignal(request, reply) });
       return reply.status(204).send();
     },
   );
@@ -373,17 +370,17 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
     },
     async (request, reply) => {
       const id = request.params.sandboxID;
-      const info = knownSandbox(servicesOf(request, context), id);
+      const info = knownSandbox(servicesOf(request), id);
       if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
       refuseMemoryless(request.body?.memory, "resume");
       const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
       const resumed = await resumeOrJoin(
-        servicesOf(request, context),
+        servicesOf(request),
         id,
         seconds * 1000,
         clientSignal(request, reply),
       );
-      return reply.status(201).send(toSandbox(resumed));
+      return reply.status(201).send(toSandbox(request, resumed));
     },
   );
 
@@ -402,9 +399,9 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(servicesOf(request, context), request.params.sandboxID);
+      runningSandbox(servicesOf(request), request.params.sandboxID);
       const egress = egressFromE2b(request.body ?? {});
-      await servicesOf(request, context).sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
+      await servicesOf(request).sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
       return reply.status(204).send();
     },
   );
@@ -420,8 +417,8 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       },
     },
     async (request, reply) => {
-      runningSandbox(servicesOf(request, context), request.params.sandboxID);
-      const sample = await servicesOf(request, context).sandboxes.metrics(request.params.sandboxID, {
+      runningSandbox(servicesOf(request), request.params.sandboxID);
+      const sample = await servicesOf(request).sandboxes.metrics(request.params.sandboxID, {
         signal: clientSignal(request, reply),
       });
       return [metricToWire(sample)];
@@ -445,13 +442,12 @@ export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext)
       for (const id of ids) {
         const info = (() => {
           try {
-            return runningSandbox(servicesOf(request, context), id);
+            return runningSandbox(servicesOf(request), id);
           } catch {
             return null;
           }
         })();
-        if (info)
-          out[id] = metricToWire(await servicesOf(request, context).sandboxes.metrics(id, { signal }));
+        if (info) out[id] = metricToWire(await servicesOf(request).sandboxes.metrics(id, { signal }));
       }
       return { sandboxes: out };
     },

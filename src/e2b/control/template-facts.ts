@@ -17,12 +17,11 @@ const MAX_CACHED = 1024;
 export class TemplateFacts {
   private readonly cache = new Map<string, MachineFacts>();
 
-  constructor(private readonly snapshots: SnapshotService) {}
-
-  async of(tag: string): Promise<MachineFacts> {
+  /** The facts of snapshot `tag`, read through `snapshots` (the caller's view) unless already known. */
+  async of(snapshots: Pick<SnapshotService, "detail">, tag: string): Promise<MachineFacts> {
     const cached = this.cache.get(tag);
     if (cached) return cached;
-    const detail = await this.snapshots.detail(tag).catch(() => null);
+    const detail = await snapshots.detail(tag).catch(() => null);
     if (detail === null) return { cpuCount: 1, memoryMB: 0, diskSizeMB: 0 };
     const disk = detail.layers.at(-1)?.disk.logical_bytes ?? 0;
     const facts = {

@@ -12,7 +12,8 @@ import { TEMPLATE_ALIAS_PATTERN } from "../../common/limits.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ResolvedTemplate } from "../../controller/snapshots/template-aliases.js";
 import type { Services } from "../../controller/tenancy/tenant-view.js";
-import { type E2bContext, servicesOf } from "../context.js";
+import { servicesOf } from "../../http/request-scope.js";
+import type { E2bContext } from "../context.js";
 import { ENVD_VERSION } from "../envd/version.js";
 import { AliasParams, errorResponses, Template, TemplateAliasResponse, TemplateIdParams } from "./schemas.js";
 
@@ -47,7 +48,7 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request) => {
-      const resolved = await resolveTemplateName(servicesOf(request, context), request.params.alias);
+      const resolved = await resolveTemplateName(servicesOf(request), request.params.alias);
       return { templateID: resolved.tag, public: false };
     },
   );
@@ -61,10 +62,9 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request) => {
-      const all = (await servicesOf(request, context).snapshots.list()).filter(
-        (s) => s.status === "ready" && s.bootable && !s.ephemeral,
-      );
-      return Promise.all(all.map(async (s) => templateToWire(s, await context.facts.of(s.tag))));
+      const { snapshots } = servicesOf(request);
+      const all = (await snapshots.list()).filter((s) => s.status === "ready" && s.bootable && !s.ephemeral);
+      return Promise.all(all.map(async (s) => templateToWire(s, await context.facts.of(snapshots, s.tag))));
     },
   );
 
@@ -81,12 +81,8 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request, reply) => {
-      const resolved = await resolveTemplateName(
-        servicesOf(request, context),
-        request.params.templateID,
-        false,
-      );
-      await servicesOf(request, context).snapshots.retire(resolved.tag);
+      const resolved = await resolveTemplateName(servicesOf(request), request.params.templateID, false);
+      await servicesOf(request).snapshots.retire(resolved.tag);
       request.auditIds.push(resolved.tag);
       return reply.status(204).send();
     },

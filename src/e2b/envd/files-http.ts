@@ -12,6 +12,8 @@ import { createGunzip, createGzip } from "node:zlib";
 import multipart from "@fastify/multipart";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import type { SandboxService } from "../../controller/sandbox-service.js";
+import { servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { hasAccessToken, type SandboxSession } from "../session.js";
 import type { GuestUser } from "./guest-users.js";
@@ -75,7 +77,7 @@ function authorizeFiles(
   if (expiration !== undefined && !Number.isInteger(expiration)) {
     throw invalidArgument("signature_expiration must be a unix time in seconds");
   }
-  const token = context.services.sandboxes.accessTokens(session.sandboxId).envd;
+  const token = servicesOf(request).sandboxes.accessTokens(session.sandboxId).envd;
   const expected = Buffer.from(fileSignature(filePath, operation, username, token, expiration));
   const presented = Buffer.from(signature);
   if (presented.length !== expected.length || !timingSafeEqual(presented, expected)) {
@@ -86,12 +88,20 @@ function authorizeFiles(
   }
 }
 
-async function fileUser(context: E2bContext, session: SandboxSession, name: string | undefined) {
-  return context.users.lookup(session.sandboxId, name === undefined || name === "" ? DEFAULT_USER : name);
+/** A sandbox's files, as the caller's view of the services (that one sandbox) reaches them. */
+type SandboxFiles = SandboxService["files"];
+
+async function fileUser(
+  context: E2bContext,
+  files: SandboxFiles,
+  session: SandboxSession,
+  name: string | undefined,
+) {
+  const user = name === undefined || name === "" ? DEFAULT_USER : name;
+  return context.users.lookup(files, session.sandboxId, user);
 }
 
 export async function registerFileRoutes(scope: FastifyInstance, context: E2bContext): Promise<void> {
-  const { files } = context.services.sandboxes;
   const maxUploadBytes = context.maxUploadBytes ?? MAX_UPLOAD_BYTES;
   await scope.register(multipart, {
     preservePath: true,
@@ -106,7 +116,8 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
     const session = request.e2bSandbox as SandboxSession;
     authorizeFiles(request, context, session, "read");
     checkRequestedPath(request.query.path);
-    const user = await fileUser(context, session, request.query.username);
+    const { files } = servicesOf(request).sandboxes;
+    const user = await fileUser(context, files, session, request.query.username);
     const filePath = resolveGuestPath(request.query.path, user);
     const info = await files.stat(session.sandboxId, filePath).catch((err: unknown) => {
       if (err instanceof ForkdError && err.code === "not_found") {
@@ -121,9 +132,7 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
     if (!first.truncated && !gzip) {
       return reply.header("content-length", first.data.length).send(first.data);
     }
-    const chunks = Readable.from(
-      readChunks(context, session.sandboxId, filePath, first.data, first.truncated),
-    );
+    const chunks = Readable.from(readChunks(files, session.sandboxId, filePath, first.data, first.truncated));
     if (!gzip) return reply.send(chunks);
     return reply.header("content-encoding", "gzip").send(chunks.pipe(createGzip()));
   });
@@ -135,8 +144,9 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
       throw invalidArgument("file metadata (X-Metadata-* headers) is not supported by forkd");
     }
     checkRequestedPath(request.query.path);
-    const user = await fileUser(context, session, request.query.username);
-    const upload = new Upload(context, session.sandboxId, user, maxUploadBytes);
+    const { files } = servicesOf(request).sandboxes;
+    const user = await fileUser(context, files, session, request.query.username);
+    const upload = new Upload(files, session.sandboxId, user, maxUploadBytes);
     const encoding = String(request.headers["content-encoding"] ?? "identity").toLowerCase();
     if (encoding !== "identity" && encoding !== "gzip") {
       throw invalidArgument(`unsupported Content-Encoding ${JSON.stringify(encoding)}: identity or gzip`);
@@ -172,7 +182,7 @@ export async function registerFileRoutes(scope: FastifyInstance, context: E2bCon
 
 /** Chunks of a file from the guest, after the first (already read); stops at the end the agent reports. */
 async function* readChunks(
-  context: E2bContext,
+  files: SandboxFiles,
   id: string,
   filePath: string,
   first: Buffer,
@@ -182,7 +192,7 @@ async function* readChunks(
   let offset = first.length;
   let truncated = more;
   while (truncated) {
-    const chunk = await context.services.sandboxes.files.read(id, filePath, {
+    const chunk = await files.read(id, filePath, {
       offset,
       maxBytes: READ_CHUNK_BYTES,
     });
@@ -200,14 +210,14 @@ class Upload {
   private total = 0;
 
   constructor(
-    private readonly context: E2bContext,
+    private readonly files: SandboxFiles,
     private readonly id: string,
     private readonly user: GuestUser,
     private readonly maxBytes: number,
   ) {}
 
   async file(requestedPath: string, stream: Readable): Promise<void> {
-    const files = this.context.services.sandboxes.files;
+    const files = this.files;
     const target = resolveGuestPath(requestedPath, this.user);
     if (this.written.some((w) => w.path === target)) {
       throw invalidArgument(`you cannot upload multiple files to the same path '${target}' in one request`);
@@ -247,7 +257,7 @@ class Upload {
 
   /** A failed request leaves no half-written temporary behind (files already in place stay, as in envd). */
   async abandon(): Promise<void> {
-    const files = this.context.services.sandboxes.files;
+    const files = this.files;
     await Promise.all([...this.temporaries].map((t) => files.remove(this.id, t).catch(() => {})));
     this.temporaries.clear();
   }

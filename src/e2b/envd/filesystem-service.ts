@@ -8,6 +8,7 @@ import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@conn
 import type { FileInfo, FsEvent, FsOp } from "../../agent/host/types.js";
 import { MAX_LIST_DEPTH } from "../../agent/protocol/limits.js";
 import { ForkdError } from "../../common/errors.js";
+import type { SandboxService } from "../../controller/sandbox-service.js";
 import type { E2bContext } from "../context.js";
 import { toConnectError } from "../errors.js";
 import { entryInfo } from "./entry-info.js";
@@ -15,7 +16,9 @@ import { EventType, type Filesystem, type FilesystemEventSchema } from "./gen/fi
 import type { GuestUser } from "./guest-users.js";
 import { KEEPALIVE, keepaliveIntervalMs, withKeepalives } from "./keepalive.js";
 import { resolveGuestPath } from "./paths.js";
-import { callUser, sessionOf } from "./rpc-session.js";
+import { callUser, servicesOfCall, sessionOf } from "./rpc-session.js";
+
+type SandboxFiles = SandboxService["files"];
 
 const EVENT_TYPES: Record<FsOp, EventType> = {
   create: EventType.CREATE,
@@ -38,22 +41,24 @@ function isCode(err: unknown, code: ForkdError["code"]): boolean {
 }
 
 export function filesystemService(context: E2bContext): ServiceImpl<typeof Filesystem> {
-  const { files } = context.services.sandboxes;
+  /** The call's sandbox's files, as its caller's view of the services (that one sandbox) reaches them. */
+  const filesOf = (ctx: HandlerContext) => servicesOfCall(ctx).sandboxes.files;
 
-  /** The call's sandbox, user and resolved path. */
+  /** The call's sandbox, user and resolved path, and its files. */
   const target = async (ctx: HandlerContext, requested: string) => {
     const session = sessionOf(ctx);
     const user = await callUser(context, ctx);
-    return { id: session.sandboxId, user, path: guardedPath(requested, user) };
+    return { id: session.sandboxId, user, path: guardedPath(requested, user), files: filesOf(ctx) };
   };
 
   /** A directory to watch: it must exist (NotFound) and be a directory (InvalidArgument), as in envd. */
   const watchable = async (id: string, path: string, ctx: HandlerContext) => {
-    const info = await guarded(() => files.stat(id, path, { signal: ctx.signal }));
+    const info = await guarded(() => filesOf(ctx).stat(id, path, { signal: ctx.signal }));
     if (info.type !== "dir") throw new ConnectError(`path ${path} is not a directory`, Code.InvalidArgument);
   };
 
   const fsEvent = async (
+    files: SandboxFiles,
     id: string,
     root: string,
     event: FsEvent,
@@ -73,13 +78,13 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
 
   return {
     async stat(request, ctx) {
-      const { id, path } = await target(ctx, request.path);
+      const { id, path, files } = await target(ctx, request.path);
       const info = await guarded(() => files.stat(id, path, { signal: ctx.signal }));
       return { entry: entryInfo(info, path) };
     },
 
     async makeDir(request, ctx) {
-      const { id, user, path } = await target(ctx, request.path);
+      const { id, user, path, files } = await target(ctx, request.path);
       const made = await guarded(() =>
         files.mkdir(id, path, { parents: true, user: user.name, signal: ctx.signal }),
       );
@@ -96,7 +101,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
     },
 
     async move(request, ctx) {
-      const { id, user, path: source } = await target(ctx, request.source);
+      const { id, user, path: source, files } = await target(ctx, request.source);
       const destination = guardedPath(request.destination, user);
       const moved = await guarded(() =>
         files.move(id, source, destination, { user: user.name, signal: ctx.signal }),
@@ -105,7 +110,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
     },
 
     async listDir(request, ctx) {
-      const { id, path } = await target(ctx, request.path);
+      const { id, path, files } = await target(ctx, request.path);
       const depth = request.depth === 0 ? 1 : request.depth;
       if (depth > MAX_LIST_DEPTH) {
         throw new ConnectError(
@@ -131,7 +136,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
     },
 
     async remove(request, ctx) {
-      const { id, path } = await target(ctx, request.path);
+      const { id, path, files } = await target(ctx, request.path);
       try {
         await files.remove(id, path, { recursive: true, signal: ctx.signal });
       } catch (err) {
@@ -142,7 +147,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
     },
 
     async *watchDir(request, ctx) {
-      const { id, path } = await target(ctx, request.path);
+      const { id, path, files } = await target(ctx, request.path);
       await watchable(id, path, ctx);
       const handle = files.watch(id, path, { recursive: request.recursive, signal: ctx.signal });
       yield { event: { case: "start", value: {} } };
@@ -152,7 +157,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
             yield { event: { case: "keepalive", value: {} } };
             continue;
           }
-          const event = await fsEvent(id, path, item, request.includeEntry);
+          const event = await fsEvent(files, id, path, item, request.includeEntry);
           yield { event: { case: "filesystem", value: event } };
         }
       } catch (err) {
@@ -163,10 +168,10 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
     },
 
     async createWatcher(request, ctx) {
-      const { id, path } = await target(ctx, request.path);
+      const { id, path, files } = await target(ctx, request.path);
       await watchable(id, path, ctx);
       const watcherId = await guarded(async () =>
-        context.watchers.create(id, path, {
+        context.watchers.create(files, id, path, {
           recursive: request.recursive,
           includeEntry: request.includeEntry,
         }),
@@ -178,7 +183,7 @@ export function filesystemService(context: E2bContext): ServiceImpl<typeof Files
       const session = sessionOf(ctx);
       const taken = await guarded(async () => context.watchers.take(session.sandboxId, request.watcherId));
       const events = await Promise.all(
-        taken.events.map((e) => fsEvent(session.sandboxId, taken.path, e, taken.includeEntry)),
+        taken.events.map((e) => fsEvent(filesOf(ctx), session.sandboxId, taken.path, e, taken.includeEntry)),
       );
       return { events };
     },

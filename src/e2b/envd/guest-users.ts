@@ -24,18 +24,22 @@ interface Known {
   readAtMs: number;
 }
 
+/** The files of a sandbox, as the caller's view of the services gives them. */
+type SandboxFiles = Pick<SandboxService["files"], "read">;
+
 export class GuestUsers {
   private readonly known = new Map<string, Known>();
 
-  constructor(private readonly sandboxes: SandboxService) {}
-
-  /** The user `name` of sandbox `id`; `unauthorized` (E2B's answer) when the sandbox has no such user. */
-  async lookup(id: string, name: string, signal?: AbortSignal): Promise<GuestUser> {
+  /**
+   * The user `name` of sandbox `id` (its /etc/passwd read through `files`, the caller's view); `unauthorized`
+   * (E2B's answer) when the sandbox has no such user.
+   */
+  async lookup(files: SandboxFiles, id: string, name: string, signal?: AbortSignal): Promise<GuestUser> {
     if (name === "root") return ROOT;
     let known = this.known.get(id);
     if (known?.users.has(name)) return known.users.get(name) as GuestUser;
     if (known === undefined || Date.now() - known.readAtMs > REREAD_MS) {
-      known = await this.read(id, signal);
+      known = await this.read(files, id, signal);
     }
     const user = known.users.get(name);
     if (!user)
@@ -47,8 +51,8 @@ export class GuestUsers {
     this.known.delete(id);
   }
 
-  private async read(id: string, signal?: AbortSignal): Promise<Known> {
-    const file = await this.sandboxes.files.read(id, "/etc/passwd", { maxBytes: MAX_PASSWD_BYTES, signal });
+  private async read(files: SandboxFiles, id: string, signal?: AbortSignal): Promise<Known> {
+    const file = await files.read(id, "/etc/passwd", { maxBytes: MAX_PASSWD_BYTES, signal });
     const known: Known = { users: parsePasswd(file.data.toString("utf8")), readAtMs: Date.now() };
     this.known.delete(id);
     if (this.known.size >= MAX_SANDBOXES) this.known.delete(this.known.keys().next().value as string);

@@ -9,6 +9,7 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { fastifyConnectPlugin } from "@connectrpc/connect-fastify";
 import type { FastifyInstance } from "fastify";
 import { MAX_FILE_BYTES } from "../../agent/protocol/limits.js";
+import { servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { sendConnectError, sendE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox } from "../session.js";
@@ -17,7 +18,7 @@ import { filesystemService } from "./filesystem-service.js";
 import { Filesystem } from "./gen/filesystem/filesystem_pb.js";
 import { Process } from "./gen/process/process_pb.js";
 import { processService } from "./process-service.js";
-import { SESSION_KEY } from "./rpc-session.js";
+import { SERVICES_KEY, SESSION_KEY } from "./rpc-session.js";
 
 /** Routes reachable without the access token: the health probe, and /files (it checks token or signature). */
 const OPEN_ROUTES = new Set(["GET /health", "GET /files", "POST /files", "HEAD /health"]);
@@ -50,7 +51,8 @@ export async function registerEnvd(scope: FastifyInstance, context: E2bContext):
         router.service(Filesystem, filesystemService(context));
       },
       readMaxBytes: MAX_CONNECT_MESSAGE_BYTES,
-      contextValues: (request) => createContextValues().set(SESSION_KEY, request.e2bSandbox),
+      contextValues: (request) =>
+        createContextValues().set(SESSION_KEY, request.e2bSandbox).set(SERVICES_KEY, servicesOf(request)),
     });
   });
 
@@ -59,11 +61,11 @@ export async function registerEnvd(scope: FastifyInstance, context: E2bContext):
   scope.get("/health", async (_request, reply) => reply.status(204).send());
 
   scope.get("/envs", async (request) =>
-    context.services.sandboxes.envVars(request.e2bSandbox?.sandboxId ?? ""),
+    servicesOf(request).sandboxes.envVars(request.e2bSandbox?.sandboxId ?? ""),
   );
 
   scope.get("/metrics", async (request) => {
-    const m = await context.services.sandboxes.metrics(request.e2bSandbox?.sandboxId ?? "");
+    const m = await servicesOf(request).sandboxes.metrics(request.e2bSandbox?.sandboxId ?? "");
     const mib = 1024 * 1024;
     return {
       ts: Math.floor(m.timestamp_unix_ms / 1000),

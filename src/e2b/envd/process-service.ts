@@ -24,7 +24,7 @@ import {
 } from "./gen/process/process_pb.js";
 import { KEEPALIVE, keepaliveIntervalMs, withKeepalives } from "./keepalive.js";
 import { resolveGuestPath } from "./paths.js";
-import { callUser, sessionOf } from "./rpc-session.js";
+import { callUser, servicesOfCall, sessionOf } from "./rpc-session.js";
 
 /** StartResponse and ConnectResponse each carry one ProcessEvent. */
 type EventInit = MessageInitShape<typeof ProcessEventSchema>;
@@ -112,7 +112,8 @@ async function* processEvents(
 }
 
 export function processService(context: E2bContext): ServiceImpl<typeof Process> {
-  const { sandboxes } = context.services;
+  /** The call's sandbox's processes, as its caller's view of the services (that one sandbox) reaches them. */
+  const procsOf = (ctx: HandlerContext) => servicesOfCall(ctx).sandboxes.procs;
 
   return {
     async *start(request, ctx) {
@@ -140,7 +141,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
       const remaining = ctx.timeoutMs();
       let handle: ProcHandle;
       try {
-        handle = sandboxes.procs.start(session.sandboxId, [config.cmd, ...config.args], {
+        handle = procsOf(ctx).start(session.sandboxId, [config.cmd, ...config.args], {
           env: { HOME: user.home, USER: user.name, LOGNAME: user.name, ...config.envs },
           cwd,
           user: user.name,
@@ -171,7 +172,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
       const selector = selectorOf(request.process);
       let handle: ProcHandle;
       try {
-        handle = sandboxes.procs.connect(session.sandboxId, selector, { signal: ctx.signal });
+        handle = procsOf(ctx).connect(session.sandboxId, selector, { signal: ctx.signal });
       } catch (err) {
         throw toConnectError(err);
       }
@@ -181,7 +182,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
     async list(_request, ctx) {
       const session = sessionOf(ctx);
       try {
-        const processes = await sandboxes.procs.list(session.sandboxId, { signal: ctx.signal });
+        const processes = await procsOf(ctx).list(session.sandboxId, { signal: ctx.signal });
         return {
           processes: processes
             .filter((p) => p.running)
@@ -204,7 +205,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
         throw new ConnectError("input (stdin or pty bytes) is required", Code.InvalidArgument);
       }
       await call(() =>
-        sandboxes.procs.input(session.sandboxId, selector, Buffer.from(input.value), { signal: ctx.signal }),
+        procsOf(ctx).input(session.sandboxId, selector, Buffer.from(input.value), { signal: ctx.signal }),
       );
       return {};
     },
@@ -223,7 +224,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
           if (input?.case === "stdin" || input?.case === "pty") {
             const target = selector;
             await call(() =>
-              sandboxes.procs.input(session.sandboxId, target, Buffer.from(input.value), {
+              procsOf(ctx).input(session.sandboxId, target, Buffer.from(input.value), {
                 signal: ctx.signal,
               }),
             );
@@ -240,14 +241,14 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
       if (signal === undefined) {
         throw new ConnectError("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL", Code.InvalidArgument);
       }
-      await call(() => sandboxes.procs.signal(session.sandboxId, selector, signal, { signal: ctx.signal }));
+      await call(() => procsOf(ctx).signal(session.sandboxId, selector, signal, { signal: ctx.signal }));
       return {};
     },
 
     async closeStdin(request, ctx) {
       const session = sessionOf(ctx);
       const selector = selectorOf(request.process);
-      await call(() => sandboxes.procs.closeStdin(session.sandboxId, selector, { signal: ctx.signal }));
+      await call(() => procsOf(ctx).closeStdin(session.sandboxId, selector, { signal: ctx.signal }));
       return {};
     },
 
@@ -263,7 +264,7 @@ export function processService(context: E2bContext): ServiceImpl<typeof Process>
         );
       }
       await call(() =>
-        sandboxes.procs.resize(
+        procsOf(ctx).resize(
           session.sandboxId,
           selector,
           { cols: size.cols, rows: size.rows },

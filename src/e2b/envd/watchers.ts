@@ -28,9 +28,13 @@ interface Watcher {
 export class Watchers {
   private readonly watchers = new Map<string, Watcher>();
 
-  constructor(private readonly sandboxes: SandboxService) {}
-
-  create(sandboxId: string, path: string, options: { recursive: boolean; includeEntry: boolean }): string {
+  /** A watcher of `path` in sandbox `sandboxId`, watched through `files` (the caller's view of the services). */
+  create(
+    files: Pick<SandboxService["files"], "watch">,
+    sandboxId: string,
+    path: string,
+    options: { recursive: boolean; includeEntry: boolean },
+  ): string {
     this.forgetEnded();
     const mine = [...this.watchers.values()].filter((w) => w.sandboxId === sandboxId && !w.ended).length;
     if (mine >= MAX_WATCHERS_PER_SANDBOX || this.watchers.size >= MAX_WATCHERS) {
@@ -47,7 +51,7 @@ export class Watchers {
       events: [],
       dropped: 0,
       ended: undefined,
-      handle: this.sandboxes.files.watch(sandboxId, path, {
+      handle: files.watch(sandboxId, path, {
         recursive: options.recursive,
         onEvent: (event) => {
           if (watcher.events.length >= MAX_KEPT_EVENTS) {

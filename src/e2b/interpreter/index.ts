@@ -8,11 +8,11 @@
 import { PassThrough } from "node:stream";
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
-import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyReply } from "fastify";
 import type { EvalOutcome } from "../../agent/host/types.js";
-import { responseGoneSignal } from "../../common/client-signal.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { MAX_EVAL_CODE_CHARS, MAX_GUEST_TIMEOUT_MS, MAX_UNREAD_OUTPUT_BYTES } from "../../common/limits.js";
+import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
@@ -79,11 +79,7 @@ function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
   return reply.status(code).type("text/plain; charset=utf-8").send(message);
 }
 
-const clientSignal = (request: FastifyRequest, reply: FastifyReply) =>
-  responseGoneSignal(reply.raw, `request ${request.id}`);
-
 export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
-  const { sandboxes } = context.services;
   const session = (request: { e2bSandbox?: SandboxSession }) => request.e2bSandbox as SandboxSession;
 
   scope.addHook("onRequest", async (request) => {
@@ -127,7 +123,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
         write({ type, text, timestamp: new Date().toISOString() });
         sawOutput();
       };
-      const run = sandboxes.eval(id, body.code, {
+      const run = servicesOf(request).sandboxes.eval(id, body.code, {
         timeoutMs: MAX_GUEST_TIMEOUT_MS,
         ...(body.context_id !== undefined ? { context: body.context_id } : {}),
         ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
@@ -162,7 +158,9 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
   );
 
   scope.get("/contexts", async (request, reply) =>
-    sandboxes.contexts.list(session(request).sandboxId, { signal: clientSignal(request, reply) }),
+    servicesOf(request).sandboxes.contexts.list(session(request).sandboxId, {
+      signal: clientSignal(request, reply),
+    }),
   );
 
   scope.post<{ Body: Static<typeof CreateContextBody> }>(
@@ -173,7 +171,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
       const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
       if (!cwd.startsWith("/"))
         throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
-      return sandboxes.contexts.create(session(request).sandboxId, {
+      return servicesOf(request).sandboxes.contexts.create(session(request).sandboxId, {
         cwd,
         signal: clientSignal(request, reply),
       });
@@ -184,7 +182,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
     "/contexts/:id",
     { schema: { params: ContextParams } },
     async (request, reply) => {
-      await sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
+      await servicesOf(request).sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
         signal: clientSignal(request, reply),
       });
       return reply.status(204).send();
@@ -195,7 +193,7 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
     "/contexts/:id/restart",
     { schema: { params: ContextParams } },
     async (request, reply) => {
-      await sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
+      await servicesOf(request).sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
         signal: clientSignal(request, reply),
       });
       return reply.status(204).send();
