@@ -6,7 +6,10 @@
  */
 
 export interface ErrorContext {
-  /** HTTP status the daemon answered with, if it answered. */
+  /**
+   * HTTP status the daemon answered with, if it answered with an error. Undefined for an error the daemon reported
+   * inside a stream it had answered 200 (an exec's `{"type":"error"}` line): then `code` says what failed.
+   */
   status?: number;
   /** The request that failed, e.g. "POST /v1/sandboxes". */
   request?: string;
@@ -146,12 +149,26 @@ export class CommandExitError extends ForkdSdkError implements CommandResult {
 export function errorFromResponse(
   status: number,
   body: Buffer | string,
-  context: { request: string; retryAfter?: string | undefined; tokenSource?: string; daemon?: string },
+  context: {
+    request: string;
+    retryAfter?: string | undefined;
+    tokenSource?: string;
+    daemon?: string;
+    /** The error came as a record of a stream, not as the answer's status (`status` is then its code's). */
+    inStream?: boolean;
+  },
 ): ForkdSdkError {
   const { message: serverMessage, code } = parseErrorBody(body);
   const shown = serverMessage || `HTTP ${status}`;
-  const ctx: ErrorContext = { status, request: context.request, serverMessage, code };
-  const where = `(HTTP ${status} from ${context.request})`;
+  const ctx: ErrorContext = {
+    status: context.inStream ? undefined : status,
+    request: context.request,
+    serverMessage,
+    code,
+  };
+  const where = context.inStream
+    ? `(reported in the answer to ${context.request})`
+    : `(HTTP ${status} from ${context.request})`;
   const retryAfterMs = parseRetryAfter(context.retryAfter);
   const retryHint = retryAfterMs === undefined ? "" : `; retry after ${retryAfterMs} ms`;
   switch (status) {

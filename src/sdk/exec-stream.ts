@@ -77,6 +77,7 @@ function decodeRecord(kind: string | undefined, data: unknown, request: HttpRequ
       const message = typeof record.error === "string" ? record.error : JSON.stringify(record);
       throw errorFromResponse(status, JSON.stringify({ error: message, code }), {
         request: describeRequest(request),
+        inStream: true,
       });
     }
     default:
