@@ -1,8 +1,7 @@
 /** `forkd console <id>`: the end of a sandbox's serial console, as the daemon kept it (bounded per sandbox). */
 import type { Command } from "commander";
 import { CONSOLE_READ_BYTES, MAX_CONSOLE_READ_BYTES } from "../../common/limits.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
-import { runCommand } from "../run-command.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "./fork.js";
 
 export function registerConsole(program: Command): void {
@@ -17,16 +16,8 @@ export function registerConsole(program: Command): void {
         parseIntOption("--bytes", 1, MAX_CONSOLE_READ_BYTES),
       ),
   ).action((id: string, opts: { bytes?: number }, command: Command) =>
-    runCommand(async (signal) => {
-      const { body } = await DaemonClient.from(command).request(
-        "GET",
-        routePath`/v1/sandboxes/${id}/console`,
-        {
-          query: { bytes: opts.bytes },
-          signal,
-        },
-      );
-      process.stdout.write(body);
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      process.stdout.write(await controller.readConsole(id, { bytes: opts.bytes, signal }));
       return undefined;
     }),
   );

@@ -2,20 +2,10 @@
 import { readFile } from "node:fs/promises";
 import type { Command } from "commander";
 import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";
-
-interface EvalAnswer {
-  result: string | null;
-  error: string | null;
-  traceback: string | null;
-  stdout: string;
-  stderr: string;
-  exit_code: number;
-}
 
 export function registerEval(program: Command): void {
   addDaemonOptions(
@@ -34,22 +24,16 @@ export function registerEval(program: Command): void {
       .option("--json", "print the whole answer as JSON")
       .addHelpText("after", "\nExample:\n  forkd eval sb-0123456789ab 'numpy.arange(3).sum()'\n"),
   ).action((id: string, code: string, opts, command: Command) =>
-    runCommand(async (signal) => {
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const source = code === "-" ? await readFile("/dev/stdin", "utf8") : code;
-      const answer = await DaemonClient.from(command).json<EvalAnswer>(
-        "POST",
-        routePath`/v1/sandboxes/${id}/eval`,
-        {
-          json: { code: source, ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }) },
-          signal,
-        },
-      );
+      // Without --timeout-ms the SDK's default applies (60 s, the daemon's own default for an eval too).
+      const answer = await controller.evalCode(id, source, { timeoutMs: opts.timeoutMs, signal });
       if (opts.json) {
         printJson(answer);
         return answer.exit_code === 0 ? EXIT.ok : EXIT.failure;
       }
-      process.stdout.write(answer.stdout);
-      process.stderr.write(answer.stderr);
+      process.stdout.write(answer.stdout ?? "");
+      process.stderr.write(answer.stderr ?? "");
       if (answer.result !== null) process.stdout.write(`${answer.result}\n`);
       if (answer.error !== null) process.stderr.write(answer.traceback ?? `${answer.error}\n`);
       return answer.exit_code === 0 ? EXIT.ok : EXIT.failure;

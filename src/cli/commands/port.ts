@@ -9,8 +9,7 @@ import type { Command } from "commander";
 import { createProxyServer } from "http-proxy-3";
 import { invalidArgument } from "../../common/errors.js";
 import { PORT_PROXY_HEADER } from "../../console/protocol.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
-import { runCommand } from "../run-command.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "./fork.js";
 
 export function registerPort(program: Command): void {
@@ -24,26 +23,21 @@ export function registerPort(program: Command): void {
       .argument("<port>", "port inside the sandbox", parseIntOption("<port>", 1, 65535))
       .option("--listen <host:port>", "local address to listen on (port 0 = any free one)", "127.0.0.1:0"),
   ).action((id: string, port: number, opts: { listen: string }, command: Command) =>
-    runCommand(async (signal) => {
-      const client = DaemonClient.from(command);
+    runDaemonCommand(command, async ({ controller }, signal) => {
       // Fails early (unknown sandbox, no network) instead of on the first proxied request.
-      await client.json("GET", routePath`/v1/sandboxes/${id}`, { signal });
+      await controller.getSandbox(id, { signal });
       const { host, port: localPort } = parseListen(opts.listen);
-      const endpoint = client.endpoint;
+      const endpoint = controller.portEndpoint(id, port);
+      const { address } = endpoint;
       const target =
-        "socketPath" in endpoint
-          ? { host: "localhost", port: 80, socketPath: endpoint.socketPath }
-          : {
-              host: endpoint.base.hostname,
-              port: Number(endpoint.base.port) || 80,
-              protocol: endpoint.base.protocol,
-            };
+        address.kind === "unix"
+          ? { host: "localhost", port: 80, socketPath: address.socketPath }
+          : { host: address.hostname, port: address.port, protocol: address.protocol };
       // The mark lets a browser's requests through the socket (src/console/access.ts): this listener is the
       // sandbox's own origin.
-      const headers: Record<string, string> = { [PORT_PROXY_HEADER]: "1" };
-      if (client.token) headers.authorization = `Bearer ${client.token}`;
+      const headers: Record<string, string> = { [PORT_PROXY_HEADER]: "1", ...endpoint.headers };
       const proxy = createProxyServer({ target, headers, ws: true });
-      const prefix = routePath`/v1/sandboxes/${id}/ports/${String(port)}`;
+      const prefix = endpoint.pathPrefix;
       const server = http.createServer((req, res) => {
         req.url = `${prefix}${req.url ?? "/"}`;
         proxy.web(req, res, {}, () => {

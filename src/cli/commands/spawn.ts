@@ -1,6 +1,5 @@
 /** `forkd spawn`: fork sandboxes from a snapshot through the daemon; they live until killed or timed out. */
 import { type Command, Option } from "commander";
-import type { SandboxInfoWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import {
   DEFAULT_MEMORY_OVERHEAD_MIB,
@@ -16,9 +15,9 @@ import {
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
 } from "../../common/limits.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import type { SandboxInfo } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { printJson, startProgress } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { parseIntOption } from "./fork.js";
 import { printSandboxes } from "./ls.js";
 import { addEgressOptions, egressFromOptions } from "./network.js";
@@ -71,28 +70,23 @@ export function registerSpawn(program: Command): void {
         .option("--json", "print the sandboxes as JSON"),
     ),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
-      const client = DaemonClient.from(command);
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const egress = egressFromOptions(opts);
       if (opts.network === false && egress) throw invalidArgument("--no-network excludes the egress flags");
       const progress = opts.json ? undefined : startProgress(`spawning ${opts.count} from ${opts.tag}`);
-      let spawned: SandboxInfoWire[];
+      let spawned: SandboxInfo[];
       try {
-        spawned = await client.json<SandboxInfoWire[]>("POST", "/v1/sandboxes", {
-          json: {
-            snapshot_tag: opts.tag,
-            n: opts.count,
-            ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
-            ...(opts.cpuLimitMillicores === undefined
-              ? {}
-              : { cpu_limit_millicores: opts.cpuLimitMillicores }),
-            ...(opts.pidsLimit === undefined ? {} : { pids_limit: opts.pidsLimit }),
-            ...(opts.diskLimitMib === undefined ? {} : { disk_limit_mib: opts.diskLimitMib }),
-            ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }),
-            ...(opts.onTimeout === "pause" ? { on_timeout: "pause" } : {}),
-            ...(opts.liveFork ? { live_fork: true } : {}),
-            ...(opts.network === false ? { network: "none" } : egress ? { network: egress } : {}),
-          },
+        spawned = await controller.spawnSandboxes({
+          snapshotTag: opts.tag,
+          n: opts.count,
+          memoryLimitMib: opts.memoryLimitMib,
+          cpuLimitMillicores: opts.cpuLimitMillicores,
+          pidsLimit: opts.pidsLimit,
+          diskLimitMib: opts.diskLimitMib,
+          timeoutMs: opts.timeoutMs,
+          ...(opts.onTimeout === "pause" ? { onTimeout: "pause" as const } : {}),
+          ...(opts.liveFork ? { liveFork: true } : {}),
+          ...(opts.network === false ? { network: "none" as const } : egress ? { network: egress } : {}),
           signal,
         });
         progress?.succeed(`spawned ${spawned.length} from ${opts.tag}`);
