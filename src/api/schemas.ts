@@ -10,6 +10,7 @@ import {
   DEFAULT_MEMORY_OVERHEAD_MIB,
   DEFAULT_PIDS_LIMIT,
   ENV_NAME_PATTERN,
+  ERROR_CODES,
   FILE_MODE_PATTERN,
   MAX_CONSOLE_READ_BYTES,
   MAX_CPU_LIMIT_MILLICORES,
@@ -59,7 +60,10 @@ export const ErrorBody = Type.Object(
   {
     error: Type.String({ description: "Human-readable message naming what was wrong." }),
     code: Type.Optional(
-      Type.String({ description: "Catalogue code (src/common/errors.ts), e.g. not_found, conflict." }),
+      Type.String({
+        enum: Object.keys(ERROR_CODES),
+        description: "Catalogue code (src/common/limits.ts, ERROR_CODES), e.g. not_found, conflict.",
+      }),
     ),
   },
   { description: "Every 4xx/5xx response carries this body (v0.5's ErrorBody plus `code`)." },
