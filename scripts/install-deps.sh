@@ -12,6 +12,10 @@
 # Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
 # bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
 # docker-registry on a loopback port of their own.
+#
+# The cluster tests (test/cluster) run a real kube-apiserver, etcd, kubectl and helm, which no Debian or npm
+# package provides at a usable version: scripts/k8s-tools.sh builds them from their Go modules once per machine
+# (cached in /var/cache/forkd/k8s; about 20 CPU-minutes the first time, nothing after). It needs Go >= 1.26.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -43,3 +47,4 @@ if ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subuid 2>/dev/null ||
 fi
 npm ci --no-audit --no-fund
 npm run build
+scripts/k8s-tools.sh build >/dev/null

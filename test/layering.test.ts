@@ -60,6 +60,7 @@ const LAYERS: Record<string, Layer> = {
     forkd: ["common", "isolation"],
     packages: ["dns-packet", "http-proxy-3", "ipaddr.js"],
   },
+  cluster: { readme: "cluster/README.md", forkd: ["common"], packages: ["@sinclair/typebox"] },
   controller: {
     readme: "controller/README.md",
     forkd: ["common", "store", "vmm", "image", "agent/host", "agent/protocol", "net", "isolation"],
@@ -156,6 +157,7 @@ const LAYERS: Record<string, Layer> = {
       "controller/sandbox-service.ts",
       "controller/tenancy",
       "controller/snapshots/branch.ts",
+      "controller/sandboxes/spawn-observer.ts",
       "e2b",
       "agent/host",
       "agent/protocol",
@@ -164,7 +166,12 @@ const LAYERS: Record<string, Layer> = {
   },
   http: {
     readme: "http/README.md",
-    forkd: ["common", "controller/tenancy", "controller/sandbox-service.ts"],
+    forkd: [
+      "common",
+      "controller/tenancy",
+      "controller/sandbox-service.ts",
+      "controller/sandboxes/spawn-observer.ts",
+    ],
     packages: ["fastify"],
   },
   console: {

@@ -4,13 +4,14 @@
  * a bearer token is required. The HTTP layer never touches VM state itself; every route calls a service.
  */
 import { randomUUID } from "node:crypto";
-import type { IncomingMessage } from "node:http";
+import type { IncomingHttpHeaders, IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import path from "node:path";
 import swagger from "@fastify/swagger";
 import type { TSchema } from "@sinclair/typebox";
 import Fastify, {
   type FastifyInstance,
+  type FastifyReply,
   type FastifyRequest,
   type FastifyServerOptions,
   LogController,
@@ -18,6 +19,7 @@ import Fastify, {
 } from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
+import { PORT_PROXY_HEADER } from "../common/proxied-path.js";
 import { FORKD_VERSION } from "../common/version.js";
 import {
   E2B_ROUTE_TAG,
@@ -41,13 +43,14 @@ import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerHostRoutes } from "./routes/host.js";
 import {
+  checkPortProxied,
   portUpgradeHandler,
   refuseUpgrade,
   registerNetworkRoutes,
   registerPortProxyRoutes,
 } from "./routes/network.js";
 import { registerPackRoutes } from "./routes/packs.js";
-import { registerForkRoutes, registerSandboxRoutes } from "./routes/sandboxes.js";
+import { registerSandboxRoutes } from "./routes/sandboxes.js";
 import { registerSnapshotDiffRoutes } from "./routes/snapshot-diff.js";
 import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
@@ -125,6 +128,107 @@ const REQUEST_ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 const MUTATING_METHODS = new Set(["POST", "PUT", "DELETE", "PATCH"]);
 
 export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
+  const app = Fastify(fastifyOptionsFor(options)) as unknown as FastifyInstance;
+  const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
+  // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
+  // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
+  provideServices(app, options.services, metrics.spawns);
+  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
+  app.addConstraintStrategy(surfaceConstraint);
+  app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
+  app.setErrorHandler(
+    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
+  );
+  app.setNotFoundHandler(notFoundHandler);
+  installJsonParser(app);
+  app.decorateRequest("caller", "");
+  app.decorateRequest("auditIds", {
+    getter(this: FastifyRequest & { _auditIds?: string[] }) {
+      this._auditIds ??= [];
+      return this._auditIds;
+    },
+  });
+
+  const extensions = options.extensions ?? [];
+  const listener: ListenerInfo = {
+    transport: options.transport,
+    tls: options.https !== undefined,
+    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
+    snapshotsDir: options.snapshotsDir,
+  };
+  const checkOrigin = originCheckFor(app, options);
+  app.addHook("onRequest", async (request, reply) => {
+    reply.header("x-request-id", request.id);
+    request.caller = `${options.transport}:${request.ip}`;
+    checkOrigin(request.headers);
+    checkPortProxied(request.headers, request.routeOptions.url);
+    for (const extension of extensions) extension.screen?.(request, listener);
+    request.caller = await identifyCaller(request, options, extensions, listener);
+  });
+  app.addHook("onResponse", async (request, reply) => recordResponse(request, reply, metrics, options.audit));
+
+  await app.register(swagger, OPENAPI_OPTIONS);
+  const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
+  const context: ApiContext = { snapshotsDir: options.snapshotsDir, metrics, daemonTokens };
+  await registerForkdRoutes(app, context);
+  for (const extension of extensions) await extension.register(app, listener);
+  const e2b = await registerE2b(app, {
+    services: options.services,
+    tokens: listener.tokens,
+    daemonTokens,
+    ...options.e2b,
+  });
+  app.decorate("e2bControlRoutes", e2b.controlRoutes);
+  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
+  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
+  // forkd port route, with the listener's authentication.
+  const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
+      return principalOf(authenticate(req.headers.authorization, options.tokens));
+    }
+    return ADMIN;
+  });
+  app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    socket.on("error", () => {});
+    try {
+      checkOrigin(req.headers);
+    } catch (err) {
+      refuseUpgrade(socket, err);
+      return;
+    }
+    // What `forkd port` proxies is for the port route only (refused there when it is not).
+    if (req.headers[PORT_PROXY_HEADER] !== undefined) {
+      forkdUpgrade(req, socket, head);
+      return;
+    }
+    // An extension's upgrade (the console's terminals) authenticates its own.
+    for (const extension of extensions) {
+      if (extension.upgrade?.(req, socket, head, listener)) return;
+    }
+    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
+  });
+  return app;
+}
+
+/** The forkd API's own routes (v0.5's included), each module with the route context and no services. */
+async function registerForkdRoutes(app: FastifyInstance, context: ApiContext): Promise<void> {
+  registerStatusRoutes(app, context);
+  registerSnapshotRoutes(app, context);
+  registerSnapshotDiffRoutes(app, context);
+  registerSandboxRoutes(app, context);
+  registerTemplateAliasRoutes(app);
+  registerWorkspaceRoutes(app);
+  registerHostRoutes(app);
+  await app.register(async (scope) => registerExecStreamRoute(scope, context));
+  await app.register(async (scope) => registerFileRoutes(scope));
+  await app.register(async (scope) => registerPackRoutes(scope));
+  registerNetworkRoutes(app);
+  await app.register(async (scope) => registerPortProxyRoutes(scope, context));
+}
+
+/** Fastify's options for one listener: request ids, timeouts, body and parameter bounds, logging, TLS. */
+function fastifyOptionsFor(options: ApiOptions) {
   const headersTimeout = options.headersTimeoutMs ?? HEADERS_TIMEOUT_MS;
   // Node checks these timeouts on an interval (30 s by default): check often enough to honour them.
   const serverTimeouts = {
@@ -155,47 +259,17 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
   };
   if (options.https) fastifyOptions.https = { ...options.https, ...serverTimeouts };
-  const app = Fastify(fastifyOptions) as unknown as FastifyInstance;
-  // First of all hooks: every route reaches the services only as its caller's view (servicesOf).
-  provideServices(app, options.services);
-  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
-  app.addConstraintStrategy(surfaceConstraint);
+  return fastifyOptions;
+}
 
-  const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
-  const daemonTokens = options.daemonTokens ?? options.tokens ?? [];
-  const context: ApiContext = {
-    snapshotsDir: options.snapshotsDir,
-    metrics,
-    daemonTokens,
-  };
-
-  app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
-  app.setErrorHandler(
-    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
-  );
-  app.setNotFoundHandler(notFoundHandler);
-  installJsonParser(app);
-
-  app.decorateRequest("caller", "");
-  app.decorateRequest("auditIds", {
-    getter(this: FastifyRequest & { _auditIds?: string[] }) {
-      this._auditIds ??= [];
-      return this._auditIds;
-    },
-  });
-
-  const extensions = options.extensions ?? [];
-  const listener: ListenerInfo = {
-    transport: options.transport,
-    tls: options.https !== undefined,
-    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
-    snapshotsDir: options.snapshotsDir,
-  };
+/**
+ * The listener's Host/Origin check, run before authentication (a rebinding page must learn nothing, not even
+ * whether it needs a token) on every request and upgrade.
+ */
+function originCheckFor(app: FastifyInstance, options: ApiOptions): (headers: IncomingHttpHeaders) => void {
   const originPolicy = lazyOriginPolicy(app, options.origin);
   const scheme = options.https ? "https" : "http";
-  /** Before authentication: a rebinding page must learn nothing, not even whether it needs a token. */
-  const checkOrigin = (headers: IncomingMessage["headers"]) => {
+  return (headers) => {
     const policy = originPolicy();
     if (!policy) return;
     checkHostAndOrigin(policy, headers, scheme);
@@ -208,124 +282,78 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
       );
     }
   };
-  app.addHook("onRequest", async (request, reply) => {
-    reply.header("x-request-id", request.id);
-    request.caller = `${options.transport}:${request.ip}`;
-    checkOrigin(request.headers);
-    for (const extension of extensions) extension.screen?.(request, listener);
-    request.caller = await identifyCaller(request, options, extensions, listener);
-  });
-  app.addHook("onResponse", async (request, reply) => {
-    const route = request.routeOptions.url ?? "unmatched";
-    const status = reply.statusCode;
-    request.log.debug(
-      {
-        method: request.method,
-        url: request.url,
-        status,
-        ms: Math.round(reply.elapsedTime),
-        caller: request.caller,
-      },
-      "request",
-    );
-    metrics.httpRequests.inc({ method: request.method, route, status: String(status) });
-    if (status >= 400) {
-      metrics.httpErrors.inc({ method: request.method, route, code: errorCodeOf(reply) });
-    }
-    if (options.audit && MUTATING_METHODS.has(request.method)) {
-      const params = (request.params ?? {}) as { id?: string; tag?: string };
-      const ids = [params.id, params.tag, ...request.auditIds].filter(
-        (v, i, all): v is string => typeof v === "string" && all.indexOf(v) === i,
-      );
-      options.audit.write({
-        time: new Date().toISOString(),
-        request_id: request.id,
-        caller: request.caller || "unknown",
-        method: request.method,
-        url: request.url,
-        status,
-        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
-        ids,
-      });
-    }
-  });
-
-  await app.register(swagger, {
-    // The E2B API has its own document (docs/e2b-openapi.json, src/e2b/control/openapi.ts).
-    hiddenTag: E2B_ROUTE_TAG,
-    openapi: {
-      openapi: "3.0.3",
-      info: {
-        title: "forkd daemon API",
-        version: FORKD_VERSION,
-        description:
-          "REST API of the forkd daemon (compatible with forkd v0.5's /v1 routes). Errors are " +
-          '{"error": "...", "code": "..."}. See docs/api.md.',
-      },
-      components: {
-        securitySchemes: { bearer: { type: "http", scheme: "bearer" } },
-      },
-      security: [{ bearer: [] }],
-      tags: [
-        { name: "status", description: "Health, version, metrics" },
-        { name: "snapshots", description: "Warm parent VMs children fork from" },
-        { name: "sandboxes", description: "Child VMs" },
-        { name: "files", description: "Files inside a sandbox" },
-        { name: "network", description: "Egress policies and the port proxy" },
-        {
-          name: "workspaces",
-          description: "forkd v0.5's workspaces: sandboxes suspended and resumed by name",
-        },
-      ],
-    },
-  });
-
-  registerStatusRoutes(app, context);
-  registerSnapshotRoutes(app, context);
-  registerSnapshotDiffRoutes(app, context);
-  registerSandboxRoutes(app, context);
-  registerForkRoutes(app);
-  registerTemplateAliasRoutes(app);
-  registerWorkspaceRoutes(app);
-  registerHostRoutes(app);
-  await app.register(async (scope) => registerExecStreamRoute(scope, context));
-  await app.register(async (scope) => registerFileRoutes(scope));
-  await app.register(async (scope) => registerPackRoutes(scope));
-  registerNetworkRoutes(app);
-  await app.register(async (scope) => registerPortProxyRoutes(scope, context));
-  for (const extension of extensions) await extension.register(app, listener);
-  const e2b = await registerE2b(app, {
-    services: options.services,
-    tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
-    daemonTokens,
-    ...options.e2b,
-  });
-  app.decorate("e2bControlRoutes", e2b.controlRoutes);
-  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
-  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
-  // forkd port route, with the listener's authentication.
-  const forkdUpgrade = portUpgradeHandler(context, async (req) => {
-    if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
-      return principalOf(authenticate(req.headers.authorization, options.tokens));
-    }
-    return ADMIN;
-  });
-  app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
-    socket.on("error", () => {});
-    try {
-      checkOrigin(req.headers);
-    } catch (err) {
-      refuseUpgrade(socket, err);
-      return;
-    }
-    // An extension's upgrade (the console's terminals) authenticates its own.
-    for (const extension of extensions) {
-      if (extension.upgrade?.(req, socket, head, listener)) return;
-    }
-    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
-  });
-  return app;
 }
+
+/** After each response: the debug line, the request and error counters, and (for mutations) the audit log. */
+function recordResponse(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  metrics: DaemonMetrics,
+  audit: AuditLog | undefined,
+): void {
+  const route = request.routeOptions.url ?? "unmatched";
+  const status = reply.statusCode;
+  request.log.debug(
+    {
+      method: request.method,
+      url: request.url,
+      status,
+      ms: Math.round(reply.elapsedTime),
+      caller: request.caller,
+    },
+    "request",
+  );
+  metrics.httpRequests.inc({ method: request.method, route, status: String(status) });
+  if (status >= 400) {
+    metrics.httpErrors.inc({ method: request.method, route, code: errorCodeOf(reply) });
+  }
+  if (!audit || !MUTATING_METHODS.has(request.method)) return;
+  const params = (request.params ?? {}) as { id?: string; tag?: string };
+  const ids = [params.id, params.tag, ...request.auditIds].filter(
+    (v, i, all): v is string => typeof v === "string" && all.indexOf(v) === i,
+  );
+  audit.write({
+    time: new Date().toISOString(),
+    request_id: request.id,
+    caller: request.caller || "unknown",
+    method: request.method,
+    url: request.url,
+    status,
+    latency_ms: Math.round(reply.elapsedTime * 100) / 100,
+    ids,
+  });
+}
+
+/** The forkd API's OpenAPI document (docs/openapi.json); E2B's routes are in their own (hidden here). */
+const OPENAPI_OPTIONS = {
+  // The E2B API has its own document (docs/e2b-openapi.json, src/e2b/control/openapi.ts).
+  hiddenTag: E2B_ROUTE_TAG,
+  openapi: {
+    openapi: "3.0.3",
+    info: {
+      title: "forkd daemon API",
+      version: FORKD_VERSION,
+      description:
+        "REST API of the forkd daemon (compatible with forkd v0.5's /v1 routes). Errors are " +
+        '{"error": "...", "code": "..."}. See docs/api.md.',
+    },
+    components: {
+      securitySchemes: { bearer: { type: "http" as const, scheme: "bearer" } },
+    },
+    security: [{ bearer: [] }],
+    tags: [
+      { name: "status", description: "Health, version, metrics" },
+      { name: "snapshots", description: "Warm parent VMs children fork from" },
+      { name: "sandboxes", description: "Child VMs" },
+      { name: "files", description: "Files inside a sandbox" },
+      { name: "network", description: "Egress policies and the port proxy" },
+      {
+        name: "workspaces",
+        description: "forkd v0.5's workspaces: sandboxes suspended and resumed by name",
+      },
+    ],
+  },
+};
 
 /**
  * JSON parsing: Fastify's parser (prototype-poisoning safe) except that an empty body counts as no body. forkd

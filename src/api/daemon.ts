@@ -9,7 +9,7 @@ import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { E2bSettings } from "../e2b/index.js";
-import { buildApi, type DaemonServices } from "./app.js";
+import { type ApiOptions, buildApi, type DaemonServices } from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
@@ -126,9 +126,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
   let extensions: ApiExtension[] = [];
   const closeExtensions = () =>
     Promise.allSettled(extensions.map((extension) => extension.close?.())).then(() => {});
-  const closeAll = async () => {
-    await closeExtensions();
-    await Promise.allSettled(apps.map((app) => app.close()));
+  const closeServices = async () => {
     await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
     await audit?.close();
   };
@@ -141,7 +139,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     extensions = (config.extensions ?? []).map((make) =>
       make({ services, metrics, snapshotsDir: config.snapshotsDir, logger }),
     );
-    const common = {
+    const common: ListenerOptions = {
       extensions,
       services,
       snapshotsDir: config.snapshotsDir,
@@ -154,46 +152,12 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       e2b: config.e2b,
       daemonTokens: checked.tokens,
     };
-    const urls: string[] = [];
-    if (config.socketPath !== null) {
-      const app = await buildApi({ ...common, transport: "unix" });
-      apps.push(app);
-      await listenUnix(app, config.socketPath, config.socketGroup);
-      urls.push(`unix:${config.socketPath}`);
-    }
-    if (checked.tcp) {
-      const app = await buildApi({
-        ...common,
-        transport: "tcp",
-        tokens: checked.tokens,
-        https: checked.https,
-        origin: {
-          bindHost: checked.tcp.host,
-          allowedHosts: config.allowedHosts,
-          allowedOrigins: config.allowedOrigins,
-        },
-      });
-      apps.push(app);
-      await listenTcp(app, checked.tcp);
-      const bound = app.server.address();
-      const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
-      const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
-      urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
-      if (!checked.https && !isLoopbackHost(checked.tcp.host)) {
-        logger.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
-      }
-    }
+    const urls = await startListeners(config, checked, common, apps);
     let stopping: Promise<void> | undefined;
     const stop = (reason: string) => {
-      stopping ??= drainAndClose(
-        apps,
-        closeExtensions,
-        config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
-        logger,
-        reason,
-      ).then(async () => {
-        await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
-        await audit?.close();
+      const drainMs = config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS;
+      stopping ??= drainAndClose(apps, closeExtensions, drainMs, logger, reason).then(async () => {
+        await closeServices();
         logger.info("forkd daemon stopped");
       });
       return stopping;
@@ -209,9 +173,53 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       logger,
     };
   } catch (err) {
-    await closeAll();
+    await closeExtensions();
+    await Promise.allSettled(apps.map((app) => app.close()));
+    await closeServices();
     throw err;
   }
+}
+
+/** What every listener's API shares (ApiOptions less what differs per listener). */
+type ListenerOptions = Omit<ApiOptions, "transport" | "tokens" | "https" | "origin">;
+
+/** The Unix socket and the TCP listener the config asks for; each app is pushed to `apps` once it exists. */
+async function startListeners(
+  config: DaemonConfig,
+  checked: CheckedConfig,
+  common: ListenerOptions,
+  apps: FastifyInstance[],
+): Promise<string[]> {
+  const urls: string[] = [];
+  if (config.socketPath !== null) {
+    const app = await buildApi({ ...common, transport: "unix" });
+    apps.push(app);
+    await listenUnix(app, config.socketPath, config.socketGroup);
+    urls.push(`unix:${config.socketPath}`);
+  }
+  if (checked.tcp) {
+    const app = await buildApi({
+      ...common,
+      transport: "tcp",
+      tokens: checked.tokens,
+      https: checked.https,
+      origin: {
+        bindHost: checked.tcp.host,
+        allowedHosts: config.allowedHosts,
+        allowedOrigins: config.allowedOrigins,
+      },
+    });
+    apps.push(app);
+    await listenTcp(app, checked.tcp);
+    const bound = app.server.address();
+    const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
+    const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
+    urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
+    if (!checked.https && !isLoopbackHost(checked.tcp.host)) {
+      common.logger?.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
+    }
+  }
+  return urls;
 }
 
 async function drainAndClose(
@@ -274,17 +282,49 @@ export async function runDaemon(
 
 /**
  * A rejected promise nobody awaited is a bug, not a reason to drop every connection and leave sandboxes
- * re-attaching: log it with its stack and keep serving. An exception thrown to the top may have left state
- * half-changed: log it and exit, and the next start reconciles.
+ * re-attaching: log it with its stack and keep serving. So is an error of one network connection (a write to a
+ * client that has gone) that reached the top because a handler was missing: that connection is lost, the
+ * others are not, so it is logged with its stack and the daemon keeps serving. Any other exception thrown to
+ * the top may have left state half-changed: log it and exit, and the next start reconciles.
  */
 function installCrashHandlers(logger: Logger): void {
   process.on("unhandledRejection", (reason) => {
     logger.error({ err: reason }, "unhandled promise rejection (a bug); the daemon keeps running");
   });
   process.on("uncaughtException", (err) => {
+    if (isConnectionError(err)) {
+      logger.error(
+        { err },
+        "an error of one connection reached the top (a bug: its handler is missing); the daemon keeps running",
+      );
+      return;
+    }
     logger.fatal({ err }, "uncaught exception: exiting (the next start re-attaches and reconciles)");
     process.exit(1);
   });
+}
+
+/** Error codes that belong to one connection's socket, not to the daemon's state. */
+const CONNECTION_ERROR_CODES = new Set([
+  "ECONNRESET",
+  "EPIPE",
+  "ECONNABORTED",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ERR_STREAM_DESTROYED",
+  "ERR_STREAM_WRITE_AFTER_END",
+  "ERR_STREAM_PREMATURE_CLOSE",
+  "ERR_SOCKET_CLOSED",
+]);
+
+/** Whether `err` is the failure of one network connection (a socket read or write, a stream already gone). */
+export function isConnectionError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const { code, syscall } = err as NodeJS.ErrnoException;
+  if (code === undefined || !CONNECTION_ERROR_CODES.has(code)) return false;
+  // System errors must come from a socket operation (a file write failing with EPIPE is not a connection's).
+  return syscall === undefined || ["read", "write", "writev", "shutdown"].includes(syscall);
 }
 
 export function describeStartupError(err: unknown): string {

@@ -6,6 +6,7 @@
  */
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 import type { SandboxService, SnapshotService } from "../controller/sandbox-service.js";
+import type { SpawnObserver } from "../controller/sandboxes/spawn-observer.js";
 
 /** From a warm restore under KVM (~10 ms) to 1000 children under TCG (minutes). */
 const SPAWN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -16,6 +17,8 @@ export interface DaemonMetrics {
   registry: Registry;
   spawnDuration: Histogram<"outcome">;
   sandboxReady: Histogram;
+  /** Feeds spawnDuration and sandboxReady from every spawn, whichever face asked (controller's observeSpawns). */
+  spawns: SpawnObserver;
   execDuration: Histogram<"op" | "outcome">;
   httpRequests: Counter<"method" | "route" | "status">;
   httpErrors: Counter<"method" | "route" | "code">;
@@ -27,29 +30,33 @@ export function createMetrics(
 ): DaemonMetrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: "forkd_daemon_" });
-
   new Gauge({
     name: "forkd_build_info",
     help: "Build of the daemon; always 1, the labels carry the version.",
     labelNames: ["version", "api"],
     registers: [registry],
   }).set({ version: build.version, api: "v1" }, 1);
+  registerSandboxGauges(registry, services.sandboxes);
+  registerSnapshotGauges(registry, services.snapshots);
+  return { registry, ...spawnHistograms(registry), ...requestMetrics(registry) };
+}
 
+/** Sandboxes and BRANCHes now, and each sandbox's host memory: read from the services at scrape time. */
+function registerSandboxGauges(registry: Registry, sandboxes: SandboxService): void {
   new Gauge({
     name: "forkd_sandboxes_active",
     help: "Sandboxes starting or running.",
     registers: [registry],
     collect() {
-      this.set(activeSandboxes(services.sandboxes).length);
+      this.set(activeSandboxes(sandboxes).length);
     },
   });
-
   new Gauge({
     name: "forkd_branches_in_flight",
     help: "BRANCHes admitted and not yet answered (the v0.5 name).",
     registers: [registry],
     collect() {
-      this.set(services.sandboxes.branchLoad().inFlight);
+      this.set(sandboxes.branchLoad().inFlight);
     },
   });
   new Gauge({
@@ -57,10 +64,9 @@ export function createMetrics(
     help: "BRANCHes allowed in flight at once; more are answered 503 (--branch-concurrency; the v0.5 name).",
     registers: [registry],
     collect() {
-      this.set(services.sandboxes.branchLoad().cap);
+      this.set(sandboxes.branchLoad().cap);
     },
   });
-
   new Gauge({
     name: "forkd_sandbox_memory_bytes",
     help:
@@ -70,8 +76,8 @@ export function createMetrics(
     registers: [registry],
     async collect() {
       this.reset();
-      const tags = new Map(activeSandboxes(services.sandboxes).map((sb) => [sb.id, sb.snapshot_tag]));
-      for (const usage of await services.sandboxes.usage().catch(() => [])) {
+      const tags = new Map(activeSandboxes(sandboxes).map((sb) => [sb.id, sb.snapshot_tag]));
+      for (const usage of await sandboxes.usage().catch(() => [])) {
         const snapshot_tag = tags.get(usage.id);
         if (snapshot_tag === undefined) continue;
         this.set({ id: usage.id, snapshot_tag, kind: "rss" }, usage.rss_bytes);
@@ -80,7 +86,10 @@ export function createMetrics(
       }
     },
   });
+}
 
+/** Snapshots and their bytes, read at scrape time. */
+function registerSnapshotGauges(registry: Registry, snapshots: SnapshotService): void {
   new Gauge({
     name: "forkd_snapshot_bytes",
     help: "Bytes of each snapshot's files.",
@@ -88,8 +97,7 @@ export function createMetrics(
     registers: [registry],
     async collect() {
       this.reset();
-      for (const snap of await services.snapshots.list().catch(() => []))
-        this.set({ tag: snap.tag }, snap.bytes);
+      for (const snap of await snapshots.list().catch(() => [])) this.set({ tag: snap.tag }, snap.bytes);
     },
   });
   new Gauge({
@@ -97,25 +105,45 @@ export function createMetrics(
     help: "Snapshots known to the daemon (a gauge; the name is forkd v0.5's).",
     registers: [registry],
     async collect() {
-      this.set((await services.snapshots.list().catch(() => [])).length);
+      this.set((await snapshots.list().catch(() => [])).length);
     },
   });
+}
 
+/** Spawn and readiness times, fed by the controller's spawn observer (every face's spawns). */
+function spawnHistograms(
+  registry: Registry,
+): Pick<DaemonMetrics, "spawnDuration" | "sandboxReady" | "spawns"> {
+  const spawnDuration = new Histogram({
+    name: "forkd_spawn_duration_seconds",
+    help:
+      "A spawn, whichever API asked (forkd POST /v1/sandboxes, E2B's create), request to all n children ready " +
+      "(or to its failure).",
+    labelNames: ["outcome"],
+    buckets: SPAWN_BUCKETS,
+    registers: [registry],
+  });
+  const sandboxReady = new Histogram({
+    name: "forkd_sandbox_ready_seconds",
+    help: "Per spawned sandbox: restore to ready.",
+    buckets: SPAWN_BUCKETS,
+    registers: [registry],
+  });
   return {
-    registry,
-    spawnDuration: new Histogram({
-      name: "forkd_spawn_duration_seconds",
-      help: "POST /v1/sandboxes, request to response (all n children ready).",
-      labelNames: ["outcome"],
-      buckets: SPAWN_BUCKETS,
-      registers: [registry],
-    }),
-    sandboxReady: new Histogram({
-      name: "forkd_sandbox_ready_seconds",
-      help: "Per sandbox: restore to ready.",
-      buckets: SPAWN_BUCKETS,
-      registers: [registry],
-    }),
+    spawnDuration,
+    sandboxReady,
+    spawns: {
+      spawnEnded: (outcome, seconds) => spawnDuration.observe({ outcome }, seconds),
+      sandboxReady: (readyMs) => sandboxReady.observe(readyMs / 1000),
+    },
+  };
+}
+
+/** Exec times and the requests and errors by route, kept by the API's handlers and hooks. */
+function requestMetrics(
+  registry: Registry,
+): Pick<DaemonMetrics, "execDuration" | "httpRequests" | "httpErrors"> {
+  return {
     execDuration: new Histogram({
       name: "forkd_exec_duration_seconds",
       help: "exec / exec_stream / eval, request to result.",

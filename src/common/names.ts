@@ -16,6 +16,13 @@ export function unanchored(pattern: string): string {
   return pattern.slice(1, -1);
 }
 
+/**
+ * An image reference as registries spell it: [host[:port]/]path[:tag][@sha256:digest]. Lowercase path
+ * components, never starting with '-' (it becomes a command-line argument of skopeo).
+ */
+export const IMAGE_REFERENCE =
+  /^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(?::[0-9]{1,5})?\/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$/;
+
 export function isValidTag(tag: unknown): tag is string {
   return typeof tag === "string" && TAG.test(tag);
 }

@@ -169,6 +169,39 @@ export interface SandboxMetrics {
   disk_used_bytes: number;
 }
 
+/** What one sandbox's VM costs the host now, measured from the host's side (host/usage.ts). */
+export interface SandboxUsage {
+  id: string;
+  timestamp_unix_ms: number;
+  rss_bytes: number;
+  /** Proportional set size: shared pages divided among the processes sharing them. */
+  pss_bytes: number;
+  /** Pages only this VM holds (Private_Clean + Private_Dirty): what killing it frees. */
+  private_bytes: number;
+  /** Host CPU time the VM used since it started (all vCPUs, QEMU's own threads included). */
+  cpu_seconds: number;
+  /** CPU seconds per second over `cpu_window_ms`, x100 (100 = one host core busy). */
+  cpu_used_pct: number;
+  /** The window `cpu_used_pct` is measured over: since the previous usage sample, or the VM's whole life. */
+  cpu_window_ms: number;
+}
+
+export interface HostStatus {
+  timestamp_unix_ms: number;
+  cpu_count: number;
+  /** Busy share of all host CPUs over `cpu_window_ms`, 0..100. */
+  cpu_used_pct: number;
+  /** Since the previous host sample, or since the host booted (the first sample). */
+  cpu_window_ms: number;
+  load_avg: [number, number, number];
+  mem_total_bytes: number;
+  mem_available_bytes: number;
+  /** The daemon process's own resident memory. */
+  daemon_rss_bytes: number;
+  /** Sandboxes the daemon knows, by status. */
+  sandboxes: Record<SandboxStatus, number>;
+}
+
 /** How the daemon confines QEMU (GET /v1/status, forkd doctor). */
 export interface ConfinementStatus {
   mode: "on" | "off";
@@ -198,6 +231,12 @@ export interface SpawnRequest extends LimitsRequest {
   templateAlias?: string;
   /** Egress policy, or "none" (a NIC with no uplink); default: the daemon's --egress. */
   network?: NetworkRequest;
+  /**
+   * forkd v0.5's per_child_netns: each child in a network namespace of its own. Every sandbox with a network has
+   * one, so true only insists on it: refused (not_implemented) by a daemon that runs isolated sandboxes, and
+   * contradicted (invalid_argument) by network "none" (sandboxes/settings.ts, validateOwnNamespace).
+   */
+  ownNamespace?: boolean;
   /** What the end of the lifetime does (default kill). */
   onTimeout?: OnTimeout;
   /** A data-plane request to it while paused resumes it (E2B's autoResume); needs onTimeout "pause". */
@@ -266,6 +305,8 @@ export interface WorkspaceService {
     snapshotTag: string;
     memoryLimitMiB?: number;
     network?: NetworkRequest;
+    /** See SpawnRequest.ownNamespace. */
+    ownNamespace?: boolean;
     signal?: AbortSignal;
   }): Promise<WorkspaceInfo>;
   /** `diff` (v0.5's flag): write a layer over the previous suspend's; else one layer over the workspace's base. */
@@ -406,7 +447,7 @@ export interface SandboxService {
       signal?: AbortSignal;
     },
   ): Promise<BranchOutcome>;
-  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see SandboxManager.snapshotDiff). */
+  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see sandboxes/snapshot-diff.ts). */
   snapshotDiff(request: {
     from: string;
     tag: string;
@@ -485,132 +526,7 @@ export interface SnapshotInfo {
   egress_default: EgressPolicy | null;
 }
 
-/** A snapshot with its chain: ancestors, dependents, bytes per layer (see snapshots/chains.ts). */
-export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
-
-export interface SnapshotCreateRequest {
-  tag: string;
-  /** Template name; default: the tag. */
-  template?: string;
-  /** forkd v0.5's form: the kernel and root filesystem of a built image on this host (see imageOfFiles). */
-  image?: { kernel: string; rootfs: string };
-  /** The tenant the snapshot belongs to; absent: an admin's. */
-  owner?: string | null;
-  signal?: AbortSignal;
-}
-
-export interface SnapshotDeleteOptions {
-  /** Delete every snapshot that depends on it too (leaves first). */
-  cascade?: boolean;
-  /** Delete it and leave its dependents orphaned (unbootable, and they say so). */
-  force?: boolean;
-}
-
-export interface SnapshotService {
-  list(): Promise<SnapshotInfo[]>;
-  get(tag: string): Promise<SnapshotInfo>;
-  /** `get` plus the chain; not_found if unknown. */
-  detail(tag: string): Promise<SnapshotDetail>;
-  /**
-   * Builds the template's image if needed (or takes the built image `image` names), boots, warms and snapshots.
-   * conflict if the tag exists; invalid_argument if `image` names files outside the allowed image directories.
-   */
-  create(request: SnapshotCreateRequest): Promise<SnapshotInfo>;
-  /**
-   * not_found if unknown; conflict if a running sandbox maps it (directly or through a dependent), or if others
-   * depend on it and neither cascade nor force is set. Returns the tags deleted, in order.
-   */
-  delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
-  /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
-  compact(request: {
-    from: string;
-    to: string;
-    owner?: string | null;
-    signal?: AbortSignal;
-  }): Promise<SnapshotInfo>;
-  /** A pack of the chain ending at `tag` (snapshots/packs.ts), as a file the caller sends and then disposes of. */
-  pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
-  /** Receives a pack and installs it, all or nothing. */
-  unpack(request: UnpackRequest): Promise<UnpackResult>;
-  /**
-   * Removes the snapshot's aliases at once, and the snapshot as soon as nothing needs it any more (at once when
-   * nothing does). not_found if unknown.
-   */
-  retire(tag: string): Promise<"deleted" | "deferred">;
-  /** Names for snapshot tags (see snapshots/template-aliases.ts). */
-  aliases: {
-    list(): Promise<TemplateAlias[]>;
-    get(alias: string): Promise<TemplateAlias>;
-    /** An existing alias keeps its owner unless `owner` is given. */
-    set(alias: string, tag: string, owner?: string | null): Promise<TemplateAlias>;
-    delete(alias: string): void | Promise<void>;
-  };
-  /**
-   * A template name to a snapshot tag: an alias, else a tag; with `orDefault`, a name that is neither means
-   * the daemon's default snapshot. not_found otherwise.
-   */
-  resolveTemplate(name: string, options?: { orDefault?: boolean }): Promise<ResolvedTemplate>;
-  /** The tag `orDefault` resolves to (`--default-snapshot`, else pyagent), when that snapshot exists. */
-  defaultTemplate(): Promise<string | null>;
-}
-
-export interface PackRequest {
-  tag: string;
-  /** zstd level 1..19. */
-  level?: number;
-  /** Leave the guest image out (it unpacks only where that image build exists). */
-  withoutImage?: boolean;
-  signal?: AbortSignal;
-}
-
-export interface UnpackRequest {
-  /** The pack's bytes as they arrive. */
-  body: AsyncIterable<Buffer>;
-  /** Refuse a pack larger than this. */
-  maxBytes: number;
-  /** Install the head under this tag. */
-  tag?: string;
-  /** Replace existing snapshots of the same tags that differ. */
-  force?: boolean;
-  signal?: AbortSignal;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// What the services report about the host, chains and packs (declared here, with the rest of the contract, so the
-// modules that compute them import the contract and not the other way round)
-
-export interface SandboxUsage {
-  id: string;
-  timestamp_unix_ms: number;
-  rss_bytes: number;
-  /** Proportional set size: shared pages divided among the processes sharing them. */
-  pss_bytes: number;
-  /** Pages only this VM holds (Private_Clean + Private_Dirty): what killing it frees. */
-  private_bytes: number;
-  /** Host CPU time the VM used since it started (all vCPUs, QEMU's own threads included). */
-  cpu_seconds: number;
-  /** CPU seconds per second over `cpu_window_ms`, x100 (100 = one host core busy). */
-  cpu_used_pct: number;
-  /** The window `cpu_used_pct` is measured over: since the previous usage sample, or the VM's whole life. */
-  cpu_window_ms: number;
-}
-
-export interface HostStatus {
-  timestamp_unix_ms: number;
-  cpu_count: number;
-  /** Busy share of all host CPUs over `cpu_window_ms`, 0..100. */
-  cpu_used_pct: number;
-  /** Since the previous host sample, or since the host booted (the first sample). */
-  cpu_window_ms: number;
-  load_avg: [number, number, number];
-  mem_total_bytes: number;
-  mem_available_bytes: number;
-  /** The daemon process's own resident memory. */
-  daemon_rss_bytes: number;
-  /** Sandboxes the daemon knows, by status. */
-  sandboxes: Record<SandboxStatus, number>;
-}
-
+/** One layer of a chain and what it costs on disk (snapshots/chains.ts, snapshot-info). */
 export interface LayerUsage {
   tag: string;
   origin: SnapshotManifest["origin"]["kind"];
@@ -658,6 +574,97 @@ export interface ChainDetail {
   chain_error: string | null;
 }
 
+/** A snapshot with its chain: ancestors, dependents, bytes per layer (see snapshots/chains.ts). */
+export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
+
+export interface SnapshotCreateRequest {
+  tag: string;
+  /** Template name; default: the tag. */
+  template?: string;
+  /** forkd v0.5's form: the kernel and root filesystem of a built image on this host (see imageOfFiles). */
+  image?: { kernel: string; rootfs: string };
+  /** The tenant the snapshot belongs to; absent: an admin's. */
+  owner?: string | null;
+  signal?: AbortSignal;
+}
+
+export interface SnapshotDeleteOptions {
+  /** Delete every snapshot that depends on it too (leaves first). */
+  cascade?: boolean;
+  /** Delete it and leave its dependents orphaned (unbootable, and they say so). */
+  force?: boolean;
+}
+
+export interface SnapshotService {
+  list(): Promise<SnapshotInfo[]>;
+  get(tag: string): Promise<SnapshotInfo>;
+  /** `get` plus the chain; not_found if unknown. */
+  detail(tag: string): Promise<SnapshotDetail>;
+  /**
+   * Builds the template's image if needed (or takes the built image `image` names), boots, warms and snapshots.
+   * conflict if the tag exists; invalid_argument if `image` names files outside the allowed image directories.
+   */
+  create(request: SnapshotCreateRequest): Promise<SnapshotInfo>;
+  /**
+   * not_found if unknown; conflict if a running sandbox maps it (directly or through a dependent), or if others
+   * depend on it and neither cascade nor force is set. Returns the tags deleted, in order.
+   */
+  delete(tag: string, options?: SnapshotDeleteOptions): Promise<string[]>;
+  /** Folds the chain ending at `from` into a new flat snapshot `to`; conflict if `to` exists. */
+  compact(request: {
+    from: string;
+    to: string;
+    owner?: string | null;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo>;
+  /** A pack of the chain ending at `tag` (snapshots/pack.ts), as a file the caller sends and then disposes of. */
+  pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
+  /** Receives a pack and installs it, all or nothing. */
+  unpack(request: UnpackRequest): Promise<UnpackResult>;
+  /**
+   * Removes the snapshot's aliases at once, and the snapshot as soon as nothing needs it any more (at once when
+   * nothing does). not_found if unknown.
+   */
+  retire(tag: string): Promise<"deleted" | "deferred">;
+  /** Names for snapshot tags (see snapshots/template-aliases.ts). */
+  aliases: {
+    list(): Promise<TemplateAlias[]>;
+    get(alias: string): Promise<TemplateAlias>;
+    /** An existing alias keeps its owner unless `owner` is given. */
+    set(alias: string, tag: string, owner?: string | null): Promise<TemplateAlias>;
+    delete(alias: string): void | Promise<void>;
+  };
+  /**
+   * A template name to a snapshot tag: an alias, else a tag; with `orDefault`, a name that is neither means
+   * the daemon's default snapshot. not_found otherwise.
+   */
+  resolveTemplate(name: string, options?: { orDefault?: boolean }): Promise<ResolvedTemplate>;
+  /** The tag `orDefault` resolves to (`--default-snapshot`, else pyagent), when that snapshot exists. */
+  defaultTemplate(): Promise<string | null>;
+}
+
+export interface PackRequest {
+  tag: string;
+  /** zstd level 1..19. */
+  level?: number;
+  /** Leave the guest image out (it unpacks only where that image build exists). */
+  withoutImage?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface UnpackRequest {
+  /** The pack's bytes as they arrive. */
+  body: AsyncIterable<Buffer>;
+  /** Refuse a pack larger than this. */
+  maxBytes: number;
+  /** Install the head under this tag. */
+  tag?: string;
+  /** Replace existing snapshots of the same tags that differ. */
+  force?: boolean;
+  signal?: AbortSignal;
+}
+
+/** What a pack of a chain holds (snapshots/pack.ts). */
 export interface PackResult {
   out: string;
   /** Root first. */
@@ -670,6 +677,7 @@ export interface PackResult {
   ms: number;
 }
 
+/** What an unpack (or a registry pull) installed (snapshots/unpack.ts). */
 export interface UnpackResult {
   head: string;
   /** Root first, as installed. */

@@ -11,6 +11,7 @@ import type { IncomingMessage } from "node:http";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { responseGoneSignal } from "../common/client-signal.js";
 import { ForkdError } from "../common/errors.js";
+import { observeSpawns, type SpawnObserver } from "../controller/sandboxes/spawn-observer.js";
 import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
 
 declare module "fastify" {
@@ -23,20 +24,28 @@ declare module "fastify" {
   }
 }
 
+/** What a listener was given: the daemon's services, and who observes every spawn made through them. */
+interface Provided {
+  services: Services;
+  spawns: SpawnObserver | undefined;
+}
+
 /** The daemon's services behind each request and upgrade of a listener that provideServices was given. */
-const daemonServices = new WeakMap<IncomingMessage, Services>();
+const daemonServices = new WeakMap<IncomingMessage, Provided>();
 const views = new WeakMap<IncomingMessage, { principal: Principal; services: Services }>();
 
 /**
  * Puts the daemon's services behind every request and upgrade of `app`'s listener. Called once per listener,
- * before any other hook, by the code that composes the daemon (src/api/app.ts).
+ * before any other hook, by the code that composes the daemon (src/api/app.ts). Every spawn made through a
+ * caller's view is reported to `spawns` (controller/sandboxes/spawn-observer.ts), whichever face made it.
  */
-export function provideServices(app: FastifyInstance, services: Services): void {
+export function provideServices(app: FastifyInstance, services: Services, spawns?: SpawnObserver): void {
+  const provided: Provided = { services, spawns };
   app.decorateRequest("principal", null);
   app.addHook("onRequest", async (request) => {
-    daemonServices.set(request.raw, services);
+    daemonServices.set(request.raw, provided);
   });
-  app.server.prependListener("upgrade", (req: IncomingMessage) => daemonServices.set(req, services));
+  app.server.prependListener("upgrade", (req: IncomingMessage) => daemonServices.set(req, provided));
 }
 
 /** The services as the request's principal may use them; refuses a request nobody authenticated. */
@@ -72,11 +81,15 @@ export function clientSignal(request: FastifyRequest, reply: FastifyReply): Abor
 function viewOf(req: IncomingMessage, principal: Principal): Services {
   const cached = views.get(req);
   if (cached?.principal === principal) return cached.services;
-  const services = daemonServices.get(req);
-  if (services === undefined) {
+  const provided = daemonServices.get(req);
+  if (provided === undefined) {
     throw new ForkdError("internal", "request on a listener that was given no services (provideServices)");
   }
-  const view = servicesFor(services, principal);
-  views.set(req, { principal, services: view });
-  return view;
+  const view = servicesFor(provided.services, principal);
+  const observed =
+    provided.spawns === undefined
+      ? view
+      : { sandboxes: observeSpawns(view.sandboxes, provided.spawns), snapshots: view.snapshots };
+  views.set(req, { principal, services: observed });
+  return observed;
 }

@@ -105,8 +105,25 @@ export function commandResult(outputs: OutputStore, outcome: CommandOutcome, wha
 }
 
 export function registerTools(server: McpServer, context: ToolContext): void {
-  const { controller, outputs, commands } = context;
+  for (const register of [
+    listSnapshotsTool,
+    snapshotInfoTool,
+    createSandboxesTool,
+    forkSandboxTool,
+    runCommandTool,
+    stopCommandTool,
+    runCodeTool,
+    readFileTool,
+    writeFileTool,
+    listFilesTool,
+    pauseSandboxTool,
+    resumeSandboxTool,
+  ]) {
+    register(server, context);
+  }
+}
 
+function listSnapshotsTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_snapshots",
     {
@@ -118,7 +135,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
     },
     async () => result({ snapshots: (await controller.listSnapshots()).map(snapshotSummary) }),
   );
+}
 
+function snapshotInfoTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "snapshot_info",
     {
@@ -140,7 +159,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function createSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "create_sandboxes",
     {
@@ -180,7 +201,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ sandboxes: spawned.map(sandboxSummary) });
     },
   );
+}
 
+function forkSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "fork_sandbox",
     {
@@ -220,7 +243,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function runCommandTool(server: McpServer, { outputs, commands }: ToolContext): void {
   server.registerTool(
     "run_command",
     {
@@ -266,7 +291,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result(commandResult(outputs, outcome, `\`${command.slice(0, 80)}\` in ${sandbox_id}`));
     },
   );
+}
 
+function stopCommandTool(server: McpServer, { outputs, commands }: ToolContext): void {
   server.registerTool(
     "stop_command",
     {
@@ -289,7 +316,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       );
     },
   );
+}
 
+function runCodeTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "run_code",
     {
@@ -328,7 +357,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ result: value, stdout, stderr, error, timed_out: answer.timed_out === true });
     },
   );
+}
 
+function readFileTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "read_file",
     {
@@ -362,7 +393,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
 
+function writeFileTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "write_file",
     {
@@ -391,7 +424,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ path, bytes: written.bytes });
     },
   );
+}
 
+function listFilesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_files",
     {
@@ -410,6 +445,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       });
     },
   );
+}
+
+function pauseSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "pause_sandbox",
     {
@@ -424,7 +462,9 @@ export function registerTools(server: McpServer, context: ToolContext): void {
       return result({ id: sandbox_id, status: paused.sandbox.status, pause_ms: paused.pause_ms });
     },
   );
+}
 
+function resumeSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "resume_sandbox",
     {

@@ -36,8 +36,23 @@ const EXCERPT_CHARS = 256;
 const WAIT_READ_BYTES = 4 * 1024 * 1024;
 
 export function registerV05Tools(server: McpServer, context: ToolContext): void {
-  const { controller, outputs } = context;
+  for (const register of [
+    spawnSandboxesTool,
+    branchSandboxTool,
+    createSnapshotTool,
+    waitForTextTool,
+    listSandboxesTool,
+    getSandboxTool,
+    killSandboxTool,
+    execCommandTool,
+    evalCodeTool,
+    pingSandboxTool,
+  ]) {
+    register(server, context);
+  }
+}
 
+function spawnSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "spawn_sandboxes",
     {
@@ -75,7 +90,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ result: spawned });
     },
   );
+}
 
+function branchSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "branch_sandbox",
     {
@@ -104,7 +121,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(branch);
     },
   );
+}
 
+function createSnapshotTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "create_snapshot",
     {
@@ -147,7 +166,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(created);
     },
   );
+}
 
+function waitForTextTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "wait_for_text",
     {
@@ -191,7 +212,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       });
     },
   );
+}
 
+function listSandboxesTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "list_sandboxes",
     {
@@ -201,7 +224,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
     },
     async () => result({ result: await controller.listSandboxes() }),
   );
+}
 
+function getSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "get_sandbox",
     {
@@ -212,7 +237,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
     },
     async ({ sandbox_id }) => result(await controller.getSandbox(sandbox_id)),
   );
+}
 
+function killSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "kill_sandbox",
     {
@@ -226,7 +253,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ id: sandbox_id, killed: true });
     },
   );
+}
 
+function execCommandTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "exec_command",
     {
@@ -262,7 +291,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result(shown);
     },
   );
+}
 
+function evalCodeTool(server: McpServer, { controller, outputs }: ToolContext): void {
   server.registerTool(
     "eval_code",
     {
@@ -282,7 +313,9 @@ export function registerV05Tools(server: McpServer, context: ToolContext): void 
       return result({ ...answer, result: value });
     },
   );
+}
 
+function pingSandboxTool(server: McpServer, { controller }: ToolContext): void {
   server.registerTool(
     "ping_sandbox",
     {

@@ -66,6 +66,8 @@ export type DaemonAddress =
       protocol: "http:" | "https:";
       hostname: string;
       port: number;
+      /** As in a Host header: the host name (bracketed if IPv6) and the port unless it is the scheme's default. */
+      host: string;
       basePath: string;
       display: string;
     };
@@ -150,6 +152,7 @@ export function parseDaemonUrl(url: string, source = "the `url` option"): Daemon
     protocol: parsed.protocol,
     hostname,
     port,
+    host: parsed.host,
     basePath,
     display: `${parsed.protocol}//${parsed.host}${basePath}`,
   };

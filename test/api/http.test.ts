@@ -538,6 +538,30 @@ describe("REST API over the services test double", () => {
     assert.match(again, /^forkd_branch_concurrency_cap 7$/m);
   });
 
+  it("times E2B's creates in the same spawn metrics as the forkd API's (the controller observes every spawn)", async () => {
+    const count = async (series: RegExp) => {
+      const text = (await call("GET", "/metrics")).response.body;
+      return Number(series.exec(text)?.[1] ?? 0);
+    };
+    const spawnsOk = /^forkd_spawn_duration_seconds_count\{outcome="ok"\} (\d+)$/m;
+    const spawnsFailed = /^forkd_spawn_duration_seconds_count\{outcome="error"\} (\d+)$/m;
+    const ready = /^forkd_sandbox_ready_seconds_count (\d+)$/m;
+    const [okBefore, failedBefore, readyBefore] = [
+      await count(spawnsOk),
+      await count(spawnsFailed),
+      await count(ready),
+    ];
+    const created = await call("POST", "/sandboxes", { templateID: "py" });
+    assert.equal(created.status, 201, created.response.body);
+    assert.equal(await count(spawnsOk), okBefore + 1);
+    assert.equal(await count(ready), readyBefore + 1);
+    // A spawn the controller refuses counts as a failed one, whichever API asked.
+    double.addSnapshot("unbootable", { bootable: false });
+    const refused = await call("POST", "/sandboxes", { templateID: "unbootable" });
+    assert.equal(refused.status, 409, refused.response.body);
+    assert.equal(await count(spawnsFailed), failedBefore + 1);
+  });
+
   it("packs: GET streams the pack and removes it after; POST unpack takes the raw body", async () => {
     const packed = await call("GET", "/v1/snapshots/py/pack?without_image=true&level=5");
     assert.equal(packed.status, 200, packed.response.body);

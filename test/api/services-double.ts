@@ -16,7 +16,8 @@
  * a created or compacted snapshot's and an alias's from the request; its not-found messages are the real ones.
  *
  * Its sandboxes' ports (proxyHttp, proxyUpgrade) answer 200 with a JSON echo of what reached them: {sandbox,
- * port, method, url, headers}. Policies and inbound settings are checked by the manager's own validators. The
+ * port, method, url, headers}. Policies, inbound settings and per_child_netns are checked by the manager's own
+ * validators. The
  * real port proxy, to servers in real guests, is tested on VMs (test/net, test/e2b/sdk-e2e).
  */
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
@@ -41,7 +42,7 @@ import type {
   SnapshotService,
   SpawnRequest,
 } from "../../src/controller/sandbox-service.js";
-import { validateInbound } from "../../src/controller/sandboxes/settings.js";
+import { validateInbound, validateOwnNamespace } from "../../src/controller/sandboxes/settings.js";
 import type { TemplateAlias } from "../../src/controller/snapshots/template-aliases.js";
 import { parseEgressPolicy } from "../../src/net/policy.js";
 
@@ -254,6 +255,7 @@ export class ServicesDouble {
     branchLoad: () => this.branchLoadNow,
     spawn: async (request) => {
       this.lastSpawn = request;
+      validateOwnNamespace(request, this.sandboxes.networkStatus());
       const snap = this.snapshot(request.snapshotTag);
       const policy =
         typeof request.network === "object"

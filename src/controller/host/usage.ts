@@ -7,9 +7,6 @@
 import { readFile } from "node:fs/promises";
 import os from "node:os";
 import type { HostStatus, SandboxUsage } from "../sandbox-service.js";
-
-export type { HostStatus, SandboxUsage };
-
 import { procStatFields } from "./processes.js";
 
 /** Linux reports /proc times in USER_HZ, which is 100 on every architecture forkd runs on. */

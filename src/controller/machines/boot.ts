@@ -158,42 +158,58 @@ export async function bootWarmVm(options: {
       await raceExit(vm, startAndWaitReady(agent, template, image, progress, options.signal), "start/ready");
       readyMs = performance.now() - readyStarted;
     }
-    let warmupMs = 0;
-    // A Python template is warmed even without warm-up code: the call also waits for the worker to be up,
-    // so the snapshot never catches it half-started.
-    if (template.interpreter === "python") {
-      progress("warmup", "running warm-up");
-      const warmStarted = performance.now();
-      const result = await raceExit(
-        vm,
-        agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
-        "warm-up",
-      );
-      if (result.error) {
-        throw new ForkdError(
-          "unprocessable",
-          `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
-        );
-      }
-      warmupMs = performance.now() - warmStarted;
-      progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
-    }
+    const warmupMs = await warmUp(vm, agent, template, progress, options.signal);
     return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs, readyMs };
   } catch (err) {
     agent?.close();
-    const tail = await vm.consoleTail(2000).catch(() => "");
-    await vm.kill({ graceMs: 0 }).catch(() => {});
-    if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
-      throw new ForkdError(
-        err instanceof ForkdError ? err.code : "internal",
-        `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
-        { cause: err },
-      );
-    }
-    throw err;
+    throw await bootFailed(vm, err);
   } finally {
     bootDeadline.dispose();
   }
+}
+
+/**
+ * A Python template is warmed even without warm-up code: the call also waits for the worker to be up, so the
+ * snapshot never catches it half-started. Returns how long it took (0: not a Python template).
+ */
+async function warmUp(
+  vm: VmHandle,
+  agent: AgentClient,
+  template: BootTemplate,
+  progress: (step: BootStep, message: string) => void,
+  signal: AbortSignal | undefined,
+): Promise<number> {
+  if (template.interpreter !== "python") return 0;
+  progress("warmup", "running warm-up");
+  const warmStarted = performance.now();
+  const result = await raceExit(
+    vm,
+    agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal }),
+    "warm-up",
+  );
+  if (result.error) {
+    throw new ForkdError(
+      "unprocessable",
+      `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
+    );
+  }
+  const warmupMs = performance.now() - warmStarted;
+  progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
+  return warmupMs;
+}
+
+/** A boot that failed kills its VM; the error carries the end of the guest console (unless it is the template's). */
+async function bootFailed(vm: VmHandle, err: unknown): Promise<unknown> {
+  const tail = await vm.consoleTail(2000).catch(() => "");
+  await vm.kill({ graceMs: 0 }).catch(() => {});
+  if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
+    return new ForkdError(
+      err instanceof ForkdError ? err.code : "internal",
+      `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
+      { cause: err },
+    );
+  }
+  return err;
 }
 
 export type BootStep = "boot" | "ready" | "warmup";

@@ -4,7 +4,7 @@
  * once, for every API.
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
-import { invalidArgument } from "../../common/errors.js";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
 import {
   ENV_NAME_PATTERN,
   MAX_ENV_BYTES,
@@ -15,7 +15,7 @@ import {
   MAX_METADATA_VALUE_CHARS,
 } from "../../common/limits.js";
 import { unanchored } from "../../common/names.js";
-import type { InboundSettings } from "../sandbox-service.js";
+import type { InboundSettings, NetworkStatus, SpawnRequest } from "../sandbox-service.js";
 
 const ENV_NAME = new RegExp(ENV_NAME_PATTERN);
 
@@ -154,4 +154,27 @@ export function parseInbound(json: string): InboundSettings {
 /** The Host header a request for `port` is sent with, or null to keep the request's own. */
 export function hostHeaderFor(inbound: InboundSettings, port: number): string | null {
   return inbound.hostHeader === null ? null : inbound.hostHeader.split(PORT_PLACEHOLDER).join(String(port));
+}
+
+/**
+ * forkd v0.5's per_child_netns (SpawnRequest.ownNamespace), whichever face a spawn comes through: every sandbox
+ * with a network has a namespace of its own, so true is refused only where that cannot hold (a daemon running
+ * isolated sandboxes: 501) or where the request itself says otherwise (network "none": 400).
+ */
+export function validateOwnNamespace(
+  request: Pick<SpawnRequest, "ownNamespace" | "network">,
+  network: Pick<NetworkStatus, "mode" | "reason">,
+): void {
+  if (request.ownNamespace !== true) return;
+  if (request.network === "none") {
+    throw invalidArgument(
+      'per_child_netns=true contradicts network "none" (a NIC with no namespace of its own)',
+    );
+  }
+  if (network.mode !== "netns") {
+    throw new ForkdError(
+      "not_implemented",
+      `per_child_netns=true: this daemon runs isolated sandboxes (${network.reason})`,
+    );
+  }
 }

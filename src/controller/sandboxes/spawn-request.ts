@@ -22,7 +22,13 @@ import type { Admission, Reservation } from "./admission.js";
 import { validateChildCount } from "./fork-children.js";
 import { resolveLimits, type SandboxLimits, validateLimitsRequest } from "./limits.js";
 import { validateOnTimeout } from "./paused-state.js";
-import { newAccessToken, validateEnvVars, validateInbound, validateMetadata } from "./settings.js";
+import {
+  newAccessToken,
+  validateEnvVars,
+  validateInbound,
+  validateMetadata,
+  validateOwnNamespace,
+} from "./settings.js";
 
 /** The columns of a sandbox's record that every child of one spawn has in common. */
 export type SharedColumns = Pick<
@@ -69,7 +75,7 @@ export interface ResolvedSpawn {
 /** What resolving a spawn reads of the daemon. */
 export interface SpawnRequestContext {
   snapshots: Pick<DaemonSnapshots, "bootable">;
-  networks: Pick<SandboxNetworks, "resolvePolicy">;
+  networks: Pick<SandboxNetworks, "resolvePolicy" | "mode" | "reason">;
   admission: Pick<Admission, "reserveSpawn" | "reserveMemory">;
   cgroups: CgroupLayout | null;
   confinement: ConfinementConfig;
@@ -113,6 +119,7 @@ function validateSpawnSettings(request: SpawnRequest, defaultTimeoutMs: number):
  * looks up what its children are restored from and with.
  */
 export async function resolveSpawn(ctx: SpawnRequestContext, request: SpawnRequest): Promise<ResolvedSpawn> {
+  validateOwnNamespace(request, ctx.networks);
   const settings = validateSpawnSettings(request, ctx.defaultTimeoutMs);
   // Reserved before the first await: concurrent spawns each see the others' children (admission.ts).
   const reservations: Reservation[] = [ctx.admission.reserveSpawn(settings.n)];

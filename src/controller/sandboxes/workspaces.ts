@@ -39,6 +39,7 @@ export class Workspaces implements WorkspaceService {
     snapshotTag: string;
     memoryLimitMiB?: number;
     network?: NetworkRequest;
+    ownNamespace?: boolean;
     signal?: AbortSignal;
   }): Promise<WorkspaceInfo> {
     const name = assertWorkspaceName(request.name);
@@ -48,6 +49,7 @@ export class Workspaces implements WorkspaceService {
       n: 1,
       memoryLimitMiB: request.memoryLimitMiB,
       network: request.network,
+      ownNamespace: request.ownNamespace,
       // A workspace lives until deleted, as in v0.5.
       timeoutMs: 0,
       signal: request.signal,

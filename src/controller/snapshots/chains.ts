@@ -74,9 +74,7 @@ export async function snapshotDescendants(paths: ForkdPaths, tag: string): Promi
   return descendantsOf(await loadGraph(new SnapshotStore(paths.snapshots)), assertTag(tag));
 }
 
-// ---- snapshot-info (ChainDetail and LayerUsage are declared with the service contract) ----
-
-export type { ChainDetail, LayerUsage };
+// ---- snapshot-info ----
 
 export async function chainDetail(paths: ForkdPaths, tag: string): Promise<ChainDetail> {
   assertTag(tag);
