@@ -23,18 +23,6 @@ export interface Daemon {
   url: string;
 }
 
-/** System errors that mean nothing answers at the address. */
-const UNREACHABLE = new Set([
-  "ENOENT",
-  "ECONNREFUSED",
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "ETIMEDOUT",
-  "ENOTSOCK",
-]);
-
 const DENIED = new Set(["EACCES", "EPERM"]);
 
 /** `--daemon-url`/`--daemon-token` on a command (and on the program, for `forkd --daemon-url ... ls`). */
@@ -110,12 +98,15 @@ export async function daemonAnswers(daemon: Daemon, timeoutMs: number): Promise<
 
 /** The SDK could not connect: nothing answers at the address, or its socket refuses this user. */
 export function connectFailed(err: unknown): boolean {
-  return unreachable(err) || (err instanceof ConnectionError && DENIED.has(err.syscallCode ?? ""));
+  return err instanceof ConnectionError && !err.requestSent;
 }
 
+/** Nothing answers at the address (not a socket that refuses this user, nor a failed TLS handshake). */
 function unreachable(err: unknown): boolean {
   return (
-    err instanceof ConnectionError && err.daemonReachable === false && UNREACHABLE.has(err.syscallCode ?? "")
+    connectFailed(err) &&
+    (err as ConnectionError).daemonReachable === false &&
+    !DENIED.has((err as ConnectionError).syscallCode ?? "")
   );
 }
 

@@ -86,14 +86,21 @@ export class UnavailableError extends ForkdSdkError {
  */
 export class ConnectionError extends UnavailableError {
   readonly daemonReachable: boolean | undefined;
+  /**
+   * Whether the request had left for the daemon: false when no connection could be made (nothing listens, the
+   * socket refuses this user, TLS failed), so the daemon did nothing; true when a made connection dropped, so the
+   * daemon may have served it.
+   */
+  readonly requestSent: boolean;
   /** The system error code (ECONNREFUSED, ENOENT, EACCES, ECONNRESET, ...), if any. */
   readonly syscallCode: string | undefined;
   constructor(
     message: string,
-    context: ErrorContext & { daemonReachable?: boolean; syscallCode?: string } = {},
+    context: ErrorContext & { daemonReachable?: boolean; requestSent?: boolean; syscallCode?: string } = {},
   ) {
     super(message, context);
     this.daemonReachable = context.daemonReachable;
+    this.requestSent = context.requestSent ?? true;
     this.syscallCode = context.syscallCode;
   }
 }

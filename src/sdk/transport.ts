@@ -320,6 +320,7 @@ async function connectionFailure(
     return new ConnectionError(`${unreachableReason(settings, code)} (${what})`, {
       request: what,
       daemonReachable: false,
+      requestSent: false,
       syscallCode: code,
       cause: err,
     });
@@ -328,7 +329,7 @@ async function connectionFailure(
     return new ConnectionError(
       `TLS with the daemon at ${daemon} failed (${code}: ${err.message}); if it uses a private CA, pass the CA ` +
         "certificate with the `ca` option",
-      { request: what, daemonReachable: undefined, syscallCode: code, cause: err },
+      { request: what, daemonReachable: undefined, requestSent: false, syscallCode: code, cause: err },
     );
   }
   const reachable = await isDaemonReachable(settings);
@@ -340,6 +341,7 @@ async function connectionFailure(
     {
       request: what,
       daemonReachable: reachable,
+      requestSent: true,
       syscallCode: code,
       cause: err,
     },
