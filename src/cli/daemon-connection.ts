@@ -15,7 +15,10 @@ import {
   parseDaemonUrl,
   TimeoutError,
 } from "../sdk/index.js";
+import { addDaemonOptions } from "./daemon-options.js";
 import { runCommand } from "./run-command.js";
+
+export { addDaemonOptions };
 
 /** The daemon as a command reaches it: the SDK's client, and the address as the user gave it (for messages). */
 export interface Daemon {
@@ -24,16 +27,6 @@ export interface Daemon {
 }
 
 const DENIED = new Set(["EACCES", "EPERM"]);
-
-/** `--daemon-url`/`--daemon-token` on a command (and on the program, for `forkd --daemon-url ... ls`). */
-export function addDaemonOptions(command: Command): Command {
-  return command
-    .option("--daemon-url <url>", `daemon address: unix:/path or http(s)://host:port (env ${DAEMON_URL_ENV})`)
-    .option(
-      "--daemon-token <token>",
-      `bearer token for a TCP daemon (prefer env ${DAEMON_TOKEN_ENV}: arguments are visible to other users)`,
-    );
-}
 
 /** True when the command was told where the daemon is (then a daemon that does not answer is an error). */
 export function daemonNamed(command: Command, env: NodeJS.ProcessEnv = process.env): boolean {

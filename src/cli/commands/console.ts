@@ -2,7 +2,7 @@
 import type { Command } from "commander";
 import { CONSOLE_READ_BYTES, MAX_CONSOLE_READ_BYTES } from "../../common/limits.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
-import { parseIntOption } from "./fork.js";
+import { parseIntOption } from "../options.js";
 
 export function registerConsole(program: Command): void {
   addDaemonOptions(

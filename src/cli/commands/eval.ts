@@ -4,8 +4,8 @@ import type { Command } from "commander";
 import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { EXIT } from "../exit-codes.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
-import { parseIntOption } from "./fork.js";
 
 export function registerEval(program: Command): void {
   addDaemonOptions(

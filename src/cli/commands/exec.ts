@@ -13,7 +13,7 @@ import {
 import { ConnectionError, ForkdSdkError } from "../../sdk/index.js";
 import { addDaemonOptions, connectFailed, runDaemonCommand } from "../daemon-connection.js";
 import { EXIT } from "../exit-codes.js";
-import { parseIntOption } from "./fork.js";
+import { parseIntOption } from "../options.js";
 
 export function registerExec(program: Command): void {
   addDaemonOptions(

@@ -4,8 +4,8 @@ import { invalidArgument } from "../../common/errors.js";
 import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { isValidSandboxId } from "../../common/names.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
-import { parseIntOption } from "./fork.js";
 import { formatDuration } from "./ls.js";
 
 function checkedId(id: string): string {

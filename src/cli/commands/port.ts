@@ -14,7 +14,7 @@ import { createProxyServer } from "http-proxy-3";
 import { errorMessage, invalidArgument } from "../../common/errors.js";
 import { PORT_PROXY_HEADER, unsafeProxiedPath } from "../../common/proxied-path.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
-import { parseIntOption } from "./fork.js";
+import { parseIntOption } from "../options.js";
 
 export function registerPort(program: Command): void {
   addDaemonOptions(

@@ -2,8 +2,8 @@
 import type { Command } from "commander";
 import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
-import { parseIntOption } from "./fork.js";
 import { formatDuration } from "./ls.js";
 
 export function registerSetTimeout(program: Command): void {

@@ -3,8 +3,8 @@ import type { Command } from "commander";
 import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
 import type { SnapshotDiffResult } from "../../sdk/index.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
+import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
-import { parseIntOption } from "./fork.js";
 
 export function registerSnapshotDiff(program: Command): void {
   addDaemonOptions(

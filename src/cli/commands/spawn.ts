@@ -17,8 +17,8 @@ import {
 } from "../../common/limits.js";
 import type { SandboxInfo } from "../../sdk/index.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
+import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
-import { parseIntOption } from "./fork.js";
 import { printSandboxes } from "./ls.js";
 import { addEgressOptions, egressFromOptions } from "./network.js";
 

@@ -4,8 +4,8 @@ import { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB, WORKSPACE_NAME_PATTERN } fr
 import { unanchored } from "../../common/names.js";
 import type { WorkspaceInfo } from "../../sdk/index.js";
 import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
+import { parseIntOption } from "../options.js";
 import { printJson, printTable } from "../output.js";
-import { parseIntOption } from "./fork.js";
 
 function printWorkspaces(workspaces: WorkspaceInfo[]): void {
   printTable(
