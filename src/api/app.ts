@@ -19,6 +19,7 @@ import Fastify, {
 } from "fastify";
 import type { Logger } from "pino";
 import { ForkdError } from "../common/errors.js";
+import { PORT_PROXY_HEADER } from "../common/proxied-path.js";
 import { FORKD_VERSION } from "../common/version.js";
 import {
   E2B_ROUTE_TAG,
@@ -43,6 +44,7 @@ import { registerExecStreamRoute } from "./routes/exec-stream.js";
 import { registerFileRoutes } from "./routes/files.js";
 import { registerHostRoutes } from "./routes/host.js";
 import {
+  checkPortProxied,
   portUpgradeHandler,
   refuseUpgrade,
   registerNetworkRoutes,
@@ -168,6 +170,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
     checkOrigin(request.headers);
+    checkPortProxied(request.headers, request.routeOptions.url);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -200,6 +203,11 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
       checkOrigin(req.headers);
     } catch (err) {
       refuseUpgrade(socket, err);
+      return;
+    }
+    // What `forkd port` proxies is for the port route only (refused there when it is not).
+    if (req.headers[PORT_PROXY_HEADER] !== undefined) {
+      forkdUpgrade(req, socket, head);
       return;
     }
     // An extension's upgrade (the console's terminals) authenticates its own.

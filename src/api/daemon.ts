@@ -295,17 +295,49 @@ export async function runDaemon(
 
 /**
  * A rejected promise nobody awaited is a bug, not a reason to drop every connection and leave sandboxes
- * re-attaching: log it with its stack and keep serving. An exception thrown to the top may have left state
- * half-changed: log it and exit, and the next start reconciles.
+ * re-attaching: log it with its stack and keep serving. So is an error of one network connection (a write to a
+ * client that has gone) that reached the top because a handler was missing: that connection is lost, the
+ * others are not, so it is logged with its stack and the daemon keeps serving. Any other exception thrown to
+ * the top may have left state half-changed: log it and exit, and the next start reconciles.
  */
 function installCrashHandlers(logger: Logger): void {
   process.on("unhandledRejection", (reason) => {
     logger.error({ err: reason }, "unhandled promise rejection (a bug); the daemon keeps running");
   });
   process.on("uncaughtException", (err) => {
+    if (isConnectionError(err)) {
+      logger.error(
+        { err },
+        "an error of one connection reached the top (a bug: its handler is missing); the daemon keeps running",
+      );
+      return;
+    }
     logger.fatal({ err }, "uncaught exception: exiting (the next start re-attaches and reconciles)");
     process.exit(1);
   });
+}
+
+/** Error codes that belong to one connection's socket, not to the daemon's state. */
+const CONNECTION_ERROR_CODES = new Set([
+  "ECONNRESET",
+  "EPIPE",
+  "ECONNABORTED",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ERR_STREAM_DESTROYED",
+  "ERR_STREAM_WRITE_AFTER_END",
+  "ERR_STREAM_PREMATURE_CLOSE",
+  "ERR_SOCKET_CLOSED",
+]);
+
+/** Whether `err` is the failure of one network connection (a socket read or write, a stream already gone). */
+export function isConnectionError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const { code, syscall } = err as NodeJS.ErrnoException;
+  if (code === undefined || !CONNECTION_ERROR_CODES.has(code)) return false;
+  // System errors must come from a socket operation (a file write failing with EPIPE is not a connection's).
+  return syscall === undefined || ["read", "write", "writev", "shutdown"].includes(syscall);
 }
 
 export function describeStartupError(err: unknown): string {

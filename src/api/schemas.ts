@@ -286,7 +286,7 @@ export const DeleteSnapshotQuery = Type.Object(
 );
 
 /**
- * Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; controller/snapshots/packs.ts
+ * Largest pack `POST /v1/snapshots/unpack` receives (a chain with its guest image; controller/snapshots/unpack.ts
  * bounds each file).
  */
 export const MAX_PACK_UPLOAD_BYTES = 256 * 1024 ** 3;

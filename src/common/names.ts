@@ -4,10 +4,18 @@
  */
 import { invalidArgument } from "./errors.js";
 
-const TAG_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+/** Snapshot tags and template names (also usable as E2B template aliases and in cluster objects). */
+export const TAG_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const SANDBOX_ID_PATTERN = /^sb-[0-9a-f]{12}$/;
 /** A name a caller may ask about: a single safe path component (our ids, and forkd v0.5's sb-<hex>-<hex>). */
 const SANDBOX_REF_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/**
+ * An image reference as registries spell it: [host[:port]/]path[:tag][@sha256:digest]. Lowercase path
+ * components, never starting with '-' (it becomes a command-line argument of skopeo).
+ */
+export const IMAGE_REFERENCE =
+  /^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(?::[0-9]{1,5})?\/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$/;
 
 export function isValidTag(tag: unknown): tag is string {
   return typeof tag === "string" && TAG_PATTERN.test(tag);

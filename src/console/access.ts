@@ -22,13 +22,8 @@ import { authenticate } from "../api/auth.js";
 import { CONSOLE_SESSION_CALLER, type ListenerInfo } from "../api/extensions.js";
 import { PORT_ROUTES } from "../api/routes/network.js";
 import { ForkdError } from "../common/errors.js";
-import {
-  CONSOLE_API_CALLS,
-  CONSOLE_PATH,
-  CSRF_HEADER,
-  CSRF_PROTOCOL_PREFIX,
-  PORT_PROXY_HEADER,
-} from "./protocol.js";
+import { PORT_PROXY_HEADER } from "../common/proxied-path.js";
+import { CONSOLE_API_CALLS, CONSOLE_PATH, CSRF_HEADER, CSRF_PROTOCOL_PREFIX } from "./protocol.js";
 import { csrfMatches, type Session, type SessionLimits, SessionStore } from "./sessions.js";
 
 /** How a console route is reached: without any credential (the page, login), or with a session. */

@@ -22,13 +22,6 @@ export const CSRF_HEADER = "x-forkd-csrf";
 export const TERMINAL_PROTOCOL = "forkd-terminal.v1";
 export const CSRF_PROTOCOL_PREFIX = "forkd-csrf.";
 /**
- * Set by `forkd port` on what it proxies through the Unix socket. A sandbox's page must be served on an origin
- * of its own: opened through the proxy that serves the console, it would share the console's origin and could
- * read the socket's CSRF token, so a browser's request to the port route without this mark is refused there.
- */
-export const PORT_PROXY_HEADER = "x-forkd-port-proxy";
-
-/**
  * The REST calls the console makes. A session cookie is accepted on these (and the console's own routes) only;
  * everywhere else the API wants its bearer token, so a cookie cannot fetch guest files, proxy to guest ports,
  * pack snapshots or reach the E2B surfaces. Route patterns as Fastify declares them.

@@ -29,14 +29,12 @@ import type {
 } from "../agent/host/types.js";
 import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
-import type { HostStatus, SandboxUsage } from "./host/usage.js";
+import type { SnapshotManifest } from "../store/manifest.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./networks/sandbox-networks.js";
 import type { LimitsRequest, SandboxLimits } from "./sandboxes/limits.js";
-import type { ChainDetail } from "./snapshots/chains.js";
-import type { PackResult, UnpackResult } from "./snapshots/packs.js";
 import type { ResolvedTemplate, TemplateAlias } from "./snapshots/template-aliases.js";
 
-export type { EgressPolicy, EgressPolicyInput, HostStatus, NetworkRequest, SandboxNetworkInfo, SandboxUsage };
+export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
 
 /** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
 export interface NetworkStatus {
@@ -169,6 +167,39 @@ export interface SandboxMetrics {
   /** Not measured yet (0): the guest reports no filesystem usage to the host. */
   disk_total_bytes: number;
   disk_used_bytes: number;
+}
+
+/** What one sandbox's VM costs the host now, measured from the host's side (host/usage.ts). */
+export interface SandboxUsage {
+  id: string;
+  timestamp_unix_ms: number;
+  rss_bytes: number;
+  /** Proportional set size: shared pages divided among the processes sharing them. */
+  pss_bytes: number;
+  /** Pages only this VM holds (Private_Clean + Private_Dirty): what killing it frees. */
+  private_bytes: number;
+  /** Host CPU time the VM used since it started (all vCPUs, QEMU's own threads included). */
+  cpu_seconds: number;
+  /** CPU seconds per second over `cpu_window_ms`, x100 (100 = one host core busy). */
+  cpu_used_pct: number;
+  /** The window `cpu_used_pct` is measured over: since the previous usage sample, or the VM's whole life. */
+  cpu_window_ms: number;
+}
+
+export interface HostStatus {
+  timestamp_unix_ms: number;
+  cpu_count: number;
+  /** Busy share of all host CPUs over `cpu_window_ms`, 0..100. */
+  cpu_used_pct: number;
+  /** Since the previous host sample, or since the host booted (the first sample). */
+  cpu_window_ms: number;
+  load_avg: [number, number, number];
+  mem_total_bytes: number;
+  mem_available_bytes: number;
+  /** The daemon process's own resident memory. */
+  daemon_rss_bytes: number;
+  /** Sandboxes the daemon knows, by status. */
+  sandboxes: Record<SandboxStatus, number>;
 }
 
 /** How the daemon confines QEMU (GET /v1/status, forkd doctor). */
@@ -416,7 +447,7 @@ export interface SandboxService {
       signal?: AbortSignal;
     },
   ): Promise<BranchOutcome>;
-  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see SandboxManager.snapshotDiff). */
+  /** A new diff layer on `from` made by running `command` in a fresh sandbox (see sandboxes/snapshot-diff.ts). */
   snapshotDiff(request: {
     from: string;
     tag: string;
@@ -495,6 +526,54 @@ export interface SnapshotInfo {
   egress_default: EgressPolicy | null;
 }
 
+/** One layer of a chain and what it costs on disk (snapshots/chains.ts, snapshot-info). */
+export interface LayerUsage {
+  tag: string;
+  origin: SnapshotManifest["origin"]["kind"];
+  memory: {
+    format: "flat" | "layer";
+    /** Pages stored in this layer's memory file. */
+    pages: number;
+    /** Guest RAM size. */
+    logical_bytes: number;
+    /** Bytes the memory file occupies on disk (st_blocks * 512: holes and shared extents as the fs counts). */
+    physical_bytes: number;
+  };
+  disk: {
+    /** The qcow2 layer's virtual size (the guest's disk size). */
+    logical_bytes: number;
+    physical_bytes: number;
+    /** Where the layer reads through to, as recorded in it (relative). */
+    backing: string | null;
+  };
+  vmstate_bytes: number;
+}
+
+export interface ChainDetail {
+  tag: string;
+  /** 0 for a snapshot without a parent. */
+  chain_depth: number;
+  parent_tag: string | null;
+  /** sha256 of the parent's manifest, as recorded in this snapshot (forkd v0.5's parent_content_hash). */
+  parent_content_hash: string | null;
+  /** Root first, up to the parent (as far as the chain can be followed). */
+  ancestors: string[];
+  /** Direct dependents. */
+  dependents: string[];
+  /** Everything that depends on this snapshot, parents before their children. */
+  all_dependents: string[];
+  /** Root first, this snapshot last. */
+  layers: LayerUsage[];
+  /** Totals of `layers`: what a child of this snapshot reads from. */
+  chain_bytes: { memory_physical: number; disk_physical: number; vmstate: number };
+  /** forkd v0.5's fields, for this snapshot alone. */
+  memory_logical_bytes: number;
+  memory_physical_bytes: number;
+  vmstate_bytes: number;
+  /** Why the chain cannot be restored (missing or changed parent, too deep), or null. */
+  chain_error: string | null;
+}
+
 /** A snapshot with its chain: ancestors, dependents, bytes per layer (see snapshots/chains.ts). */
 export type SnapshotDetail = SnapshotInfo & Omit<ChainDetail, "tag" | "parent_tag">;
 
@@ -538,7 +617,7 @@ export interface SnapshotService {
     owner?: string | null;
     signal?: AbortSignal;
   }): Promise<SnapshotInfo>;
-  /** A pack of the chain ending at `tag` (snapshots/packs.ts), as a file the caller sends and then disposes of. */
+  /** A pack of the chain ending at `tag` (snapshots/pack.ts), as a file the caller sends and then disposes of. */
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
@@ -583,4 +662,36 @@ export interface UnpackRequest {
   /** Replace existing snapshots of the same tags that differ. */
   force?: boolean;
   signal?: AbortSignal;
+}
+
+/** What a pack of a chain holds (snapshots/pack.ts). */
+export interface PackResult {
+  out: string;
+  /** Root first. */
+  chain: string[];
+  files: number;
+  /** Bytes of the packed files (uncompressed) and of the pack. */
+  content_bytes: number;
+  pack_bytes: number;
+  image_included: boolean;
+  ms: number;
+}
+
+/** What an unpack (or a registry pull) installed (snapshots/unpack.ts). */
+export interface UnpackResult {
+  head: string;
+  /** Root first, as installed. */
+  chain: string[];
+  /** Layers written by this unpack. */
+  installed: string[];
+  /** Layers already present, identical, and kept. */
+  reused: string[];
+  /** Existing snapshots replaced (`force`). */
+  replaced: string[];
+  /** Local snapshots that depended on a replaced one and are now unbootable. */
+  orphaned: string[];
+  image: "installed" | "present";
+  /** Bytes read out of the pack. */
+  content_bytes: number;
+  ms: number;
 }

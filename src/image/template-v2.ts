@@ -5,6 +5,7 @@
  * host paths inside the template's directory) are checked by `checkV2`, which reports every problem at once.
  */
 import { Type } from "@sinclair/typebox";
+import { IMAGE_REFERENCE } from "../common/names.js";
 import {
   describeValue,
   ENV_NAME,
@@ -12,6 +13,9 @@ import {
   isNormalizedGuestPath,
   resolveTemplatePath,
 } from "./template-fields.js";
+
+/** Declared with the other names in src/common (cluster objects carry references too). */
+export { IMAGE_REFERENCE };
 
 export type ImageSource =
   | { kind: "debian"; suite: string }
@@ -83,12 +87,6 @@ export const V2_LIMITS = {
 
 /** A Debian codename (the only suite the host's own apt sources serve is the host's). */
 const SUITE_PATTERN = "^[a-z][a-z0-9-]{1,31}$";
-/**
- * An image reference as registries spell it: [host[:port]/]path[:tag][@sha256:digest]. Lowercase path
- * components, never starting with '-' (it becomes a command-line argument of skopeo).
- */
-export const IMAGE_REFERENCE =
-  /^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(?::[0-9]{1,5})?\/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$/;
 /** A tag or name inside an OCI layout or archive (`org.opencontainers.image.ref.name`, or name:tag). */
 const LOCAL_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$";
 /** A user as `user` steps and commands may name it: a name of the image's passwd, or uid[:gid]. */

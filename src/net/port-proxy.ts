@@ -34,6 +34,9 @@ const AGENT_OPTIONS = { keepAlive: true, maxSockets: 256, maxFreeSockets: 32 };
  */
 export const TUNNEL_CLOSE_GRACE_MS = 5_000;
 
+/** Told about each proxied connection that failed (it is ended; the proxy goes on serving every other one). */
+export type ProxyErrorListener = (err: Error, target: PortTarget | undefined) => void;
+
 /** A WebSocket tunnel: the caller's socket and the socket to the guest, once the guest accepted. */
 interface Tunnel {
   client: net.Socket;
@@ -51,9 +54,21 @@ export class PortProxy {
   /** Open tunnels by owner ("" for a target without one). */
   private readonly tunnels = new Map<string, Set<Tunnel>>();
   private readonly tunnelOf = new WeakMap<net.Socket, Tunnel>();
+  private readonly targetOf = new WeakMap<object, PortTarget>();
 
-  constructor() {
+  /**
+   * `onError` hears of every proxied connection that failed. http-proxy-3 re-emits a caller socket's errors
+   * (a write to a caller that has gone, while a guest streams a non-101 answer to an upgrade) on the proxy, and
+   * throws them when nothing listens: that would end the daemon.
+   */
+  constructor(onError: ProxyErrorListener = () => {}) {
+    this.proxy.on("error", (err: Error, req: object) => onError(err, this.targetOf.get(req)));
     this.proxy.on("proxyReqWs", (proxyReq: http.ClientRequest, _req: unknown, client: net.Socket) => {
+      // A guest that answers the upgrade with a plain response streams it to the caller: once the caller is
+      // gone, stop reading it (the guest could stream for ever).
+      client.once("close", () => {
+        if (!this.tunnelOf.get(client)?.guest) proxyReq.destroy();
+      });
       proxyReq.once("upgrade", (_res: unknown, guest: net.Socket) => {
         const tunnel = this.tunnelOf.get(client);
         if (!tunnel || client.destroyed) {
@@ -71,6 +86,7 @@ export class PortProxy {
    * (the caller answers, in its own API's error shape); a failure after the response started ends it.
    */
   web(req: http.IncomingMessage, res: http.ServerResponse, target: PortTarget): Promise<string | null> {
+    this.targetOf.set(req, target);
     return new Promise((resolve) => {
       res.once("close", () => resolve(null));
       this.proxy.web(
@@ -89,7 +105,9 @@ export class PortProxy {
 
   /** Proxies a WebSocket (or any HTTP/1.1 upgrade) on `socket` to `target`. */
   upgrade(req: http.IncomingMessage, socket: net.Socket, head: Buffer, target: PortTarget): void {
+    // Errors of the caller's socket reach onError through the proxy (see the constructor).
     socket.on("error", () => {});
+    this.targetOf.set(req, target);
     this.track(target.owner ?? "", socket);
     this.proxy.ws(req, socket, head, this.options(target), () => {
       if (socket.writable)
@@ -131,6 +149,9 @@ export class PortProxy {
   private options(target: PortTarget) {
     return {
       target: `${target.tls ? "https" : "http"}://${target.host}:${target.port}`,
+      // The path goes to the guest as the request spelled it: http-proxy-3 would otherwise put it through a URL
+      // parser, which resolves dot segments (encoded ones too) and turns backslashes into slashes.
+      toProxy: true,
       secure: false,
       ...(target.hostHeader ? { headers: { host: target.hostHeader } } : {}),
     };

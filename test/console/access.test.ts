@@ -14,14 +14,10 @@ import { after, before, describe, it } from "node:test";
 import pino from "pino";
 import WebSocket from "ws";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
+import { PORT_PROXY_HEADER } from "../../src/common/proxied-path.js";
 import { ConsoleAccess } from "../../src/console/access.js";
 import { consoleExtension } from "../../src/console/index.js";
-import {
-  CSRF_HEADER,
-  CSRF_PROTOCOL_PREFIX,
-  PORT_PROXY_HEADER,
-  TERMINAL_PROTOCOL,
-} from "../../src/console/protocol.js";
+import { CSRF_HEADER, CSRF_PROTOCOL_PREFIX, TERMINAL_PROTOCOL } from "../../src/console/protocol.js";
 import { open, responseOf, send, type Target } from "../api/raw-http.js";
 import { ServicesDouble } from "../api/services-double.js";
 

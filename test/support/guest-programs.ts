@@ -82,3 +82,30 @@ export function throughWebSocket(
     ws.once("error", reject);
   });
 }
+
+/**
+ * `python3 stream_forever.py PORT`: answers every request, WebSocket upgrades included, with a plain 200 whose
+ * chunked body never ends (a guest that streams a non-101 answer to an upgrade, as a hostile one may).
+ */
+export const STREAM_FOREVER = `
+import socket, sys, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", int(sys.argv[1]))); srv.listen(16)
+def serve(c):
+    try:
+        head = b""
+        while b"\\r\\n\\r\\n" not in head:
+            data = c.recv(4096)
+            if not data: return
+            head += data
+        c.sendall(b"HTTP/1.1 200 OK\\r\\ncontent-type: text/plain\\r\\ntransfer-encoding: chunked\\r\\n\\r\\n")
+        chunk = b"x" * 16384
+        while True: c.sendall(b"%x\\r\\n%s\\r\\n" % (len(chunk), chunk))
+    except OSError:
+        pass
+    finally:
+        c.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`;

@@ -1,14 +1,17 @@
 /**
  * Sandbox networks: the daemon's network status, a running sandbox's egress policy, and the port proxy
  * (`/v1/sandboxes/:id/ports/:port/<path>`: HTTP requests and WebSocket upgrades to TCP port `port` in the
- * sandbox, streamed both ways). The proxied path is `<path>` plus the query string; the bearer token that opened
- * the route is not passed on to the guest.
+ * sandbox, streamed both ways). The proxied path is `<path>` plus the query string, exactly as the request
+ * spelled them (never decoded or normalised); the bearer token that opened the route is not passed on to the
+ * guest. A request marked by `forkd port` (PORT_PROXY_HEADER) is served by these routes only.
  */
 import type http from "node:http";
 import type net from "node:net";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { assertSandboxId } from "../../common/names.js";
+import { PORT_PROXY_HEADER } from "../../common/proxied-path.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
 import type { Principal } from "../../controller/tenancy/tenant-view.js";
 import { servicesOf, servicesOfUpgrade } from "../../http/request-scope.js";
@@ -68,6 +71,30 @@ export const PORT_ROUTES: readonly string[] = [
 ];
 
 /**
+ * Refuses a request `forkd port` proxied (it carries the operator's credential for whoever reached its local
+ * listener) unless it is for the port route: `route` is the matched route pattern (undefined: none matched).
+ */
+export function checkPortProxied(headers: http.IncomingHttpHeaders, route: string | undefined): void {
+  if (headers[PORT_PROXY_HEADER] === undefined) return;
+  if (route !== undefined && PORT_ROUTES.includes(route)) return;
+  throw new ForkdError(
+    "forbidden",
+    "a request proxied by `forkd port` reaches the sandbox's port route only, never another route of the daemon",
+  );
+}
+
+/** The guest's path and query of a port route request, as the request spelled them. */
+function guestTarget(url: string | undefined): string {
+  const match = PORT_ROUTE.exec(url ?? "");
+  if (!match) {
+    throw invalidArgument(
+      "the port route's path must be /v1/sandboxes/<id>/ports/<port>/<path> with the id and port spelled plainly",
+    );
+  }
+  return `${match[3] ?? "/"}${match[4] ?? ""}`;
+}
+
+/**
  * The port proxy's HTTP side, in its own scope: bodies are not parsed (they stream to the guest as they come),
  * and the reply is handed over to the proxy.
  */
@@ -89,12 +116,11 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
       },
       handler: async (request, reply) => {
         const { id, port } = request.params;
-        const query = request.raw.url?.includes("?")
-          ? request.raw.url.slice(request.raw.url.indexOf("?"))
-          : "";
+        // The router decoded the wildcard parameter (%2F, %3F): the guest gets the raw spelling instead.
+        const target = guestTarget(request.raw.url);
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
         servicesOf(request).sandboxes.get(id);
-        request.raw.url = `/${request.params["*"] ?? ""}${query}`;
+        request.raw.url = target;
         stripDaemonTokens(request.raw.headers, context.daemonTokens);
         reply.hijack();
         const res = reply.raw;
@@ -129,7 +155,9 @@ export function portUpgradeHandler(
   return (req, socket, head) => {
     const match = PORT_ROUTE.exec(req.url ?? "");
     if (!match) {
-      refuse(socket, 404, "not_found", `no upgrade route for ${req.url}`);
+      if (req.headers[PORT_PROXY_HEADER] !== undefined) {
+        refuseUpgrade(socket, new ForkdError("forbidden", "`forkd port` upgrades reach the port route only"));
+      } else refuse(socket, 404, "not_found", `no upgrade route for ${req.url}`);
       return;
     }
     const [, id, portText, rest, query] = match as unknown as [string, string, string, string?, string?];

@@ -1,8 +1,8 @@
 /**
  * Packs through the API: `GET /v1/snapshots/:tag/pack` streams a pack of the chain (the daemon writes it under
  * FORKD_HOME/transfers first, then sends and removes it); `POST /v1/snapshots/unpack` receives one (streamed, bounded)
- * and installs it all or nothing. The format and every check are controller/snapshots/packs.ts'. Registered in its own
- * scope: the unpack body is raw bytes, read as a stream.
+ * and installs it all or nothing. The format and every check are controller/snapshots/pack.ts' and
+ * unpack.ts'. Registered in its own scope: the unpack body is raw bytes, read as a stream.
  */
 import { createReadStream } from "node:fs";
 import type { Static } from "@sinclair/typebox";

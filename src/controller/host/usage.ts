@@ -6,45 +6,13 @@
  */
 import { readFile } from "node:fs/promises";
 import os from "node:os";
-import type { SandboxStatus } from "../sandbox-service.js";
+import type { HostStatus, SandboxUsage } from "../sandbox-service.js";
 import { procStatFields } from "./processes.js";
 
 /** Linux reports /proc times in USER_HZ, which is 100 on every architecture forkd runs on. */
 const TICKS_PER_SECOND = 100;
 /** A previous sample older than this is not a useful window: CPU is then averaged over the VM's whole life. */
 const MAX_CPU_WINDOW_MS = 120_000;
-
-export interface SandboxUsage {
-  id: string;
-  timestamp_unix_ms: number;
-  rss_bytes: number;
-  /** Proportional set size: shared pages divided among the processes sharing them. */
-  pss_bytes: number;
-  /** Pages only this VM holds (Private_Clean + Private_Dirty): what killing it frees. */
-  private_bytes: number;
-  /** Host CPU time the VM used since it started (all vCPUs, QEMU's own threads included). */
-  cpu_seconds: number;
-  /** CPU seconds per second over `cpu_window_ms`, x100 (100 = one host core busy). */
-  cpu_used_pct: number;
-  /** The window `cpu_used_pct` is measured over: since the previous usage sample, or the VM's whole life. */
-  cpu_window_ms: number;
-}
-
-export interface HostStatus {
-  timestamp_unix_ms: number;
-  cpu_count: number;
-  /** Busy share of all host CPUs over `cpu_window_ms`, 0..100. */
-  cpu_used_pct: number;
-  /** Since the previous host sample, or since the host booted (the first sample). */
-  cpu_window_ms: number;
-  load_avg: [number, number, number];
-  mem_total_bytes: number;
-  mem_available_bytes: number;
-  /** The daemon process's own resident memory. */
-  daemon_rss_bytes: number;
-  /** Sandboxes the daemon knows, by status. */
-  sandboxes: Record<SandboxStatus, number>;
-}
 
 interface CpuSample {
   ticks: number;

@@ -1,7 +1,7 @@
 /**
  * The record side of pause and resume: what the database says about a sandbox once its pause layer is published,
  * and how a sandbox that must be paused (a resume that failed, or a restart finding a pause or resume that
- * did not finish) loses whatever of a VM it still has. SandboxManager sequences these under the sandbox's lock;
+ * did not finish) loses whatever of a VM it still has. pause-resume.ts sequences these under the sandbox's lock;
  * pause-layer.ts writes the layer itself.
  */
 import { readFile, rm } from "node:fs/promises";

@@ -14,7 +14,7 @@ import { conflict, errorMessage, ForkdError, invalidArgument } from "../../commo
 import { assertTag } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../../store/chain.js";
-import { MANIFEST_FILE, type SnapshotManifest } from "../../store/manifest.js";
+import { MANIFEST_FILE } from "../../store/manifest.js";
 import { flatImageFor, removeAssembledImage } from "../../store/memory-images.js";
 import { PAGE_SIZE } from "../../store/memory-layer.js";
 import { readQcow2Header } from "../../store/qcow2-header.js";
@@ -27,7 +27,7 @@ import {
   snapshotIsBootable,
   verifyChainFiles,
 } from "../machines/restore-plan.js";
-import type { SnapshotDetail, SnapshotInfo } from "../sandbox-service.js";
+import type { ChainDetail, LayerUsage, SnapshotDetail, SnapshotInfo } from "../sandbox-service.js";
 import { writeFlatDisk } from "./flat-disk.js";
 
 const execFileAsync = promisify(execFile);
@@ -75,53 +75,6 @@ export async function snapshotDescendants(paths: ForkdPaths, tag: string): Promi
 }
 
 // ---- snapshot-info ----
-
-export interface LayerUsage {
-  tag: string;
-  origin: SnapshotManifest["origin"]["kind"];
-  memory: {
-    format: "flat" | "layer";
-    /** Pages stored in this layer's memory file. */
-    pages: number;
-    /** Guest RAM size. */
-    logical_bytes: number;
-    /** Bytes the memory file occupies on disk (st_blocks * 512: holes and shared extents as the fs counts). */
-    physical_bytes: number;
-  };
-  disk: {
-    /** The qcow2 layer's virtual size (the guest's disk size). */
-    logical_bytes: number;
-    physical_bytes: number;
-    /** Where the layer reads through to, as recorded in it (relative). */
-    backing: string | null;
-  };
-  vmstate_bytes: number;
-}
-
-export interface ChainDetail {
-  tag: string;
-  /** 0 for a snapshot without a parent. */
-  chain_depth: number;
-  parent_tag: string | null;
-  /** sha256 of the parent's manifest, as recorded in this snapshot (forkd v0.5's parent_content_hash). */
-  parent_content_hash: string | null;
-  /** Root first, up to the parent (as far as the chain can be followed). */
-  ancestors: string[];
-  /** Direct dependents. */
-  dependents: string[];
-  /** Everything that depends on this snapshot, parents before their children. */
-  all_dependents: string[];
-  /** Root first, this snapshot last. */
-  layers: LayerUsage[];
-  /** Totals of `layers`: what a child of this snapshot reads from. */
-  chain_bytes: { memory_physical: number; disk_physical: number; vmstate: number };
-  /** forkd v0.5's fields, for this snapshot alone. */
-  memory_logical_bytes: number;
-  memory_physical_bytes: number;
-  vmstate_bytes: number;
-  /** Why the chain cannot be restored (missing or changed parent, too deep), or null. */
-  chain_error: string | null;
-}
 
 export async function chainDetail(paths: ForkdPaths, tag: string): Promise<ChainDetail> {
   assertTag(tag);

@@ -16,17 +16,20 @@ import { SnapshotStore, type StoredSnapshot } from "../../store/snapshot-store.j
 import { snapshotIsBootable } from "../machines/restore-plan.js";
 import type {
   PackRequest,
+  PackResult,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
   SnapshotService,
   UnpackRequest,
+  UnpackResult,
 } from "../sandbox-service.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
-import { type PackResult, packSnapshot, type UnpackResult, unpackSnapshot } from "./packs.js";
+import { packSnapshot } from "./pack.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
+import { unpackSnapshot } from "./unpack.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
@@ -337,7 +340,7 @@ export class DaemonSnapshots implements SnapshotService {
 
   /**
    * Receives a pack (at most `maxBytes`) into the transfers directory, then verifies and installs it, all or
-   * nothing (packs.ts: a pack is hostile input). The received file is removed either way.
+   * nothing (unpack.ts: a pack is hostile input). The received file is removed either way.
    */
   async unpack(request: UnpackRequest): Promise<UnpackResult> {
     const dir = await this.transferDir("unpack-");

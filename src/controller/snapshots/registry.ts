@@ -43,15 +43,9 @@ import {
   PACK_MANIFEST_PATH,
   parsePackManifest,
 } from "../../store/pack-format.js";
-import {
-  type PackedFile,
-  type PackSource,
-  packManifestBytes,
-  preparePack,
-  type UnpackOptions,
-  type UnpackResult,
-  unpackSnapshot,
-} from "./packs.js";
+import type { UnpackResult } from "../sandbox-service.js";
+import { type PackedFile, packManifestBytes, preparePack } from "./pack.js";
+import { type PackSource, type UnpackOptions, unpackSnapshot } from "./unpack.js";
 
 export const PACK_CONFIG_MEDIA_TYPE = "application/vnd.forkd.pack.v1+json";
 export const PACK_PART_MEDIA_TYPE = "application/vnd.forkd.pack.part.v1.tar+zstd";

@@ -1,0 +1,256 @@
+/**
+ * Pause and resume of one sandbox, as the service sequences them (docs/api.md#pause-and-resume): under the
+ * sandbox's lock, with admission for the copy or the restore, the VM's teardown once its state is safe in its
+ * pause layer (pause-layer.ts writes it; paused-state.ts is the record side), and a restore under the same id,
+ * network and limits on resume. A restart completes a pause whose layer was published (finishPublished).
+ */
+
+import { crashPoint } from "../../common/crash-points.js";
+import { conflict, errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
+import type { ForkdPaths } from "../../common/paths.js";
+import {
+  type CgroupLayout,
+  createSandboxCgroups,
+  removeCgroups,
+  sandboxCgroupDirs,
+} from "../../isolation/cgroup.js";
+import type { ConfinementConfig } from "../../isolation/confinement.js";
+import type { SandboxRow, StateDb } from "../../store/db.js";
+import type { StoredSnapshot } from "../../store/snapshot-store.js";
+import { prepareRestore, type RestorePlan } from "../machines/restore-plan.js";
+import { Sandbox } from "../machines/sandbox-vm.js";
+import type { SandboxNetworks } from "../networks/sandbox-networks.js";
+import type { PauseOutcome, PauseRequest, ResumeRequest, SandboxInfo } from "../sandbox-service.js";
+import type { Brancher } from "../snapshots/branch.js";
+import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
+import type { Admission } from "./admission.js";
+import type { KeyedLock } from "./keyed-lock.js";
+import { cgroupDirsOf, cgroupLimits, parseLimits } from "./limits.js";
+import type { Live, LiveSandboxes } from "./live-sandboxes.js";
+import { pauseLayerTag, writePauseLayer } from "./pause-layer.js";
+import { pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
+import type { SnapshotCollection } from "./snapshot-collection.js";
+import { recordSpawned } from "./spawn-children.js";
+import { isIntIn, MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
+import type { Teardown } from "./teardown.js";
+import type { UsageReports } from "./usage-reports.js";
+
+export interface PauseResumeContext {
+  paths: ForkdPaths;
+  db: StateDb;
+  live: LiveSandboxes;
+  locks: KeyedLock;
+  snapshots: Pick<DaemonSnapshots, "store" | "markEphemeral" | "bootable">;
+  brancher: Pick<Brancher, "settled">;
+  admission: Pick<Admission, "reserveMemory" | "reserveSpawn">;
+  networks: Pick<SandboxNetworks, "release" | "reattach">;
+  /** Where sandbox cgroups go (null: none). */
+  cgroups: CgroupLayout | null;
+  confinement: ConfinementConfig;
+  consoleLogBytes: number;
+  teardown: Pick<Teardown, "watchExit">;
+  collection: Pick<SnapshotCollection, "now">;
+  usage: Pick<UsageReports, "forgetMetrics">;
+  /** The sandbox's record as the service returns it. */
+  get(id: string): SandboxInfo;
+  log: { info(obj: object, msg?: string): void; warn(obj: object, msg?: string): void };
+}
+
+export class PauseResume {
+  constructor(private readonly ctx: PauseResumeContext) {}
+
+  /** See SandboxService.pause; pause-layer.ts writes the layer. */
+  async pause(id: string, request: PauseRequest = {}): Promise<PauseOutcome> {
+    this.ctx.live.row(id);
+    return this.ctx.locks.run(id, () => this.pauseNow(id, request));
+  }
+
+  /** A pause of `id` with its lock held (a lifetime that ends in a pause takes the lock itself). */
+  async pauseNow(id: string, request: PauseRequest): Promise<PauseOutcome> {
+    const { db, live, snapshots, log } = this.ctx;
+    // Right after a restart: once its re-attach is settled (bounded by REATTACH_TIMEOUT_MS).
+    await live.reattaching.get(id)?.catch(() => {});
+    const row = live.row(id);
+    if (row.status === "paused") throw conflict(`sandbox ${id} is already paused`);
+    const running = live.running(id);
+    if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be paused: ${row.branch_blocked}`);
+    // A live BRANCH still writing its snapshot: the sandbox's disk already builds on it.
+    await this.ctx.brancher.settled(id);
+    const parentTag = row.last_branch_tag ?? row.snapshot_tag;
+    const ramBytes = (await snapshots.store.get(parentTag)).manifest.memory.ramBytes;
+    // The copy of its private pages is held in memory until written: at most its whole RAM.
+    const buffer = this.ctx.admission.reserveMemory(ramBytes / 2 ** 20, `a pause of ${id}`);
+    const tag = pauseLayerTag(id);
+    const freedBytes = await residentBytes(running.handle.pid);
+    db.updateSandbox(id, { status: "pausing", pending_pause_tag: tag });
+    running.pausing = true;
+    let layer: Awaited<ReturnType<typeof writePauseLayer>>;
+    try {
+      layer = await writePauseLayer(
+        snapshots.store,
+        { handle: running.handle, parentTag, ownLayers: JSON.parse(row.pause_tags) as string[] },
+        { tag, merge: request.merge, signal: request.signal },
+      );
+    } catch (err) {
+      running.pausing = false;
+      // The VM runs again (writePauseLayer continued it), unless it died meanwhile (then it is marked dead).
+      if (db.sandbox(id)?.status === "pausing") {
+        db.updateSandbox(id, { status: "running", pending_pause_tag: null });
+      }
+      throw err;
+    } finally {
+      buffer.release();
+    }
+    this.recordPaused(row, layer.tag, layer.replaced);
+    crashPoint("pause.recorded");
+    await this.stopPausedVm(id, running);
+    log.info({ id, tag, pause_ms: layer.pause_ms, merged: layer.replaced.length > 0 }, "sandbox paused");
+    // Layers merged into this one go now, unless a snapshot depends on them.
+    if (layer.replaced.length > 0) await this.ctx.collection.now();
+    return {
+      sandbox: this.ctx.get(id),
+      tag,
+      pause_ms: layer.pause_ms,
+      write_ms: layer.write_ms,
+      bytes_captured: layer.bytes_captured,
+      bytes_stored: layer.pages * 4096,
+      merged: layer.replaced.length > 0,
+      freed_bytes: freedBytes,
+    };
+  }
+
+  /**
+   * The database's side of a published pause layer, as one step: the sandbox is paused in `tag` (which layers
+   * are its own, what its chain is). Also what a restart does for a pause that published its layer and crashed.
+   */
+  private recordPaused(row: SandboxRow, tag: string, replaced: readonly string[]): void {
+    this.ctx.snapshots.markEphemeral(tag, `the paused state of ${row.id}`);
+    this.ctx.db.updateSandbox(row.id, pausedRowUpdate(row, tag, replaced));
+  }
+
+  /** The VM of a sandbox whose state is safe in its pause layer goes, and with it its RAM and cgroup. */
+  private async stopPausedVm(id: string, running: Live): Promise<void> {
+    const { db, log } = this.ctx;
+    running.killing = true;
+    await running.handle.destroy();
+    this.ctx.live.delete(id);
+    const row = db.sandbox(id);
+    if (row) {
+      await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
+        log.warn({ id, err: errorMessage(e) }, "could not remove a paused sandbox's cgroups"),
+      );
+    }
+    db.updateSandbox(id, { pid: null, pid_start_time: null, cgroup: null });
+    this.ctx.networks.release(id);
+    this.ctx.usage.forgetMetrics(id);
+  }
+
+  /**
+   * A pause whose layer was published before the daemon died completes: the database records it, the stopped VM
+   * goes (it shares its disk file with the layer, so it must never run again). False when nothing was published.
+   */
+  async finishPublished(row: SandboxRow): Promise<boolean> {
+    const { store } = this.ctx.snapshots;
+    const tag = row.pending_pause_tag;
+    if (tag === null || !(await store.exists(tag))) return false;
+    const layer = await store.get(tag);
+    const own = JSON.parse(row.pause_tags) as string[];
+    const merged = own.length > 0 && layer.manifest.parent?.tag !== own.at(-1);
+    this.recordPaused(row, tag, merged ? own : []);
+    await settlePaused(this.ctx.db, row);
+    this.ctx.log.info({ id: row.id, tag }, "finished a pause the previous daemon had published");
+    return true;
+  }
+
+  /** See SandboxService.resume: restored like a spawn (Sandbox.restore), from its pause layer, under its id. */
+  async resume(id: string, request: ResumeRequest = {}): Promise<SandboxInfo> {
+    this.ctx.live.row(id);
+    if (request.timeoutMs !== undefined && !isIntIn(request.timeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
+      throw invalidArgument(`timeout_ms must be an integer in 0..${MAX_SANDBOX_TIMEOUT_MS}`);
+    }
+    return this.ctx.locks.run(id, () => this.resumeNow(id, request));
+  }
+
+  private async resumeNow(id: string, request: ResumeRequest): Promise<SandboxInfo> {
+    const { db } = this.ctx;
+    const row = this.ctx.live.row(id);
+    if (row.status === "running") throw conflict(`sandbox ${id} is already running`);
+    if (row.status !== "paused") throw conflict(`sandbox ${id} is ${row.status}, not paused`);
+    const tag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
+    if (!tag) throw new ForkdError("internal", `paused sandbox ${id} has no pause layer recorded`);
+    const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
+    const reservation = this.ctx.admission.reserveSpawn(1);
+    let plan: RestorePlan | undefined;
+    db.updateSandbox(id, { status: "resuming" });
+    crashPoint("resume.started");
+    try {
+      const snapshot = await this.ctx.snapshots.bootable(tag);
+      plan = await prepareRestore(this.ctx.paths, snapshot, {
+        inMemory: row.live_fork === 1,
+        memoryTag: row.memory_tag ?? row.snapshot_tag,
+      });
+      const sandbox = await this.restoreVm(row, plan, snapshot, request.signal);
+      crashPoint("resume.restored");
+      db.updateSandbox(id, {
+        status: "running",
+        memory_image: sandbox.memoryImage,
+        memory_tag: plan.memoryTag === row.snapshot_tag ? null : plan.memoryTag,
+        ready_ms: Math.round(sandbox.readyMs * 10) / 10,
+        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+        expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
+        paused_at_unix_ms: null,
+      });
+      this.ctx.live.add(sandbox);
+      this.ctx.teardown.watchExit(sandbox);
+    } catch (err) {
+      await this.revertResume(id);
+      throw err;
+    } finally {
+      reservation.release();
+      await plan?.dispose();
+    }
+    crashPoint("resume.recorded");
+    this.ctx.log.info({ id, tag }, "sandbox resumed");
+    return this.ctx.get(id);
+  }
+
+  /** The paused sandbox's VM restored from `plan` under its id, in its network and its limits' fresh cgroups. */
+  private async restoreVm(
+    row: SandboxRow,
+    plan: RestorePlan,
+    snapshot: StoredSnapshot,
+    signal: AbortSignal | undefined,
+  ): Promise<Sandbox> {
+    const { id } = row;
+    const nic = await this.ctx.networks.reattach(id, row.network, snapshot.manifest.machine.nic ?? null);
+    // The limits it was spawned with, in fresh cgroups (recorded before they are made, as at spawn).
+    const limits = parseLimits(row);
+    let cgroups: Awaited<ReturnType<typeof createSandboxCgroups>> | undefined;
+    if (this.ctx.cgroups) {
+      this.ctx.db.updateSandbox(id, { cgroup: JSON.stringify(sandboxCgroupDirs(this.ctx.cgroups, id)) });
+      cgroups = await createSandboxCgroups(this.ctx.cgroups, id, cgroupLimits(limits));
+    }
+    return Sandbox.restore(this.ctx.paths, plan, {
+      id,
+      outliveHost: true,
+      signal,
+      nic,
+      confinement: this.ctx.confinement,
+      cgroups,
+      diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+      consoleLogBytes: this.ctx.consoleLogBytes,
+      onSpawned: async (pid) => {
+        await recordSpawned(this.ctx.db, id, pid);
+        crashPoint("resume.launched");
+      },
+    });
+  }
+
+  /** A resume that did not finish leaves the sandbox paused, as before it, with nothing of the attempt left. */
+  private async revertResume(id: string): Promise<void> {
+    const row = this.ctx.db.sandbox(id);
+    if (!row) return;
+    await settlePaused(this.ctx.db, row);
+    this.ctx.networks.release(id);
+  }
+}
