@@ -26,6 +26,7 @@ import {
   type E2bSettings,
   isSandboxOrigin,
   registerE2b,
+  SURFACE_CONSTRAINT,
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
@@ -115,6 +116,8 @@ declare module "fastify" {
   interface FastifyInstance {
     /** The E2B control plane's routes, for its OpenAPI document (src/e2b/control/openapi.ts). */
     e2bControlRoutes: RouteOptions[];
+    /** Every route this listener serves, as registered (see registeredRoutes). */
+    allRoutes: RouteOptions[];
   }
   interface FastifyRequest {
     /** Who made the request, for the audit log. */
@@ -133,6 +136,11 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
   // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
   provideServices(app, options.services, metrics.spawns);
+  const routes: RouteOptions[] = [];
+  app.decorate("allRoutes", routes);
+  app.addHook("onRoute", (route) => {
+    routes.push(route);
+  });
   app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
   // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
   app.addConstraintStrategy(surfaceConstraint);
@@ -354,6 +362,32 @@ const OPENAPI_OPTIONS = {
     ],
   },
 };
+
+/** One route a listener serves: its method, URL pattern, and the E2B data-plane surface it answers on. */
+export interface RegisteredRoute {
+  method: string;
+  url: string;
+  /** envd, interpreter or port: a route only requests addressed to a sandbox reach (src/e2b/routing.ts). */
+  surface: string | undefined;
+  /** Its request schemas as declared (params, querystring, body: JSON Schema), if any. */
+  schema: unknown;
+}
+
+/**
+ * Every route `app` serves (forkd, v0.5, E2B's control and data planes, the extensions'), one per method, as
+ * Fastify registered them: for what must cover all of them (the tenancy test walks every one).
+ */
+export function registeredRoutes(app: FastifyInstance): RegisteredRoute[] {
+  return app.allRoutes.flatMap((route) =>
+    [route.method].flat().map((method) => ({
+      method,
+      url: route.url,
+      // Read now, not at registration: the E2B surfaces' own onRoute hooks set it after this listener's.
+      surface: (route.constraints as Record<string, string> | undefined)?.[SURFACE_CONSTRAINT],
+      schema: route.schema,
+    })),
+  );
+}
 
 /**
  * JSON parsing: Fastify's parser (prototype-poisoning safe) except that an empty body counts as no body. forkd
