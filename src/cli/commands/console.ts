@@ -2,8 +2,8 @@
 import type { Command } from "commander";
 import { MAX_CONSOLE_READ_BYTES } from "../../controller/sandboxes/manager.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 export function registerConsole(program: Command): void {
   addDaemonOptions(

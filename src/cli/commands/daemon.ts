@@ -34,7 +34,7 @@ import {
   MIN_CONSOLE_LOG_BYTES,
 } from "../../vmm/console-log.js";
 import { EXIT } from "../exit-codes.js";
-import { parseIntOption } from "./fork.js";
+import { parseIntOption } from "../options.js";
 
 const DOMAIN =
   /^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;

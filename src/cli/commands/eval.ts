@@ -3,9 +3,9 @@ import { readFile } from "node:fs/promises";
 import type { Command } from "commander";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { EXIT } from "../exit-codes.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 interface EvalAnswer {
   result: string | null;

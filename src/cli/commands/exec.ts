@@ -8,8 +8,8 @@ import { MAX_EXEC_ARGS } from "../../api/schemas.js";
 import { ERROR_CODES, type ErrorCode, ForkdError, invalidArgument } from "../../common/errors.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
 import { EXIT } from "../exit-codes.js";
+import { parseIntOption } from "../options.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 /** Stdin is sent in frames of this many bytes (base64 in NDJSON lines, well under the daemon's line limit). */
 const STDIN_FRAME_BYTES = 256 * 1024;

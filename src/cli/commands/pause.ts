@@ -4,9 +4,9 @@ import type { PauseResponse, SandboxInfoWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 import { formatDuration } from "./ls.js";
 
 function checkedId(id: string): string {

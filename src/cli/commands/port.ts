@@ -14,8 +14,8 @@ import { createProxyServer } from "http-proxy-3";
 import { errorMessage, invalidArgument } from "../../common/errors.js";
 import { PORT_PROXY_HEADER, unsafeProxiedPath } from "../../common/proxied-path.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 export function registerPort(program: Command): void {
   addDaemonOptions(

@@ -2,9 +2,9 @@
 import type { Command } from "commander";
 import type { SandboxInfoWire } from "../../api/schemas.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 import { formatDuration } from "./ls.js";
 
 export function registerSetTimeout(program: Command): void {

@@ -2,9 +2,9 @@
 import type { Command } from "commander";
 import type { BranchResultWire } from "../../api/schemas.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 type DiffResult = BranchResultWire & { exit_code: number; stdout: string; stderr: string };
 

@@ -14,9 +14,9 @@ import {
   MIN_PIDS_LIMIT,
 } from "../../controller/sandboxes/limits.js";
 import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 import { printSandboxes } from "./ls.js";
 import { addEgressOptions, egressFromOptions } from "./network.js";
 

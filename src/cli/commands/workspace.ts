@@ -2,9 +2,9 @@
 import type { Command } from "commander";
 import type { WorkspaceInfoWire } from "../../api/schemas.js";
 import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { parseIntOption } from "../options.js";
 import { printJson, printTable } from "../output.js";
 import { runCommand } from "../run-command.js";
-import { parseIntOption } from "./fork.js";
 
 function printWorkspaces(workspaces: WorkspaceInfoWire[]): void {
   printTable(
