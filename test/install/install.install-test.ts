@@ -24,6 +24,7 @@ import { resolveNetworkConfig } from "../../src/net/config.js";
 import { removeHostNetwork } from "../../src/net/host.js";
 import { hostTableName } from "../../src/net/nft.js";
 import { REPO_ROOT } from "../support/examples.js";
+import { qemusMentioning } from "../support/host.js";
 import { gidOf, type RunResult, removeScratch, type Sealed, sealedHost, sealedRoot } from "./sealed.js";
 
 const exec = promisify(execFile);
@@ -148,6 +149,17 @@ async function waitForSocket(file: string, daemon: ChildProcess, timeoutMs = 120
   }
 }
 
+/** After a failure: the QEMUs of a home this test made (confined ones are in mount namespaces of their own). */
+async function killQemus(home: string): Promise<void> {
+  for (const pid of await qemusMentioning(home)) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // gone
+    }
+  }
+}
+
 /** SIGTERM, as `systemctl stop` sends (the daemon drains and exits; TimeoutStopSec=45s, then SIGKILL). */
 async function stopDaemon(daemon: ChildProcess): Promise<void> {
   if (daemon.exitCode !== null || daemon.signalCode !== null) return;
@@ -235,6 +247,7 @@ describe("forkd installed as users install it", { timeout: 90 * 60_000 }, () => 
     });
     after(async () => {
       await box?.close();
+      if (home) await killQemus(`${home}/`);
       // Whatever a failed run left on the host network.
       if (home) await removeHostNetwork(resolveNetworkConfig({}, {}, home), home).catch(() => {});
     });
@@ -303,6 +316,7 @@ describe("forkd installed as users install it", { timeout: 90 * 60_000 }, () => 
       const left = (await exec("find", [prefix, "-mindepth", "1", "-not", "-type", "d"])).stdout.trim();
       assert.equal(left, "", "no file of forkd left in the prefix");
       assert.deepEqual(await box.processes(), [], "no process left");
+      assert.deepEqual(await qemusMentioning(`${home}/`), [], "no QEMU left");
       const config = resolveNetworkConfig({}, {}, home);
       assert.equal(await linkExists(config.bridge), false, "the home's bridge is gone");
       assert.equal(await nftTableExists(hostTableName(config)), false, "the home's host rules are gone");
@@ -343,6 +357,7 @@ describe("forkd installed as users install it", { timeout: 90 * 60_000 }, () => 
     });
     after(async () => {
       await box?.close();
+      await killQemus(`${SYSTEM_HOME}/`);
       if (work) await removeScratch(path.join(work, "root"));
       await removeHostNetwork(config, SYSTEM_HOME).catch(() => {});
     });
@@ -466,9 +481,10 @@ describe("forkd installed as users install it", { timeout: 90 * 60_000 }, () => 
         // systemd removes the RuntimeDirectory when the unit stops.
         await box.run(["rm", "-rf", "/run/forkd"]);
       }
+      // A confined QEMU has a mount namespace of its own: found by its command line (paths under the home).
       assert.equal(
-        (await box.processes()).length > 0,
-        true,
+        (await qemusMentioning(`${SYSTEM_HOME}/`)).length,
+        1,
         "the sandbox outlived its daemon, as under the unit",
       );
     });
@@ -476,7 +492,8 @@ describe("forkd installed as users install it", { timeout: 90 * 60_000 }, () => 
     it("removes: sandboxes killed, host network gone; state, images, log, accounts and systemd's record kept", async () => {
       await box.run(["rm", "-rf", sdkDir]);
       ok(await box.run(["dpkg", "--remove", "forkd"]), "dpkg --remove");
-      assert.deepEqual(await box.processes(), [], "no process left (prerm's teardown killed the sandbox)");
+      assert.deepEqual(await qemusMentioning(`${SYSTEM_HOME}/`), [], "prerm's teardown killed the sandbox");
+      assert.deepEqual(await box.processes(), [], "no process left");
       assert.equal(await linkExists(config.bridge), false, `${config.bridge} removed`);
       assert.equal(await nftTableExists(hostTableName(config)), false, "host rules removed");
       const left = leftovers(baseline, await box.changes(), "remove");
