@@ -424,8 +424,10 @@ async function sandboxMetrics(request: FastifyRequest<MetricsRoute>, reply: Fast
   const services = servicesOf(request);
   runningSandbox(services, request.params.sandboxID);
   const { start, end } = request.query;
+  // Whole seconds on the wire: the JS SDK rounds a Date to the nearest second, the Python SDK truncates it, so
+  // the window takes in every millisecond either could have meant (a sample read back as `start` is in it).
   const samples = await services.sandboxes.metricsHistory(request.params.sandboxID, {
-    ...(start === undefined ? {} : { startMs: start * 1000 }),
+    ...(start === undefined ? {} : { startMs: start * 1000 - 500 }),
     ...(end === undefined ? {} : { endMs: end * 1000 + 999 }),
     signal: clientSignal(request, reply),
   });

@@ -260,7 +260,17 @@ async function sendSignal(request: RequestOf<"sendSignal">, ctx: HandlerContext)
   if (signal === undefined) {
     throw new ConnectError("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL", Code.InvalidArgument);
   }
-  await call(() => procsOf(ctx).signal(session.sandboxId, selector, signal, { signal: ctx.signal }));
+  await call(async () => {
+    try {
+      await procsOf(ctx).signal(session.sandboxId, selector, signal, { signal: ctx.signal });
+    } catch (err) {
+      // A process that has exited is gone for envd (NotFound, which the SDKs' kill() reads as false), even while
+      // the agent still holds its exit for a reader.
+      if (err instanceof ForkdError && err.code === "conflict")
+        throw new ForkdError("not_found", err.message);
+      throw err;
+    }
+  });
   return {};
 }
 
