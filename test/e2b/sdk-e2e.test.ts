@@ -32,6 +32,7 @@ import { Filesystem } from "../../src/e2b/envd/gen/filesystem/filesystem_pb.js";
 import { Process } from "../../src/e2b/envd/gen/process/process_pb.js";
 import { send } from "../api/raw-http.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
+import { codeInterpreterTemplate } from "../support/code-interpreter-template.js";
 import {
   FETCH_DEF,
   HTTP_ECHO,
@@ -51,6 +52,9 @@ const E2B_DOMAIN = "e2b.forkd.test";
 const HTTPS_PORT = 8443;
 // biome-ignore lint/suspicious/noTemplateCurlyInString: E2B's literal placeholder for the port.
 const MASK = "app-${PORT}.internal";
+/** The interpreter tests' template (test/e2b/code-interpreter: matplotlib, e2b_charts, Node.js), linked in as this tag. */
+const INTERPRETER_TAG = "shared-code-interpreter";
+const PNG_MAGIC = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
 
 interface Echoed {
   path: string;
@@ -70,15 +74,19 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
 
   before(async () => {
     if (root) internet = await startTestInternet();
-    daemon = await startDaemon([
-      "--default-snapshot",
-      "shared-pyagent",
-      "--e2b-max-upload-mib",
-      String(MAX_UPLOAD_MIB),
-      "--e2b-domain",
-      E2B_DOMAIN,
-      ...(internet ? ["--dns-upstream", internet.dns] : []),
-    ]);
+    daemon = await startDaemon(
+      [
+        "--default-snapshot",
+        "shared-pyagent",
+        "--e2b-max-upload-mib",
+        String(MAX_UPLOAD_MIB),
+        "--e2b-domain",
+        E2B_DOMAIN,
+        ...(internet ? ["--dns-upstream", internet.dns] : []),
+      ],
+      [],
+      [{ template: await codeInterpreterTemplate(), tag: INTERPRETER_TAG }],
+    );
     // The three variables, as a user switching from E2B sets them.
     process.env.E2B_API_URL = daemon.tcpUrl;
     process.env.E2B_SANDBOX_URL = daemon.tcpUrl;
@@ -95,6 +103,7 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
   after(async () => {
     process.env = saved;
     await locked?.kill().catch(() => {});
+    await (await interpreterSandbox?.catch(() => undefined))?.kill().catch(() => {});
     if (daemon) {
       const log = daemon.log();
       await daemon.stop().catch((err: unknown) => {
@@ -196,6 +205,120 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     assert.equal((await sbx.runCode("in_context", { context })).error?.name, "NameError");
     await sbx.removeCodeContext(context);
     assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === context.id));
+  });
+
+  /** A sandbox of the interpreter tests' template (matplotlib, e2b_charts, Node.js), made on first use. */
+  let interpreterSandbox: Promise<Sandbox> | undefined;
+  const interpreter = () => {
+    interpreterSandbox ??= Sandbox.create(INTERPRETER_TAG, { timeoutMs: 10 * 60_000 });
+    return interpreterSandbox;
+  };
+
+  it("shows matplotlib figures as PNG results with E2B's chart data (plt.show() and at the cell's end)", async () => {
+    const charts = await interpreter();
+    const figureOf = (run: Awaited<ReturnType<Sandbox["runCode"]>>) => {
+      assert.equal(run.error, undefined, JSON.stringify(run.error));
+      assert.deepEqual(
+        run.results.map((r) => r.isMainResult),
+        [false],
+        "one display result, no main result",
+      );
+      const [figure] = run.results;
+      assert.ok(figure?.png && Buffer.from(figure.png, "base64").subarray(0, 8).equals(PNG_MAGIC));
+      assert.match(figure.text ?? "", /^<Figure size/);
+      assert.ok(figure.chart, "e2b_charts' data");
+      return figure.chart as unknown as Record<string, unknown> & { elements: Record<string, unknown>[] };
+    };
+    const line = await charts.runCode(
+      "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9], label='squares')\n" +
+        "plt.title('Squares'); plt.xlabel('n'); plt.ylabel('n squared'); plt.legend()\nplt.show()\nprint('after')",
+    );
+    assert.deepEqual(line.logs, { stdout: ["after\n"], stderr: [] }, "plt.show() displays: no Agg warning");
+    const lineChart = figureOf(line);
+    assert.equal(lineChart.type, "line");
+    assert.deepEqual([lineChart.title, lineChart.x_label, lineChart.y_label], ["Squares", "n", "n squared"]);
+    assert.deepEqual(
+      lineChart.elements.map((e) => [e.label, (e.points as number[][]).map((p) => p.map(Number))]),
+      [
+        [
+          "squares",
+          [
+            [1, 1],
+            [2, 4],
+            [3, 9],
+          ],
+        ],
+      ],
+    );
+    assert.equal((await charts.runCode("len(plt.get_fignums())")).text, "0", "plt.show() closed it");
+    const bar = figureOf(
+      await charts.runCode(
+        "figure, axes = plt.subplots()\nbars = axes.bar(['apples', 'pears'], [3, 5], label='fruit')",
+      ),
+    );
+    assert.equal(bar.type, "bar");
+    assert.deepEqual(
+      bar.elements.map((e) => [e.label, Number(e.value), e.group]),
+      [
+        ["apples", 3, "fruit"],
+        ["pears", 5, "fruit"],
+      ],
+    );
+  });
+
+  it("runs javascript contexts where the image has node; elsewhere the error names what it lacks", async () => {
+    const js = await interpreter();
+    const first = await js.runCode("const greeting = 'hi'; console.log(greeting); 40 + 2", {
+      language: "javascript",
+    });
+    assert.equal(first.error, undefined, JSON.stringify(first.error));
+    assert.equal(first.text, "42");
+    assert.deepEqual(first.logs.stdout, ["hi\n"]);
+    const again = await js.runCode("greeting + '!'", { language: "javascript" });
+    assert.equal(again.text, "hi!", "the default javascript context keeps its names");
+    const thrown = await js.runCode("console.log('before'); null.x", { language: "javascript" });
+    assert.equal(thrown.error?.name, "TypeError");
+    assert.match(thrown.error?.traceback ?? "", /TypeError/);
+    assert.deepEqual(thrown.logs.stdout, ["before\n"]);
+    const awaited = await js.runCode("new Promise((resolve) => setTimeout(() => resolve(7), 20))", {
+      language: "javascript",
+    });
+    assert.equal(awaited.text, "7", "a promise's value, once it settles");
+    const envs = await js.runCode("process.env.ONLY_HERE", {
+      language: "javascript",
+      envs: { ONLY_HERE: "yes" },
+    });
+    assert.equal(envs.text, "yes");
+    const context = await js.createCodeContext({ language: "javascript", cwd: "/tmp" });
+    assert.equal(context.language, "javascript");
+    assert.equal(
+      (await js.runCode("typeof greeting", { context })).text,
+      "undefined",
+      "a context of its own",
+    );
+    assert.equal((await js.runCode("process.cwd()", { context })).text, "/tmp");
+    await assert.rejects(js.runCode("while (true) {}", { context, timeoutMs: 3000 }), TimeoutError);
+    assert.equal(
+      (await js.runCode("1 + 1", { context })).text,
+      "2",
+      "an interrupted cell leaves the context usable",
+    );
+    await js.removeCodeContext(context);
+
+    const bash = await js.runCode("echo $((6 * 7))", { language: "bash" });
+    assert.deepEqual(bash.logs.stdout, ["42\n"], "bash beside javascript in one sandbox");
+    // The JS SDK shows only the status of a refused cell (the Python test reads the message naming the
+    // languages this interpreter runs, and what an image lacks).
+    await assert.rejects(js.runCode("1", { language: "typescript" }), (err: Error) => {
+      assert.match(err.message, /^400/);
+      return true;
+    });
+
+    // The pyagent image has no Node.js: 501 (its message names what the image lacks).
+    await assert.rejects(sbx.runCode("1", { language: "javascript" }), (err: Error) => {
+      assert.match(err.message, /^501/);
+      return true;
+    });
   });
 
   it("runs commands: exit codes, streaming, users and their homes, background processes, stdin, kill", async () => {

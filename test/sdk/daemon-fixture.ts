@@ -32,17 +32,20 @@ const STOP_TIMEOUT_MS = 40_000;
 
 /**
  * `extraArgs` go to `forkd daemon` after the listener flags (e.g. --default-snapshot); `extraTokenLines` are
- * appended to its token file after the admin token (e.g. `<token> tenant=<name>`).
+ * appended to its token file after the admin token (e.g. `<token> tenant=<name>`); `snapshots` are shared warm
+ * snapshots linked in beside the pyagent one (a template name or file, and its tag).
  */
 export async function startDaemon(
   extraArgs: string[] = [],
   extraTokenLines: string[] = [],
+  snapshots: { template: string; tag: string }[] = [],
 ): Promise<TestDaemon> {
   const home = await tempHome("forkd-sdk-e2e-");
   let daemon: ChildProcess | undefined;
   let stderr = "";
   try {
     const tag = await linkSharedSnapshot(home.home, "pyagent");
+    for (const extra of snapshots) await linkSharedSnapshot(home.home, extra.template, extra.tag);
     const token = newApiKey();
     const tokenFile = path.join(home.home, "tokens");
     await writeFile(tokenFile, [token, ...extraTokenLines, ""].join("\n"), { mode: 0o600 });

@@ -39,9 +39,7 @@ export async function e2bPythonVenv(): Promise<PythonVenv> {
   const key = createHash("sha256").update(text).update(version).digest("hex").slice(0, 16);
   const dir = path.join(CACHE_ROOT, `e2b-${key}`);
   const python = path.join(dir, "bin", "python");
-  await mkdir(CACHE_ROOT, { recursive: true, mode: 0o755 });
-  const lock = await waitForLock(dir);
-  try {
+  await lockedCacheDir(path.basename(dir), async () => {
     const installedAt = await stat(path.join(dir, STAMP)).then(
       (s) => s.mtimeMs,
       () => undefined,
@@ -54,9 +52,7 @@ export async function e2bPythonVenv(): Promise<PythonVenv> {
       await run(python, ["-m", "pip", "install", "--quiet", "--upgrade", "-r", requirements]);
       await writeFile(path.join(dir, STAMP), `${new Date().toISOString()}\n`);
     }
-  } finally {
-    await lock.release();
-  }
+  });
   const { stdout } = await run(python, [
     "-m",
     "pip",
@@ -72,6 +68,24 @@ export async function e2bPythonVenv(): Promise<PythonVenv> {
   );
   return { dir, python, versions };
 }
+
+/**
+ * Runs `fill(dir)` for the cache directory `name` (under the venvs' cache root) while holding its lock, so
+ * concurrent test processes wait for the one filling it.
+ */
+export async function lockedCacheDir<T>(name: string, fill: (dir: string) => Promise<T>): Promise<T> {
+  const dir = path.join(CACHE_ROOT, name);
+  await mkdir(CACHE_ROOT, { recursive: true, mode: 0o755 });
+  const lock = await waitForLock(dir);
+  try {
+    return await fill(dir);
+  } finally {
+    await lock.release();
+  }
+}
+
+/** Runs a Python program (a venv's pip, say), failing with its output. */
+export const runPython = (python: string, args: string[]) => run(python, args);
 
 async function run(file: string, args: string[]) {
   try {

@@ -36,13 +36,17 @@ const MACHINE_FINGERPRINT = restoreCompatibilityKey({
 
 const SHARED_ROOT = process.env.FORKD_TEST_SNAPSHOTS ?? "/var/tmp/forkd-test-snapshots";
 
-/** Puts a ready snapshot of `template` at `<home>/snapshots/<tag>` and returns the tag. */
+/**
+ * Puts a ready snapshot of `template` (a name, or a template file's path with `tag` given) at
+ * `<home>/snapshots/<tag>` and returns the tag.
+ */
 export async function linkSharedSnapshot(
   homeDir: string,
   template: string,
   tag = `shared-${template}`,
 ): Promise<string> {
-  const image = await buildImage(await loadTemplate(template), {});
+  const templateFiles = template.includes("/");
+  const image = await buildImage(await loadTemplate(template, { allowFiles: templateFiles }), {});
   const key = createHash("sha256")
     .update(
       JSON.stringify([image.hash, guestRuntimeCmdline("tcg"), MANIFEST_FORMAT, MACHINE_FINGERPRINT, tag]),
@@ -58,7 +62,7 @@ export async function linkSharedSnapshot(
     try {
       if (!(await store.exists(tag))) {
         await rm(sharedHome, { recursive: true, force: true });
-        await createSnapshot(sharedPaths, { tag, template });
+        await createSnapshot(sharedPaths, { tag, template, templateFiles });
       }
     } finally {
       await lock.release();

@@ -35,6 +35,8 @@ SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored between cell
 """
 
 import ast
+import importlib.abc
+import importlib.util
 import base64
 import builtins
 import io
@@ -328,6 +330,39 @@ def show_figures(cell):
     pyplot.close("all")
 
 
+INLINE_BACKEND = "forkd_inline"
+
+
+def install_inline_backend():
+    """matplotlib's backend in the worker (MPLBACKEND=module://forkd_inline): Agg's canvas, rendering off-screen,
+    and a show() that displays the open figures as outputs of the running cell and closes them, as Jupyter's
+    inline backend does for plt.show() (Agg's own show() only warns that it cannot show). The module is made by
+    an import hook when matplotlib first loads its backend, so the worker imports no matplotlib before a cell
+    does."""
+
+    def show(*_args, **_kwargs):
+        if State.cell is not None and State.cell.streaming:
+            show_figures(State.cell)
+
+    class InlineBackend(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, _path=None, _target=None):
+            return importlib.util.spec_from_loader(name, self) if name == INLINE_BACKEND else None
+
+        def create_module(self, _spec):
+            return None
+
+        def exec_module(self, module):
+            from matplotlib.backend_bases import FigureManagerBase  # noqa: PLC0415 - matplotlib is loading it
+            from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+
+            module.FigureCanvas = FigureCanvasAgg
+            module.FigureManager = FigureManagerBase
+            module.show = show
+
+    sys.meta_path.append(InlineBackend())
+    os.environ.setdefault("MPLBACKEND", f"module://{INLINE_BACKEND}")
+
+
 def figure_chart(figure):
     """E2B's chart data for a figure (what its code interpreter adds), when the image has the e2b_charts package."""
     try:
@@ -550,8 +585,8 @@ def prime():
 def main():
     os.set_inheritable(CHANNEL, False)  # processes the cells spawn must not see the agent's channel
     builtins.display = display
-    # Figures render off-screen and are shown at the end of their cell, as Jupyter's inline backend does.
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    # Figures render off-screen and are shown by plt.show() or at the end of their cell, as in Jupyter.
+    install_inline_backend()
     signal.signal(signal.SIGINT, on_sigint)
     prime()
     send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})

@@ -69,6 +69,21 @@ async def sbx(api, sync_sandbox, async_sandbox_id):
     return await AsyncSandbox.connect(async_sandbox_id)
 
 
+@pytest.fixture(scope="session")
+def interpreter_sandbox_id():
+    """A sandbox of the interpreter tests' template (test/e2b/code-interpreter: matplotlib, e2b_charts, Node.js)."""
+    sandbox = Sandbox.create(template=os.environ["FORKD_TEST_INTERPRETER_TEMPLATE"], **create_options("interpreter"))
+    yield sandbox.sandbox_id
+    Sandbox.kill(sandbox.sandbox_id)
+
+
+@pytest.fixture
+async def interpreter(api, interpreter_sandbox_id):
+    if api == "sync":
+        return Sandbox.connect(interpreter_sandbox_id)
+    return await AsyncSandbox.connect(interpreter_sandbox_id)
+
+
 @pytest.fixture
 def cls(api):
     """The sandbox class of the API under test (for its class methods: list, kill, fork, ...)."""

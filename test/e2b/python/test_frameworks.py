@@ -74,6 +74,58 @@ def test_smolagents_code_agent_runs_its_tool_loop_in_an_e2b_sandbox():
     assert "ZeroDivisionError" in script.prompts[2], "the sandbox's error reached the agent"
 
 
+def test_haystack_agent_runs_e2b_tools_in_a_sandbox():
+    """Haystack's Agent with e2b-haystack's toolset (its own sandbox, made by the toolset's warm_up): write a
+    file, run bash on it, fail a command, read the file back, then answer from what the tools returned."""
+    from haystack import component
+    from haystack.components.agents import Agent
+    from haystack.dataclasses import ChatMessage, ToolCall
+    from haystack_integrations.tools.e2b import E2BToolset
+
+    notes = "/home/user/notes.txt"
+    calls = [
+        ("write_file", {"path": notes, "content": "forkd runs haystack tools\n"}),
+        ("run_bash_command", {"command": f"wc -w < {notes}; hostname; id -un"}),
+        ("run_bash_command", {"command": "cat /no/such/file"}),
+        ("read_file", {"path": notes}),
+        ("list_directory", {"path": "/home/user"}),
+    ]
+    script = Scripted(
+        [ChatMessage.from_assistant(tool_calls=[ToolCall(tool_name=name, arguments=args)]) for name, args in calls]
+        + [ChatMessage.from_assistant(text="done")]
+    )
+
+    def shown(message):
+        result = message.tool_call_result
+        return result.result if result is not None else (message.text or "")
+
+    @component
+    class ScriptedChatGenerator:
+        @component.output_types(replies=list[ChatMessage])
+        def run(self, messages: list[ChatMessage], tools=None, **kwargs):
+            return {"replies": [script.next("\n".join(shown(m) for m in messages))]}
+
+    toolset = E2BToolset(timeout=600)
+    agent = Agent(chat_generator=ScriptedChatGenerator(), tools=toolset, max_agent_steps=10)
+    try:
+        agent.warm_up()
+        result = agent.run(messages=[ChatMessage.from_user("How many words are in the notes?")])
+    finally:
+        toolset.close()
+    assert script.replies == [], "every scripted step ran"
+    outputs = [shown(m) for m in result["messages"] if m.tool_call_result is not None]
+    assert len(outputs) == len(calls), outputs
+    assert not any(m.tool_call_result.error for m in result["messages"] if m.tool_call_result is not None)
+    ran = outputs[1]
+    assert "exit_code: 0" in ran and "\n4\n" in ran, ran
+    assert re.search(r"\nsb-[0-9a-f]{12}\n", ran) and "\nuser\n" in ran, "ran in a forkd sandbox as E2B's user"
+    assert "exit_code: 1" in outputs[2] and "No such file" in outputs[2], "the failure reached the agent"
+    assert "forkd runs haystack tools" in outputs[3]
+    assert "notes.txt" in outputs[4]
+    assert "No such file" in script.prompts[-1], "the model was shown every tool's output"
+    assert result["messages"][-1].text == "done"
+
+
 def test_examples_agent_py_runs_unchanged():
     """examples/e2b/agent.py, configured by the three variables only (the environment pytest runs in)."""
     done = subprocess.run(
