@@ -3,7 +3,8 @@
 # (sandbox networks), Go (the guest agent and the sandbox launcher are static Go binaries built from src/ with
 # the standard library only), a C compiler (the small library confined QEMUs preload, src/isolation/ro-ram),
 # and the npm dependencies; plus what the Python SDK's tests use (python3-venv and python3-wheel to build and
-# install its wheel with no index, mypy to type-check it), and Chromium (the web console's browser tests drive
+# install its wheel with no index, mypy to type-check it) and the venv the Python E2B tests run in (the newest
+# E2B SDKs and agent frameworks, installed with the machine's own pip configuration), and Chromium (the web console's browser tests drive
 # Debian's chromium through playwright-core; no browser download). Then the identity sandboxed QEMUs run under:
 # a system user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so
 # no other account is ever given those ids (the daemon does the same at start if it is missing), and the forkd
@@ -53,4 +54,6 @@ fi
 packaging/accounts.sh
 npm ci --no-audit --no-fund
 npm run build
+# The Python E2B tests' venv and wheels, with the machine's own pip configuration (scripts/python-test-deps.mjs).
+node scripts/python-test-deps.mjs
 scripts/k8s-tools.sh build >/dev/null
