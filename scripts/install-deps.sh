@@ -6,12 +6,15 @@
 # install its wheel with no index, mypy to type-check it), and Chromium (the web console's browser tests drive
 # Debian's chromium through playwright-core; no browser download). Then the identity sandboxed QEMUs run under:
 # a system user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so
-# no other account is ever given those ids (the daemon does the same at start if it is missing). Uses the
-# machine's own apt and npm configuration. Safe to run again.
+# no other account is ever given those ids (the daemon does the same at start if it is missing); and the range
+# image build steps run in, unprivileged (root of their user namespace only): forkd-build with 65536 ids from
+# FORKD_BUILD_UID_BASE (default 1900000000), made the same way. Uses the machine's own apt and npm
+# configuration. Safe to run again.
 #
 # Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
 # bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
-# docker-registry on a loopback port of their own.
+# docker-registry on a loopback port of their own. python3-pip: a networked build step reaches the host's
+# configured package indexes, and pip says which are its (its configuration and its default index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -24,7 +27,7 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
   gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium \
-  skopeo umoci bubblewrap buildah docker-registry >/dev/null
+  skopeo umoci bubblewrap buildah docker-registry python3-pip >/dev/null
 # The package starts a registry service on :5000; forkd's tests run their own and need no service.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
@@ -40,6 +43,17 @@ fi
 if ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subuid 2>/dev/null ||
   ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subgid 2>/dev/null; then
   usermod --add-subuids "$vm_range" --add-subgids "$vm_range" forkd-vm
+fi
+# Build steps' ids: root of their user namespace is FORKD_BUILD_UID_BASE on the host (never an account's).
+build_base="${FORKD_BUILD_UID_BASE:-1900000000}"
+build_range="${build_base}-$((build_base + 65536 - 1))"
+if ! getent passwd forkd-build >/dev/null; then
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+    --comment "forkd reserves the uid range build steps run as" forkd-build
+fi
+if ! grep -qx "forkd-build:${build_base}:65536" /etc/subuid 2>/dev/null ||
+  ! grep -qx "forkd-build:${build_base}:65536" /etc/subgid 2>/dev/null; then
+  usermod --add-subuids "$build_range" --add-subgids "$build_range" forkd-build
 fi
 npm ci --no-audit --no-fund
 npm run build
