@@ -9,7 +9,13 @@ import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { E2bSettings } from "../e2b/index.js";
-import { buildApi, type DaemonServices } from "./app.js";
+import {
+  type ApiOptions,
+  buildApi,
+  type DaemonServices,
+  type RegisteredRoute,
+  registeredRoutes,
+} from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
@@ -68,6 +74,8 @@ export interface DaemonConfig {
 export interface RunningDaemon {
   /** Where it listens: "unix:/run/forkd/forkd.sock", "http://127.0.0.1:8889", ... */
   urls: string[];
+  /** The routes each listener serves (by its url), as registered: what the route-walking tenancy test walks. */
+  routes(url: string): RegisteredRoute[];
   /** Drains and closes everything; idempotent. */
   stop(reason: string): Promise<void>;
   reopenAuditLog(): void;
@@ -126,9 +134,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
   let extensions: ApiExtension[] = [];
   const closeExtensions = () =>
     Promise.allSettled(extensions.map((extension) => extension.close?.())).then(() => {});
-  const closeAll = async () => {
-    await closeExtensions();
-    await Promise.allSettled(apps.map((app) => app.close()));
+  const closeServices = async () => {
     await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
     await audit?.close();
   };
@@ -141,7 +147,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     extensions = (config.extensions ?? []).map((make) =>
       make({ services, metrics, snapshotsDir: config.snapshotsDir, logger }),
     );
-    const common = {
+    const common: ListenerOptions = {
       extensions,
       services,
       snapshotsDir: config.snapshotsDir,
@@ -154,46 +160,12 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       e2b: config.e2b,
       daemonTokens: checked.tokens,
     };
-    const urls: string[] = [];
-    if (config.socketPath !== null) {
-      const app = await buildApi({ ...common, transport: "unix" });
-      apps.push(app);
-      await listenUnix(app, config.socketPath, config.socketGroup);
-      urls.push(`unix:${config.socketPath}`);
-    }
-    if (checked.tcp) {
-      const app = await buildApi({
-        ...common,
-        transport: "tcp",
-        tokens: checked.tokens,
-        https: checked.https,
-        origin: {
-          bindHost: checked.tcp.host,
-          allowedHosts: config.allowedHosts,
-          allowedOrigins: config.allowedOrigins,
-        },
-      });
-      apps.push(app);
-      await listenTcp(app, checked.tcp);
-      const bound = app.server.address();
-      const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
-      const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
-      urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
-      if (!checked.https && !isLoopbackHost(checked.tcp.host)) {
-        logger.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
-      }
-    }
+    const urls = await startListeners(config, checked, common, apps);
     let stopping: Promise<void> | undefined;
     const stop = (reason: string) => {
-      stopping ??= drainAndClose(
-        apps,
-        closeExtensions,
-        config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS,
-        logger,
-        reason,
-      ).then(async () => {
-        await services.close().catch((err: unknown) => logger.error({ err }, "closing the services failed"));
-        await audit?.close();
+      const drainMs = config.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS;
+      stopping ??= drainAndClose(apps, closeExtensions, drainMs, logger, reason).then(async () => {
+        await closeServices();
         logger.info("forkd daemon stopped");
       });
       return stopping;
@@ -201,6 +173,11 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     logger.info({ urls, version: FORKD_VERSION, audit: audit?.file ?? null }, "forkd daemon listening");
     return {
       urls,
+      routes: (url) => {
+        const app = apps[urls.indexOf(url)];
+        if (app === undefined) throw new Error(`no listener at ${url} (listening at ${urls.join(", ")})`);
+        return registeredRoutes(app);
+      },
       stop,
       reopenAuditLog: () => {
         audit?.reopen();
@@ -209,9 +186,53 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       logger,
     };
   } catch (err) {
-    await closeAll();
+    await closeExtensions();
+    await Promise.allSettled(apps.map((app) => app.close()));
+    await closeServices();
     throw err;
   }
+}
+
+/** What every listener's API shares (ApiOptions less what differs per listener). */
+type ListenerOptions = Omit<ApiOptions, "transport" | "tokens" | "https" | "origin">;
+
+/** The Unix socket and the TCP listener the config asks for; each app is pushed to `apps` once it exists. */
+async function startListeners(
+  config: DaemonConfig,
+  checked: CheckedConfig,
+  common: ListenerOptions,
+  apps: FastifyInstance[],
+): Promise<string[]> {
+  const urls: string[] = [];
+  if (config.socketPath !== null) {
+    const app = await buildApi({ ...common, transport: "unix" });
+    apps.push(app);
+    await listenUnix(app, config.socketPath, config.socketGroup);
+    urls.push(`unix:${config.socketPath}`);
+  }
+  if (checked.tcp) {
+    const app = await buildApi({
+      ...common,
+      transport: "tcp",
+      tokens: checked.tokens,
+      https: checked.https,
+      origin: {
+        bindHost: checked.tcp.host,
+        allowedHosts: config.allowedHosts,
+        allowedOrigins: config.allowedOrigins,
+      },
+    });
+    apps.push(app);
+    await listenTcp(app, checked.tcp);
+    const bound = app.server.address();
+    const port = typeof bound === "object" && bound ? bound.port : checked.tcp.port;
+    const host = checked.tcp.host.includes(":") ? `[${checked.tcp.host}]` : checked.tcp.host;
+    urls.push(`${checked.https ? "https" : "http"}://${host}:${port}`);
+    if (!checked.https && !isLoopbackHost(checked.tcp.host)) {
+      common.logger?.warn("TCP listener without TLS: bearer tokens cross the network in clear text");
+    }
+  }
+  return urls;
 }
 
 async function drainAndClose(

@@ -30,29 +30,33 @@ export function createMetrics(
 ): DaemonMetrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: "forkd_daemon_" });
-
   new Gauge({
     name: "forkd_build_info",
     help: "Build of the daemon; always 1, the labels carry the version.",
     labelNames: ["version", "api"],
     registers: [registry],
   }).set({ version: build.version, api: "v1" }, 1);
+  registerSandboxGauges(registry, services.sandboxes);
+  registerSnapshotGauges(registry, services.snapshots);
+  return { registry, ...spawnHistograms(registry), ...requestMetrics(registry) };
+}
 
+/** Sandboxes and BRANCHes now, and each sandbox's host memory: read from the services at scrape time. */
+function registerSandboxGauges(registry: Registry, sandboxes: SandboxService): void {
   new Gauge({
     name: "forkd_sandboxes_active",
     help: "Sandboxes starting or running.",
     registers: [registry],
     collect() {
-      this.set(activeSandboxes(services.sandboxes).length);
+      this.set(activeSandboxes(sandboxes).length);
     },
   });
-
   new Gauge({
     name: "forkd_branches_in_flight",
     help: "BRANCHes admitted and not yet answered (the v0.5 name).",
     registers: [registry],
     collect() {
-      this.set(services.sandboxes.branchLoad().inFlight);
+      this.set(sandboxes.branchLoad().inFlight);
     },
   });
   new Gauge({
@@ -60,10 +64,9 @@ export function createMetrics(
     help: "BRANCHes allowed in flight at once; more are answered 503 (--branch-concurrency; the v0.5 name).",
     registers: [registry],
     collect() {
-      this.set(services.sandboxes.branchLoad().cap);
+      this.set(sandboxes.branchLoad().cap);
     },
   });
-
   new Gauge({
     name: "forkd_sandbox_memory_bytes",
     help:
@@ -73,8 +76,8 @@ export function createMetrics(
     registers: [registry],
     async collect() {
       this.reset();
-      const tags = new Map(activeSandboxes(services.sandboxes).map((sb) => [sb.id, sb.snapshot_tag]));
-      for (const usage of await services.sandboxes.usage().catch(() => [])) {
+      const tags = new Map(activeSandboxes(sandboxes).map((sb) => [sb.id, sb.snapshot_tag]));
+      for (const usage of await sandboxes.usage().catch(() => [])) {
         const snapshot_tag = tags.get(usage.id);
         if (snapshot_tag === undefined) continue;
         this.set({ id: usage.id, snapshot_tag, kind: "rss" }, usage.rss_bytes);
@@ -83,7 +86,10 @@ export function createMetrics(
       }
     },
   });
+}
 
+/** Snapshots and their bytes, read at scrape time. */
+function registerSnapshotGauges(registry: Registry, snapshots: SnapshotService): void {
   new Gauge({
     name: "forkd_snapshot_bytes",
     help: "Bytes of each snapshot's files.",
@@ -91,8 +97,7 @@ export function createMetrics(
     registers: [registry],
     async collect() {
       this.reset();
-      for (const snap of await services.snapshots.list().catch(() => []))
-        this.set({ tag: snap.tag }, snap.bytes);
+      for (const snap of await snapshots.list().catch(() => [])) this.set({ tag: snap.tag }, snap.bytes);
     },
   });
   new Gauge({
@@ -100,10 +105,15 @@ export function createMetrics(
     help: "Snapshots known to the daemon (a gauge; the name is forkd v0.5's).",
     registers: [registry],
     async collect() {
-      this.set((await services.snapshots.list().catch(() => [])).length);
+      this.set((await snapshots.list().catch(() => [])).length);
     },
   });
+}
 
+/** Spawn and readiness times, fed by the controller's spawn observer (every face's spawns). */
+function spawnHistograms(
+  registry: Registry,
+): Pick<DaemonMetrics, "spawnDuration" | "sandboxReady" | "spawns"> {
   const spawnDuration = new Histogram({
     name: "forkd_spawn_duration_seconds",
     help:
@@ -120,13 +130,20 @@ export function createMetrics(
     registers: [registry],
   });
   return {
-    registry,
     spawnDuration,
     sandboxReady,
     spawns: {
       spawnEnded: (outcome, seconds) => spawnDuration.observe({ outcome }, seconds),
       sandboxReady: (readyMs) => sandboxReady.observe(readyMs / 1000),
     },
+  };
+}
+
+/** Exec times and the requests and errors by route, kept by the API's handlers and hooks. */
+function requestMetrics(
+  registry: Registry,
+): Pick<DaemonMetrics, "execDuration" | "httpRequests" | "httpErrors"> {
+  return {
     execDuration: new Histogram({
       name: "forkd_exec_duration_seconds",
       help: "exec / exec_stream / eval, request to result.",

@@ -617,7 +617,7 @@ export interface SnapshotService {
     owner?: string | null;
     signal?: AbortSignal;
   }): Promise<SnapshotInfo>;
-  /** A pack of the chain ending at `tag` (snapshots/packs.ts), as a file the caller sends and then disposes of. */
+  /** A pack of the chain ending at `tag` (snapshots/pack.ts), as a file the caller sends and then disposes of. */
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
@@ -664,7 +664,7 @@ export interface UnpackRequest {
   signal?: AbortSignal;
 }
 
-/** What a pack of a chain holds (snapshots/packs.ts). */
+/** What a pack of a chain holds (snapshots/pack.ts). */
 export interface PackResult {
   out: string;
   /** Root first. */
@@ -677,7 +677,7 @@ export interface PackResult {
   ms: number;
 }
 
-/** What an unpack (or a registry pull) installed (snapshots/packs.ts). */
+/** What an unpack (or a registry pull) installed (snapshots/unpack.ts). */
 export interface UnpackResult {
   head: string;
   /** Root first, as installed. */

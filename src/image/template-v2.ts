@@ -5,6 +5,8 @@
  * host paths inside the template's directory) are checked by `checkV2`, which reports every problem at once.
  */
 import { Type } from "@sinclair/typebox";
+import { TAG_PATTERN } from "../common/limits.js";
+import { IMAGE_REFERENCE } from "../common/names.js";
 import {
   describeValue,
   ENV_NAME,
@@ -12,6 +14,9 @@ import {
   isNormalizedGuestPath,
   resolveTemplatePath,
 } from "./template-fields.js";
+
+/** Declared with the other names in src/common (cluster objects carry references too). */
+export { IMAGE_REFERENCE };
 
 export type ImageSource =
   | { kind: "debian"; suite: string }
@@ -83,12 +88,6 @@ export const V2_LIMITS = {
 
 /** A Debian codename (the only suite the host's own apt sources serve is the host's). */
 const SUITE_PATTERN = "^[a-z][a-z0-9-]{1,31}$";
-/**
- * An image reference as registries spell it: [host[:port]/]path[:tag][@sha256:digest]. Lowercase path
- * components, never starting with '-' (it becomes a command-line argument of skopeo).
- */
-export const IMAGE_REFERENCE =
-  /^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*(?::[0-9]{1,5})?\/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$/;
 /** A tag or name inside an OCI layout or archive (`org.opencontainers.image.ref.name`, or name:tag). */
 const LOCAL_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$";
 /** A user as `user` steps and commands may name it: a name of the image's passwd, or uid[:gid]. */
@@ -132,9 +131,7 @@ export const DockerfileSchema = Type.Object(
     file: Type.Optional(relativePath("path of a Dockerfile")),
     context: Type.Optional(relativePath("directory (the build context)")),
     args: Type.Optional(envTable),
-    target: Type.Optional(
-      Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", rule: "must be a stage name" }),
-    ),
+    target: Type.Optional(Type.String({ pattern: TAG_PATTERN, rule: "must be a stage name" })),
     network: Type.Optional(Type.Boolean({ rule: "must be true or false" })),
   },
   { additionalProperties: false, rule: "must be a table with file, context, args, target, network" },

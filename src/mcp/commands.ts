@@ -51,6 +51,14 @@ interface Running {
   done: boolean;
 }
 
+/** A command as it was started: when, the tail of its output, its outcome, whether the awaited text showed. */
+interface Started {
+  started: number;
+  output: { stdout: string; stderr: string };
+  exit: Promise<CommandOutcome>;
+  found: Promise<boolean>;
+}
+
 export class CommandRunner {
   private readonly background = new Map<string, Running>();
   private next = 1;
@@ -63,8 +71,15 @@ export class CommandRunner {
         `${MAX_BACKGROUND_COMMANDS} background commands are running in this session; stop one (stop_command) first`,
       );
     }
-    const started = performance.now();
     const abort = new AbortController();
+    const command = this.start(request, abort);
+    if (request.waitForText === undefined) return command.exit;
+    return this.untilText(request, command, abort);
+  }
+
+  /** Starts the command: the tail of its output as it comes, its outcome, and whether the awaited text showed. */
+  private start(request: RunRequest, abort: AbortController): Started {
+    const started = performance.now();
     const signal = request.signal ? AbortSignal.any([request.signal, abort.signal]) : abort.signal;
     const output = { stdout: "", stderr: "" };
     const decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
@@ -107,8 +122,19 @@ export class CommandRunner {
       }
     })();
     exit.catch(() => resolveFound(false));
-    if (wanted === undefined) return exit;
+    return { started, output, exit, found };
+  }
 
+  /**
+   * Waits for the text (within the timeout): found, the command keeps running in the background under an id;
+   * not found in time, it is stopped; ended first, its outcome.
+   */
+  private async untilText(
+    request: RunRequest,
+    command: Started,
+    abort: AbortController,
+  ): Promise<CommandOutcome> {
+    const { started, output, exit, found } = command;
     const deadline =
       request.timeoutSecs === 0
         ? undefined
@@ -127,14 +153,10 @@ export class CommandRunner {
         stop: () => abort.abort(new Error("stopped")),
         done: false,
       };
-      exit.then(
-        () => {
-          running.done = true;
-        },
-        () => {
-          running.done = true;
-        },
-      );
+      const ended = () => {
+        running.done = true;
+      };
+      exit.then(ended, ended);
       this.background.set(id, running);
       return {
         stdout: output.stdout,

@@ -9,6 +9,7 @@ import { readFile } from "node:fs/promises";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { MIN_TOKEN_BYTES } from "../common/limits.js";
 import type { Controller } from "../sdk/index.js";
 import { createMcpSession, type ForkdMcpSession } from "./server.js";
 
@@ -20,7 +21,6 @@ export const MAX_BODY_BYTES = 4 * 1024 * 1024;
 export const MAX_SESSIONS = 64;
 /** A session nobody used for this long is closed (its background commands stopped). */
 export const SESSION_IDLE_MS = 30 * 60_000;
-export const MIN_TOKEN_CHARS = 16;
 
 export interface HttpOptions {
   host: string;
@@ -46,7 +46,7 @@ export function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
-/** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_CHARS without whitespace. */
+/** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_BYTES without whitespace. */
 export async function loadTokens(file: string): Promise<string[]> {
   const text = await readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
@@ -61,9 +61,9 @@ export async function loadTokens(file: string): Promise<string[]> {
 }
 
 export function checkToken(token: string, source: string): void {
-  if (token.length < MIN_TOKEN_CHARS || /\s/.test(token)) {
+  if (token.length < MIN_TOKEN_BYTES || /\s/.test(token)) {
     throw new Error(
-      `a token from ${source} is shorter than ${MIN_TOKEN_CHARS} characters or contains whitespace`,
+      `a token from ${source} is shorter than ${MIN_TOKEN_BYTES} characters or contains whitespace`,
     );
   }
 }
@@ -71,91 +71,18 @@ export function checkToken(token: string, source: string): void {
 export async function serveHttp(options: HttpOptions): Promise<RunningHttp> {
   if (options.tokens.length === 0) throw new Error("the MCP HTTP transport needs a token");
   for (const token of options.tokens) checkToken(token, "the token option");
-  const digests = options.tokens.map(digest);
   const log = options.log ?? (() => {});
-  const sessions = new Map<string, Session>();
-  const loopback = isLoopback(options.host);
-  let port = options.port;
-
-  const authorized = (request: IncomingMessage): boolean => {
-    const header = request.headers.authorization ?? "";
-    const match = /^Bearer ([^\s]+)$/.exec(header);
-    if (!match) return false;
-    const presented = digest(match[1] as string);
-    // Every configured token is compared, in constant time, whatever matched first.
-    return digests.map((d) => timingSafeEqual(d, presented)).includes(true);
-  };
-  const allowedHost = (request: IncomingMessage): boolean => {
-    if (!loopback) return true;
-    const names = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `${options.host}:${port}`];
-    const origin = request.headers.origin;
-    const originOk = origin === undefined || names.some((n) => origin === `http://${n}`);
-    return names.includes(request.headers.host ?? "") && originOk;
-  };
-
-  const handle = async (request: IncomingMessage, response: ServerResponse) => {
-    const url = new URL(request.url ?? "/", "http://mcp.invalid");
-    if (url.pathname !== MCP_PATH)
-      return jsonError(response, 404, `no such path; MCP is served at ${MCP_PATH}`);
-    if (!allowedHost(request)) return jsonError(response, 403, "Host/Origin must name the loopback address");
-    if (!authorized(request)) {
-      response.setHeader("WWW-Authenticate", 'Bearer realm="forkd-mcp"');
-      return jsonError(response, 401, "missing or invalid bearer token (Authorization: Bearer <token>)");
-    }
-    const sessionId = headerValue(request.headers["mcp-session-id"]);
-    const existing = sessionId === undefined ? undefined : sessions.get(sessionId);
-    if (existing) {
-      existing.lastUsed = Date.now();
-      const body = request.method === "POST" ? await readJson(request, response) : undefined;
-      if (body === REFUSED) return;
-      await existing.transport.handleRequest(request, response, body);
-      return;
-    }
-    if (sessionId !== undefined)
-      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
-    if (request.method !== "POST")
-      return jsonError(response, 400, "no session: send an initialize request first");
-    const body = await readJson(request, response);
-    if (body === REFUSED) return;
-    if (!isInitializeRequest(body))
-      return jsonError(response, 400, "no session: send an initialize request first");
-    if (sessions.size >= MAX_SESSIONS)
-      return jsonError(response, 503, `${MAX_SESSIONS} MCP sessions are open; retry later`);
-    const mcp = createMcpSession(options.controller);
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
-      sessionIdGenerator: () => randomUUID(),
-      onsessioninitialized: (id) => {
-        sessions.set(id, { transport, mcp, lastUsed: Date.now() });
-        log(`MCP session ${id} opened`);
-      },
-    });
-    transport.onclose = () => {
-      const id = transport.sessionId;
-      if (id !== undefined && sessions.delete(id)) {
-        log(`MCP session ${id} closed`);
-        void mcp.close();
-      }
-    };
-    await mcp.server.connect(transport);
-    await transport.handleRequest(request, response, body);
-  };
-
+  const listener = new McpListener(options, log);
   const server = http.createServer((request, response) => {
-    handle(request, response).catch((err: unknown) => {
+    listener.handle(request, response).catch((err: unknown) => {
       log(`MCP request failed: ${err instanceof Error ? err.message : String(err)}`);
       if (!response.headersSent) jsonError(response, 500, "internal error");
       else response.destroy();
     });
   });
   server.headersTimeout = 30_000;
-  server.requestTimeout = 0; // streamed responses (SSE) stay open; idle sessions are closed below
-  const sweeper = setInterval(() => {
-    const now = Date.now();
-    for (const [id, session] of sessions) {
-      if (now - session.lastUsed > SESSION_IDLE_MS)
-        void session.transport.close().catch(() => sessions.delete(id));
-    }
-  }, 60_000);
+  server.requestTimeout = 0; // streamed responses (SSE) stay open; idle sessions are closed by the sweeper
+  const sweeper = setInterval(() => listener.closeIdle(), 60_000);
   sweeper.unref();
 
   await new Promise<void>((resolve, reject) => {
@@ -166,24 +93,126 @@ export async function serveHttp(options: HttpOptions): Promise<RunningHttp> {
     });
   });
   const address = server.address();
-  if (address !== null && typeof address === "object") port = address.port;
+  if (address !== null && typeof address === "object") listener.port = address.port;
   const shownHost = options.host.includes(":") ? `[${options.host}]` : options.host;
   return {
-    url: `http://${shownHost}:${port}${MCP_PATH}`,
+    url: `http://${shownHost}:${listener.port}${MCP_PATH}`,
     close: async () => {
       clearInterval(sweeper);
-      const open = [...sessions.values()];
-      sessions.clear();
-      await Promise.all(
-        open.map(async (s) => {
-          await s.transport.close().catch(() => {});
-          await s.mcp.close().catch(() => {});
-        }),
-      );
+      await listener.closeAll();
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/** One listener's requests: the path, Host/Origin and token checks, and its sessions. */
+class McpListener {
+  private readonly sessions = new Map<string, Session>();
+  private readonly digests: Buffer[];
+  private readonly loopback: boolean;
+  /** The bound port (the option's, until listening on port 0 tells the real one). */
+  port: number;
+
+  constructor(
+    private readonly options: HttpOptions,
+    private readonly log: (line: string) => void,
+  ) {
+    this.digests = options.tokens.map(digest);
+    this.loopback = isLoopback(options.host);
+    this.port = options.port;
+  }
+
+  async handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
+    const url = new URL(request.url ?? "/", "http://mcp.invalid");
+    if (url.pathname !== MCP_PATH)
+      return jsonError(response, 404, `no such path; MCP is served at ${MCP_PATH}`);
+    if (!this.allowedHost(request))
+      return jsonError(response, 403, "Host/Origin must name the loopback address");
+    if (!this.authorized(request)) {
+      response.setHeader("WWW-Authenticate", 'Bearer realm="forkd-mcp"');
+      return jsonError(response, 401, "missing or invalid bearer token (Authorization: Bearer <token>)");
+    }
+    const sessionId = headerValue(request.headers["mcp-session-id"]);
+    const existing = sessionId === undefined ? undefined : this.sessions.get(sessionId);
+    if (existing) {
+      existing.lastUsed = Date.now();
+      const body = request.method === "POST" ? await readJson(request, response) : undefined;
+      if (body === REFUSED) return;
+      await existing.transport.handleRequest(request, response, body);
+      return;
+    }
+    if (sessionId !== undefined)
+      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
+    await this.open(request, response);
+  }
+
+  /** Closes sessions nobody used for SESSION_IDLE_MS (their background commands stop). */
+  closeIdle(): void {
+    const now = Date.now();
+    for (const [id, session] of this.sessions) {
+      if (now - session.lastUsed > SESSION_IDLE_MS)
+        void session.transport.close().catch(() => this.sessions.delete(id));
+    }
+  }
+
+  async closeAll(): Promise<void> {
+    const open = [...this.sessions.values()];
+    this.sessions.clear();
+    await Promise.all(
+      open.map(async (s) => {
+        await s.transport.close().catch(() => {});
+        await s.mcp.close().catch(() => {});
+      }),
+    );
+  }
+
+  /** A request without a session: an initialize opens one (within MAX_SESSIONS); anything else is refused. */
+  private async open(request: IncomingMessage, response: ServerResponse): Promise<void> {
+    if (request.method !== "POST")
+      return jsonError(response, 400, "no session: send an initialize request first");
+    const body = await readJson(request, response);
+    if (body === REFUSED) return;
+    if (!isInitializeRequest(body))
+      return jsonError(response, 400, "no session: send an initialize request first");
+    if (this.sessions.size >= MAX_SESSIONS)
+      return jsonError(response, 503, `${MAX_SESSIONS} MCP sessions are open; retry later`);
+    const mcp = createMcpSession(this.options.controller);
+    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: () => randomUUID(),
+      onsessioninitialized: (id) => {
+        this.sessions.set(id, { transport, mcp, lastUsed: Date.now() });
+        this.log(`MCP session ${id} opened`);
+      },
+    });
+    transport.onclose = () => {
+      const id = transport.sessionId;
+      if (id !== undefined && this.sessions.delete(id)) {
+        this.log(`MCP session ${id} closed`);
+        void mcp.close();
+      }
+    };
+    await mcp.server.connect(transport);
+    await transport.handleRequest(request, response, body);
+  }
+
+  private authorized(request: IncomingMessage): boolean {
+    const header = request.headers.authorization ?? "";
+    const match = /^Bearer ([^\s]+)$/.exec(header);
+    if (!match) return false;
+    const presented = digest(match[1] as string);
+    // Every configured token is compared, in constant time, whatever matched first.
+    return this.digests.map((d) => timingSafeEqual(d, presented)).includes(true);
+  }
+
+  private allowedHost(request: IncomingMessage): boolean {
+    if (!this.loopback) return true;
+    const port = this.port;
+    const names = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `${this.options.host}:${port}`];
+    const origin = request.headers.origin;
+    const originOk = origin === undefined || names.some((n) => origin === `http://${n}`);
+    return names.includes(request.headers.host ?? "") && originOk;
+  }
 }
 
 const REFUSED = Symbol("refused");

@@ -14,7 +14,8 @@ import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
 import { verifyImage } from "../../src/controller/machines/restore-plan.js";
-import { packSnapshot, unpackSnapshot } from "../../src/controller/snapshots/packs.js";
+import { packSnapshot } from "../../src/controller/snapshots/pack.js";
+import { unpackSnapshot } from "../../src/controller/snapshots/unpack.js";
 import {
   buildImage,
   importedImagesDir,

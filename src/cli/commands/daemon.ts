@@ -2,22 +2,29 @@
 import { statSync } from "node:fs";
 import path from "node:path";
 import { type Command, InvalidArgumentError } from "commander";
-import pino from "pino";
+import pino, { type Logger } from "pino";
 import { DEFAULT_AUDIT_LOG } from "../../api/audit.js";
-import { DEFAULT_DRAIN_TIMEOUT_MS, describeStartupError, runDaemon } from "../../api/daemon.js";
-import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
+import {
+  type ClosableServices,
+  type DaemonConfig,
+  DEFAULT_DRAIN_TIMEOUT_MS,
+  describeStartupError,
+  runDaemon,
+} from "../../api/daemon.js";
 import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
-import { assertTag } from "../../common/names.js";
-import { resolvePaths } from "../../common/paths.js";
-import { consoleExtension } from "../../console/index.js";
-import { cacheDirs } from "../../controller/machines/restore-plan.js";
 import {
   DEFAULT_DISK_LIMIT_MIB,
+  DEFAULT_SOCKET_PATH,
   MAX_DISK_LIMIT_MIB,
+  MAX_SANDBOX_TIMEOUT_MS,
   MIN_DISK_LIMIT_MIB,
-} from "../../controller/sandboxes/limits.js";
-import { MAX_SANDBOX_TIMEOUT_MS, openServices } from "../../controller/sandboxes/manager.js";
+} from "../../common/limits.js";
+import { assertTag } from "../../common/names.js";
+import { type ForkdPaths, resolvePaths } from "../../common/paths.js";
+import { consoleExtension } from "../../console/index.js";
+import { cacheDirs } from "../../controller/machines/restore-plan.js";
+import { openServices } from "../../controller/sandboxes/manager.js";
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
 import { limitTenants } from "../../controller/tenancy/tenant-view.js";
@@ -28,7 +35,7 @@ import {
   MIN_CONSOLE_LOG_BYTES,
 } from "../../vmm/console-log.js";
 import { EXIT } from "../exit-codes.js";
-import { parseIntOption } from "./fork.js";
+import { parseIntOption } from "../options.js";
 
 const DOMAIN =
   /^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
@@ -73,10 +80,48 @@ interface DaemonOptions {
 }
 
 export function registerDaemon(program: Command): void {
-  program
+  const command = program
     .command("daemon")
     .alias("serve")
-    .description("run the forkd daemon: REST API on a Unix socket (and optionally TCP), owning all sandboxes")
+    .description(
+      "run the forkd daemon: REST API on a Unix socket (and optionally TCP), owning all sandboxes",
+    );
+  for (const add of [
+    listenerOptions,
+    loggingOptions,
+    admissionOptions,
+    snapshotOptions,
+    e2bOptions,
+    networkOptions,
+    confinementOptions,
+  ]) {
+    add(command);
+  }
+  command
+    .addHelpText(
+      "after",
+      "\nConsole: a web console at /console on every listener (TCP: log in with a token; the socket: through a local proxy).\n" +
+        "E2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
+        "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
+        "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
+        "SIGHUP reopens the audit log.\n",
+    )
+    .action(async (opts: DaemonOptions) => {
+      try {
+        await serve(opts);
+        process.exit(EXIT.ok);
+      } catch (err) {
+        process.stderr.write(`forkd daemon: ${describeStartupError(err)}\n`);
+        process.exit(
+          err instanceof ForkdError && err.code === "invalid_argument" ? EXIT.usage : EXIT.failure,
+        );
+      }
+    });
+}
+
+/** Where the daemon listens and who may call it. */
+function listenerOptions(command: Command): void {
+  command
     .option("--socket <path>", "Unix socket to listen on", DEFAULT_SOCKET_PATH)
     .option("--no-socket", "do not listen on a Unix socket (needs --bind)")
     .option("--socket-group <group>", "group allowed to use the socket (mode 0660)")
@@ -104,6 +149,12 @@ export function registerDaemon(program: Command): void {
     )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
+    .option("--no-console", "do not serve the web console at /console (docs/console.md)");
+}
+
+/** The audit log, the daemon's own log, and how it stops. */
+function loggingOptions(command: Command): void {
+  command
     .option("--audit-log <file>", "append-only audit log (reopened on SIGHUP)", DEFAULT_AUDIT_LOG)
     .option("--no-audit-log", "do not write an audit log")
     .option(
@@ -112,8 +163,12 @@ export function registerDaemon(program: Command): void {
       parseIntOption("--drain-timeout-ms", 0, 3_600_000),
       DEFAULT_DRAIN_TIMEOUT_MS,
     )
-    .option("--log-level <level>", "pino log level (trace, debug, info, warn, error)", "info")
-    .option("--no-console", "do not serve the web console at /console (docs/console.md)")
+    .option("--log-level <level>", "pino log level (trace, debug, info, warn, error)", "info");
+}
+
+/** How much the daemon takes on: sandboxes, spawns, memory, lifetimes, BRANCHes, prestarted VMs. */
+function admissionOptions(command: Command): void {
+  command
     .option("--max-sandboxes <n>", "sandboxes alive at once", parseIntOption("--max-sandboxes", 1, 100_000))
     .option(
       "--tenant-max-sandboxes <n>",
@@ -145,7 +200,12 @@ export function registerDaemon(program: Command): void {
       "keep n QEMUs of snapshot tag prestarted for spawns without a network of their own (repeatable)",
       (text: string, pools: WarmPoolTarget[]) => [...pools, parseWarmPoolOption(text)],
       [] as WarmPoolTarget[],
-    )
+    );
+}
+
+/** Where snapshots and images come from, forkd v0.5's state flags among them. */
+function snapshotOptions(command: Command): void {
+  command
     .option(
       "--allow-image-dir <dir>",
       "another image cache whose images forkd v0.5 clients may name by kernel/rootfs path (repeatable)",
@@ -163,7 +223,12 @@ export function registerDaemon(program: Command): void {
     .option(
       "--default-snapshot <tag>",
       "snapshot E2B's default template names (base, code-interpreter-v1) mean (default: pyagent when present)",
-    )
+    );
+}
+
+/** The E2B API's settings. */
+function e2bOptions(command: Command): void {
+  command
     .option(
       "--e2b-domain <domain>",
       "base domain of E2B sandbox host names <port>-<sandboxId>.<domain> (returned to E2B clients)",
@@ -176,7 +241,12 @@ export function registerDaemon(program: Command): void {
     .option(
       "--e2b-private-traffic",
       "every E2B sandbox's ports need its traffic access token (E2B's default is public: anyone who reaches the listener)",
-    )
+    );
+}
+
+/** The sandboxes' networks. */
+function networkOptions(command: Command): void {
+  command
     .option(
       "--egress <allow|deny>",
       "egress of sandboxes whose spawn names no policy (deny: the stricter default for multi-tenant hosts)",
@@ -196,7 +266,12 @@ export function registerDaemon(program: Command): void {
       "--dns-port <port>",
       "the DNS forwarder's port on the bridge (default 53)",
       parseIntOption("--dns-port", 1, 65535),
-    )
+    );
+}
+
+/** How each QEMU is confined and bounded. */
+function confinementOptions(command: Command): void {
+  command
     .option(
       "--confinement <on|off>",
       "confine every QEMU (own uid, no capabilities, mount namespace, seccomp, cgroups); off only to measure it (env FORKD_CONFINEMENT)",
@@ -214,125 +289,105 @@ export function registerDaemon(program: Command): void {
     .option(
       "--no-unprivileged-userfaultfd",
       "never set vm.unprivileged_userfaultfd=1 (live BRANCH of confined sandboxes is then refused)",
-    )
-    .addHelpText(
-      "after",
-      "\nConsole: a web console at /console on every listener (TCP: log in with a token; the socket: through a local proxy).\n" +
-        "E2B: the same listener answers E2B's API (E2B_API_URL=E2B_SANDBOX_URL=<this address>, E2B_API_KEY=<a token>).\n" +
-        "Environment: FORKD_HOME (state, default /var/lib/forkd), FORKD_IMAGE_CACHE.\n" +
-        "Signals: SIGTERM/SIGINT drain and stop (sandboxes keep running and are re-attached on the next start);\n" +
-        "SIGHUP reopens the audit log.\n",
-    )
-    .action(async (opts: DaemonOptions) => {
-      try {
-        if (!Object.hasOwn(pino.levels.values, opts.logLevel)) {
-          throw invalidArgument(
-            `unknown --log-level ${JSON.stringify(opts.logLevel)}: use trace, debug, info, warn or error`,
-          );
-        }
-        const logger = pino(
-          { name: "forkd", level: opts.logLevel },
-          pino.destination({ dest: 2, sync: true }),
-        );
-        // A misspelt crash point must fail here, not silently never fire in a crash-safety test.
-        try {
-          const armed = armCrashPoints();
-          if (armed.length > 0)
-            logger.warn({ crashPoints: armed }, `${CRASH_AT_ENV} is set: this daemon will SIGKILL itself`);
-        } catch (err) {
-          throw invalidArgument(errorMessage(err));
-        }
-        if (opts.egress !== "allow" && opts.egress !== "deny") {
-          throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
-        }
-        const network = {
-          defaultEgress: opts.egress,
-          network: {
-            bridge: opts.netBridge,
-            subnet: opts.netSubnet,
-            dnsUpstreams: opts.dnsUpstream,
-            dnsPort: opts.dnsPort,
-          },
-        } as const;
-        const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
-        if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
-        if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
-          throw invalidArgument(
-            `invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`,
-          );
-        }
-        await runDaemon(
-          {
-            socketPath: opts.socket === false ? null : opts.socket,
-            socketGroup: opts.socketGroup,
-            bind: opts.bind,
-            tokenFile: opts.tokenFile,
-            // E2B clients reach sandboxes as <port>-<id>.<domain>: names of this listener too.
-            allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
-            allowedOrigins: opts.allowedOrigin,
-            maxConnections: opts.maxConnections,
-            tlsCert: opts.tlsCert,
-            tlsKey: opts.tlsKey,
-            auditLog: opts.auditLog === false ? null : opts.auditLog,
-            drainTimeoutMs: opts.drainTimeoutMs,
-            snapshotsDir: paths.snapshots,
-            hostPaths: [
-              { dir: paths.home, name: "$FORKD_HOME" },
-              { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
-              { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
-            ],
-            e2b: {
-              domain: opts.e2bDomain,
-              privateTraffic: opts.e2bPrivateTraffic === true,
-              ...(opts.e2bMaxUploadMib === undefined
-                ? {}
-                : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
-            },
-            extensions: opts.console ? [consoleExtension()] : [],
-            logger,
-          },
-          async () => {
-            const limits = {
-              ...(opts.maxSandboxes === undefined ? {} : { maxSandboxes: opts.maxSandboxes }),
-              ...(opts.maxConcurrentSpawns === undefined
-                ? {}
-                : { maxConcurrentSpawns: opts.maxConcurrentSpawns }),
-              ...(opts.memoryReserveMib === undefined ? {} : { reserveMiB: opts.memoryReserveMib }),
-            };
-            // close() without killing: sandboxes outlive a daemon restart and are re-attached on the next start.
-            const services = await openServices(paths, {
-              limits,
-              confinement:
-                opts.confinement === undefined
-                  ? undefined
-                  : confinementMode({
-                      FORKD_CONFINEMENT: opts.confinement,
-                    }),
-              diskLimitMiB: opts.diskLimitMib,
-              consoleLogBytes: opts.consoleLogKib === undefined ? undefined : opts.consoleLogKib * 1024,
-              allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
-              defaultTimeoutMs: opts.defaultTimeoutMs,
-              branchConcurrency: opts.branchConcurrency,
-              warmPools: opts.warmPool,
-              extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
-              network,
-              log: logger.child({ component: "manager" }),
-              defaultSnapshot: opts.defaultSnapshot,
-            });
-            if (opts.tenantMaxSandboxes !== undefined) {
-              limitTenants(services.sandboxes, { maxSandboxes: opts.tenantMaxSandboxes });
-            }
-            return { ...services, close: () => services.close() };
-          },
-        );
-        process.exit(EXIT.ok);
-      } catch (err) {
-        process.stderr.write(`forkd daemon: ${describeStartupError(err)}\n`);
-        process.exit(
-          err instanceof ForkdError && err.code === "invalid_argument" ? EXIT.usage : EXIT.failure,
-        );
-      }
-    });
+    );
+}
+
+/** Checks the flags, then runs the daemon until SIGTERM/SIGINT. */
+async function serve(opts: DaemonOptions): Promise<void> {
+  if (!Object.hasOwn(pino.levels.values, opts.logLevel)) {
+    throw invalidArgument(
+      `unknown --log-level ${JSON.stringify(opts.logLevel)}: use trace, debug, info, warn or error`,
+    );
+  }
+  const logger = pino({ name: "forkd", level: opts.logLevel }, pino.destination({ dest: 2, sync: true }));
+  // A misspelt crash point must fail here, not silently never fire in a crash-safety test.
+  try {
+    const armed = armCrashPoints();
+    if (armed.length > 0)
+      logger.warn({ crashPoints: armed }, `${CRASH_AT_ENV} is set: this daemon will SIGKILL itself`);
+  } catch (err) {
+    throw invalidArgument(errorMessage(err));
+  }
+  if (opts.egress !== "allow" && opts.egress !== "deny") {
+    throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
+  }
+  const paths = resolvePaths({ ...process.env, ...homeFromV05Flags(opts) });
+  if (opts.defaultSnapshot !== undefined) assertTag(opts.defaultSnapshot, "--default-snapshot");
+  if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
+    throw invalidArgument(`invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`);
+  }
+  await runDaemon(daemonConfig(opts, paths, logger), () => openDaemonServices(opts, paths, logger));
+}
+
+/** The listeners, logs and API settings the flags describe. */
+function daemonConfig(opts: DaemonOptions, paths: ForkdPaths, logger: Logger): DaemonConfig {
+  return {
+    socketPath: opts.socket === false ? null : opts.socket,
+    socketGroup: opts.socketGroup,
+    bind: opts.bind,
+    tokenFile: opts.tokenFile,
+    // E2B clients reach sandboxes as <port>-<id>.<domain>: names of this listener too.
+    allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
+    allowedOrigins: opts.allowedOrigin,
+    maxConnections: opts.maxConnections,
+    tlsCert: opts.tlsCert,
+    tlsKey: opts.tlsKey,
+    auditLog: opts.auditLog === false ? null : opts.auditLog,
+    drainTimeoutMs: opts.drainTimeoutMs,
+    snapshotsDir: paths.snapshots,
+    hostPaths: [
+      { dir: paths.home, name: "$FORKD_HOME" },
+      { dir: paths.images, name: "$FORKD_IMAGE_CACHE" },
+      { dir: cacheDirs(paths).tmpfsDir, name: "$FORKD_TMPFS" },
+    ],
+    e2b: {
+      domain: opts.e2bDomain,
+      privateTraffic: opts.e2bPrivateTraffic === true,
+      ...(opts.e2bMaxUploadMib === undefined ? {} : { maxUploadBytes: opts.e2bMaxUploadMib * 1024 * 1024 }),
+    },
+    extensions: opts.console ? [consoleExtension()] : [],
+    logger,
+  };
+}
+
+/** The daemon's services as the flags configure them; close() leaves sandboxes running (re-attached next start). */
+async function openDaemonServices(
+  opts: DaemonOptions,
+  paths: ForkdPaths,
+  logger: Logger,
+): Promise<ClosableServices> {
+  const limits = {
+    ...(opts.maxSandboxes === undefined ? {} : { maxSandboxes: opts.maxSandboxes }),
+    ...(opts.maxConcurrentSpawns === undefined ? {} : { maxConcurrentSpawns: opts.maxConcurrentSpawns }),
+    ...(opts.memoryReserveMib === undefined ? {} : { reserveMiB: opts.memoryReserveMib }),
+  };
+  const services = await openServices(paths, {
+    limits,
+    confinement:
+      opts.confinement === undefined ? undefined : confinementMode({ FORKD_CONFINEMENT: opts.confinement }),
+    diskLimitMiB: opts.diskLimitMib,
+    consoleLogBytes: opts.consoleLogKib === undefined ? undefined : opts.consoleLogKib * 1024,
+    allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
+    defaultTimeoutMs: opts.defaultTimeoutMs,
+    branchConcurrency: opts.branchConcurrency,
+    warmPools: opts.warmPool,
+    extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),
+    network: {
+      defaultEgress: opts.egress as "allow" | "deny",
+      network: {
+        bridge: opts.netBridge,
+        subnet: opts.netSubnet,
+        dnsUpstreams: opts.dnsUpstream,
+        dnsPort: opts.dnsPort,
+      },
+    },
+    log: logger.child({ component: "manager" }),
+    defaultSnapshot: opts.defaultSnapshot,
+  });
+  if (opts.tenantMaxSandboxes !== undefined) {
+    limitTenants(services.sandboxes, { maxSandboxes: opts.tenantMaxSandboxes });
+  }
+  return { ...services, close: () => services.close() };
 }
 
 /**

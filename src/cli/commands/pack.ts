@@ -6,7 +6,7 @@
 import type { Command } from "commander";
 import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
-import { packSnapshot } from "../../controller/snapshots/packs.js";
+import { packSnapshot } from "../../controller/snapshots/pack.js";
 import { armCliCrashPoints } from "../arm-crash-points.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

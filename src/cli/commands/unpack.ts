@@ -4,7 +4,7 @@
  */
 import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
-import { unpackSnapshot } from "../../controller/snapshots/packs.js";
+import { unpackSnapshot } from "../../controller/snapshots/unpack.js";
 import { armCliCrashPoints } from "../arm-crash-points.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";

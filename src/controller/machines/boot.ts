@@ -12,12 +12,13 @@ import { GUEST_MAC } from "../../common/guest-network.js";
 import type { BuiltImage, Template, TemplateCommand } from "../../image/index.js";
 import { type ConfinementConfig, resolveConfinement } from "../../isolation/confinement.js";
 import { privateNetnsUnavailable } from "../../isolation/launcher.js";
+import { cpuModelFor } from "../../vmm/cpu-model.js";
 import { launchVm, type VmHandle } from "../../vmm/launch.js";
 import { describeExit, type QemuExit } from "../../vmm/qemu-process.js";
 import type { FileOwner } from "../../vmm/unix-listener.js";
 import { type NicAttachment, privateNic } from "../networks/sandbox-networks.js";
 import type { AcceleratorChoice } from "./accelerator.js";
-import { cpuModelFor, type MachineShape, machineSpec } from "./machine.js";
+import { type MachineShape, machineSpec } from "./machine.js";
 import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
@@ -28,6 +29,23 @@ import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
  * with 100 children saturated 2 cores). The TSC itself follows QEMU's virtual clock and is monotonic.
  */
 export const GUEST_RUNTIME_CMDLINE = "tsc=reliable";
+
+/**
+ * Added under TCG: `norandmaps` (no address-space randomisation in the guest). QEMU 7.2's translator keys
+ * translated code by virtual address, so with ASLR every process the guest starts maps ld.so and libc somewhere
+ * new and has them translated again; without it a process reuses what the last one translated (`exec true`:
+ * measured 68-76 ms of host CPU with ASLR, 20-36 ms without; bench/command). Children of one snapshot share
+ * their parent's layout anyway (they are copies of one memory); under KVM randomisation stays on.
+ * `FORKD_TCG_GUEST_ASLR=1` keeps it on under TCG too (recorded in the snapshot's kernel command line).
+ */
+export const TCG_GUEST_CMDLINE = "norandmaps";
+
+/** What the runtime adds to an image's kernel command line on accelerator `accel`. */
+export function guestRuntimeCmdline(accel: "kvm" | "tcg", env: NodeJS.ProcessEnv = process.env): string {
+  return accel === "tcg" && env.FORKD_TCG_GUEST_ASLR !== "1"
+    ? `${GUEST_RUNTIME_CMDLINE} ${TCG_GUEST_CMDLINE}`
+    : GUEST_RUNTIME_CMDLINE;
+}
 
 /** A cold boot to the agent's hello: ~20 s under TCG on a 2-core host, ~1 s under KVM. */
 export const BOOT_TIMEOUT_MS = { tcg: 240_000, kvm: 60_000 } as const;
@@ -73,7 +91,7 @@ export function machineShape(
     vcpus: template.vcpus,
     kernel: image.kernel,
     initrd: image.initrd,
-    kernelCmdline: `${image.manifest.kernel.cmdline} ${GUEST_RUNTIME_CMDLINE}`,
+    kernelCmdline: `${image.manifest.kernel.cmdline} ${guestRuntimeCmdline(accel.accel)}`,
   };
 }
 
@@ -158,42 +176,58 @@ export async function bootWarmVm(options: {
       await raceExit(vm, startAndWaitReady(agent, template, image, progress, options.signal), "start/ready");
       readyMs = performance.now() - readyStarted;
     }
-    let warmupMs = 0;
-    // A Python template is warmed even without warm-up code: the call also waits for the worker to be up,
-    // so the snapshot never catches it half-started.
-    if (template.interpreter === "python") {
-      progress("warmup", "running warm-up");
-      const warmStarted = performance.now();
-      const result = await raceExit(
-        vm,
-        agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal: options.signal }),
-        "warm-up",
-      );
-      if (result.error) {
-        throw new ForkdError(
-          "unprocessable",
-          `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
-        );
-      }
-      warmupMs = performance.now() - warmStarted;
-      progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
-    }
+    const warmupMs = await warmUp(vm, agent, template, progress, options.signal);
     return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs, readyMs };
   } catch (err) {
     agent?.close();
-    const tail = await vm.consoleTail(2000).catch(() => "");
-    await vm.kill({ graceMs: 0 }).catch(() => {});
-    if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
-      throw new ForkdError(
-        err instanceof ForkdError ? err.code : "internal",
-        `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
-        { cause: err },
-      );
-    }
-    throw err;
+    throw await bootFailed(vm, err);
   } finally {
     bootDeadline.dispose();
   }
+}
+
+/**
+ * A Python template is warmed even without warm-up code: the call also waits for the worker to be up, so the
+ * snapshot never catches it half-started. Returns how long it took (0: not a Python template).
+ */
+async function warmUp(
+  vm: VmHandle,
+  agent: AgentClient,
+  template: BootTemplate,
+  progress: (step: BootStep, message: string) => void,
+  signal: AbortSignal | undefined,
+): Promise<number> {
+  if (template.interpreter !== "python") return 0;
+  progress("warmup", "running warm-up");
+  const warmStarted = performance.now();
+  const result = await raceExit(
+    vm,
+    agent.warmup(template.warmup ?? "", { timeoutMs: WARMUP_TIMEOUT_MS, signal }),
+    "warm-up",
+  );
+  if (result.error) {
+    throw new ForkdError(
+      "unprocessable",
+      `template ${template.name}: warm-up failed: ${result.error.type}: ${result.error.message}\n${result.error.traceback}`,
+    );
+  }
+  const warmupMs = performance.now() - warmStarted;
+  progress("warmup", `warm after ${(warmupMs / 1000).toFixed(1)} s`);
+  return warmupMs;
+}
+
+/** A boot that failed kills its VM; the error carries the end of the guest console (unless it is the template's). */
+async function bootFailed(vm: VmHandle, err: unknown): Promise<unknown> {
+  const tail = await vm.consoleTail(2000).catch(() => "");
+  await vm.kill({ graceMs: 0 }).catch(() => {});
+  if (tail && !(err instanceof ForkdError && err.code === "unprocessable")) {
+    return new ForkdError(
+      err instanceof ForkdError ? err.code : "internal",
+      `${err instanceof Error ? err.message : String(err)}\n--- guest console (last lines) ---\n${tail}`,
+      { cause: err },
+    );
+  }
+  return err;
 }
 
 export type BootStep = "boot" | "ready" | "warmup";

@@ -205,33 +205,16 @@ export class Sandbox implements SandboxHandle {
     const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS[manifest.machine.accel];
     const deadline = deadlineSignal(readyTimeoutMs, options.signal);
     const { signal } = deadline;
-    let vm: VmHandle | undefined;
+    // A prestarted VM is this restore's to kill from the start.
+    let vm: VmHandle | undefined = options.prestarted?.vm;
     let agent: AgentClient | undefined;
     let deferred: DeferredDeviceState | undefined;
     try {
-      let confinement: ConfinementConfig;
-      if (options.prestarted) {
-        vm = options.prestarted.vm;
-        confinement = options.confinement ?? (await resolveConfinement());
-        if (options.outliveHost) vm.process.keepAfterHost();
-        await startIncoming(await vm.qmp({ signal }), { signal });
-      } else {
-        const child = await launchChild(plan, {
-          runDir,
-          nic: options.nic,
-          signal,
-          outliveHost: options.outliveHost,
-          confinement: options.confinement,
-          cgroups: options.cgroups,
-          diskLimitBytes: options.diskLimitBytes,
-          consoleLogBytes: options.consoleLogBytes,
-        });
-        vm = child.vm;
-        confinement = child.confinement;
-        deferred = child.deferredState;
-      }
+      const child = await startChild(plan, runDir, options, signal);
+      vm = child.vm;
+      deferred = child.deferredState;
       const launched = vm;
-      const owner = vmOwner(confinement, launched.pid);
+      const owner = vmOwner(child.confinement, launched.pid);
       await options.onSpawned?.(launched.pid);
       if (deferred) {
         const layers = plan.pageLayers;
@@ -251,19 +234,7 @@ export class Sandbox implements SandboxHandle {
       agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
         callTimeoutMs: readyTimeoutMs,
       });
-      await raceExit(
-        launched,
-        agent.restore(
-          {
-            timeNs: BigInt(Date.now()) * 1_000_000n,
-            entropy: randomBytes(CHILD_ENTROPY_BYTES),
-            hostname: id,
-            sandboxId: id,
-          },
-          { signal },
-        ),
-        `sandbox ${id}: post-restore fix-up`,
-      );
+      await fixUp(launched, agent, id, signal);
       signal.throwIfAborted();
       const readyMs = performance.now() - started;
       return new Sandbox(
@@ -279,20 +250,15 @@ export class Sandbox implements SandboxHandle {
       );
     } catch (err) {
       agent?.close();
-      const tail = vm ? await vm.consoleTail(1500).catch(() => "") : "";
-      await vm?.kill({ graceMs: 0 }).catch(() => {});
-      await rm(runDir, { recursive: true, force: true });
-      if (signal.aborted && !options.signal?.aborted) {
-        throw new ForkdError(
-          "timeout",
-          `sandbox ${id} from ${snapshot.tag}: not ready within ${readyTimeoutMs / 1000} s` +
-            (tail ? `\n--- guest console ---\n${tail}` : ""),
-          { cause: err },
-        );
-      }
-      throw err instanceof ForkdError
-        ? err
-        : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
+      throw await restoreFailed(err, {
+        vm,
+        runDir,
+        id,
+        snapshotTag: snapshot.tag,
+        readyTimeoutMs,
+        signal,
+        options,
+      });
     } finally {
       deferred?.dispose();
       deadline.dispose();
@@ -309,6 +275,82 @@ export class Sandbox implements SandboxHandle {
     })();
     return this.destroyed;
   }
+}
+
+/** The child's QEMU: the warm pool's, now loading its device state, or one launched for it now. */
+async function startChild(
+  plan: RestorePlan,
+  runDir: string,
+  options: RestoreOptions,
+  signal: AbortSignal,
+): Promise<LaunchedChild> {
+  if (options.prestarted) {
+    const { vm } = options.prestarted;
+    const confinement = options.confinement ?? (await resolveConfinement());
+    if (options.outliveHost) vm.process.keepAfterHost();
+    await startIncoming(await vm.qmp({ signal }), { signal });
+    return { vm, confinement };
+  }
+  return launchChild(plan, {
+    runDir,
+    nic: options.nic,
+    signal,
+    outliveHost: options.outliveHost,
+    confinement: options.confinement,
+    cgroups: options.cgroups,
+    diskLimitBytes: options.diskLimitBytes,
+    consoleLogBytes: options.consoleLogBytes,
+  });
+}
+
+/** The post-restore fix-up: the host's clock, fresh entropy, the child's own hostname and id. */
+async function fixUp(vm: VmHandle, agent: AgentClient, id: string, signal: AbortSignal): Promise<void> {
+  await raceExit(
+    vm,
+    agent.restore(
+      {
+        timeNs: BigInt(Date.now()) * 1_000_000n,
+        entropy: randomBytes(CHILD_ENTROPY_BYTES),
+        hostname: id,
+        sandboxId: id,
+      },
+      { signal },
+    ),
+    `sandbox ${id}: post-restore fix-up`,
+  );
+}
+
+/**
+ * A restore that failed leaves nothing behind (its VM killed, its run directory gone); the error to throw
+ * says why, with the guest console's end when it ran out of time.
+ */
+async function restoreFailed(
+  err: unknown,
+  what: {
+    vm: VmHandle | undefined;
+    runDir: string;
+    id: string;
+    snapshotTag: string;
+    readyTimeoutMs: number;
+    signal: AbortSignal;
+    options: RestoreOptions;
+  },
+): Promise<ForkdError> {
+  const { vm, id } = what;
+  const tail = vm ? await vm.consoleTail(1500).catch(() => "") : "";
+  await vm?.kill({ graceMs: 0 }).catch(() => {});
+  await rm(what.runDir, { recursive: true, force: true });
+  if (what.signal.aborted && !what.options.signal?.aborted) {
+    return new ForkdError(
+      "timeout",
+      `sandbox ${id} from ${what.snapshotTag}: not ready within ${what.readyTimeoutMs / 1000} s` +
+        (tail ? `\n--- guest console ---\n${tail}` : ""),
+      { cause: err },
+    );
+  }
+  return err instanceof ForkdError
+    ? err
+    : new ForkdError("internal", `sandbox ${id}: ${errorMessage(err)}`, { cause: err });
 }
 
 /** Writes every page of `layers` (oldest first, so a newer layer's page wins) into a restoring child's RAM. */

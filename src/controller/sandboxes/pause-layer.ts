@@ -34,9 +34,10 @@ import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../../store/chain
 import type { SnapshotManifest } from "../../store/manifest.js";
 import { PAGE_SIZE, writeMemoryLayerHashed } from "../../store/memory-layer.js";
 import { readQcow2Header } from "../../store/qcow2-header.js";
-import type { SnapshotStore, StoredSnapshot } from "../../store/snapshot-store.js";
+import type { SnapshotStore, SnapshotWriter, StoredSnapshot } from "../../store/snapshot-store.js";
 import { diskTop } from "../../vmm/disk-layers.js";
 import { findGuestRamMapping, scanPrivatePages } from "../../vmm/guest-memory.js";
+import type { QmpClient } from "../../vmm/qmp.js";
 import { captureStopped } from "../../vmm/stopped-capture.js";
 import { SNAPSHOT_FILES } from "../machines/machine.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
@@ -49,6 +50,8 @@ export const MAX_OWN_PAUSE_LAYERS = 4;
 export const MERGE_SLACK = 1.1;
 /** Extra pages the capture buffer holds beyond the estimate taken before the stop (16 MiB). */
 const CAPTURE_HEADROOM_PAGES = 4096;
+
+type StoppedCapture = Awaited<ReturnType<typeof captureStopped>>;
 
 export type MergePolicy = "auto" | "always";
 
@@ -92,17 +95,8 @@ export async function writePauseLayer(
 ): Promise<PausedLayer> {
   const { handle } = source;
   const { signal } = options;
-  const chain = await resolveChain(store, source.parentTag);
-  const ownManifests = await Promise.all(source.ownLayers.map((t) => store.get(t)));
-  const base = mergeBase(ownManifests);
-  // A layer on this parent would be one too many: merge (which never deepens the chain), or refuse.
-  const tooDeep = chain.length > MAX_CHAIN_DEPTH;
-  if (tooDeep && base === null) {
-    throw conflict(
-      `snapshot ${source.parentTag} is already ${chain.length - 1} layers deep; its sandboxes cannot be paused (compact it)`,
-    );
-  }
-  const parent = chain[chain.length - 1] as StoredSnapshot;
+  const layers = await pauseChain(store, source);
+  const { ownManifests, parent } = layers;
   const ramBytes = parent.manifest.memory.ramBytes;
   const qmp = await handle.qmp();
   const top = await diskTop(qmp, { signal });
@@ -115,52 +109,33 @@ export async function writePauseLayer(
   const started = performance.now();
   let stopped = false;
   try {
-    const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
-    // Touched before the stop, so the copy inside it takes no page faults on its destination.
-    const estimate = scanPrivatePages(mapping).pages.length;
-    const buffer = Buffer.alloc((estimate + CAPTURE_HEADROOM_PAGES) * PAGE_SIZE);
-    const captured = await captureStopped({
+    const captured = await captureLeavingStopped(
+      handle,
       qmp,
-      pid: handle.pid,
-      memoryFile: handle.memoryImage,
-      memoryBytes: ramBytes,
-      deviceStatePath: writer.file(SNAPSHOT_FILES.deviceState),
-      // A confined QEMU cannot see the snapshot store: it writes into its run directory, moved in afterwards.
-      deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
-      whileStopped: async () => {
-        stopped = true;
-        crashPoint("pause.stopped");
+      ramBytes,
+      writer.file(SNAPSHOT_FILES.deviceState),
+      {
+        onStopped: () => {
+          stopped = true;
+          crashPoint("pause.stopped");
+        },
+        signal,
       },
-      buffer,
-      leaveStopped: true,
-      signal,
+    );
+    const { merge, layerParent, memory } = await planPauseLayer(store, {
+      ...layers,
+      handle,
+      captured,
+      policy: options.merge,
     });
-    const delta = await changedAgainstChain(chain, handle.snapshotTag, handle.memoryImage, captured);
-    const ownPages = ownManifests.reduce((n, s) => n + s.manifest.memory.pages, 0);
-    const merge =
-      base !== null &&
-      (options.merge === "always" ||
-        tooDeep ||
-        ownManifests.length >= MAX_OWN_PAUSE_LAYERS ||
-        ownPages + delta.pages.length > MERGE_SLACK * captured.pages.length);
-    const layerParent = merge && base ? await store.get(base) : parent;
-    const memory = merge
-      ? await changedAgainstChain(
-          await resolveChain(store, layerParent.tag),
-          handle.snapshotTag,
-          handle.memoryImage,
-          captured,
-        )
-      : delta;
     const memoryFile = writer.file(SNAPSHOT_FILES.memoryLayer);
     const hashed = await writeMemoryLayerHashed(memoryFile, ramBytes, memory.pages, memory.data);
-    if (merge) {
-      await writeDiskOnLayer({ topLayer: top.file, baseTag: layerParent.tag, snapshotDir: writer, signal });
-    } else {
-      await link(top.file, writer.file(SNAPSHOT_FILES.disk));
-      // The VM never runs again on this file: from now on it is a snapshot layer, root's (not the VM's uid).
-      if (handle.vmOwner) await lchown(writer.file(SNAPSHOT_FILES.disk), 0, 0);
-    }
+    await writeLayerDisk(writer, {
+      topFile: top.file,
+      mergeOnto: merge ? layerParent.tag : null,
+      handle,
+      signal,
+    });
     crashPoint("pause.captured");
     const pauseMs = captured.pauseMs;
     await writer.commit(
@@ -190,6 +165,114 @@ export async function writePauseLayer(
     if (stopped) await qmp.execute("cont").catch(() => {});
     throw err;
   }
+}
+
+/** What a pause of `source` builds on: its chain, its own pause layers, and where a merge would put the layer. */
+async function pauseChain(store: SnapshotStore, source: PauseSource) {
+  const chain = await resolveChain(store, source.parentTag);
+  const ownManifests = await Promise.all(source.ownLayers.map((t) => store.get(t)));
+  const base = mergeBase(ownManifests);
+  // A layer on this parent would be one too many: merge (which never deepens the chain), or refuse.
+  const tooDeep = chain.length > MAX_CHAIN_DEPTH;
+  if (tooDeep && base === null) {
+    throw conflict(
+      `snapshot ${source.parentTag} is already ${chain.length - 1} layers deep; its sandboxes cannot be paused (compact it)`,
+    );
+  }
+  return { chain, ownManifests, base, tooDeep, parent: chain[chain.length - 1] as StoredSnapshot };
+}
+
+/**
+ * The layer's disk: the VM's overlay itself, hard-linked (QEMU is stopped and never writes it again), or, for a
+ * merge, the overlay and the own layers' disks folded onto the disk of the layer it goes on.
+ */
+async function writeLayerDisk(
+  writer: SnapshotWriter,
+  layer: {
+    topFile: string;
+    mergeOnto: string | null;
+    handle: SandboxHandle;
+    signal: AbortSignal | undefined;
+  },
+): Promise<void> {
+  if (layer.mergeOnto !== null) {
+    await writeDiskOnLayer({
+      topLayer: layer.topFile,
+      baseTag: layer.mergeOnto,
+      snapshotDir: writer,
+      signal: layer.signal,
+    });
+    return;
+  }
+  await link(layer.topFile, writer.file(SNAPSHOT_FILES.disk));
+  // The VM never runs again on this file: from now on it is a snapshot layer, root's (not the VM's uid).
+  if (layer.handle.vmOwner) await lchown(writer.file(SNAPSHOT_FILES.disk), 0, 0);
+}
+
+/** Pages the VM wrote since its restore, and its device state, copied while it is stopped; it stays stopped. */
+async function captureLeavingStopped(
+  handle: SandboxHandle,
+  qmp: QmpClient,
+  ramBytes: number,
+  deviceStatePath: string,
+  options: { onStopped: () => void; signal: AbortSignal | undefined },
+): Promise<StoppedCapture> {
+  const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
+  // Touched before the stop, so the copy inside it takes no page faults on its destination.
+  const estimate = scanPrivatePages(mapping).pages.length;
+  const buffer = Buffer.alloc((estimate + CAPTURE_HEADROOM_PAGES) * PAGE_SIZE);
+  return captureStopped({
+    qmp,
+    pid: handle.pid,
+    memoryFile: handle.memoryImage,
+    memoryBytes: ramBytes,
+    deviceStatePath,
+    // A confined QEMU cannot see the snapshot store: it writes into its run directory, moved in afterwards.
+    deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
+    whileStopped: async () => options.onStopped(),
+    buffer,
+    leaveStopped: true,
+    signal: options.signal,
+  });
+}
+
+/**
+ * What the new layer sits on and holds: the sandbox's parent and the pages that differ from it, or, merging,
+ * the layer below its own pause layers and every page that differs from that (when asked to, when the chain
+ * is too deep, when it has MAX_OWN_PAUSE_LAYERS, or when its own layers repeat pages: MERGE_SLACK).
+ */
+async function planPauseLayer(
+  store: SnapshotStore,
+  state: {
+    chain: StoredSnapshot[];
+    ownManifests: StoredSnapshot[];
+    base: string | null;
+    tooDeep: boolean;
+    handle: SandboxHandle;
+    captured: StoppedCapture;
+    policy: MergePolicy | undefined;
+  },
+): Promise<{ merge: boolean; layerParent: StoredSnapshot; memory: { pages: Uint32Array; data: Buffer } }> {
+  const { chain, ownManifests, base, handle, captured } = state;
+  const parent = chain[chain.length - 1] as StoredSnapshot;
+  const delta = await changedAgainstChain(chain, handle.snapshotTag, handle.memoryImage, captured);
+  const ownPages = ownManifests.reduce((n, s) => n + s.manifest.memory.pages, 0);
+  const merge =
+    base !== null &&
+    (state.policy === "always" ||
+      state.tooDeep ||
+      ownManifests.length >= MAX_OWN_PAUSE_LAYERS ||
+      ownPages + delta.pages.length > MERGE_SLACK * captured.pages.length);
+  const layerParent = merge && base ? await store.get(base) : parent;
+  const memory = merge
+    ? await changedAgainstChain(
+        await resolveChain(store, layerParent.tag),
+        handle.snapshotTag,
+        handle.memoryImage,
+        captured,
+      )
+    : delta;
+  return { merge, layerParent, memory };
 }
 
 /**

@@ -202,247 +202,318 @@ export class Brancher {
     mode: BranchMode,
     request: BranchRequest,
   ): Promise<BranchResult> {
+    const chain = await this.checkedChain(source, mode, request);
+    if (!this.db.claimSnapshotJob({ ...job(tag, "writing", mode, null), owner: source.owner })) {
+      throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
+    }
+    crashPoint("branch.claimed");
+    const run = new BranchRun(
+      { store: this.store, db: this.db, events: this.events },
+      source,
+      tag,
+      mode,
+      request,
+      chain,
+    );
+    try {
+      const capture = await run.start();
+      if (request.wait === false) return await this.answerEarly(run, capture);
+      return await run.finish(capture);
+    } catch (err) {
+      await run.fail(err);
+      throw err;
+    }
+  }
+
+  /** The chain the branch goes on (the source's base last), once the request fits the source. */
+  private async checkedChain(
+    source: BranchSource,
+    mode: BranchMode,
+    request: BranchRequest,
+  ): Promise<StoredSnapshot[]> {
     const { handle } = source;
-    const { signal } = request;
     const parentTag = source.lastBranchTag ?? handle.snapshotTag;
     if (request.parentTag !== undefined && request.parentTag !== parentTag) {
       throw conflict(`parent_tag ${request.parentTag} does not match the sandbox's base ${parentTag}`);
     }
-    const flat = mode === "full";
     if (mode === "live" && !source.liveFork) {
       throw conflict(
         `live BRANCH needs a sandbox spawned with live_fork (its RAM on tmpfs, which userfaultfd can write-protect); ${handle.id} was not`,
       );
     }
     const chain = await resolveChain(this.store, parentTag);
-    if (!flat && chain.length > MAX_CHAIN_DEPTH) {
+    if (mode !== "full" && chain.length > MAX_CHAIN_DEPTH) {
       throw conflict(
         `snapshot ${parentTag} is already ${chain.length - 1} layers deep; compact it before branching`,
       );
     }
-    const parent = chain[chain.length - 1] as StoredSnapshot;
-    if (!this.db.claimSnapshotJob({ ...job(tag, "writing", mode, null), owner: source.owner })) {
-      throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
-    }
-    crashPoint("branch.claimed");
-    const ramBytes = parent.manifest.memory.ramBytes;
-    let writer: SnapshotWriter | undefined;
-    let frozen: FrozenDisk | undefined;
-    let prepared: PreparedDiskFreeze | undefined;
-    const fail = async (err: unknown) => {
-      if (frozen)
-        this.events.blocked(handle.id, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
-      else this.events.unblocked(handle.id);
-      await prepared?.abandon().catch(() => {});
-      await writer?.abort();
-      this.db.upsertSnapshotJob(job(tag, "failed", mode, errorMessage(err).split("\n")[0] ?? "failed"));
-    };
-    try {
-      // Up to the whole RAM (a full branch writes a flat image; a diff branch the pages written since restore).
-      writer = await this.store.beginWrite(tag, { expectedBytes: ramBytes });
-      const qmp = await handle.qmp();
-      // The source's next writable layer, made before the pause. Its header already names the frozen layer's
-      // permanent place in the new snapshot (relative, like every layer).
-      if (mode === "live") await source.beforeLive?.();
-      prepared = await prepareDiskFreeze(qmp, {
-        overlayFile: path.join(handle.runDir, `disk-${Date.now()}-${randomBytes(3).toString("hex")}.qcow2`),
-        backingPath: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
-        // An unprivileged QEMU opens its next writable layer read-write: it must be its own.
-        owner: handle.vmOwner ?? undefined,
-        signal,
-      });
-      const freezePrepared = prepared;
-      crashPoint("branch.prepared");
-      // Written ahead of the disk switch: a daemon that dies between the switch and the commit leaves the mark,
-      // and the restart then knows the source's chain runs through a layer no snapshot may own.
-      this.events.blocked(handle.id, `${BRANCH_INTERRUPTED} ${tag}`);
-      crashPoint("branch.marked");
-      const whileStopped = async () => {
-        frozen = await freezeDisk(qmp, freezePrepared, { signal });
-        prepared = undefined;
-        // QEMU has reopened the frozen layer read-only; from now on the file is a snapshot layer, root's.
-        if (handle.vmOwner) await lchown(frozen.frozenFile, 0, 0);
-        crashPoint("branch.stopped");
-      };
-      const deviceStatePath = writer.file(SNAPSHOT_FILES.deviceState);
-      const capture =
-        mode === "live"
-          ? this.captureLive(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal)
-          : this.captureStopped(handle, qmp, ramBytes, deviceStatePath, whileStopped, signal);
-      const finish = async (): Promise<BranchResult> => {
-        const raw = await capture.done;
-        crashPoint("branch.captured");
-        // A diff layer stores what changed relative to its parent, not everything the source changed since its
-        // restore: after earlier branches of the same source most of those pages are already in their layers.
-        const captured =
-          mode === "full"
-            ? raw
-            : {
-                ...raw,
-                ...(await changedAgainstChain(chain, handle.snapshotTag, handle.memoryImage, raw)),
-              };
-        const frozenDisk = frozen as FrozenDisk;
-        const activeWriter = writer as SnapshotWriter;
-        if (flat) {
-          // The source's next overlay names this file as its backing: the same content as the frozen layer.
-          await writeFlatDisk({
-            topLayer: frozenDisk.frozenFile,
-            rootfs: parent.manifest.image.rootfs,
-            snapshotDir: activeWriter,
-            signal,
-          });
-        } else {
-          await link(frozenDisk.frozenFile, activeWriter.file(SNAPSHOT_FILES.disk));
-        }
-        const memoryFile = flat ? SNAPSHOT_FILES.memory : SNAPSHOT_FILES.memoryLayer;
-        if (flat) {
-          await execFileAsync("cp", [
-            "--sparse=always",
-            "--reflink=auto",
-            "--",
-            handle.memoryImage,
-            activeWriter.file(memoryFile),
-          ]);
-          await writePagesToImage(activeWriter.file(memoryFile), captured.pages, captured.data);
-        } else {
-          await writeMemoryLayer(activeWriter.file(memoryFile), ramBytes, captured.pages, captured.data);
-        }
-        captured.release();
-        crashPoint("branch.written");
-        const manifest = await activeWriter.commit(
-          branchManifest(parent.manifest, {
-            parent: flat ? null : { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
-            memory: { format: flat ? "flat" : "layer", ramBytes, pages: captured.pages.length },
-            origin: { kind: "branch", mode, sourceSandbox: handle.id, pauseMs: round1(captured.pauseMs) },
-          }),
-          [memoryFile, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
-          signal,
-        );
-        crashPoint("branch.committed");
-        this.events.branched(handle.id, tag);
-        this.db.deleteSnapshotJob(tag);
-        return {
-          tag,
-          mode,
-          parent_tag: flat ? null : parent.tag,
-          status: "ready",
-          pause_ms: round1(captured.pauseMs),
-          capture_ms: round1(raw.captureMs),
-          bytes_captured: raw.pages.length * PAGE_SIZE,
-          ram_bytes: ramBytes,
-          bytes_written: await physicalBytes(
-            Object.keys(manifest.files).map((name) => path.join(this.store.dirOf(tag), name)),
-          ),
-        };
-      };
-      if (request.wait === false) {
-        const pauseMs = await capture.resumed;
-        // The rest happens in the background; the job row says "writing" until it is "ready" (row deleted) or
-        // "failed". A daemon restart in between marks it failed and sweeps the staging directory.
-        const background = finish().then(
-          () => {},
-          (err) => fail(err),
-        );
-        this.writing.set(handle.id, background);
-        background.finally(() => {
-          if (this.writing.get(handle.id) === background) this.writing.delete(handle.id);
-        });
-        return {
-          tag,
-          mode,
-          parent_tag: flat ? null : parent.tag,
-          status: "writing",
-          pause_ms: round1(pauseMs),
-          capture_ms: 0,
-          bytes_captured: 0,
-          ram_bytes: ramBytes,
-          bytes_written: 0,
-        };
-      }
-      return await finish();
-    } catch (err) {
-      await fail(err);
-      throw err;
-    }
+    return chain;
   }
 
-  /** Stop-and-copy: the pause includes copying the private pages (into a buffer touched before the pause). */
-  private captureStopped(
-    handle: SandboxHandle,
-    qmp: QmpClient,
-    ramBytes: number,
-    deviceStatePath: string,
-    whileStopped: () => Promise<void>,
-    signal: AbortSignal | undefined,
-  ): Capture {
-    const done = (async () => {
-      const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
-      // A moment's view of the private set sizes the destination; touching it now keeps page faults out of the
-      // pause (pages only become private, so the set in the pause may be a little larger).
-      const estimate = scanPrivatePages(mapping).pages.length;
-      const buffer = Buffer.alloc((estimate + CAPTURE_HEADROOM_PAGES) * PAGE_SIZE);
-      const captured = await captureStopped({
-        qmp,
-        pid: handle.pid,
-        memoryFile: handle.memoryImage,
-        memoryBytes: ramBytes,
-        deviceStatePath,
-        deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
-        whileStopped,
-        buffer,
-        signal,
-      });
-      return {
-        pages: captured.pages,
-        data: captured.data,
-        pauseMs: captured.pauseMs,
-        captureMs: captured.scanMs + captured.copyMs,
-        release: () => {},
-      };
-    })();
-    return { done, resumed: done.then((c) => c.pauseMs) };
-  }
-
-  /** QEMU's background snapshot: the pause is the device state and the disk freeze; RAM streams afterwards. */
-  private captureLive(
-    handle: SandboxHandle,
-    qmp: QmpClient,
-    ramBytes: number,
-    deviceStatePath: string,
-    whileStopped: () => Promise<void>,
-    signal: AbortSignal | undefined,
-  ): Capture {
-    const sink = new MemoryPageSink();
-    let resolveResumed: (pauseMs: number) => void = () => {};
-    const resumed = new Promise<number>((resolve) => {
-      resolveResumed = resolve;
+  /**
+   * `wait: false`: answers once the source runs again; the rest happens in the background, and the job row says
+   * "writing" until it is "ready" (row deleted) or "failed". A daemon restart in between marks it failed and
+   * sweeps the staging directory.
+   */
+  private async answerEarly(run: BranchRun, capture: Capture): Promise<BranchResult> {
+    const pauseMs = await capture.resumed;
+    const sourceId = run.source.handle.id;
+    const background = run.finish(capture).then(
+      () => {},
+      (err) => run.fail(err),
+    );
+    this.writing.set(sourceId, background);
+    background.finally(() => {
+      if (this.writing.get(sourceId) === background) this.writing.delete(sourceId);
     });
-    const started = performance.now();
-    const done = (async () => {
-      const onResume = qmp
-        .waitEvent("RESUME", { signal })
-        .then(() => resolveResumed(performance.now() - started));
-      onResume.catch(() => {});
-      const result = await captureLive({
-        qmp,
-        pid: handle.pid,
-        memoryFile: handle.memoryImage,
-        memoryBytes: ramBytes,
-        socketDir: handle.runDir,
-        socketOwner: handle.vmOwner ?? undefined,
-        deviceStatePath,
-        sink,
-        pages: "private",
-        whileStopped,
-        signal,
-      });
-      resolveResumed(result.pauseWallMs);
-      const { pages, data } = sortPages(sink.take());
-      return { pages, data, pauseMs: result.pauseWallMs, captureMs: result.totalMs, release: () => {} };
-    })();
-    done.catch(() => resolveResumed(Number.NaN));
-    return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
+    return {
+      tag: run.tag,
+      mode: run.mode,
+      parent_tag: run.flat ? null : run.parent.tag,
+      status: "writing",
+      pause_ms: round1(pauseMs),
+      capture_ms: 0,
+      bytes_captured: 0,
+      ram_bytes: run.ramBytes,
+      bytes_written: 0,
+    };
   }
+}
+
+/**
+ * One BRANCH under way, from its claimed job to its committed snapshot: what it has made so far (the staging
+ * writer, the prepared or frozen disk), so that a failure undoes exactly that.
+ */
+class BranchRun {
+  readonly parent: StoredSnapshot;
+  readonly flat: boolean;
+  readonly ramBytes: number;
+  private writer: SnapshotWriter | undefined;
+  private frozen: FrozenDisk | undefined;
+  private prepared: PreparedDiskFreeze | undefined;
+
+  constructor(
+    private readonly brancher: { store: SnapshotStore; db: StateDb; events: BranchEvents },
+    readonly source: BranchSource,
+    readonly tag: string,
+    readonly mode: BranchMode,
+    private readonly request: BranchRequest,
+    private readonly chain: StoredSnapshot[],
+  ) {
+    this.parent = chain[chain.length - 1] as StoredSnapshot;
+    this.flat = mode === "full";
+    this.ramBytes = this.parent.manifest.memory.ramBytes;
+  }
+
+  /** Prepares the source's next disk layer, marks the source, and starts the capture (the pause). */
+  async start(): Promise<Capture> {
+    const { handle } = this.source;
+    const { signal } = this.request;
+    const { tag, mode } = this;
+    // Up to the whole RAM (a full branch writes a flat image; a diff branch the pages written since restore).
+    const writer = await this.brancher.store.beginWrite(tag, { expectedBytes: this.ramBytes });
+    this.writer = writer;
+    const qmp = await handle.qmp();
+    // The source's next writable layer, made before the pause. Its header already names the frozen layer's
+    // permanent place in the new snapshot (relative, like every layer).
+    if (mode === "live") await this.source.beforeLive?.();
+    const prepared = await prepareDiskFreeze(qmp, {
+      overlayFile: path.join(handle.runDir, `disk-${Date.now()}-${randomBytes(3).toString("hex")}.qcow2`),
+      backingPath: path.join("..", "..", "snapshots", tag, SNAPSHOT_FILES.disk),
+      // An unprivileged QEMU opens its next writable layer read-write: it must be its own.
+      owner: handle.vmOwner ?? undefined,
+      signal,
+    });
+    this.prepared = prepared;
+    crashPoint("branch.prepared");
+    // Written ahead of the disk switch: a daemon that dies between the switch and the commit leaves the mark,
+    // and the restart then knows the source's chain runs through a layer no snapshot may own.
+    this.brancher.events.blocked(handle.id, `${BRANCH_INTERRUPTED} ${tag}`);
+    crashPoint("branch.marked");
+    const whileStopped = async () => {
+      this.frozen = await freezeDisk(qmp, prepared, { signal });
+      this.prepared = undefined;
+      // QEMU has reopened the frozen layer read-only; from now on the file is a snapshot layer, root's.
+      if (handle.vmOwner) await lchown(this.frozen.frozenFile, 0, 0);
+      crashPoint("branch.stopped");
+    };
+    const deviceStatePath = writer.file(SNAPSHOT_FILES.deviceState);
+    return mode === "live"
+      ? captureLivePages(handle, qmp, this.ramBytes, deviceStatePath, whileStopped, signal)
+      : captureStoppedPages(handle, qmp, this.ramBytes, deviceStatePath, whileStopped, signal);
+  }
+
+  /** Once the capture is done: the snapshot's files written and committed, the source's record told. */
+  async finish(capture: Capture): Promise<BranchResult> {
+    const { handle } = this.source;
+    const { tag, mode, flat, parent, ramBytes } = this;
+    const raw = await capture.done;
+    crashPoint("branch.captured");
+    // A diff layer stores what changed relative to its parent, not everything the source changed since its
+    // restore: after earlier branches of the same source most of those pages are already in their layers.
+    const captured =
+      mode === "full"
+        ? raw
+        : {
+            ...raw,
+            ...(await changedAgainstChain(this.chain, handle.snapshotTag, handle.memoryImage, raw)),
+          };
+    await this.writeDisk();
+    const memoryFile = await this.writeMemory(captured);
+    captured.release();
+    crashPoint("branch.written");
+    const manifest = await (this.writer as SnapshotWriter).commit(
+      branchManifest(parent.manifest, {
+        parent: flat ? null : { tag: parent.tag, manifestSha256: await manifestDigest(parent) },
+        memory: { format: flat ? "flat" : "layer", ramBytes, pages: captured.pages.length },
+        origin: { kind: "branch", mode, sourceSandbox: handle.id, pauseMs: round1(captured.pauseMs) },
+      }),
+      [memoryFile, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
+      this.request.signal,
+    );
+    crashPoint("branch.committed");
+    this.brancher.events.branched(handle.id, tag);
+    this.brancher.db.deleteSnapshotJob(tag);
+    return {
+      tag,
+      mode,
+      parent_tag: flat ? null : parent.tag,
+      status: "ready",
+      pause_ms: round1(captured.pauseMs),
+      capture_ms: round1(raw.captureMs),
+      bytes_captured: raw.pages.length * PAGE_SIZE,
+      ram_bytes: ramBytes,
+      bytes_written: await physicalBytes(
+        Object.keys(manifest.files).map((name) => path.join(this.brancher.store.dirOf(tag), name)),
+      ),
+    };
+  }
+
+  /** The snapshot's disk: the frozen layer itself (diff, live), or the whole chain in one layer (full). */
+  private async writeDisk(): Promise<void> {
+    const frozenDisk = this.frozen as FrozenDisk;
+    const writer = this.writer as SnapshotWriter;
+    if (this.flat) {
+      // The source's next overlay names this file as its backing: the same content as the frozen layer.
+      await writeFlatDisk({
+        topLayer: frozenDisk.frozenFile,
+        rootfs: this.parent.manifest.image.rootfs,
+        snapshotDir: writer,
+        signal: this.request.signal,
+      });
+    } else {
+      await link(frozenDisk.frozenFile, writer.file(SNAPSHOT_FILES.disk));
+    }
+  }
+
+  /** The snapshot's memory: the source's RAM image with the pages applied (full), or a layer of them. */
+  private async writeMemory(captured: { pages: Uint32Array; data: Buffer }): Promise<string> {
+    const writer = this.writer as SnapshotWriter;
+    const memoryFile = this.flat ? SNAPSHOT_FILES.memory : SNAPSHOT_FILES.memoryLayer;
+    if (this.flat) {
+      await execFileAsync("cp", [
+        "--sparse=always",
+        "--reflink=auto",
+        "--",
+        this.source.handle.memoryImage,
+        writer.file(memoryFile),
+      ]);
+      await writePagesToImage(writer.file(memoryFile), captured.pages, captured.data);
+    } else {
+      await writeMemoryLayer(writer.file(memoryFile), this.ramBytes, captured.pages, captured.data);
+    }
+    return memoryFile;
+  }
+
+  /** Undoes what the branch made; the source stays blocked when its disk was already switched. */
+  async fail(err: unknown): Promise<void> {
+    const { events, db } = this.brancher;
+    const sourceId = this.source.handle.id;
+    if (this.frozen)
+      events.blocked(sourceId, `a BRANCH failed after its disk was switched: ${errorMessage(err)}`);
+    else events.unblocked(sourceId);
+    await this.prepared?.abandon().catch(() => {});
+    await this.writer?.abort();
+    db.upsertSnapshotJob(job(this.tag, "failed", this.mode, errorMessage(err).split("\n")[0] ?? "failed"));
+  }
+}
+
+/** Stop-and-copy: the pause includes copying the private pages (into a buffer touched before the pause). */
+function captureStoppedPages(
+  handle: SandboxHandle,
+  qmp: QmpClient,
+  ramBytes: number,
+  deviceStatePath: string,
+  whileStopped: () => Promise<void>,
+  signal: AbortSignal | undefined,
+): Capture {
+  const done = (async () => {
+    const mapping = findGuestRamMapping(handle.pid, handle.memoryImage, { expectedBytes: ramBytes });
+    // A moment's view of the private set sizes the destination; touching it now keeps page faults out of the
+    // pause (pages only become private, so the set in the pause may be a little larger).
+    const estimate = scanPrivatePages(mapping).pages.length;
+    const buffer = Buffer.alloc((estimate + CAPTURE_HEADROOM_PAGES) * PAGE_SIZE);
+    const captured = await captureStopped({
+      qmp,
+      pid: handle.pid,
+      memoryFile: handle.memoryImage,
+      memoryBytes: ramBytes,
+      deviceStatePath,
+      deviceStateDrop: handle.vmOwner ? { dir: handle.runDir, owner: handle.vmOwner } : undefined,
+      whileStopped,
+      buffer,
+      signal,
+    });
+    return {
+      pages: captured.pages,
+      data: captured.data,
+      pauseMs: captured.pauseMs,
+      captureMs: captured.scanMs + captured.copyMs,
+      release: () => {},
+    };
+  })();
+  return { done, resumed: done.then((c) => c.pauseMs) };
+}
+
+/** QEMU's background snapshot: the pause is the device state and the disk freeze; RAM streams afterwards. */
+function captureLivePages(
+  handle: SandboxHandle,
+  qmp: QmpClient,
+  ramBytes: number,
+  deviceStatePath: string,
+  whileStopped: () => Promise<void>,
+  signal: AbortSignal | undefined,
+): Capture {
+  const sink = new MemoryPageSink();
+  let resolveResumed: (pauseMs: number) => void = () => {};
+  const resumed = new Promise<number>((resolve) => {
+    resolveResumed = resolve;
+  });
+  const started = performance.now();
+  const done = (async () => {
+    const onResume = qmp
+      .waitEvent("RESUME", { signal })
+      .then(() => resolveResumed(performance.now() - started));
+    onResume.catch(() => {});
+    const result = await captureLive({
+      qmp,
+      pid: handle.pid,
+      memoryFile: handle.memoryImage,
+      memoryBytes: ramBytes,
+      socketDir: handle.runDir,
+      socketOwner: handle.vmOwner ?? undefined,
+      deviceStatePath,
+      sink,
+      pages: "private",
+      whileStopped,
+      signal,
+    });
+    resolveResumed(result.pauseWallMs);
+    const { pages, data } = sortPages(sink.take());
+    return { pages, data, pauseMs: result.pauseWallMs, captureMs: result.totalMs, release: () => {} };
+  })();
+  done.catch(() => resolveResumed(Number.NaN));
+  return { done, resumed: Promise.race([resumed, done.then((c) => c.pauseMs)]) };
 }
 
 /** Pages captured in one pause, sorted by index, and when the source ran again. */

@@ -13,7 +13,7 @@ import { type BuiltImage, buildImage, loadTemplate } from "../../image/index.js"
 import type { ConfinementConfig } from "../../isolation/confinement.js";
 import { canonicalEntries, type EgressPolicy, parseEgressPolicy } from "../../net/policy.js";
 import type { SnapshotManifest } from "../../store/manifest.js";
-import { SnapshotStore } from "../../store/snapshot-store.js";
+import { SnapshotStore, type SnapshotWriter } from "../../store/snapshot-store.js";
 import { restoreCompatibilityKey } from "../../vmm/qemu-args.js";
 import { createOverlay, qemuVersion } from "../../vmm/qemu-tools.js";
 import { saveDeviceState } from "../../vmm/snapshot.js";
@@ -132,56 +132,10 @@ export async function createSnapshot(
 
     crashPoint("snapshot.booted");
     progress({ step: "save", message: "pausing parent and saving device state" });
-    const qmp = await booted.vm.qmp({ signal });
-    const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), {
-      signal,
-      // A confined parent sees only its run directory: it writes the state there first.
-      drop: booted.owner ? { dir: runDir, owner: booted.owner } : undefined,
-    });
-    crashPoint("snapshot.saved");
-    booted.agent.close();
-    // The parent must never run again: its RAM file is now the snapshot's memory.
-    await booted.vm.kill({ graceMs: 2000 });
-    // The parent's uid wrote them; from now on they are the snapshot's, and root's.
-    for (const name of [SNAPSHOT_FILES.memory, SNAPSHOT_FILES.disk]) await lchown(writer.file(name), 0, 0);
-
+    const saveMs = await saveParent(booted, writer, runDir, signal);
     progress({ step: "commit", message: "hashing and committing snapshot" });
-    const version = await qemuVersion();
-    const { shape } = booted;
     const manifest = await writer.commit(
-      {
-        template: {
-          name: template.name,
-          interpreter: template.interpreter,
-          ...(template.egress ? { egress: templateEgressPolicy(template) } : {}),
-        },
-        image: {
-          hash: image.hash,
-          buildId: image.manifest.buildId,
-          rootfs: image.rootfs,
-          kernel: image.kernel,
-          initrd: image.initrd,
-        },
-        machine: {
-          accel: shape.accel,
-          cpu: shape.cpuModel,
-          memoryMiB: shape.memoryMiB,
-          vcpus: shape.vcpus,
-          cmdline: shape.kernelCmdline,
-          tscKhz: shape.tscKhz ?? null,
-          compatKey: restoreCompatibilityKey(booted.vm.spec),
-          nic: shape.nic ?? null,
-          qemuVersion: version.version,
-        },
-        timings: {
-          bootMs: Math.round(booted.bootMs),
-          warmupMs: Math.round(booted.warmupMs),
-          saveMs: Math.round(saved.ms * 10) / 10,
-        },
-        parent: null,
-        memory: { format: "flat", ramBytes: shape.memoryMiB * 1024 * 1024, pages: shape.memoryMiB * 256 },
-        origin: { kind: "template", mode: null, sourceSandbox: null, pauseMs: null },
-      },
+      parentManifest(template, image, booted, { saveMs, qemu: (await qemuVersion()).version }),
       [SNAPSHOT_FILES.memory, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk],
       signal,
     );
@@ -194,6 +148,74 @@ export async function createSnapshot(
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Pauses the booted parent, saves its device state into the snapshot and kills it: it must never run again, its
+ * RAM file is now the snapshot's memory. Returns how long the save took.
+ */
+async function saveParent(
+  booted: BootedVm,
+  writer: SnapshotWriter,
+  runDir: string,
+  signal: AbortSignal | undefined,
+): Promise<number> {
+  const qmp = await booted.vm.qmp({ signal });
+  const saved = await saveDeviceState(qmp, writer.file(SNAPSHOT_FILES.deviceState), {
+    signal,
+    // A confined parent sees only its run directory: it writes the state there first.
+    drop: booted.owner ? { dir: runDir, owner: booted.owner } : undefined,
+  });
+  crashPoint("snapshot.saved");
+  booted.agent.close();
+  // The parent must never run again: its RAM file is now the snapshot's memory.
+  await booted.vm.kill({ graceMs: 2000 });
+  // The parent's uid wrote them; from now on they are the snapshot's, and root's.
+  for (const name of [SNAPSHOT_FILES.memory, SNAPSHOT_FILES.disk]) await lchown(writer.file(name), 0, 0);
+  return saved.ms;
+}
+
+/** The manifest of a snapshot booted from `template`: its image, the machine its children must match, timings. */
+function parentManifest(
+  template: BootTemplate,
+  image: BuiltImage,
+  booted: BootedVm,
+  facts: { saveMs: number; qemu: string },
+): Omit<SnapshotManifest, "format" | "tag" | "files" | "createdAtUnix"> {
+  const { shape } = booted;
+  return {
+    template: {
+      name: template.name,
+      interpreter: template.interpreter,
+      ...(template.egress ? { egress: templateEgressPolicy(template) } : {}),
+    },
+    image: {
+      hash: image.hash,
+      buildId: image.manifest.buildId,
+      rootfs: image.rootfs,
+      kernel: image.kernel,
+      initrd: image.initrd,
+    },
+    machine: {
+      accel: shape.accel,
+      cpu: shape.cpuModel,
+      memoryMiB: shape.memoryMiB,
+      vcpus: shape.vcpus,
+      cmdline: shape.kernelCmdline,
+      tscKhz: shape.tscKhz ?? null,
+      compatKey: restoreCompatibilityKey(booted.vm.spec),
+      nic: shape.nic ?? null,
+      qemuVersion: facts.qemu,
+    },
+    timings: {
+      bootMs: Math.round(booted.bootMs),
+      warmupMs: Math.round(booted.warmupMs),
+      saveMs: Math.round(facts.saveMs * 10) / 10,
+    },
+    parent: null,
+    memory: { format: "flat", ramBytes: shape.memoryMiB * 1024 * 1024, pages: shape.memoryMiB * 256 },
+    origin: { kind: "template", mode: null, sourceSandbox: null, pauseMs: null },
+  };
 }
 
 /**

@@ -27,8 +27,9 @@ import type {
 } from "../sandbox-service.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
-import { packSnapshot, unpackSnapshot } from "./packs.js";
+import { packSnapshot } from "./pack.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
+import { unpackSnapshot } from "./unpack.js";
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
@@ -339,7 +340,7 @@ export class DaemonSnapshots implements SnapshotService {
 
   /**
    * Receives a pack (at most `maxBytes`) into the transfers directory, then verifies and installs it, all or
-   * nothing (packs.ts: a pack is hostile input). The received file is removed either way.
+   * nothing (unpack.ts: a pack is hostile input). The received file is removed either way.
    */
   async unpack(request: UnpackRequest): Promise<UnpackResult> {
     const dir = await this.transferDir("unpack-");

@@ -44,14 +44,8 @@ import {
   parsePackManifest,
 } from "../../store/pack-format.js";
 import type { UnpackResult } from "../sandbox-service.js";
-import {
-  type PackedFile,
-  type PackSource,
-  packManifestBytes,
-  preparePack,
-  type UnpackOptions,
-  unpackSnapshot,
-} from "./packs.js";
+import { type PackedFile, packManifestBytes, preparePack } from "./pack.js";
+import { type PackSource, type UnpackOptions, unpackSnapshot } from "./unpack.js";
 
 export const PACK_CONFIG_MEDIA_TYPE = "application/vnd.forkd.pack.v1+json";
 export const PACK_PART_MEDIA_TYPE = "application/vnd.forkd.pack.part.v1.tar+zstd";

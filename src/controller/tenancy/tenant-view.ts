@@ -19,6 +19,7 @@ import { isValidTag } from "../../common/names.js";
 import type {
   SandboxInfo,
   SandboxService,
+  SnapshotDeleteOptions,
   SnapshotDetail,
   SnapshotInfo,
   SnapshotService,
@@ -241,19 +242,7 @@ class TenantScope {
       pause: mine((id, request?: Parameters<SandboxService["pause"]>[1]) => inner.pause(id, request)),
       resume: mine((id, request?: Parameters<SandboxService["resume"]>[1]) => inner.resume(id, request)),
       workspaces: adminOnlyWorkspaces(),
-      killAll: async (filter) => {
-        const killed: string[] = [];
-        for (const sb of inner.list(filter).filter((s) => s.owner === tenant)) {
-          try {
-            await inner.kill(sb.id);
-            killed.push(sb.id);
-          } catch (err) {
-            // Killed meanwhile by another request: gone either way.
-            if (!(err instanceof ForkdError && err.code === "not_found")) throw err;
-          }
-        }
-        return killed;
-      },
+      killAll: (filter) => this.killAllOwn(filter),
       setTimeout: mine((id, ms: number) => inner.setTimeout(id, ms)),
       extendTimeout: mine((id, ms: number) => inner.extendTimeout(id, ms)),
       accessTokens: mine((id) => inner.accessTokens(id)),
@@ -263,14 +252,7 @@ class TenantScope {
       metrics: mine((id, options?: { signal?: AbortSignal }) => inner.metrics(id, options)),
       networkStatus: () => inner.networkStatus(),
       confinementStatus: () => inner.confinementStatus(),
-      usage: async (filter) => {
-        const own = inner
-          .list()
-          .filter((s) => s.owner === tenant)
-          .map((s) => s.id);
-        const ids = filter?.ids === undefined ? own : filter.ids.filter((id) => own.includes(id));
-        return inner.usage({ ids });
-      },
+      usage: (filter) => this.ownUsage(filter),
       // Its sandbox counts describe every tenant's activity, like /metrics.
       host: async () => {
         throw new ForkdError(
@@ -324,23 +306,7 @@ class TenantScope {
         return this.scrubDetail(await inner.detail(tag));
       },
       create: async (request) => this.scrub(await inner.create({ ...request, owner: tenant })),
-      delete: async (tag, options = {}) => {
-        await this.ownSnapshot(tag);
-        if (options.cascade) {
-          // Cascading would delete what depends on it: only when all of that is the tenant's too.
-          const detail = await inner.detail(tag);
-          const owners = new Map((await inner.list()).map((s) => [s.tag, s.owner]));
-          if (detail.all_dependents.some((t) => owners.get(t) !== tenant)) {
-            throw conflict(`snapshot ${JSON.stringify(tag)} has dependents that are not yours`);
-          }
-        }
-        try {
-          return await inner.delete(tag, options);
-        } catch (err) {
-          if (err instanceof ForkdError && err.code === "conflict") throw this.deleteConflict(tag, err);
-          throw err;
-        }
-      },
+      delete: (tag, options) => this.deleteOwn(tag, options),
       compact: async (request) => {
         await this.snapshot(request.from);
         return this.scrub(await inner.compact({ ...request, owner: tenant }));
@@ -359,32 +325,7 @@ class TenantScope {
         await this.ownSnapshot(tag);
         return inner.retire(tag);
       },
-      aliases: {
-        list: () => this.visibleAliases(),
-        get: async (alias) => {
-          assertAlias(alias);
-          const row = (await this.visibleAliases()).find((a) => a.alias === alias);
-          if (!row) throw aliasNotFound(alias);
-          return row;
-        },
-        set: async (alias, tag) => {
-          await this.claimableAlias(alias);
-          await this.snapshot(tag);
-          return inner.aliases.set(alias, tag, tenant);
-        },
-        delete: async (alias) => {
-          assertAlias(alias);
-          const row = (await inner.aliases.list()).find((a) => a.alias === alias);
-          if (row === undefined || (row.owner !== tenant && row.owner !== null)) throw aliasNotFound(alias);
-          if (row.owner === null) {
-            throw new ForkdError(
-              "forbidden",
-              `template alias ${JSON.stringify(alias)} is the daemon's: only an admin can delete it`,
-            );
-          }
-          inner.aliases.delete(alias);
-        },
-      },
+      aliases: this.aliases(),
       resolveTemplate: async (name, options = {}) => {
         assertAlias(name);
         const alias = (await this.visibleAliases()).find((a) => a.alias === name);
@@ -401,6 +342,85 @@ class TenantScope {
         throw notFound(`template ${JSON.stringify(name)} not found (no alias or snapshot of that name)`);
       },
       defaultTemplate: () => this.defaultTemplate(),
+    };
+  }
+
+  /** Kills the tenant's sandboxes (of one snapshot, if given); returns the ids killed. */
+  private async killAllOwn(filter?: { snapshotTag?: string }): Promise<string[]> {
+    const inner = this.inner.sandboxes;
+    const killed: string[] = [];
+    for (const sb of inner.list(filter).filter((s) => s.owner === this.tenant)) {
+      try {
+        await inner.kill(sb.id);
+        killed.push(sb.id);
+      } catch (err) {
+        // Killed meanwhile by another request: gone either way.
+        if (!(err instanceof ForkdError && err.code === "not_found")) throw err;
+      }
+    }
+    return killed;
+  }
+
+  /** Host-side use of the tenant's sandboxes (all, or those of `ids` that are its own). */
+  private async ownUsage(filter?: { ids?: readonly string[] }) {
+    const inner = this.inner.sandboxes;
+    const own = inner
+      .list()
+      .filter((s) => s.owner === this.tenant)
+      .map((s) => s.id);
+    const ids = filter?.ids === undefined ? own : filter.ids.filter((id) => own.includes(id));
+    return inner.usage({ ids });
+  }
+
+  /** Deletes a snapshot of the tenant's; cascading only when everything that depends on it is its own too. */
+  private async deleteOwn(tag: string, options: SnapshotDeleteOptions = {}) {
+    const inner = this.inner.snapshots;
+    await this.ownSnapshot(tag);
+    if (options.cascade) {
+      // Cascading would delete what depends on it: only when all of that is the tenant's too.
+      const detail = await inner.detail(tag);
+      const owners = new Map((await inner.list()).map((s) => [s.tag, s.owner]));
+      if (detail.all_dependents.some((t) => owners.get(t) !== this.tenant)) {
+        throw conflict(`snapshot ${JSON.stringify(tag)} has dependents that are not yours`);
+      }
+    }
+    try {
+      return await inner.delete(tag, options);
+    } catch (err) {
+      if (err instanceof ForkdError && err.code === "conflict") throw this.deleteConflict(tag, err);
+      throw err;
+    }
+  }
+
+  /** Template aliases as the tenant sees them: its own and the shared templates' (those read-only). */
+  private aliases(): SnapshotService["aliases"] {
+    const inner = this.inner.snapshots;
+    const tenant = this.tenant;
+    return {
+      list: () => this.visibleAliases(),
+      get: async (alias) => {
+        assertAlias(alias);
+        const row = (await this.visibleAliases()).find((a) => a.alias === alias);
+        if (!row) throw aliasNotFound(alias);
+        return row;
+      },
+      set: async (alias, tag) => {
+        await this.claimableAlias(alias);
+        await this.snapshot(tag);
+        return inner.aliases.set(alias, tag, tenant);
+      },
+      delete: async (alias) => {
+        assertAlias(alias);
+        const row = (await inner.aliases.list()).find((a) => a.alias === alias);
+        if (row === undefined || (row.owner !== tenant && row.owner !== null)) throw aliasNotFound(alias);
+        if (row.owner === null) {
+          throw new ForkdError(
+            "forbidden",
+            `template alias ${JSON.stringify(alias)} is the daemon's: only an admin can delete it`,
+          );
+        }
+        inner.aliases.delete(alias);
+      },
     };
   }
 

@@ -49,7 +49,18 @@ import {
   sandboxToWire,
 } from "./wire.js";
 
-type IdRequest = { Params: Static<typeof SandboxIdParams> };
+type IdRoute = { Params: Static<typeof SandboxIdParams> };
+type CreateRoute = { Body: Static<typeof NewSandbox> };
+type ListRoute = { Querystring: Static<typeof ListSandboxesQuery> };
+type ListV1Route = { Querystring: Static<typeof ListSandboxesV1Query> };
+type TimeoutRoute = IdRoute & { Body: Static<typeof TimeoutBody> };
+type RefreshRoute = IdRoute & { Body: Static<typeof RefreshBody> };
+type ConnectRoute = IdRoute & { Body: Static<typeof ConnectBody> };
+type PauseRoute = IdRoute & { Body: Static<typeof PauseBody> };
+type ResumeRoute = IdRoute & { Body: Static<typeof ResumeBody> };
+type NetworkRoute = IdRoute & { Body: Static<typeof NetworkUpdate> };
+type MetricsRoute = IdRoute & { Querystring: Static<typeof MetricsQuery> };
+type ManyMetricsRoute = { Querystring: Static<typeof ManyMetricsQuery> };
 
 /** A sandbox that is running, by the id E2B names it with; anything else is E2B's 404. */
 export function runningSandbox(services: Services, id: string): SandboxInfo {
@@ -99,359 +110,329 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
 }
 
 export function registerSandboxRoutes(app: FastifyInstance, context: E2bContext): void {
-  const domain = context.domain ?? null;
-  const toSandbox = (request: FastifyRequest, info: SandboxInfo) =>
-    sandboxToWire(info, servicesOf(request).sandboxes.accessTokens(info.id), domain);
-  /** Resumes `id`; a resume another request already finished counts (two connects at once both succeed). */
-  const resumeOrJoin = async (
-    { sandboxes }: Services,
-    id: string,
-    timeoutMs: number,
-    signal: AbortSignal,
-  ): Promise<SandboxInfo> => {
-    try {
-      return await sandboxes.resume(id, { timeoutMs, signal });
-    } catch (err) {
-      if (err instanceof ForkdError && err.code === "conflict" && sandboxes.get(id).status === "running") {
-        return sandboxes.extendTimeout(id, timeoutMs);
-      }
-      throw err;
-    }
-  };
-
-  const create = async (
-    request: FastifyRequest<{ Body: Static<typeof NewSandbox> }>,
-    reply: FastifyReply,
-  ): Promise<FastifyReply> => {
-    const body = request.body;
-    refuseUnsupported(body);
-    const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
-    const template = await resolveTemplateName(servicesOf(request), body.templateID);
-    const [info] = await servicesOf(request).sandboxes.spawn({
-      snapshotTag: template.tag,
-      n: 1,
-      timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
-      metadata: body.metadata,
-      env: body.envVars,
-      templateAlias: template.alias ?? undefined,
-      onTimeout: body.autoPause === true ? "pause" : "kill",
-      autoResume: body.autoResume?.enabled === true,
-      network: network.egress,
-      inbound: network.inbound,
-      signal: clientSignal(request, reply),
-    });
-    const created = info as SandboxInfo;
-    request.auditIds.push(created.id);
-    return reply.status(201).send(toSandbox(request, created));
-  };
   for (const url of ["/v2/sandboxes", "/sandboxes"]) {
-    app.post(
-      url,
-      {
-        schema: {
-          summary: url === "/sandboxes" ? "Create a sandbox (v1; `secure` is ignored)" : "Create a sandbox",
-          description:
-            "templateID is a template alias or snapshot tag; E2B's default names (base, code-interpreter-v1) " +
-            "mean the daemon's default snapshot. Default timeout 300 s. allow_internet_access and network " +
-            "(allowOut, denyOut, allowPublicTraffic, maskRequestHost, httpsPorts) as E2B defines them; without " +
-            "either the daemon's --egress applies. autoPause: the end of the lifetime pauses it; autoResume: a " +
-            "data-plane request resumes it. 404 unknown template; 501 for options forkd cannot honour " +
-            "(autoPauseMemory false, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
-          body: NewSandbox,
-          response: { 201: Sandbox, ...errorResponses },
-        },
-      },
-      create,
+    app.post<CreateRoute>(url, { schema: createSchema(url) }, (request, reply) =>
+      createSandbox(context, request, reply),
     );
   }
-
-  app.get<{ Querystring: Static<typeof ListSandboxesQuery> }>(
-    "/v2/sandboxes",
-    {
-      schema: {
-        summary: "List sandboxes (paginated)",
-        description:
-          "Filters: metadata, state (running, paused; both by default), startedAfter, template. " +
-          "Newest first unless order=asc. X-Next-Token names the next page; X-Total-Running counts the matches.",
-        querystring: ListSandboxesQuery,
-        response: { 200: Type.Array(ListedSandbox), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      const query = request.query;
-      const states = parseStates(query.state);
-      const metadata = parseMetadataFilter(query.metadata);
-      const startedAfter = parseDate(query.startedAfter);
-      const services = servicesOf(request);
-      const template = query.template ? await resolveTemplateName(services, query.template, false) : null;
-      const matching = services.sandboxes
-        .list()
-        .filter((s) => {
-          const state = e2bState(s);
-          return state !== null && states.includes(state);
-        })
-        .filter((s) => matchesMetadata(s.metadata, metadata))
-        .filter((s) => startedAfter === null || s.created_at_unix * 1000 >= startedAfter)
-        .filter((s) => template === null || s.snapshot_tag === template.tag);
-      const key = (s: SandboxInfo) => `${String(s.created_at_unix).padStart(12, "0")}:${s.id}`;
-      matching.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
-      if (query.order !== "asc") matching.reverse();
-      // Descending lists compare keys the other way round: invert them so the cursor logic stays ascending.
-      const sortKey = query.order === "asc" ? key : (s: SandboxInfo) => invertKey(key(s));
-      const page = paginate(matching, sortKey, query.limit ?? 100, query.nextToken);
-      if (page.nextToken !== undefined) reply.header("x-next-token", page.nextToken);
-      reply.header("x-total-running", String(matching.length));
-      return Promise.all(
-        page.items.map(async (s) =>
-          listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag)),
-        ),
-      );
-    },
+  app.get<ListRoute>("/v2/sandboxes", { schema: listSchema }, (request, reply) =>
+    listSandboxes(context, request, reply),
   );
-
-  app.get<{ Querystring: Static<typeof ListSandboxesV1Query> }>(
-    "/sandboxes",
-    {
-      schema: {
-        summary: "List running sandboxes (v1, unpaginated)",
-        querystring: ListSandboxesV1Query,
-        response: { 200: Type.Array(ListedSandbox), ...errorResponses },
-      },
-    },
-    async (request) => {
-      const metadata = parseMetadataFilter(request.query.metadata);
-      const services = servicesOf(request);
-      const running = services.sandboxes
-        .list()
-        .filter((s) => s.status === "running" && matchesMetadata(s.metadata, metadata));
-      return Promise.all(
-        running.map(async (s) => listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag))),
-      );
-    },
-  );
-
-  app.get<IdRequest>(
-    "/sandboxes/:sandboxID",
-    {
-      schema: {
-        summary: "One sandbox",
-        params: SandboxIdParams,
-        response: { 200: SandboxDetail, ...errorResponses },
-      },
-    },
-    async (request) => {
-      const info = knownSandbox(servicesOf(request), request.params.sandboxID);
-      const facts = await context.facts.of(servicesOf(request).snapshots, info.snapshot_tag);
-      return detailToWire(info, facts, servicesOf(request).sandboxes.accessTokens(info.id), domain);
-    },
-  );
-
-  app.delete<IdRequest>(
-    "/sandboxes/:sandboxID",
-    {
-      schema: {
-        summary: "Kill a sandbox",
-        params: SandboxIdParams,
-        response: { 204: Type.Null(), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      const id = request.params.sandboxID;
-      if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
-      await servicesOf(request).sandboxes.kill(id);
-      return reply.status(204).send();
-    },
-  );
-
-  app.post<IdRequest & { Body: Static<typeof TimeoutBody> }>(
-    "/sandboxes/:sandboxID/timeout",
-    {
-      schema: {
-        summary: "Set the remaining lifetime (seconds from now; may shorten it)",
-        params: SandboxIdParams,
-        body: TimeoutBody,
-        response: { 204: Type.Null(), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      runningSandbox(servicesOf(request), request.params.sandboxID);
-      servicesOf(request).sandboxes.setTimeout(request.params.sandboxID, request.body.timeout * 1000);
-      return reply.status(204).send();
-    },
-  );
-
-  app.post<IdRequest & { Body: Static<typeof RefreshBody> }>(
-    "/sandboxes/:sandboxID/refreshes",
-    {
-      schema: {
-        summary: "Keep the sandbox alive at least `duration` seconds more (never shortens)",
-        params: SandboxIdParams,
-        body: OptionalBody(RefreshBody),
-        response: { 204: Type.Null(), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      runningSandbox(servicesOf(request), request.params.sandboxID);
-      const seconds = request.body?.duration ?? DEFAULT_TIMEOUT_SECONDS;
-      servicesOf(request).sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
-      return reply.status(204).send();
-    },
-  );
-
+  app.get<ListV1Route>("/sandboxes", { schema: listV1Schema }, (request) => listRunning(context, request));
+  app.get<IdRoute>("/sandboxes/:sandboxID", { schema: getSchema }, (request) => getSandbox(context, request));
+  app.delete<IdRoute>("/sandboxes/:sandboxID", { schema: killSchema }, killSandbox);
+  app.post<TimeoutRoute>("/sandboxes/:sandboxID/timeout", { schema: timeoutSchema }, setSandboxTimeout);
+  app.post<RefreshRoute>("/sandboxes/:sandboxID/refreshes", { schema: refreshSchema }, refreshSandbox);
   for (const url of ["/v2/sandboxes/:sandboxID/connect", "/sandboxes/:sandboxID/connect"]) {
-    app.post<IdRequest & { Body: Static<typeof ConnectBody> }>(
-      url,
-      {
-        schema: {
-          summary:
-            "Connect to a sandbox: a paused one is resumed (201), a running one gets its lifetime extended (200)",
-          description:
-            "Its access tokens either way. Default timeout 300 s: a resumed sandbox lives that long from now, a " +
-            "running one at least that long (never shortened). memory: false (resume by a cold boot) is 501.",
-          params: SandboxIdParams,
-          body: OptionalBody(ConnectBody),
-          response: { 200: Sandbox, 201: Sandbox, ...errorResponses },
-        },
-      },
-      async (request, reply) => {
-        const id = request.params.sandboxID;
-        const info = knownSandbox(servicesOf(request), id);
-        const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
-        if (e2bState(info) === "paused") {
-          refuseMemoryless(request.body?.memory, "resume");
-          const resumed = await resumeOrJoin(
-            servicesOf(request),
-            id,
-            seconds * 1000,
-            clientSignal(request, reply),
-          );
-          return reply.status(201).send(toSandbox(request, resumed));
-        }
-        return reply
-          .status(200)
-          .send(toSandbox(request, servicesOf(request).sandboxes.extendTimeout(id, seconds * 1000)));
-      },
+    app.post<ConnectRoute>(url, { schema: connectSchema }, (request, reply) =>
+      connectSandbox(context, request, reply),
     );
   }
-
-  app.post<IdRequest & { Body: Static<typeof PauseBody> }>(
-    "/sandboxes/:sandboxID/pause",
-    {
-      schema: {
-        summary: "Pause: the sandbox's memory, processes and files saved, its VM stopped; connect resumes it",
-        description:
-          "204 once it is paused; 409 if it already is (the SDK's pause() then returns false). memory: false " +
-          "(a filesystem-only snapshot) is 501: forkd always keeps memory.",
-        params: SandboxIdParams,
-        body: OptionalBody(PauseBody),
-        response: { 204: Type.Null(), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      const id = request.params.sandboxID;
-      const info = knownSandbox(servicesOf(request), id);
-      if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
-      refuseMemoryless(request.body?.memory, "pause");
-      await servicesOf(request).sandboxes.pause(id, { signal: clientSignal(request, reply) });
-      return reply.status(204).send();
-    },
+  app.post<PauseRoute>("/sandboxes/:sandboxID/pause", { schema: pauseSchema }, pauseSandbox);
+  app.post<ResumeRoute>("/sandboxes/:sandboxID/resume", { schema: resumeSchema }, (request, reply) =>
+    resumeSandbox(context, request, reply),
   );
+  app.put<NetworkRoute>("/sandboxes/:sandboxID/network", { schema: networkSchema }, updateNetwork);
+  app.get<MetricsRoute>("/sandboxes/:sandboxID/metrics", { schema: metricsSchema }, sandboxMetrics);
+  app.get<ManyMetricsRoute>("/sandboxes/metrics", { schema: manyMetricsSchema }, manySandboxMetrics);
+}
 
-  app.post<IdRequest & { Body: Static<typeof ResumeBody> }>(
-    "/sandboxes/:sandboxID/resume",
-    {
-      schema: {
-        summary: "Resume a paused sandbox (v1; connect is the current form); a running one answers 409",
-        description: "timeout (seconds) defaults to 15, as E2B declares it for this route.",
-        params: SandboxIdParams,
-        body: OptionalBody(ResumeBody),
-        response: { 201: Sandbox, ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      const id = request.params.sandboxID;
-      const info = knownSandbox(servicesOf(request), id);
-      if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
-      refuseMemoryless(request.body?.memory, "resume");
-      const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
-      const resumed = await resumeOrJoin(
-        servicesOf(request),
-        id,
-        seconds * 1000,
-        clientSignal(request, reply),
-      );
-      return reply.status(201).send(toSandbox(request, resumed));
-    },
+/** A sandbox as E2B's create, connect and resume answer it: with its access tokens (the caller's, by its view). */
+function toSandbox(context: E2bContext, request: FastifyRequest, info: SandboxInfo): Static<typeof Sandbox> {
+  return sandboxToWire(info, servicesOf(request).sandboxes.accessTokens(info.id), context.domain ?? null);
+}
+
+/** Resumes `id`; a resume another request already finished counts (two connects at once both succeed). */
+async function resumeOrJoin(
+  { sandboxes }: Services,
+  id: string,
+  timeoutMs: number,
+  signal: AbortSignal,
+): Promise<SandboxInfo> {
+  try {
+    return await sandboxes.resume(id, { timeoutMs, signal });
+  } catch (err) {
+    if (err instanceof ForkdError && err.code === "conflict" && sandboxes.get(id).status === "running") {
+      return sandboxes.extendTimeout(id, timeoutMs);
+    }
+    throw err;
+  }
+}
+
+const createSchema = (url: string) => ({
+  summary: url === "/sandboxes" ? "Create a sandbox (v1; `secure` is ignored)" : "Create a sandbox",
+  description:
+    "templateID is a template alias or snapshot tag; E2B's default names (base, code-interpreter-v1) " +
+    "mean the daemon's default snapshot. Default timeout 300 s. allow_internet_access and network " +
+    "(allowOut, denyOut, allowPublicTraffic, maskRequestHost, httpsPorts) as E2B defines them; without " +
+    "either the daemon's --egress applies. autoPause: the end of the lifetime pauses it; autoResume: a " +
+    "data-plane request resumes it. 404 unknown template; 501 for options forkd cannot honour " +
+    "(autoPauseMemory false, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
+  body: NewSandbox,
+  response: { 201: Sandbox, ...errorResponses },
+});
+
+async function createSandbox(context: E2bContext, request: FastifyRequest<CreateRoute>, reply: FastifyReply) {
+  const body = request.body;
+  refuseUnsupported(body);
+  const network = networkFromE2b(body.allow_internet_access, body.network, context.privateTraffic);
+  const services = servicesOf(request);
+  const template = await resolveTemplateName(services, body.templateID);
+  const [info] = await services.sandboxes.spawn({
+    snapshotTag: template.tag,
+    n: 1,
+    timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
+    metadata: body.metadata,
+    env: body.envVars,
+    templateAlias: template.alias ?? undefined,
+    onTimeout: body.autoPause === true ? "pause" : "kill",
+    autoResume: body.autoResume?.enabled === true,
+    network: network.egress,
+    inbound: network.inbound,
+    signal: clientSignal(request, reply),
+  });
+  const created = info as SandboxInfo;
+  request.auditIds.push(created.id);
+  return reply.status(201).send(toSandbox(context, request, created));
+}
+
+const listSchema = {
+  summary: "List sandboxes (paginated)",
+  description:
+    "Filters: metadata, state (running, paused; both by default), startedAfter, template. " +
+    "Newest first unless order=asc. X-Next-Token names the next page; X-Total-Running counts the matches.",
+  querystring: ListSandboxesQuery,
+  response: { 200: Type.Array(ListedSandbox), ...errorResponses },
+};
+
+async function listSandboxes(context: E2bContext, request: FastifyRequest<ListRoute>, reply: FastifyReply) {
+  const query = request.query;
+  const states = parseStates(query.state);
+  const metadata = parseMetadataFilter(query.metadata);
+  const startedAfter = parseDate(query.startedAfter);
+  const services = servicesOf(request);
+  const template = query.template ? await resolveTemplateName(services, query.template, false) : null;
+  const matching = services.sandboxes
+    .list()
+    .filter((s) => {
+      const state = e2bState(s);
+      return state !== null && states.includes(state);
+    })
+    .filter((s) => matchesMetadata(s.metadata, metadata))
+    .filter((s) => startedAfter === null || s.created_at_unix * 1000 >= startedAfter)
+    .filter((s) => template === null || s.snapshot_tag === template.tag);
+  const key = (s: SandboxInfo) => `${String(s.created_at_unix).padStart(12, "0")}:${s.id}`;
+  matching.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+  if (query.order !== "asc") matching.reverse();
+  // Descending lists compare keys the other way round: invert them so the cursor logic stays ascending.
+  const sortKey = query.order === "asc" ? key : (s: SandboxInfo) => invertKey(key(s));
+  const page = paginate(matching, sortKey, query.limit ?? 100, query.nextToken);
+  if (page.nextToken !== undefined) reply.header("x-next-token", page.nextToken);
+  reply.header("x-total-running", String(matching.length));
+  return Promise.all(
+    page.items.map(async (s) => listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag))),
   );
+}
 
-  app.put<IdRequest & { Body: Static<typeof NetworkUpdate> }>(
-    "/sandboxes/:sandboxID/network",
-    {
-      schema: {
-        summary: "Replace a running sandbox's egress configuration",
-        description:
-          "allow_internet_access, allowOut, denyOut as at create; a field left out is cleared, and an empty " +
-          "body gives the sandbox the daemon's default egress. Takes effect at once, for established " +
-          "connections too. 409 for a sandbox without a network of its own.",
-        params: SandboxIdParams,
-        body: OptionalBody(NetworkUpdate),
-        response: { 204: Type.Null(), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      runningSandbox(servicesOf(request), request.params.sandboxID);
-      const egress = egressFromE2b(request.body ?? {});
-      await servicesOf(request).sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
-      return reply.status(204).send();
-    },
+const listV1Schema = {
+  summary: "List running sandboxes (v1, unpaginated)",
+  querystring: ListSandboxesV1Query,
+  response: { 200: Type.Array(ListedSandbox), ...errorResponses },
+};
+
+async function listRunning(context: E2bContext, request: FastifyRequest<ListV1Route>) {
+  const metadata = parseMetadataFilter(request.query.metadata);
+  const services = servicesOf(request);
+  const running = services.sandboxes
+    .list()
+    .filter((s) => s.status === "running" && matchesMetadata(s.metadata, metadata));
+  return Promise.all(
+    running.map(async (s) => listedToWire(s, await context.facts.of(services.snapshots, s.snapshot_tag))),
   );
+}
 
-  app.get<IdRequest & { Querystring: Static<typeof MetricsQuery> }>(
-    "/sandboxes/:sandboxID/metrics",
-    {
-      schema: {
-        summary: "What the sandbox uses now (one sample: forkd keeps no history)",
-        params: SandboxIdParams,
-        querystring: MetricsQuery,
-        response: { 200: Type.Array(SandboxMetric), ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      runningSandbox(servicesOf(request), request.params.sandboxID);
-      const sample = await servicesOf(request).sandboxes.metrics(request.params.sandboxID, {
-        signal: clientSignal(request, reply),
-      });
-      return [metricToWire(sample)];
-    },
-  );
+const getSchema = {
+  summary: "One sandbox",
+  params: SandboxIdParams,
+  response: { 200: SandboxDetail, ...errorResponses },
+};
 
-  app.get<{ Querystring: Static<typeof ManyMetricsQuery> }>(
-    "/sandboxes/metrics",
-    {
-      schema: {
-        summary: "The latest sample of several sandboxes",
-        querystring: ManyMetricsQuery,
-        response: { 200: ManyMetrics, ...errorResponses },
-      },
-    },
-    async (request, reply) => {
-      const raw = request.query.sandbox_ids;
-      const ids = (Array.isArray(raw) ? raw : raw.split(",")).map((id) => id.trim()).filter(Boolean);
-      const signal = clientSignal(request, reply);
-      const out: Record<string, Static<typeof SandboxMetric>> = {};
-      for (const id of ids) {
-        const info = (() => {
-          try {
-            return runningSandbox(servicesOf(request), id);
-          } catch {
-            return null;
-          }
-        })();
-        if (info) out[id] = metricToWire(await servicesOf(request).sandboxes.metrics(id, { signal }));
+async function getSandbox(context: E2bContext, request: FastifyRequest<IdRoute>) {
+  const services = servicesOf(request);
+  const info = knownSandbox(services, request.params.sandboxID);
+  const facts = await context.facts.of(services.snapshots, info.snapshot_tag);
+  return detailToWire(info, facts, services.sandboxes.accessTokens(info.id), context.domain ?? null);
+}
+
+const killSchema = {
+  summary: "Kill a sandbox",
+  params: SandboxIdParams,
+  response: { 204: Type.Null(), ...errorResponses },
+};
+
+async function killSandbox(request: FastifyRequest<IdRoute>, reply: FastifyReply) {
+  const id = request.params.sandboxID;
+  if (!isValidSandboxId(id)) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
+  await servicesOf(request).sandboxes.kill(id);
+  return reply.status(204).send();
+}
+
+const timeoutSchema = {
+  summary: "Set the remaining lifetime (seconds from now; may shorten it)",
+  params: SandboxIdParams,
+  body: TimeoutBody,
+  response: { 204: Type.Null(), ...errorResponses },
+};
+
+async function setSandboxTimeout(request: FastifyRequest<TimeoutRoute>, reply: FastifyReply) {
+  const services = servicesOf(request);
+  runningSandbox(services, request.params.sandboxID);
+  services.sandboxes.setTimeout(request.params.sandboxID, request.body.timeout * 1000);
+  return reply.status(204).send();
+}
+
+const refreshSchema = {
+  summary: "Keep the sandbox alive at least `duration` seconds more (never shortens)",
+  params: SandboxIdParams,
+  body: OptionalBody(RefreshBody),
+  response: { 204: Type.Null(), ...errorResponses },
+};
+
+async function refreshSandbox(request: FastifyRequest<RefreshRoute>, reply: FastifyReply) {
+  const services = servicesOf(request);
+  runningSandbox(services, request.params.sandboxID);
+  const seconds = request.body?.duration ?? DEFAULT_TIMEOUT_SECONDS;
+  services.sandboxes.extendTimeout(request.params.sandboxID, seconds * 1000);
+  return reply.status(204).send();
+}
+
+const connectSchema = {
+  summary:
+    "Connect to a sandbox: a paused one is resumed (201), a running one gets its lifetime extended (200)",
+  description:
+    "Its access tokens either way. Default timeout 300 s: a resumed sandbox lives that long from now, a " +
+    "running one at least that long (never shortened). memory: false (resume by a cold boot) is 501.",
+  params: SandboxIdParams,
+  body: OptionalBody(ConnectBody),
+  response: { 200: Sandbox, 201: Sandbox, ...errorResponses },
+};
+
+async function connectSandbox(
+  context: E2bContext,
+  request: FastifyRequest<ConnectRoute>,
+  reply: FastifyReply,
+) {
+  const id = request.params.sandboxID;
+  const services = servicesOf(request);
+  const info = knownSandbox(services, id);
+  const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
+  if (e2bState(info) === "paused") {
+    refuseMemoryless(request.body?.memory, "resume");
+    const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+    return reply.status(201).send(toSandbox(context, request, resumed));
+  }
+  return reply
+    .status(200)
+    .send(toSandbox(context, request, services.sandboxes.extendTimeout(id, seconds * 1000)));
+}
+
+const pauseSchema = {
+  summary: "Pause: the sandbox's memory, processes and files saved, its VM stopped; connect resumes it",
+  description:
+    "204 once it is paused; 409 if it already is (the SDK's pause() then returns false). memory: false " +
+    "(a filesystem-only snapshot) is 501: forkd always keeps memory.",
+  params: SandboxIdParams,
+  body: OptionalBody(PauseBody),
+  response: { 204: Type.Null(), ...errorResponses },
+};
+
+async function pauseSandbox(request: FastifyRequest<PauseRoute>, reply: FastifyReply) {
+  const id = request.params.sandboxID;
+  const services = servicesOf(request);
+  const info = knownSandbox(services, id);
+  if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
+  refuseMemoryless(request.body?.memory, "pause");
+  await services.sandboxes.pause(id, { signal: clientSignal(request, reply) });
+  return reply.status(204).send();
+}
+
+const resumeSchema = {
+  summary: "Resume a paused sandbox (v1; connect is the current form); a running one answers 409",
+  description: "timeout (seconds) defaults to 15, as E2B declares it for this route.",
+  params: SandboxIdParams,
+  body: OptionalBody(ResumeBody),
+  response: { 201: Sandbox, ...errorResponses },
+};
+
+async function resumeSandbox(context: E2bContext, request: FastifyRequest<ResumeRoute>, reply: FastifyReply) {
+  const id = request.params.sandboxID;
+  const services = servicesOf(request);
+  const info = knownSandbox(services, id);
+  if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
+  refuseMemoryless(request.body?.memory, "resume");
+  const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
+  const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+  return reply.status(201).send(toSandbox(context, request, resumed));
+}
+
+const networkSchema = {
+  summary: "Replace a running sandbox's egress configuration",
+  description:
+    "allow_internet_access, allowOut, denyOut as at create; a field left out is cleared, and an empty " +
+    "body gives the sandbox the daemon's default egress. Takes effect at once, for established " +
+    "connections too. 409 for a sandbox without a network of its own.",
+  params: SandboxIdParams,
+  body: OptionalBody(NetworkUpdate),
+  response: { 204: Type.Null(), ...errorResponses },
+};
+
+async function updateNetwork(request: FastifyRequest<NetworkRoute>, reply: FastifyReply) {
+  const services = servicesOf(request);
+  runningSandbox(services, request.params.sandboxID);
+  const egress = egressFromE2b(request.body ?? {});
+  await services.sandboxes.setNetworkPolicy(request.params.sandboxID, egress ?? {});
+  return reply.status(204).send();
+}
+
+const metricsSchema = {
+  summary: "What the sandbox uses now (one sample: forkd keeps no history)",
+  params: SandboxIdParams,
+  querystring: MetricsQuery,
+  response: { 200: Type.Array(SandboxMetric), ...errorResponses },
+};
+
+async function sandboxMetrics(request: FastifyRequest<MetricsRoute>, reply: FastifyReply) {
+  const services = servicesOf(request);
+  runningSandbox(services, request.params.sandboxID);
+  const sample = await services.sandboxes.metrics(request.params.sandboxID, {
+    signal: clientSignal(request, reply),
+  });
+  return [metricToWire(sample)];
+}
+
+const manyMetricsSchema = {
+  summary: "The latest sample of several sandboxes",
+  querystring: ManyMetricsQuery,
+  response: { 200: ManyMetrics, ...errorResponses },
+};
+
+async function manySandboxMetrics(request: FastifyRequest<ManyMetricsRoute>, reply: FastifyReply) {
+  const raw = request.query.sandbox_ids;
+  const ids = (Array.isArray(raw) ? raw : raw.split(",")).map((id) => id.trim()).filter(Boolean);
+  const signal = clientSignal(request, reply);
+  const services = servicesOf(request);
+  const out: Record<string, Static<typeof SandboxMetric>> = {};
+  for (const id of ids) {
+    const info = (() => {
+      try {
+        return runningSandbox(services, id);
+      } catch {
+        return null;
       }
-      return { sandboxes: out };
-    },
-  );
+    })();
+    if (info) out[id] = metricToWire(await services.sandboxes.metrics(id, { signal }));
+  }
+  return { sandboxes: out };
 }
 
 function parseStates(state: string | string[] | undefined): string[] {

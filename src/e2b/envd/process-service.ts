@@ -111,171 +111,183 @@ async function* processEvents(
   }
 }
 
-export function processService(context: E2bContext): ServiceImpl<typeof Process> {
-  /** The call's sandbox's processes, as its caller's view of the services (that one sandbox) reaches them. */
-  const procsOf = (ctx: HandlerContext) => servicesOfCall(ctx).sandboxes.procs;
+type ProcessImpl = ServiceImpl<typeof Process>;
+type RequestOf<M extends keyof ProcessImpl> = Parameters<ProcessImpl[M]>[0];
 
+export function processService(context: E2bContext): ProcessImpl {
   return {
-    async *start(request, ctx) {
-      const session = sessionOf(ctx);
-      const user = await callUser(context, ctx);
-      const config = request.process;
-      if (!config || config.cmd === "") {
-        throw new ConnectError("process.cmd is required", Code.InvalidArgument);
-      }
-      const size = request.pty?.size;
-      if (request.pty !== undefined) {
-        if (!size || !inRange(size.cols) || !inRange(size.rows)) {
-          throw new ConnectError(
-            `pty size must be 1..${MAX_PTY_DIMENSION} columns and rows`,
-            Code.InvalidArgument,
-          );
-        }
-      }
-      let cwd: string;
-      try {
-        cwd = resolveGuestPath(config.cwd, user);
-      } catch (err) {
-        throw toConnectError(err);
-      }
-      const remaining = ctx.timeoutMs();
-      let handle: ProcHandle;
-      try {
-        handle = procsOf(ctx).start(session.sandboxId, [config.cmd, ...config.args], {
-          env: { HOME: user.home, USER: user.name, LOGNAME: user.name, ...config.envs },
-          cwd,
-          user: user.name,
-          ...(request.tag !== undefined ? { tag: request.tag } : {}),
-          ...(size ? { pty: { cols: size.cols, rows: size.rows } } : {}),
-          stdin: request.stdin ?? true,
-          ...(remaining !== undefined && remaining > 0 ? { timeoutMs: remaining } : {}),
-          signal: ctx.signal,
-        });
-      } catch (err) {
-        throw toConnectError(err);
-      }
-      const events = processEvents(handle, ctx, (err) => {
-        const connect = toConnectError(err);
-        // envd answers a process that cannot start (no such program, cwd missing) with InvalidArgument.
-        return connect.code === Code.NotFound
-          ? new ConnectError(
-              `error starting process '${config.cmd}': ${connect.rawMessage}`,
-              Code.InvalidArgument,
-            )
-          : connect;
-      });
-      for await (const event of events) yield { event };
-    },
+    start: (request, ctx) => startProcess(context, request, ctx),
+    connect: (request, ctx) => connectProcess(request, ctx),
+    list: (_request, ctx) => listProcesses(ctx),
+    sendInput: (request, ctx) => sendInput(request, ctx),
+    streamInput: (requests, ctx) => streamInput(requests, ctx),
+    sendSignal: (request, ctx) => sendSignal(request, ctx),
+    closeStdin: (request, ctx) => closeStdin(request, ctx),
+    update: (request, ctx) => updateProcess(request, ctx),
+  };
+}
 
-    async *connect(request, ctx) {
-      const session = sessionOf(ctx);
-      const selector = selectorOf(request.process);
-      let handle: ProcHandle;
-      try {
-        handle = procsOf(ctx).connect(session.sandboxId, selector, { signal: ctx.signal });
-      } catch (err) {
-        throw toConnectError(err);
-      }
-      for await (const event of processEvents(handle, ctx, toConnectError)) yield { event };
-    },
+/** The call's sandbox's processes, as its caller's view of the services (that one sandbox) reaches them. */
+const procsOf = (ctx: HandlerContext) => servicesOfCall(ctx).sandboxes.procs;
 
-    async list(_request, ctx) {
-      const session = sessionOf(ctx);
-      try {
-        const processes = await procsOf(ctx).list(session.sandboxId, { signal: ctx.signal });
-        return {
-          processes: processes
-            .filter((p) => p.running)
-            .map((p) => ({
-              pid: p.pid,
-              ...(p.tag !== null ? { tag: p.tag } : {}),
-              config: { cmd: p.argv[0] ?? "", args: p.argv.slice(1), envs: p.env, cwd: p.cwd },
-            })),
-        };
-      } catch (err) {
-        throw toConnectError(err);
-      }
-    },
-
-    async sendInput(request, ctx) {
-      const session = sessionOf(ctx);
-      const selector = selectorOf(request.process);
-      const input = request.input?.input;
-      if (input?.case !== "stdin" && input?.case !== "pty") {
-        throw new ConnectError("input (stdin or pty bytes) is required", Code.InvalidArgument);
-      }
-      await call(() =>
-        procsOf(ctx).input(session.sandboxId, selector, Buffer.from(input.value), { signal: ctx.signal }),
+async function* startProcess(
+  context: E2bContext,
+  request: RequestOf<"start">,
+  ctx: HandlerContext,
+): AsyncGenerator<{ event: EventInit }> {
+  const session = sessionOf(ctx);
+  const user = await callUser(context, ctx);
+  const config = request.process;
+  if (!config || config.cmd === "") {
+    throw new ConnectError("process.cmd is required", Code.InvalidArgument);
+  }
+  const size = request.pty?.size;
+  if (request.pty !== undefined) {
+    if (!size || !inRange(size.cols) || !inRange(size.rows)) {
+      throw new ConnectError(
+        `pty size must be 1..${MAX_PTY_DIMENSION} columns and rows`,
+        Code.InvalidArgument,
       );
-      return {};
-    },
-
-    async streamInput(requests, ctx) {
-      const session = sessionOf(ctx);
-      let selector: AgentSelector | undefined;
-      for await (const message of requests) {
-        const event = message.event;
-        if (event.case === "start") selector = selectorOf(event.value.process);
-        else if (event.case === "data") {
-          if (selector === undefined) {
-            throw new ConnectError("the stream must start with a start event", Code.InvalidArgument);
-          }
-          const input = event.value.input?.input;
-          if (input?.case === "stdin" || input?.case === "pty") {
-            const target = selector;
-            await call(() =>
-              procsOf(ctx).input(session.sandboxId, target, Buffer.from(input.value), {
-                signal: ctx.signal,
-              }),
-            );
-          }
-        }
-      }
-      return {};
-    },
-
-    async sendSignal(request, ctx) {
-      const session = sessionOf(ctx);
-      const selector = selectorOf(request.process);
-      const signal = SIGNALS[request.signal];
-      if (signal === undefined) {
-        throw new ConnectError("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL", Code.InvalidArgument);
-      }
-      await call(() => procsOf(ctx).signal(session.sandboxId, selector, signal, { signal: ctx.signal }));
-      return {};
-    },
-
-    async closeStdin(request, ctx) {
-      const session = sessionOf(ctx);
-      const selector = selectorOf(request.process);
-      await call(() => procsOf(ctx).closeStdin(session.sandboxId, selector, { signal: ctx.signal }));
-      return {};
-    },
-
-    async update(request, ctx) {
-      const session = sessionOf(ctx);
-      const selector = selectorOf(request.process);
-      const size = request.pty?.size;
-      if (size === undefined) return {};
-      if (!inRange(size.cols) || !inRange(size.rows)) {
-        throw new ConnectError(
-          `pty size must be 1..${MAX_PTY_DIMENSION} columns and rows`,
+    }
+  }
+  let cwd: string;
+  try {
+    cwd = resolveGuestPath(config.cwd, user);
+  } catch (err) {
+    throw toConnectError(err);
+  }
+  const remaining = ctx.timeoutMs();
+  let handle: ProcHandle;
+  try {
+    handle = procsOf(ctx).start(session.sandboxId, [config.cmd, ...config.args], {
+      env: { HOME: user.home, USER: user.name, LOGNAME: user.name, ...config.envs },
+      cwd,
+      user: user.name,
+      ...(request.tag !== undefined ? { tag: request.tag } : {}),
+      ...(size ? { pty: { cols: size.cols, rows: size.rows } } : {}),
+      stdin: request.stdin ?? true,
+      ...(remaining !== undefined && remaining > 0 ? { timeoutMs: remaining } : {}),
+      signal: ctx.signal,
+    });
+  } catch (err) {
+    throw toConnectError(err);
+  }
+  const events = processEvents(handle, ctx, (err) => {
+    const connect = toConnectError(err);
+    // envd answers a process that cannot start (no such program, cwd missing) with InvalidArgument.
+    return connect.code === Code.NotFound
+      ? new ConnectError(
+          `error starting process '${config.cmd}': ${connect.rawMessage}`,
           Code.InvalidArgument,
+        )
+      : connect;
+  });
+  for await (const event of events) yield { event };
+}
+
+async function* connectProcess(
+  request: RequestOf<"connect">,
+  ctx: HandlerContext,
+): AsyncGenerator<{ event: EventInit }> {
+  const session = sessionOf(ctx);
+  const selector = selectorOf(request.process);
+  let handle: ProcHandle;
+  try {
+    handle = procsOf(ctx).connect(session.sandboxId, selector, { signal: ctx.signal });
+  } catch (err) {
+    throw toConnectError(err);
+  }
+  for await (const event of processEvents(handle, ctx, toConnectError)) yield { event };
+}
+
+async function listProcesses(ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  try {
+    const processes = await procsOf(ctx).list(session.sandboxId, { signal: ctx.signal });
+    return {
+      processes: processes
+        .filter((p) => p.running)
+        .map((p) => ({
+          pid: p.pid,
+          ...(p.tag !== null ? { tag: p.tag } : {}),
+          config: { cmd: p.argv[0] ?? "", args: p.argv.slice(1), envs: p.env, cwd: p.cwd },
+        })),
+    };
+  } catch (err) {
+    throw toConnectError(err);
+  }
+}
+
+async function sendInput(request: RequestOf<"sendInput">, ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  const selector = selectorOf(request.process);
+  const input = request.input?.input;
+  if (input?.case !== "stdin" && input?.case !== "pty") {
+    throw new ConnectError("input (stdin or pty bytes) is required", Code.InvalidArgument);
+  }
+  await call(() =>
+    procsOf(ctx).input(session.sandboxId, selector, Buffer.from(input.value), { signal: ctx.signal }),
+  );
+  return {};
+}
+
+async function streamInput(requests: RequestOf<"streamInput">, ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  let selector: AgentSelector | undefined;
+  for await (const message of requests) {
+    const event = message.event;
+    if (event.case === "start") selector = selectorOf(event.value.process);
+    else if (event.case === "data") {
+      if (selector === undefined) {
+        throw new ConnectError("the stream must start with a start event", Code.InvalidArgument);
+      }
+      const input = event.value.input?.input;
+      if (input?.case === "stdin" || input?.case === "pty") {
+        const target = selector;
+        await call(() =>
+          procsOf(ctx).input(session.sandboxId, target, Buffer.from(input.value), { signal: ctx.signal }),
         );
       }
-      await call(() =>
-        procsOf(ctx).resize(
-          session.sandboxId,
-          selector,
-          { cols: size.cols, rows: size.rows },
-          {
-            signal: ctx.signal,
-          },
-        ),
-      );
-      return {};
-    },
-  };
+    }
+  }
+  return {};
+}
+
+async function sendSignal(request: RequestOf<"sendSignal">, ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  const selector = selectorOf(request.process);
+  const signal = SIGNALS[request.signal];
+  if (signal === undefined) {
+    throw new ConnectError("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL", Code.InvalidArgument);
+  }
+  await call(() => procsOf(ctx).signal(session.sandboxId, selector, signal, { signal: ctx.signal }));
+  return {};
+}
+
+async function closeStdin(request: RequestOf<"closeStdin">, ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  const selector = selectorOf(request.process);
+  await call(() => procsOf(ctx).closeStdin(session.sandboxId, selector, { signal: ctx.signal }));
+  return {};
+}
+
+async function updateProcess(request: RequestOf<"update">, ctx: HandlerContext) {
+  const session = sessionOf(ctx);
+  const selector = selectorOf(request.process);
+  const size = request.pty?.size;
+  if (size === undefined) return {};
+  if (!inRange(size.cols) || !inRange(size.rows)) {
+    throw new ConnectError(`pty size must be 1..${MAX_PTY_DIMENSION} columns and rows`, Code.InvalidArgument);
+  }
+  await call(() =>
+    procsOf(ctx).resize(
+      session.sandboxId,
+      selector,
+      { cols: size.cols, rows: size.rows },
+      { signal: ctx.signal },
+    ),
+  );
+  return {};
 }
 
 function inRange(n: number): boolean {

@@ -8,26 +8,22 @@
 import { PassThrough } from "node:stream";
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
-import type { FastifyInstance, FastifyReply } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { EvalOutcome } from "../../agent/host/types.js";
-import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { MAX_EVAL_CODE_CHARS, MAX_GUEST_TIMEOUT_MS, MAX_UNREAD_OUTPUT_BYTES } from "../../common/limits.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox, type SandboxSession } from "../session.js";
 
-/** Python source of one cell, in characters (the forkd API's eval limit). */
-const MAX_CODE_CHARS = 1024 * 1024;
-/** Output buffered for a client that reads slower than the cell prints; past it the cell is interrupted. */
-const MAX_UNREAD_BYTES = 8 * 1024 * 1024;
 /** Where a new context starts when the caller names no directory (E2B's default). */
 const DEFAULT_CONTEXT_CWD = "/home/user";
 
 const ExecuteBody = Type.Object(
   {
-    code: Type.String({ maxLength: MAX_CODE_CHARS }),
+    code: Type.String({ maxLength: MAX_EVAL_CODE_CHARS }),
     context_id: Type.Optional(Type.String({ maxLength: 64 })),
     language: Type.Optional(Type.String({ maxLength: 32 })),
     env_vars: Type.Optional(Type.Record(Type.String(), Type.String())),
@@ -83,9 +79,11 @@ function sendPlainError(reply: FastifyReply, err: unknown): FastifyReply {
   return reply.status(code).type("text/plain; charset=utf-8").send(message);
 }
 
-export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
-  const session = (request: { e2bSandbox?: SandboxSession }) => request.e2bSandbox as SandboxSession;
+type ExecuteRoute = { Body: Static<typeof ExecuteBody> };
+type CreateContextRoute = { Body: Static<typeof CreateContextBody> | undefined };
+type ContextRoute = { Params: Static<typeof ContextParams> };
 
+export async function registerInterpreter(scope: FastifyInstance, context: E2bContext): Promise<void> {
   scope.addHook("onRequest", async (request) => {
     const resolved = resolveSandbox(request, context);
     const route = request.routeOptions.url ?? "";
@@ -95,116 +93,102 @@ export async function registerInterpreter(scope: FastifyInstance, context: E2bCo
   scope.setErrorHandler((err, _request, reply) => sendPlainError(reply, err));
 
   scope.get("/health", async () => "OK");
-
-  scope.post<{ Body: Static<typeof ExecuteBody> }>(
-    "/execute",
-    { schema: { body: ExecuteBody } },
-    async (request, reply) => {
-      const body = request.body;
-      requirePython(body.language);
-      const id = session(request).sandboxId;
-      const out = new PassThrough();
-      const cancel = new AbortController();
-      const gone = clientSignal(request, reply);
-      gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
-      let sawOutput!: () => void;
-      const firstOutput = new Promise<"output">((resolve) => {
-        sawOutput = () => resolve("output");
-      });
-      const write = (event: object) => {
-        if (out.destroyed || out.writableEnded) return;
-        out.write(line(event));
-        if (out.writableLength > MAX_UNREAD_BYTES && !cancel.signal.aborted) {
-          cancel.abort(
-            new ForkdError("unavailable", `client read too slowly (over ${MAX_UNREAD_BYTES} bytes unread)`),
-          );
-        }
-      };
-      const emit = (type: "stdout" | "stderr", text: string) => {
-        write({ type, text, timestamp: new Date().toISOString() });
-        sawOutput();
-      };
-      const run = servicesOf(request).sandboxes.eval(id, body.code, {
-        timeoutMs: MAX_TIMEOUT_MS,
-        ...(body.context_id !== undefined ? { context: body.context_id } : {}),
-        ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
-        onStdout: (text) => emit("stdout", text),
-        onStderr: (text) => emit("stderr", text),
-        signal: cancel.signal,
-      });
-      // The status line waits for the cell's first output or its end, so a cell refused at once (an unknown
-      // context, a sandbox without an interpreter) gets its own status instead of a 200 stream.
-      await Promise.race([firstOutput, run]);
-      run
-        .then(
-          (outcome) => {
-            for (const event of outcomeEvents(outcome)) write(event);
-          },
-          (err: unknown) => {
-            const reason =
-              cancel.signal.aborted && cancel.signal.reason instanceof ForkdError
-                ? cancel.signal.reason
-                : err;
-            write({
-              type: "error",
-              name: "ExecutionError",
-              value: toE2bError(reason).message,
-              traceback: "",
-            });
-          },
-        )
-        .finally(() => out.end());
-      return reply.type("application/x-ndjson").header("cache-control", "no-store").send(out);
-    },
-  );
-
+  scope.post<ExecuteRoute>("/execute", { schema: { body: ExecuteBody } }, execute);
   scope.get("/contexts", async (request, reply) =>
-    servicesOf(request).sandboxes.contexts.list(session(request).sandboxId, {
-      signal: clientSignal(request, reply),
-    }),
+    servicesOf(request).sandboxes.contexts.list(sandboxOf(request), { signal: clientSignal(request, reply) }),
   );
-
-  scope.post<{ Body: Static<typeof CreateContextBody> }>(
+  scope.post<CreateContextRoute>(
     "/contexts",
     { schema: { body: OptionalBody(CreateContextBody) } },
-    async (request, reply) => {
-      requirePython(request.body?.language);
-      const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
-      if (!cwd.startsWith("/"))
-        throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
-      return servicesOf(request).sandboxes.contexts.create(session(request).sandboxId, {
-        cwd,
-        signal: clientSignal(request, reply),
-      });
-    },
+    createContext,
   );
-
-  scope.delete<{ Params: Static<typeof ContextParams> }>(
-    "/contexts/:id",
-    { schema: { params: ContextParams } },
-    async (request, reply) => {
-      await servicesOf(request).sandboxes.contexts.remove(session(request).sandboxId, request.params.id, {
-        signal: clientSignal(request, reply),
-      });
-      return reply.status(204).send();
-    },
-  );
-
-  scope.post<{ Params: Static<typeof ContextParams> }>(
-    "/contexts/:id/restart",
-    { schema: { params: ContextParams } },
-    async (request, reply) => {
-      await servicesOf(request).sandboxes.contexts.restart(session(request).sandboxId, request.params.id, {
-        signal: clientSignal(request, reply),
-      });
-      return reply.status(204).send();
-    },
-  );
-
+  scope.delete<ContextRoute>("/contexts/:id", { schema: { params: ContextParams } }, removeContext);
+  scope.post<ContextRoute>("/contexts/:id/restart", { schema: { params: ContextParams } }, restartContext);
   scope.all("/*", async (request) => {
     throw new ForkdError(
       "not_found",
       `no route ${request.method} ${request.url.split("?")[0]} in the code interpreter`,
     );
   });
+}
+
+/** The sandbox a request addresses (the data plane's hook resolved it). */
+const sandboxOf = (request: FastifyRequest) => (request.e2bSandbox as SandboxSession).sandboxId;
+
+/** POST /execute: the cell's output as NDJSON events while it runs, then its result. */
+async function execute(request: FastifyRequest<ExecuteRoute>, reply: FastifyReply) {
+  const body = request.body;
+  requirePython(body.language);
+  const out = new PassThrough();
+  const cancel = new AbortController();
+  const gone = clientSignal(request, reply);
+  gone.addEventListener("abort", () => cancel.abort(gone.reason), { once: true });
+  let sawOutput!: () => void;
+  const firstOutput = new Promise<"output">((resolve) => {
+    sawOutput = () => resolve("output");
+  });
+  const write = (event: object) => {
+    if (out.destroyed || out.writableEnded) return;
+    out.write(line(event));
+    if (out.writableLength > MAX_UNREAD_OUTPUT_BYTES && !cancel.signal.aborted) {
+      cancel.abort(
+        new ForkdError(
+          "unavailable",
+          `client read too slowly (over ${MAX_UNREAD_OUTPUT_BYTES} bytes unread)`,
+        ),
+      );
+    }
+  };
+  const emit = (type: "stdout" | "stderr", text: string) => {
+    write({ type, text, timestamp: new Date().toISOString() });
+    sawOutput();
+  };
+  const run = servicesOf(request).sandboxes.eval(sandboxOf(request), body.code, {
+    timeoutMs: MAX_GUEST_TIMEOUT_MS,
+    ...(body.context_id !== undefined ? { context: body.context_id } : {}),
+    ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
+    onStdout: (text) => emit("stdout", text),
+    onStderr: (text) => emit("stderr", text),
+    signal: cancel.signal,
+  });
+  // The status line waits for the cell's first output or its end, so a cell refused at once (an unknown
+  // context, a sandbox without an interpreter) gets its own status instead of a 200 stream.
+  await Promise.race([firstOutput, run]);
+  run
+    .then(
+      (outcome) => {
+        for (const event of outcomeEvents(outcome)) write(event);
+      },
+      (err: unknown) => {
+        const reason =
+          cancel.signal.aborted && cancel.signal.reason instanceof ForkdError ? cancel.signal.reason : err;
+        write({ type: "error", name: "ExecutionError", value: toE2bError(reason).message, traceback: "" });
+      },
+    )
+    .finally(() => out.end());
+  return reply.type("application/x-ndjson").header("cache-control", "no-store").send(out);
+}
+
+async function createContext(request: FastifyRequest<CreateContextRoute>, reply: FastifyReply) {
+  requirePython(request.body?.language);
+  const cwd = request.body?.cwd ?? DEFAULT_CONTEXT_CWD;
+  if (!cwd.startsWith("/")) throw invalidArgument(`cwd must be an absolute path, got ${JSON.stringify(cwd)}`);
+  return servicesOf(request).sandboxes.contexts.create(sandboxOf(request), {
+    cwd,
+    signal: clientSignal(request, reply),
+  });
+}
+
+async function removeContext(request: FastifyRequest<ContextRoute>, reply: FastifyReply) {
+  await servicesOf(request).sandboxes.contexts.remove(sandboxOf(request), request.params.id, {
+    signal: clientSignal(request, reply),
+  });
+  return reply.status(204).send();
+}
+
+async function restartContext(request: FastifyRequest<ContextRoute>, reply: FastifyReply) {
+  await servicesOf(request).sandboxes.contexts.restart(sandboxOf(request), request.params.id, {
+    signal: clientSignal(request, reply),
+  });
+  return reply.status(204).send();
 }

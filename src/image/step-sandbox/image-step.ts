@@ -29,6 +29,7 @@ import fs from "node:fs/promises";
 import path from "node:path";
 import { abortError } from "../../common/deadline.js";
 import { ForkdError } from "../../common/errors.js";
+import { isValidTag } from "../../common/names.js";
 import { defaultToolsDir } from "../package-root.js";
 import { resolveInRoot } from "../rootfs.js";
 import type { Credentials } from "./credentials.js";
@@ -57,7 +58,6 @@ const CAPABILITIES = [
 export const SANDBOX_INPUTS = "/run/forkd-build";
 const RUNAS = `${SANDBOX_INPUTS}/forkd-runas`;
 export const BUILD_HOSTNAME = "forkd-build";
-const INPUT_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
 export interface SandboxRun {
   /** The image's tree, owned by the build range's shifted ids (umoci unpacked it with the mapping). */
@@ -159,7 +159,8 @@ export async function runInImage(options: SandboxRun): Promise<void> {
     );
   }
   for (const input of options.inputs ?? []) {
-    if (!INPUT_NAME.test(input.name)) throw new Error(`bad input name ${input.name}`);
+    // Input names follow the tag rule: one safe path component.
+    if (!isValidTag(input.name)) throw new Error(`bad input name ${input.name}`);
   }
   const range = buildIdRange();
   await ensureBuildIdentity(range);

@@ -1,11 +1,11 @@
 /**
- * Portable packs (format: store/pack-format.ts): `pack` bundles a snapshot, every ancestor and the guest image
- * their root needs; `unpack` installs them on another host or home. A pack is hostile input to the daemon that
- * runs as root: every entry is checked against the pack manifest as it streams past, every hash is verified,
- * disk layers are held to forkd's own shape, and nothing becomes visible until all of it checked out.
+ * Unpack: a pack (pack.ts) installed on this host or home, from one archive file or a registry artifact's
+ * blobs (registry.ts). A pack is hostile input to the daemon that runs as root: every entry is checked against
+ * the pack manifest as it streams past (unpack-checks.ts), every hash is verified, disk layers are held to
+ * forkd's own shape, and nothing becomes visible until all of it checked out; then the layers are published
+ * root first, all or none.
  */
 
-import { createHash } from "node:crypto";
 import { chmod, mkdir, readFile, rename, rm, stat, symlink } from "node:fs/promises";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
@@ -14,7 +14,6 @@ import { fsyncPath, writeDurably } from "../../common/durable-fs.js";
 import { conflict, ForkdError, invalidArgument, notFound } from "../../common/errors.js";
 import { assertTag } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
-import { FORKD_VERSION } from "../../common/version.js";
 import { createStaging, publish, removeStaging, type Staging } from "../../image/cache.js";
 import {
   type BuiltImage,
@@ -24,198 +23,45 @@ import {
   readImage,
   readImageDir,
 } from "../../image/index.js";
-import { manifestDigest, resolveChain } from "../../store/chain.js";
-import { digestFile } from "../../store/hash.js";
-import { MANIFEST_FILE, parseManifest, type SnapshotManifest } from "../../store/manifest.js";
+import { MANIFEST_FILE, type SnapshotManifest } from "../../store/manifest.js";
 import { readLayerIndex } from "../../store/memory-layer.js";
 import {
   type ArchiveEntry,
-  type ArchiveSource,
   type ReadArchiveOptions,
   readArchive,
   SparseHashWriter,
-  writeArchive,
 } from "../../store/pack-archive.js";
 import {
   classifyPackPath,
   imagePackPath,
   MAX_PACK_MANIFEST_BYTES,
-  PACK_FORMAT,
   PACK_MANIFEST_PATH,
-  PACK_VERSION,
   type PackFile,
   type PackManifest,
   parsePackManifest,
-  snapshotPackPath,
 } from "../../store/pack-format.js";
 import { assertLayerShape, readQcow2Header } from "../../store/qcow2-header.js";
-import { type DiskReservation, SnapshotStore, type StoredSnapshot } from "../../store/snapshot-store.js";
+import { type DiskReservation, SnapshotStore } from "../../store/snapshot-store.js";
 import { FileVerifier } from "../../store/verify.js";
-import { restoreCompatibilityKey } from "../../vmm/qemu-args.js";
 import { qemuVersion } from "../../vmm/qemu-tools.js";
-import { childSpec, SNAPSHOT_FILES } from "../machines/machine.js";
-import { cacheDirs, snapshotIsBootable, verifyImage } from "../machines/restore-plan.js";
-import type { PackResult, UnpackResult } from "../sandbox-service.js";
+import { SNAPSHOT_FILES } from "../machines/machine.js";
+import { cacheDirs } from "../machines/restore-plan.js";
+import type { UnpackResult } from "../sandbox-service.js";
 import { descendantsOf, loadGraph, qemusUsing, removeAssembledImages } from "./chains.js";
-
-/** Data files of a snapshot in the order they are packed (manifests come first, for every layer). */
-const DATA_FILES = [
-  SNAPSHOT_FILES.memory,
-  SNAPSHOT_FILES.memoryLayer,
-  SNAPSHOT_FILES.deviceState,
-  SNAPSHOT_FILES.disk,
-];
-const IMAGE_PACK_FILES = [
-  IMAGE_FILES.manifest,
-  IMAGE_FILES.kernel,
-  IMAGE_FILES.initrd,
-  IMAGE_FILES.probeInitrd,
-  IMAGE_FILES.rootfs,
-];
-
-/** Upper bounds for what one packed file may claim to be, so a pack cannot make us hash or write without end. */
-const LIMITS = {
-  manifest: 1024 * 1024,
-  deviceState: 256 * 1024 * 1024,
-  disk: 256 * 1024 ** 3,
-  imageSmall: 1024 ** 3,
-  rootfs: 256 * 1024 ** 3,
-};
-
-// ---- pack ----
-
-export interface PackOptions {
-  tag: string;
-  out: string;
-  /** zstd level 1..19 (default 3). */
-  level?: number;
-  /** Leave the guest image out: the pack then unpacks only where that exact image build is cached. */
-  withoutImage?: boolean;
-  signal?: AbortSignal;
-  onProgress?: (message: string) => void;
-}
-
-export async function packSnapshot(paths: ForkdPaths, options: PackOptions): Promise<PackResult> {
-  const started = performance.now();
-  const out = path.resolve(options.out);
-  await stat(out).then(
-    () => {
-      throw conflict(`${out} already exists`);
-    },
-    () => {},
-  );
-  const { chain, manifest, files } = await preparePack(paths, options);
-  const progress = options.onProgress ?? (() => {});
-  const entries: ArchiveSource[] = [
-    { path: PACK_MANIFEST_PATH, source: packManifestBytes(manifest) },
-    ...files.map((f) => ({ path: f.path, source: f.source })),
-  ];
-  crashPoint("pack.verified");
-  progress(`writing ${out}`);
-  const written = await writeArchive(out, entries, { level: options.level, signal: options.signal });
-  crashPoint("pack.written");
-  return {
-    out,
-    chain: chain.map((s) => s.tag),
-    files: files.length,
-    content_bytes: files.reduce((n, f) => n + f.size, 0),
-    pack_bytes: written.bytes,
-    image_included: !options.withoutImage,
-    ms: Math.round(performance.now() - started),
-  };
-}
-
-export const packManifestBytes = (manifest: PackManifest) =>
-  Buffer.from(`${JSON.stringify(manifest, null, 2)}\n`);
-
-/** A packed file and where its bytes come from. */
-export type PackedFile = PackFile & { source: string };
-
-export interface PreparedPack {
-  /** Root first. */
-  chain: StoredSnapshot[];
-  manifest: PackManifest;
-  /** In pack order: every layer's manifest, then each layer's data files, then the image's files. */
-  files: PackedFile[];
-}
-
-/**
- * What a pack of `tag` holds, with every file verified against its recorded hash: the chain, the pack manifest
- * and the files in pack order. Shared by `pack` (one archive) and `push` (one registry blob per layer).
- */
-export async function preparePack(
-  paths: ForkdPaths,
-  options: Pick<PackOptions, "tag" | "withoutImage" | "onProgress">,
-): Promise<PreparedPack> {
-  const tag = assertTag(options.tag);
-  const progress = options.onProgress ?? (() => {});
-  const store = new SnapshotStore(paths.snapshots);
-  const chain = await resolveChain(store, tag);
-  const head = chain[chain.length - 1] as StoredSnapshot;
-  const problem = await snapshotIsBootable(head);
-  if (problem) throw conflict(`snapshot ${tag} cannot be packed: ${problem}`);
-  for (const layer of chain) {
-    if (layer.manifest.image.hash !== head.manifest.image.hash) {
-      throw new ForkdError("unprocessable", `snapshot ${tag}: layer ${layer.tag} was made on another image`);
-    }
-  }
-
-  progress(`verifying ${chain.length} layer${chain.length > 1 ? "s" : ""}`);
-  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
-  const files: PackedFile[] = [];
-  for (const layer of chain) {
-    files.push({
-      path: snapshotPackPath(layer.tag, MANIFEST_FILE),
-      ...(await digestFile(path.join(layer.dir, MANIFEST_FILE))),
-      source: path.join(layer.dir, MANIFEST_FILE),
-    });
-  }
-  for (const layer of chain) {
-    for (const name of DATA_FILES) {
-      const expected = layer.manifest.files[name];
-      if (!expected) continue;
-      const source = path.join(layer.dir, name);
-      // The pack carries the manifest's hashes: make sure the files still have them.
-      await verifier.verify(source, expected.sha256, `snapshot ${layer.tag}`);
-      files.push({
-        path: snapshotPackPath(layer.tag, name),
-        size: expected.size,
-        sha256: expected.sha256,
-        source,
-      });
-    }
-  }
-  if (!options.withoutImage) {
-    progress("verifying the guest image");
-    // Its files must still have the hashes image.json recorded; image.json itself is hashed as it is.
-    const image = await verifyImage(paths, head.manifest.image);
-    for (const name of IMAGE_PACK_FILES) {
-      const source = path.join(image.dir, name);
-      const recorded = name === IMAGE_FILES.manifest ? undefined : image.manifest.files[name];
-      const { size, sha256 } = recorded ?? (await digestFile(source));
-      files.push({ path: imagePackPath(head.manifest.image.hash, name), size, sha256, source });
-    }
-  }
-  const manifest: PackManifest = {
-    format: PACK_FORMAT,
-    version: PACK_VERSION,
-    createdAtUnix: Math.floor(Date.now() / 1000),
-    forkdVersion: FORKD_VERSION,
-    qemuVersion: head.manifest.machine.qemuVersion,
-    chain: await Promise.all(
-      chain.map(async (s) => ({ tag: s.tag, manifestSha256: await manifestDigest(s) })),
-    ),
-    image: {
-      hash: head.manifest.image.hash,
-      buildId: head.manifest.image.buildId,
-      included: !options.withoutImage,
-    },
-    files: files.map(({ path: p, size, sha256 }) => ({ path: p, size, sha256 })),
-  };
-  return { chain, manifest, files };
-}
-
-// ---- unpack ----
+import { IMAGE_PACK_FILES } from "./pack.js";
+import {
+  checkedLayerManifest,
+  checkHash,
+  checkLayersComplete,
+  checkPackedFileList,
+  checkPackedFiles,
+  checkPackedImageManifest,
+  digestOf,
+  MAX_LAYER_MANIFEST_BYTES,
+  readAll,
+  refused,
+  restoreKey,
+} from "./unpack-checks.js";
 
 /**
  * Where a pack's entries come from: one archive file (`unpack`), or a registry artifact whose blobs are each
@@ -376,7 +222,7 @@ class UnpackSession {
     }
     this.next++;
     if (where.kind === "snapshot" && where.name === MANIFEST_FILE) {
-      if (entry.size > LIMITS.manifest) throw refused(entry.path, "manifest too large");
+      if (entry.size > MAX_LAYER_MANIFEST_BYTES) throw refused(entry.path, "manifest too large");
       const bytes = await readAll(entry.body, entry.size);
       checkHash(entry.path, digestOf(bytes), expected);
       this.manifestBytes.set(where.tag, bytes);
@@ -433,28 +279,7 @@ class UnpackSession {
     ) {
       throw invalidArgument(`--tag ${this.newHeadTag} names another layer of the packed chain`);
     }
-    for (const f of pack.files) {
-      const where = classifyPackPath(f.path);
-      const limit =
-        where.kind === "image"
-          ? where.name === IMAGE_FILES.rootfs
-            ? LIMITS.rootfs
-            : LIMITS.imageSmall
-          : where.kind === "snapshot"
-            ? where.name === MANIFEST_FILE
-              ? LIMITS.manifest
-              : where.name === SNAPSHOT_FILES.deviceState
-                ? LIMITS.deviceState
-                : LIMITS.disk
-            : 0;
-      if (f.size > limit) throw refused(f.path, `claims ${f.size} bytes, more than forkd accepts (${limit})`);
-      if (
-        where.kind === "image" &&
-        !IMAGE_PACK_FILES.includes(where.name as (typeof IMAGE_PACK_FILES)[number])
-      ) {
-        throw refused(f.path, "unexpected entry");
-      }
-    }
+    checkPackedFileList(pack);
   }
 
   /**
@@ -467,90 +292,24 @@ class UnpackSession {
     let parentDigest: string | null = null;
     pack.chain.forEach((link, i) => {
       const bytes = this.manifestBytes.get(link.tag);
-      if (!bytes) throw new ForkdError("unprocessable", `pack has no manifest for layer ${link.tag}`);
-      if (digestOf(bytes) !== link.manifestSha256) {
-        throw new ForkdError("unprocessable", `pack: layer ${link.tag}'s manifest does not match the chain`);
-      }
-      const manifest = parseManifest(bytes.toString("utf8"), `packed snapshot ${link.tag}`);
-      const parent = pack.chain[i - 1];
-      const edgeOk =
-        parent === undefined
-          ? manifest.parent === null
-          : manifest.parent?.tag === parent.tag && manifest.parent.manifestSha256 === parent.manifestSha256;
-      if (!edgeOk)
-        throw new ForkdError("unprocessable", `pack: layer ${link.tag} does not sit on the layer below it`);
-      if (manifest.image.hash !== pack.image.hash || manifest.image.buildId !== pack.image.buildId) {
-        throw new ForkdError("unprocessable", `pack: layer ${link.tag} was made on another image`);
-      }
-      if (i === 0 && manifest.memory.format !== "flat") {
-        throw new ForkdError("unprocessable", `pack: its root ${link.tag} has no flat memory image`);
-      }
-      checkMachine(link.tag, manifest);
+      const manifest = checkedLayerManifest(pack, i, bytes);
       const isHead = i === pack.chain.length - 1;
       const tag = isHead && this.newHeadTag !== undefined ? this.newHeadTag : link.tag;
-      // The restore compatibility key digests the QEMU arguments this forkd builds for the layer's children.
-      // Computed from the packed manifest it must match the recorded key (else this forkd's machine differs from
-      // the one that wrote the device state); it is then recomputed for this host's image paths.
-      if (restoreKey(manifest) !== manifest.machine.compatKey) {
-        throw conflict(
-          `pack: layer ${link.tag} was taken on a machine configuration this forkd does not build (another forkd ` +
-            "version?); children could not load its state",
-        );
-      }
-      const installed: SnapshotManifest = {
-        ...manifest,
-        tag,
-        image: { ...manifest.image, ...image },
-        parent: manifest.parent && { tag: manifest.parent.tag, manifestSha256: parentDigest as string },
-      };
-      installed.machine = { ...manifest.machine, compatKey: restoreKey(installed) };
-      const unchanged = isDeepStrictEqual(installed, manifest);
-      // Byte for byte the same manifest where nothing changed: the chain's digests then match the source's.
-      const installedManifest = unchanged ? bytes : Buffer.from(`${JSON.stringify(installed, null, 2)}\n`);
+      const installedManifest = installedManifestOf(bytes as Buffer, manifest, { tag, image, parentDigest });
       const installedDigest = digestOf(installedManifest);
       parentDigest = installedDigest;
       this.layers.push({
         packedTag: link.tag,
         tag,
-        packedManifest: bytes,
+        packedManifest: bytes as Buffer,
         manifest,
         installedManifest,
         installedDigest,
         fate: "install",
       });
     });
-    for (const f of pack.files) {
-      const where = classifyPackPath(f.path);
-      if (where.kind !== "snapshot" || where.name === MANIFEST_FILE) continue;
-      const layer = this.layers.find((l) => l.packedTag === where.tag) as Layer;
-      const listed = layer.manifest.files[where.name];
-      if (!listed || listed.size !== f.size || listed.sha256 !== f.sha256) {
-        throw refused(f.path, `does not match layer ${where.tag}'s own manifest`);
-      }
-      if (where.name === SNAPSHOT_FILES.memory && f.size !== layer.manifest.memory.ramBytes) {
-        throw refused(f.path, "is not the size of the layer's RAM");
-      }
-      if (
-        where.name === SNAPSHOT_FILES.memoryLayer &&
-        f.size > maxLayerBytes(layer.manifest.memory.ramBytes)
-      ) {
-        throw refused(f.path, "is larger than a memory layer of the layer's RAM can be");
-      }
-    }
-    for (const layer of this.layers) {
-      const needed = Object.keys(layer.manifest.files).filter((name) =>
-        pack.files.every((f) => f.path !== snapshotPackPath(layer.packedTag, name)),
-      );
-      if (needed.length > 0)
-        throw new ForkdError("unprocessable", `pack lacks ${needed.join(", ")} of ${layer.packedTag}`);
-      const memoryName =
-        layer.manifest.memory.format === "flat" ? SNAPSHOT_FILES.memory : SNAPSHOT_FILES.memoryLayer;
-      for (const name of [memoryName, SNAPSHOT_FILES.deviceState, SNAPSHOT_FILES.disk]) {
-        if (!layer.manifest.files[name]) {
-          throw new ForkdError("unprocessable", `pack: layer ${layer.packedTag} lists no ${name}`);
-        }
-      }
-    }
+    checkPackedFiles(pack, this.layers);
+    checkLayersComplete(pack, this.layers);
     await this.decideFates();
   }
 
@@ -628,8 +387,8 @@ class UnpackSession {
   }
 
   /**
-   * The packed image.json must describe the packed files (the same sha256 for each as the pack's entries) and
-   * the pack's build; it is rewritten with `origin: "imported"`, whatever the pack claimed.
+   * The packed image.json, once it describes the packed files and the pack's build (checkPackedImageManifest),
+   * is rewritten with `origin: "imported"`, whatever the pack claimed.
    */
   private async markImageImported(dir: string): Promise<void> {
     const pack = this.pack as PackManifest;
@@ -640,19 +399,7 @@ class UnpackSession {
     } catch {
       throw new ForkdError("unprocessable", "pack: the packed image.json is not JSON");
     }
-    if (manifest?.hash !== pack.image.hash || manifest.buildId !== pack.image.buildId) {
-      throw new ForkdError("unprocessable", "pack: the packed image.json names another image than the pack");
-    }
-    for (const f of pack.files) {
-      const where = classifyPackPath(f.path);
-      if (where.kind !== "image" || where.name === IMAGE_FILES.manifest) continue;
-      if (manifest.files?.[where.name]?.sha256 !== f.sha256 || manifest.files[where.name]?.size !== f.size) {
-        throw new ForkdError(
-          "unprocessable",
-          `pack: the packed image.json does not describe the packed ${where.name} (size or sha256 differ)`,
-        );
-      }
-    }
+    checkPackedImageManifest(pack, manifest);
     await rm(file);
     await writeDurably(file, `${JSON.stringify({ ...manifest, origin: "imported" }, null, 2)}\n`);
   }
@@ -686,39 +433,10 @@ class UnpackSession {
 
   // ---- installing ----
 
+  /** Installs what was read: the image if it came with the pack, then the layers, root first. */
   async install(): Promise<void> {
+    if (this.imageStaging) await this.installImage(this.imageStaging);
     const image = this.imagePaths();
-    if (this.imageStaging) {
-      this.progress("installing the guest image");
-      await this.markImageImported(this.imageStaging.out);
-      for (const name of IMAGE_PACK_FILES) await chmod(path.join(this.imageStaging.out, name), 0o644);
-      const outcome = await publish(
-        this.imageStaging,
-        this.importedDir(),
-        (this.pack as PackManifest).image.hash,
-        false,
-      );
-      crashPoint("unpack.image");
-      const present = await readImageDir(this.importedDir(), (this.pack as PackManifest).image.hash);
-      if (!present) throw new ForkdError("unprocessable", "the packed image is not a complete forkd image");
-      if (present.manifest.buildId !== (this.pack as PackManifest).image.buildId) {
-        throw conflict(
-          outcome === "lost-race"
-            ? "another build of the pack's image was cached meanwhile; unpack again"
-            : "the packed image's image.json names another build than the pack",
-        );
-      }
-      if (outcome === "published") {
-        const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
-        for (const f of (this.pack as PackManifest).files) {
-          const where = classifyPackPath(f.path);
-          // image.json was rewritten (origin: imported); the files it describes are what the pack carried.
-          if (where.kind === "image" && where.name !== IMAGE_FILES.manifest) {
-            await verifier.remember(path.join(present.dir, where.name), f.sha256);
-          }
-        }
-      }
-    }
     for (const layer of this.layers) {
       if (layer.fate === "reuse") continue;
       const dir = path.join(this.staging, layer.tag);
@@ -729,7 +447,50 @@ class UnpackSession {
     }
     await this.checkReplaceable();
     this.progress("publishing");
-    // Root first: a layer is never visible before its parent. On failure every rename is undone.
+    await this.publishLayers();
+    for (const { tag, displaced } of this.published) {
+      if (displaced) {
+        await removeAssembledImages(this.paths, tag, displaced).catch(() => {});
+        await rm(displaced, { recursive: true, force: true });
+      }
+    }
+    const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
+    for (const { tag, name, sha256 } of this.verifiedFiles) {
+      await verifier.remember(path.join(this.store.dirOf(tag), name), sha256);
+    }
+  }
+
+  /** The packed image, published into the imported images (never where builds look), its files remembered. */
+  private async installImage(staging: Staging): Promise<void> {
+    const pack = this.pack as PackManifest;
+    this.progress("installing the guest image");
+    await this.markImageImported(staging.out);
+    for (const name of IMAGE_PACK_FILES) await chmod(path.join(staging.out, name), 0o644);
+    const outcome = await publish(staging, this.importedDir(), pack.image.hash, false);
+    crashPoint("unpack.image");
+    const present = await readImageDir(this.importedDir(), pack.image.hash);
+    if (!present) throw new ForkdError("unprocessable", "the packed image is not a complete forkd image");
+    if (present.manifest.buildId !== pack.image.buildId) {
+      throw conflict(
+        outcome === "lost-race"
+          ? "another build of the pack's image was cached meanwhile; unpack again"
+          : "the packed image's image.json names another build than the pack",
+      );
+    }
+    if (outcome === "published") {
+      const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
+      for (const f of pack.files) {
+        const where = classifyPackPath(f.path);
+        // image.json was rewritten (origin: imported); the files it describes are what the pack carried.
+        if (where.kind === "image" && where.name !== IMAGE_FILES.manifest) {
+          await verifier.remember(path.join(present.dir, where.name), f.sha256);
+        }
+      }
+    }
+  }
+
+  /** Renames the staged layers into place, root first (a layer is never visible before its parent); on failure every rename is undone. */
+  private async publishLayers(): Promise<void> {
     try {
       for (const layer of this.layers) {
         if (layer.fate === "reuse") continue;
@@ -749,16 +510,6 @@ class UnpackSession {
     } catch (err) {
       await this.rollback();
       throw err;
-    }
-    for (const { tag, displaced } of this.published) {
-      if (displaced) {
-        await removeAssembledImages(this.paths, tag, displaced).catch(() => {});
-        await rm(displaced, { recursive: true, force: true });
-      }
-    }
-    const verifier = new FileVerifier(cacheDirs(this.paths).verifiedDir);
-    for (const { tag, name, sha256 } of this.verifiedFiles) {
-      await verifier.remember(path.join(this.store.dirOf(tag), name), sha256);
     }
   }
 
@@ -803,65 +554,26 @@ class UnpackSession {
 }
 
 /**
- * restoreCompatibilityKey of the children this forkd would start from `manifest` (as machines/restore-plan.ts
- * checks it).
+ * The manifest a layer is installed with here: this host's image paths, its tag here, its parent's digest as
+ * installed, the restore key for those; byte for byte the packed one where nothing changed (the chain's digests
+ * then match the source's).
  */
-function restoreKey(manifest: SnapshotManifest): string {
-  return restoreCompatibilityKey(
-    childSpec(manifest, { runDir: "/run", memoryFile: "/m", shared: false, disk: "/d", restoreFrom: "/s" }),
-  );
-}
-
-/** Largest QEMU's `-smp` takes for the machine types forkd uses. */
-const MAX_VCPUS = 255;
-const CPU_MODEL = /^[A-Za-z0-9._-]{1,64}$/;
-
-/**
- * The machine fields become QEMU arguments when a child starts: each must be what forkd itself would write
- * (a plain CPU model name, not one with extra properties; a RAM size that matches the memory files).
- */
-function checkMachine(tag: string, manifest: SnapshotManifest): void {
-  const bad = (why: string) => new ForkdError("unprocessable", `pack: layer ${tag}: ${why}`);
-  const { machine, memory } = manifest;
-  if (memory.ramBytes !== machine.memoryMiB * 1024 * 1024) {
-    throw bad(`its RAM (${memory.ramBytes} bytes) is not the machine's ${machine.memoryMiB} MiB`);
-  }
-  if (!CPU_MODEL.test(machine.cpu)) throw bad(`CPU model ${JSON.stringify(machine.cpu)} is not a plain name`);
-  if (machine.vcpus > MAX_VCPUS) throw bad(`${machine.vcpus} vCPUs`);
-  if (machine.cmdline.length > 4096 || machine.cmdline.includes("\0"))
-    throw bad("kernel command line refused");
-}
-
-/** A memory layer's size when every page of `ramBytes` is in it (header, index, pages). */
-function maxLayerBytes(ramBytes: number): number {
-  const pages = ramBytes / 4096;
-  return 24 + pages * 4 + ramBytes;
-}
-
-function refused(entryPath: string, why: string): ForkdError {
-  return new ForkdError("unprocessable", `pack entry ${JSON.stringify(entryPath)} refused: ${why}`);
-}
-
-function checkHash(entryPath: string, sha256: string, expected: PackFile): void {
-  if (sha256 !== expected.sha256) {
-    throw new ForkdError(
-      "unprocessable",
-      `pack entry ${JSON.stringify(entryPath)} is corrupted (sha256 mismatch)`,
-    );
-  }
-}
-
-function digestOf(bytes: Buffer): string {
-  return createHash("sha256").update(bytes).digest("hex");
-}
-
-async function readAll(body: AsyncIterable<Buffer>, size: number): Promise<Buffer> {
-  const chunks: Buffer[] = [];
-  let total = 0;
-  for await (const chunk of body) {
-    total += chunk.length;
-    if (total > size) throw new ForkdError("unprocessable", "pack entry longer than its header says");
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
+function installedManifestOf(
+  packed: Buffer,
+  manifest: SnapshotManifest,
+  here: {
+    tag: string;
+    image: { rootfs: string; kernel: string; initrd: string };
+    parentDigest: string | null;
+  },
+): Buffer {
+  const installed: SnapshotManifest = {
+    ...manifest,
+    tag: here.tag,
+    image: { ...manifest.image, ...here.image },
+    parent: manifest.parent && { tag: manifest.parent.tag, manifestSha256: here.parentDigest as string },
+  };
+  installed.machine = { ...manifest.machine, compatKey: restoreKey(installed) };
+  const unchanged = isDeepStrictEqual(installed, manifest);
+  return unchanged ? packed : Buffer.from(`${JSON.stringify(installed, null, 2)}\n`);
 }
