@@ -57,6 +57,7 @@ import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
 import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { registerWorkspaceRoutes } from "./routes/workspaces.js";
+import { newSocketCsrf, screenSocketBrowser } from "./socket-browser.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -145,6 +146,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     tls: options.https !== undefined,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
     snapshotsDir: options.snapshotsDir,
+    socketCsrf: options.transport === "unix" ? newSocketCsrf() : "",
   };
   const checkOrigin = originCheckFor(app, options);
   app.addHook("onRequest", async (request, reply) => {
@@ -152,6 +154,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     request.caller = `${options.transport}:${request.ip}`;
     checkOrigin(request.headers);
     checkPortProxied(request.headers, request.routeOptions.url);
+    if (listener.transport === "unix") screenSocketBrowser(request, listener.socketCsrf);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -203,8 +206,8 @@ function installRequestHandling(app: FastifyInstance, options: ApiOptions): void
 }
 
 /**
- * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then the
- * routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
+ * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first (and on the
+ * socket its browser rule, socket-browser.ts), then the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
  * route, with the listener's authentication.
  */
 function installUpgrades(
@@ -229,6 +232,15 @@ function installUpgrades(
     socket.on("error", () => {});
     try {
       checkOrigin(req.headers);
+      if (listener.transport === "unix") {
+        screenSocketBrowser(
+          { method: "GET", url: req.url ?? "", headers: req.headers },
+          listener.socketCsrf,
+          {
+            upgrade: true,
+          },
+        );
+      }
     } catch (err) {
       refuseUpgrade(socket, err);
       return;

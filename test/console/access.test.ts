@@ -14,6 +14,7 @@ import { after, before, describe, it } from "node:test";
 import pino from "pino";
 import WebSocket from "ws";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
+import { SOCKET_CSRF_HEADER } from "../../src/api/socket-browser.js";
 import { PORT_PROXY_HEADER } from "../../src/common/proxied-path.js";
 import { ConsoleAccess } from "../../src/console/access.js";
 import { consoleExtension } from "../../src/console/index.js";
@@ -374,6 +375,7 @@ describe("console access over real listeners", () => {
       headers: { origin: "http://localhost", [CSRF_HEADER]: csrf },
     });
     assert.equal(login.status, 409, "no login on the socket");
+    assert.equal(CSRF_HEADER, SOCKET_CSRF_HEADER, "the page sends the header the API checks");
   });
 
   it("on the Unix socket, keeps a sandbox's pages off the console's origin unless forkd port proxies them", async () => {
@@ -397,7 +399,7 @@ describe("console access over real listeners", () => {
 
   it("marks the cookie Secure and __Host- under TLS", () => {
     const access = new ConsoleAccess();
-    const listener = { transport: "tcp" as const, tls: true, tokens: [], snapshotsDir: "/s" };
+    const listener = { transport: "tcp" as const, tls: true, tokens: [], snapshotsDir: "/s", socketCsrf: "" };
     const cookie = access.setCookie(listener, "abc");
     assert.match(cookie, /^__Host-forkd-console=abc;/);
     assert.match(cookie, /; Secure/);
