@@ -19,6 +19,7 @@ import { authenticate } from "../api/auth.js";
 import { CONSOLE_SESSION_CALLER, type ListenerInfo } from "../api/extensions.js";
 import { csrfMatches, looksLikeBrowser, screenSocketBrowser } from "../api/socket-browser.js";
 import { ForkdError } from "../common/errors.js";
+import { CONSOLE_COOKIE, CONSOLE_COOKIE_TLS } from "../common/tokens.js";
 import { CONSOLE_API_CALLS, CONSOLE_PATH, CSRF_HEADER, CSRF_PROTOCOL_PREFIX } from "./protocol.js";
 import { type Session, type SessionLimits, SessionStore } from "./sessions.js";
 
@@ -52,7 +53,7 @@ export class ConsoleAccess {
 
   /** The session cookie's name: `__Host-` under TLS binds it to this exact origin and path `/`. */
   cookieName(listener: ListenerInfo): string {
-    return listener.tls ? "__Host-forkd-console" : "forkd-console";
+    return listener.tls ? CONSOLE_COOKIE_TLS : CONSOLE_COOKIE;
   }
 
   setCookie(listener: ListenerInfo, id: string): string {

@@ -10,7 +10,7 @@ import type http from "node:http";
 import type net from "node:net";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../common/errors.js";
-import { stripDaemonTokens } from "../common/tokens.js";
+import { stripCredentialsForGuest } from "../common/tokens.js";
 import type { SandboxService } from "../controller/sandbox-service.js";
 import { servicesOf, servicesOfUpgrade } from "../http/request-scope.js";
 import type { E2bContext } from "./context.js";
@@ -130,6 +130,5 @@ function admit(
       throw new ForkdError("forbidden", `invalid traffic access token: it is not sandbox ${sandboxId}'s`);
     }
   }
-  delete headers[TRAFFIC_TOKEN_HEADER];
-  stripDaemonTokens(headers, context.daemonTokens ?? context.tokens);
+  stripCredentialsForGuest(headers, context.daemonTokens ?? context.tokens);
 }

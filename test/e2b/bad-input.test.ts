@@ -370,6 +370,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         authorization: `Bearer ${TOKEN}`,
         "x-api-key": TOKEN,
         "x-app-header": "kept",
+        "x-access-token": "the-sandbox-envd-token",
+        cookie: "forkd-console=a-console-session; app=kept; __Host-forkd-console=another",
       },
     });
     assert.equal(byHeader.status, 200, byHeader.body);
@@ -380,6 +382,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal(echoed.headers["x-app-header"], "kept");
     assert.equal(echoed.headers.authorization, undefined, "a daemon token never reaches a guest");
     assert.equal(echoed.headers["x-api-key"], undefined);
+    assert.equal(echoed.headers["x-access-token"], undefined, "nor the sandbox's envd token");
+    assert.equal(echoed.headers.cookie, "app=kept", "the console's session cookie never reaches a guest");
     const ownAuth = await request(`${url}/`, {
       headers: {
         "e2b-sandbox-id": sbx.sandboxId,
