@@ -56,6 +56,8 @@ interface DaemonOptions {
   maxSandboxes?: number;
   tenantMaxSandboxes?: number;
   maxConcurrentSpawns?: number;
+  maxParentBoots?: number;
+  tenantMaxParentBoots?: number;
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
   branchConcurrency?: number;
@@ -179,6 +181,16 @@ function admissionOptions(command: Command): void {
       "--max-concurrent-spawns <n>",
       "spawn requests served at once (more get 429)",
       parseIntOption("--max-concurrent-spawns", 1, 1000),
+    )
+    .option(
+      "--max-parent-boots <n>",
+      "snapshots built at once (POST /v1/snapshots: image build and parent boot; more get 429; default 2)",
+      parseIntOption("--max-parent-boots", 1, 100),
+    )
+    .option(
+      "--tenant-max-parent-boots <n>",
+      "snapshots one tenant's tokens may build at once (more get 429; default 1; admins: --max-parent-boots)",
+      parseIntOption("--tenant-max-parent-boots", 1, 100),
     )
     .option(
       "--memory-reserve-mib <mib>",
@@ -360,6 +372,8 @@ async function openDaemonServices(
     ...(opts.maxSandboxes === undefined ? {} : { maxSandboxes: opts.maxSandboxes }),
     ...(opts.maxConcurrentSpawns === undefined ? {} : { maxConcurrentSpawns: opts.maxConcurrentSpawns }),
     ...(opts.memoryReserveMib === undefined ? {} : { reserveMiB: opts.memoryReserveMib }),
+    ...(opts.maxParentBoots === undefined ? {} : { maxConcurrentParentBoots: opts.maxParentBoots }),
+    ...(opts.tenantMaxParentBoots === undefined ? {} : { tenantMaxParentBoots: opts.tenantMaxParentBoots }),
   };
   const services = await openServices(paths, {
     limits,
