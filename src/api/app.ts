@@ -30,6 +30,7 @@ import {
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
+import { ConnectionBudget } from "../http/connection-budget.js";
 import { provideServices } from "../http/request-scope.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
@@ -101,6 +102,8 @@ export interface ApiOptions {
   origin?: { bindHost: string; allowedHosts?: readonly string[]; allowedOrigins?: readonly string[] };
   /** Connections held at once (default DEFAULT_MAX_CONNECTIONS). */
   maxConnections?: number;
+  /** Connections per tenant, shared by the daemon's listeners (default: a budget of this listener's own). */
+  connections?: ConnectionBudget;
   /** Time to receive the request headers (default HEADERS_TIMEOUT_MS; tests shorten it). */
   headersTimeoutMs?: number;
   metrics?: DaemonMetrics;
@@ -136,7 +139,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
   // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
-  provideServices(app, options.services, metrics.spawns);
+  provideServices(app, options.services, metrics.spawns, options.connections ?? new ConnectionBudget());
   recordRoutes(app);
   installRequestHandling(app, options);
 

@@ -48,6 +48,7 @@ interface DaemonOptions {
   allowedHost: string[];
   allowedOrigin: string[];
   maxConnections?: number;
+  tenantMaxConnections?: number;
   tlsCert?: string;
   tlsKey?: string;
   auditLog: string | false;
@@ -148,6 +149,11 @@ function listenerOptions(command: Command): void {
       "--max-connections <n>",
       "connections each listener holds at once",
       parseIntOption("--max-connections", 1, 1_000_000),
+    )
+    .option(
+      "--tenant-max-connections <n>",
+      "connections one tenant's callers and its sandboxes' public traffic hold at once, across listeners (more get 429; default 256)",
+      parseIntOption("--tenant-max-connections", 1, 1_000_000),
     )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
@@ -342,6 +348,7 @@ function daemonConfig(opts: DaemonOptions, paths: ForkdPaths, logger: Logger): D
     allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
     allowedOrigins: opts.allowedOrigin,
     maxConnections: opts.maxConnections,
+    tenantMaxConnections: opts.tenantMaxConnections,
     tlsCert: opts.tlsCert,
     tlsKey: opts.tlsKey,
     auditLog: opts.auditLog === false ? null : opts.auditLog,
