@@ -118,7 +118,8 @@ function admit(
       `port ${port} of sandbox ${sandboxId} is not reachable: the sandbox has no network the daemon can reach (${why})`,
     );
   }
-  if (info.inbound.requireTrafficToken) {
+  // --e2b-private-traffic holds for every sandbox, the ones the forkd API spawned included.
+  if (info.inbound.requireTrafficToken || context.privateTraffic === true) {
     const token = header(headers, TRAFFIC_TOKEN_HEADER);
     if (token === undefined || token === "") {
       throw new ForkdError(
