@@ -3,12 +3,14 @@
  * the services, listen on the Unix socket and optionally TCP, and on SIGTERM stop accepting, drain in-flight
  * requests for a bounded time, then close the services. SIGHUP reopens the audit log (log rotation).
  */
+
 import { readFile } from "node:fs/promises";
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import { defaultSandboxDomain, type E2bSettings } from "../e2b/index.js";
+import { ConnectionBudget } from "../http/connection-budget.js";
 import {
   type ApiOptions,
   buildApi,
@@ -54,6 +56,8 @@ export interface DaemonConfig {
   allowedOrigins?: string[];
   /** Connections each listener holds at once. */
   maxConnections?: number;
+  /** Connections one tenant holds at once, across the listeners (default DEFAULT_TENANT_MAX_CONNECTIONS). */
+  tenantMaxConnections?: number;
   /** Time a client gets to send its request headers (tests shorten it). */
   headersTimeoutMs?: number;
   tlsCert?: string;
@@ -158,6 +162,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       audit,
       logger,
       maxConnections: config.maxConnections,
+      connections: new ConnectionBudget(config.tenantMaxConnections),
       headersTimeoutMs: config.headersTimeoutMs,
       e2b: { ...config.e2b, domain: e2bDomain },
       daemonTokens: checked.tokens,

@@ -79,3 +79,31 @@ export function stripDaemonTokens(headers: IncomingHttpHeaders, tokens: readonly
   const key = headers["x-api-key"];
   if (typeof key === "string" && matchToken(key, tokens)) delete headers["x-api-key"];
 }
+
+/** The web console's session cookie, on plain HTTP and under TLS (src/console/access.ts names it by these). */
+export const CONSOLE_COOKIE = "forkd-console";
+export const CONSOLE_COOKIE_TLS = "__Host-forkd-console";
+/** Headers a sandbox's own credentials travel in: E2B's envd access token and its traffic token. */
+const SANDBOX_CREDENTIAL_HEADERS = ["x-access-token", "e2b-traffic-access-token"] as const;
+
+/**
+ * Makes a request's headers fit to pass on to a guest's port, in every proxy (the forkd port route, E2B's
+ * sandbox hosts): the daemon's tokens (stripDaemonTokens), the console's session cookie (browsers send it to
+ * every port of the console's host, and a session id is enough to act as the console) and the sandbox
+ * credentials of E2B's headers are removed; every other header and cookie is the guest's business and stays.
+ */
+export function stripCredentialsForGuest(headers: IncomingHttpHeaders, tokens: readonly Token[]): void {
+  stripDaemonTokens(headers, tokens);
+  for (const name of SANDBOX_CREDENTIAL_HEADERS) delete headers[name];
+  const cookie = headers.cookie;
+  if (typeof cookie !== "string") return;
+  const kept = cookie
+    .split(";")
+    .map((part) => part.trim())
+    .filter((part) => {
+      const name = part.split("=", 1)[0]?.trim();
+      return part !== "" && name !== CONSOLE_COOKIE && name !== CONSOLE_COOKIE_TLS;
+    });
+  if (kept.length === 0) delete headers.cookie;
+  else headers.cookie = kept.join("; ");
+}

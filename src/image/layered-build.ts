@@ -7,7 +7,11 @@
  *   base        Debian (mmdebstrap into an empty umoci bundle), or an image copied by skopeo from an OCI
  *               layout, an OCI/Docker archive or a registry, or a Dockerfile built by buildah; every layer
  *               from elsewhere is checked (layer-check.ts) before umoci unpacks it
- *   run, pip    in the image's own root, in bubblewrap (step-sandbox.ts)
+ *   run, pip    in the image's own root, in bubblewrap, as root of a user namespace mapped to an unprivileged
+ *               id range (step-sandbox/): the tree steps work on is unpacked with its owners shifted into that
+ *               range and repacked shifted back, and the image's tree with its own ids is unpacked again from
+ *               the last step's layout (so no setuid-root file a step made exists on the host before then,
+ *               and then only inside the build's root-only staging directory)
  *   copy        host files into the tree (tree-copy.ts)
  *   env, workdir, user   the image's settings (a workdir is also created)
  *
@@ -45,7 +49,19 @@ import type { Emit } from "./progress.js";
 import { debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
-import { type Credentials, resolveCredentials, runInImage, SANDBOX_INPUTS } from "./step-sandbox.js";
+import {
+  assertConfiguredIndex,
+  assertReachableByBuildRange,
+  type BuildIdRange,
+  buildIdRange,
+  type Credentials,
+  hostId,
+  openToBuildRange,
+  resolveCredentials,
+  runInImage,
+  SANDBOX_INPUTS,
+  umociIdMap,
+} from "./step-sandbox/index.js";
 import { copyIntoTree } from "./tree-copy.js";
 
 export interface StepReport {
@@ -74,6 +90,8 @@ interface Context {
   total: number;
   /** Replace existing cache entries (a forced build) instead of keeping the first one published. */
   replace: boolean;
+  /** The ids steps run as; the working bundle's tree is owned by them (shifted) while steps run. */
+  range: BuildIdRange;
 }
 
 const seconds = (since: number) => Math.round((performance.now() - since) / 100) / 10;
@@ -100,6 +118,7 @@ export async function buildLayeredTree(opts: {
     signal: opts.signal,
     total: plan.steps.length,
     replace: opts.fresh === true,
+    range: buildIdRange(),
   };
   const links = [plan.base, ...plan.steps];
   let resumeAt = -1;
@@ -134,12 +153,29 @@ export async function buildLayeredTree(opts: {
       });
     }
   }
+  const toRun = plan.steps.slice(resumeAt);
+  if (unpacked && toRun.length > 0) {
+    // The Debian base was made with the image's own ids; steps need the tree with the shifted ones.
+    await fs.rm(ctx.bundle, { recursive: true, force: true });
+    unpacked = false;
+  }
   if (!unpacked) {
     ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the image (umoci)" });
-    await umociUnpack(entry.layout, ctx.bundle, ctx.signal);
+    await umociUnpack(
+      entry.layout,
+      ctx.bundle,
+      ctx.signal,
+      toRun.length > 0 ? umociIdMap(ctx.range) : undefined,
+    );
+  }
+  if (toRun.length > 0) {
+    // The steps' sandboxes (the range's first id) must reach the tree; no local user may.
+    await assertReachableByBuildRange(ctx.staging.dir, ctx.range, "the build's staging directory");
+    await openToBuildRange(ctx.staging.dir, ctx.range);
+    await openToBuildRange(ctx.bundle, ctx.range);
   }
   let settings = entry.record.settings;
-  for (const planned of plan.steps.slice(resumeAt)) {
+  for (const planned of toRun) {
     const started = performance.now();
     const label = stepLabel(ctx, planned.number, planned.description);
     ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...` });
@@ -156,7 +192,13 @@ export async function buildLayeredTree(opts: {
     });
     ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)` });
   }
-  return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
+  if (toRun.length === 0) return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
+  // The image's tree with its own ids (the payload and mkfs take it from here), from the last step's layout.
+  ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the built image (umoci)" });
+  const imageBundle = path.join(ctx.staging.work, "image-bundle");
+  await umociUnpack(entry.layout, imageBundle, ctx.signal);
+  await fs.rm(ctx.bundle, { recursive: true, force: true });
+  return { root: path.join(imageBundle, "rootfs"), settings, steps: reports };
 }
 
 // ---- the base ----
@@ -210,8 +252,6 @@ async function makeBase(
     if (source.kind === "debian") {
       await umociInitLayout(pending.layout, ctx.signal);
       await umociUnpack(pending.layout, ctx.bundle, ctx.signal);
-      // umoci makes the bundle 0700; apt downloads into the tree as its unprivileged _apt user.
-      await fs.chmod(ctx.bundle, 0o755);
       await debootstrap({
         suite: source.suite,
         packages: base.packages,
@@ -348,6 +388,7 @@ async function applyStep(
           cwd: settings.workdir,
           credentials,
           network: step.network,
+          scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -369,7 +410,10 @@ async function applyStep(
         if (step.wheels) {
           inputs.push({ host: step.wheels, name: "wheels" });
           args.push("--no-index", "--find-links", `${SANDBOX_INPUTS}/wheels`);
-        } else args.push("--index-url", step.index as string);
+        } else {
+          await assertConfiguredIndex(step.index as string, "the pip step's index");
+          args.push("--index-url", step.index as string);
+        }
         // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
         const pipEnv = withEnv(envFor(settings, credentials), {
           PIP_NO_CACHE_DIR: "1",
@@ -385,6 +429,7 @@ async function applyStep(
           credentials,
           network: step.index !== undefined,
           inputs,
+          scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -394,12 +439,17 @@ async function applyStep(
       }
       case "copy": {
         const owner = step.owner ? await credentialsFor(root, step.owner) : null;
+        const shifted = (uid: number, gid: number) => ({
+          uid: hostId(ctx.range, uid),
+          gid: hostId(ctx.range, gid),
+        });
         await copyIntoTree({
           root,
           src: step.src,
           dest: step.dest,
           mode: step.mode,
-          owner: owner ? { uid: owner.uid, gid: owner.gid } : { uid: 0, gid: 0 },
+          owner: owner ? shifted(owner.uid, owner.gid) : shifted(0, 0),
+          rootOwner: shifted(0, 0),
         });
         break;
       }
@@ -414,7 +464,14 @@ async function applyStep(
           throw new ForkdError("invalid_argument", `${step.path} exists in the image and is not a directory`);
         }
         changedTree = !existing;
-        if (!existing) await fs.mkdir(dir, { recursive: true, mode: 0o755 });
+        if (!existing) {
+          const made = await fs.mkdir(dir, { recursive: true, mode: 0o755 });
+          // Every directory made belongs to the image's root (shifted, as the whole tree is).
+          const root0 = hostId(ctx.range, 0);
+          for (let d = dir; made !== undefined && d.length >= made.length; d = path.dirname(d)) {
+            await fs.lchown(d, root0, root0);
+          }
+        }
         settings = { ...settings, workdir: step.path };
         break;
       }

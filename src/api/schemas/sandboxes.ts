@@ -110,6 +110,10 @@ export const SandboxInfoWire = Type.Object(
       }),
     ),
     network: SandboxNetworkWire,
+    public_ports: Type.Boolean({
+      description:
+        "Its ports are public on the E2B data plane (false: requests there need its traffic access token).",
+    }),
     limits: SandboxLimitsWire,
   },
   {
@@ -180,6 +184,16 @@ export const SpawnBody = Type.Object(
       Type.Union([Type.Literal("none"), EgressPolicyWire], {
         description:
           "Egress policy (default: the daemon's --egress), or \"none\": the sandbox's NIC leads nowhere (no namespace of its own).",
+      }),
+    ),
+    public_ports: Type.Optional(
+      Type.Boolean({
+        description:
+          "Whether the sandboxes' ports are public on the E2B data plane (<port>-<id>.<domain>), as E2B's " +
+          "allowPublicTraffic (default true; a daemon started with --e2b-private-traffic makes every sandbox's " +
+          "ports private whatever this says). false: a request " +
+          "there must carry the sandbox's traffic access token (E2B's connect returns it); the forkd port route " +
+          "(/v1/sandboxes/:id/ports/:port, with this API's credentials) is unaffected.",
       }),
     ),
     prewarm: NotBuiltFlag("fault in guest pages after restore"),

@@ -249,6 +249,7 @@ export class SandboxManager implements SandboxService {
     });
     const snapshots = new DaemonSnapshots(paths, db, (tag) => sandboxesUsing(db, tag), {
       confinement,
+      admission,
       beforeDelete: (tag) => this.warmPool.drain(tag),
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
