@@ -41,8 +41,9 @@ import {
   settingsOf,
   withEnv,
 } from "./oci-layout.js";
+import { PACKAGE_INPUT, stepPackageEnvironment } from "./package-config.js";
 import type { Emit } from "./progress.js";
-import { debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
+import { addAccount, DEFAULT_USER, debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
 import { type Credentials, resolveCredentials, runInImage, SANDBOX_INPUTS } from "./step-sandbox.js";
@@ -321,6 +322,29 @@ function envFor(settings: ImageSettings, credentials: Credentials | null): strin
   return settings.env.some((e) => e.startsWith("HOME=")) ? settings.env : [...settings.env, `HOME=${home}`];
 }
 
+/** Refuses a step whose tool the image lacks, naming what the step needs. */
+async function requireTool(root: string, settings: ImageSettings, tool: string, why: string): Promise<void> {
+  const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
+  if (!(await onGuestPath(root, pathVar, tool))) {
+    throw new ForkdError("invalid_argument", `the image has no ${tool} on its PATH (${why})`);
+  }
+}
+
+/** The machine's package configuration for one networked step (package-config.ts), noted in the build log. */
+async function packageEnvironment(ctx: Context, root: string, planned: PlannedStep, label: string) {
+  const dir = path.join(ctx.staging.work, `packages-${planned.number}`);
+  await fs.rm(dir, { recursive: true, force: true });
+  const found = await stepPackageEnvironment(root, dir, `${SANDBOX_INPUTS}/${PACKAGE_INPUT}`);
+  if (found.notes.length > 0) {
+    ctx.emit({
+      step: "rootfs",
+      phase: "progress",
+      message: `${label}: package indexes: ${found.notes.join(", ")}`,
+    });
+  }
+  return found;
+}
+
 async function applyStep(
   ctx: Context,
   planned: PlannedStep,
@@ -341,13 +365,15 @@ async function applyStep(
     switch (step.kind) {
       case "run": {
         const credentials = await credentialsFor(root, settings.user);
+        const packages = step.network ? await packageEnvironment(ctx, root, planned, label) : undefined;
         await runInImage({
           root,
           argv: step.argv,
-          env: envFor(settings, credentials),
+          env: withEnv(envFor(settings, credentials), packages?.env ?? {}),
           cwd: settings.workdir,
           credentials,
           network: step.network,
+          inputs: packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [],
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -356,22 +382,24 @@ async function applyStep(
         break;
       }
       case "pip": {
-        const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
-        if (!(await onGuestPath(root, pathVar, "python3"))) {
-          throw new ForkdError(
-            "invalid_argument",
-            "the image has no python3 on its PATH (pip steps use the image's own pip)",
-          );
-        }
+        await requireTool(root, settings, "python3", "pip steps use the image's own pip (python3 -m pip)");
         const credentials = await credentialsFor(root, settings.user);
-        const inputs = [{ host: step.requirements, name: "requirements.txt" }];
-        const args = ["python3", "-m", "pip", "install", "-r", `${SANDBOX_INPUTS}/requirements.txt`];
+        const inputs: { host: string; name: string }[] = [];
+        const args = ["python3", "-m", "pip", "install"];
+        if (step.requirements) {
+          inputs.push({ host: step.requirements, name: "requirements.txt" });
+          args.push("-r", `${SANDBOX_INPUTS}/requirements.txt`);
+        }
+        args.push(...step.packages);
         if (step.wheels) {
           inputs.push({ host: step.wheels, name: "wheels" });
           args.push("--no-index", "--find-links", `${SANDBOX_INPUTS}/wheels`);
-        } else args.push("--index-url", step.index as string);
+        } else if (step.index) args.push("--index-url", step.index);
+        const network = step.wheels === undefined;
+        const packages = network ? await packageEnvironment(ctx, root, planned, label) : undefined;
         // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
         const pipEnv = withEnv(envFor(settings, credentials), {
+          ...packages?.env,
           PIP_NO_CACHE_DIR: "1",
           PIP_DISABLE_PIP_VERSION_CHECK: "1",
           PIP_ROOT_USER_ACTION: "ignore",
@@ -383,8 +411,8 @@ async function applyStep(
           env: pipEnv,
           cwd: settings.workdir,
           credentials,
-          network: step.index !== undefined,
-          inputs,
+          network,
+          inputs: [...inputs, ...(packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [])],
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -392,6 +420,70 @@ async function applyStep(
         });
         break;
       }
+      case "apt": {
+        await requireTool(root, settings, "apt-get", "apt steps use the image's own apt-get");
+        const packages = await packageEnvironment(ctx, root, planned, label);
+        // The names are argv ("$@"), never part of the script; lists and caches go with the step.
+        const script =
+          'apt-get update -q && apt-get install -y -q $FORKD_APT_RECOMMENDS "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*';
+        await runInImage({
+          root,
+          argv: ["/bin/sh", "-c", script, "forkd-apt", ...step.packages],
+          env: withEnv(envFor(settings, null), {
+            ...packages.env,
+            DEBIAN_FRONTEND: "noninteractive",
+            DEBCONF_NOWARNINGS: "yes",
+            FORKD_APT_RECOMMENDS: step.recommends ? "" : "--no-install-recommends",
+          }),
+          cwd: "/",
+          credentials: null,
+          network: true,
+          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          timeoutS: step.timeoutS,
+          label,
+          signal: ctx.signal,
+          onOutputLine: output,
+        });
+        break;
+      }
+      case "npm": {
+        await requireTool(root, settings, "npm", "npm steps use the image's own npm");
+        const credentials = await credentialsFor(root, settings.user);
+        const packages = await packageEnvironment(ctx, root, planned, label);
+        await runInImage({
+          root,
+          argv: [
+            "npm",
+            "install",
+            ...(step.global ? ["--global"] : []),
+            "--no-fund",
+            "--no-audit",
+            ...step.packages,
+          ],
+          env: withEnv(envFor(settings, credentials), {
+            ...packages.env,
+            NPM_CONFIG_UPDATE_NOTIFIER: "false",
+            NPM_CONFIG_CACHE: "/tmp/forkd-npm-cache",
+          }),
+          cwd: settings.workdir,
+          credentials,
+          network: true,
+          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          timeoutS: step.timeoutS,
+          label,
+          signal: ctx.signal,
+          onOutputLine: output,
+        });
+        break;
+      }
+      case "adduser":
+        await addAccount(root, {
+          name: step.name,
+          uid: DEFAULT_USER.uid,
+          gid: DEFAULT_USER.gid,
+          home: step.name === DEFAULT_USER.name ? DEFAULT_USER.home : `/home/${step.name}`,
+        });
+        break;
       case "copy": {
         const owner = step.owner ? await credentialsFor(root, step.owner) : null;
         await copyIntoTree({
