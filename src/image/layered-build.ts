@@ -132,6 +132,7 @@ export async function buildLayeredTree(opts: {
         step: "rootfs",
         phase: "progress",
         message: `${stepLabel(ctx, number, link.description)} (cached)`,
+        buildStep: number,
       });
     }
   }
@@ -143,7 +144,7 @@ export async function buildLayeredTree(opts: {
   for (const planned of plan.steps.slice(resumeAt)) {
     const started = performance.now();
     const label = stepLabel(ctx, planned.number, planned.description);
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...`, buildStep: planned.number });
     const result = await applyStep(ctx, planned, entry, settings);
     entry = result.entry;
     settings = result.settings;
@@ -155,7 +156,7 @@ export async function buildLayeredTree(opts: {
       cached: false,
       seconds: s,
     });
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)`, buildStep: planned.number });
   }
   return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
 }
@@ -199,13 +200,14 @@ async function makeBase(
 ): Promise<{ entry: StepEntry; unpacked: boolean; seconds: number }> {
   const started = performance.now();
   const label = stepLabel(ctx, 0, base.description);
-  ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...` });
+  const emitBase = (message: string) => ctx.emit({ step: "rootfs", phase: "progress", message, buildStep: 0 });
+  emitBase(`${label} ...`);
   const pending = await beginStep(ctx.staging.work, base.key);
   const source = base.source;
   const fail = (err: unknown): never => {
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";
-    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, { cause: err });
+    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, { cause: err, detail: { buildStep: 0 } });
   };
   try {
     if (source.kind === "debian") {
@@ -219,8 +221,7 @@ async function makeBase(
         target: path.join(ctx.bundle, "rootfs"),
         tmpDir: path.join(ctx.staging.work, "tmp"),
         signal: ctx.signal,
-        onStatus: (message) =>
-          ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${message}` }),
+        onStatus: (message) => emitBase(`${label}: ${message}`),
       });
       await umociRepack(pending.layout, ctx.bundle, `forkd base: ${base.description}`, ctx.signal);
       const entry = await publishStep(
@@ -269,29 +270,15 @@ async function makeBase(
           signal: ctx.signal,
           noCache: ctx.replace,
           onLine: (line) => {
-            if (/^STEP \d+\/\d+:/.test(line)) {
-              ctx.emit({
-                step: "rootfs",
-                phase: "progress",
-                message: `${label}: ${line} (at ${seconds(started)} s)`,
-              });
-            }
+            if (/^STEP \d+\/\d+:/.test(line)) emitBase(`${label}: ${line} (at ${seconds(started)} s)`);
           },
         });
-        ctx.emit({
-          step: "rootfs",
-          phase: "progress",
-          message: `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
-        });
+        emitBase(`${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`);
         break;
       }
     }
     const image = await resolveImage(pending.layout, "image");
-    ctx.emit({
-      step: "rootfs",
-      phase: "progress",
-      message: `${label}: checking ${image.manifest.layers.length} layers`,
-    });
+    emitBase(`${label}: checking ${image.manifest.layers.length} layers`);
     await checkLayers(pending.layout, image.manifest.layers, ctx.signal);
     const entry = await publishStep(
       ctx.cacheDir,
@@ -360,7 +347,7 @@ async function applyStep(
   let changedTree = true;
   const started = performance.now();
   const output = (line: string) =>
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${line}` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${line}`, buildStep: planned.number });
   try {
     switch (step.kind) {
       case "run": {
@@ -521,7 +508,10 @@ async function applyStep(
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";
     const message = errorMessage(err);
-    throw new ForkdError(code, message.startsWith(label) ? message : `${label}: ${message}`, { cause: err });
+    throw new ForkdError(code, message.startsWith(label) ? message : `${label}: ${message}`, {
+      cause: err,
+      detail: { buildStep: planned.number },
+    });
   }
   const entry = await publishStep(
     ctx.cacheDir,

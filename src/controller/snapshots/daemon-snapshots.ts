@@ -26,7 +26,12 @@ import type {
   UnpackResult,
 } from "../sandbox-service.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
-import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
+import {
+  type CreateSnapshotOptions,
+  createSnapshot,
+  type ProgressEvent,
+  sweepStaleSnapshotFiles,
+} from "./create.js";
 import { packSnapshot } from "./pack.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
@@ -215,6 +220,44 @@ export class DaemonSnapshots implements SnapshotService {
     }
     // Refused before a job row exists: a path outside the allowlist leaves no trace.
     const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
+    return this.write(tag, request.owner ?? null, {
+      ...(image ? { image } : { template: request.template ?? tag }),
+      signal: request.signal,
+    });
+  }
+
+  /**
+   * A snapshot of a template file the daemon wrote itself (a template build's, controller/builds/), never one a
+   * caller named: the file must be under `buildsDir`. `force` builds every step again.
+   */
+  async createFromBuild(request: {
+    tag: string;
+    templateFile: string;
+    buildsDir: string;
+    owner: string | null;
+    force?: boolean;
+    onProgress?: (event: ProgressEvent) => void;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo> {
+    const tag = assertTag(request.tag);
+    const relative = path.relative(request.buildsDir, request.templateFile);
+    if (relative.startsWith("..") || path.isAbsolute(relative)) {
+      throw invalidArgument("a build's template file must be in the daemon's builds directory");
+    }
+    return this.write(tag, request.owner, {
+      template: request.templateFile,
+      templateFiles: true,
+      force: request.force,
+      onProgress: request.onProgress,
+      signal: request.signal,
+    });
+  }
+
+  private async write(
+    tag: string,
+    owner: string | null,
+    options: Omit<CreateSnapshotOptions, "tag" | "confinement">,
+  ): Promise<SnapshotInfo> {
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
       tag,
@@ -222,17 +265,12 @@ export class DaemonSnapshots implements SnapshotService {
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
       error: null,
-      owner: request.owner ?? null,
+      owner,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     crashPoint("snapshot.claimed");
     try {
-      await createSnapshot(this.paths, {
-        tag,
-        ...(image ? { image } : { template: request.template ?? tag }),
-        confinement: this.confinement,
-        signal: request.signal,
-      });
+      await createSnapshot(this.paths, { tag, ...options, confinement: this.confinement });
       crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
