@@ -7,7 +7,7 @@
 import { randomBytes } from "node:crypto";
 import fs from "node:fs/promises";
 import path from "node:path";
-import type { BuildRecord, TemplateRecord } from "./contract.js";
+import type { BuildRecipe, BuildRecord, TemplateRecord } from "./contract.js";
 
 /** Builds kept per template (the oldest finished ones are forgotten first). */
 const MAX_BUILDS = 64;
@@ -16,6 +16,8 @@ const TEMPLATE_ID = /^[a-z0-9]{20}$/;
 export interface StoredTemplate {
   template: TemplateRecord;
   builds: BuildRecord[];
+  /** The recipes of ready builds (a later build may start from one: E2B's fromTemplate). */
+  recipes: Record<string, BuildRecipe>;
 }
 
 export function newTemplateId(): string {
@@ -41,6 +43,7 @@ export class BuildStore {
       const text = await fs.readFile(path.join(dir, name), "utf8").catch(() => undefined);
       if (text === undefined) continue;
       const stored = JSON.parse(text) as StoredTemplate;
+      stored.recipes ??= {};
       let changed = false;
       for (const build of stored.builds) {
         if (build.status === "waiting" || build.status === "building") {
@@ -90,6 +93,7 @@ export class BuildStore {
       const removable = stored.builds.filter((b) => !keep.has(b.id) && b.finishedAt !== null);
       const drop = new Set(removable.slice(0, stored.builds.length - MAX_BUILDS).map((b) => b.id));
       stored.builds = stored.builds.filter((b) => !drop.has(b.id));
+      for (const id of drop) delete stored.recipes[id];
     }
     const file = path.join(this.dir, `${id}.json`);
     const temp = `${file}.${randomBytes(4).toString("hex")}.tmp`;

@@ -26,6 +26,8 @@ export interface TemplateRecord {
   updatedAt: string;
   cpuCount: number;
   memoryMiB: number;
+  /** Size of the image's disk. */
+  diskMiB: number;
   /** Tags (`name:tag` aliases) and the build each names. */
   tags: Record<string, { buildId: string; assignedAt: string }>;
   /** The newest ready build, whose snapshot the template's names resolve to. */
@@ -78,6 +80,8 @@ export interface BuildRequest {
   tags: string[];
   cpuCount?: number;
   memoryMiB?: number;
+  /** Free disk space the template's sandboxes should have (the image's disk is sized for it). */
+  minFreeDiskMiB?: number;
   owner?: string | null;
 }
 
@@ -96,6 +100,8 @@ export interface TemplateBuildService {
     buildId: string,
     options?: { logsOffset?: number; limit?: number; owner?: string | null },
   ): Promise<{ template: TemplateRecord; build: BuildRecord; logs: BuildLogEntry[] }>;
+  /** The recipe of the build a template name (`name`, `name:tag`, or its id) resolves to: a base for another. */
+  recipe(idOrName: string, owner?: string | null): Promise<BuildRecipe>;
   /** A template by id, or by name (with an optional `:tag`). */
   get(idOrName: string, owner?: string | null): Promise<TemplateRecord>;
   builds(templateId: string, owner?: string | null): Promise<BuildRecord[]>;

@@ -49,6 +49,8 @@ export interface BuildLimits {
   files: BuildFileLimits;
   defaultMemoryMiB: number;
   defaultCpuCount: number;
+  defaultDiskMiB: number;
+  maxDiskMiB: number;
   maxMemoryMiB: number;
   maxCpuCount: number;
 }
@@ -57,6 +59,8 @@ export const DEFAULT_BUILD_LIMITS: Omit<BuildLimits, "files"> = {
   maxConcurrent: 1,
   defaultMemoryMiB: 1024,
   defaultCpuCount: 1,
+  defaultDiskMiB: 4096,
+  maxDiskMiB: 65536,
   maxMemoryMiB: 16384,
   maxCpuCount: 8,
 };
@@ -139,6 +143,15 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
     return this.visible(this.store.byName(name), owner);
   }
 
+  async recipe(idOrName: string, owner?: string | null): Promise<BuildRecipe> {
+    const stored = this.find(idOrName, owner);
+    const { tag } = this.store.get(idOrName) ? { tag: undefined } : splitName(idOrName);
+    const buildId = tag === undefined ? stored.template.readyBuild : stored.template.tags[tag]?.buildId;
+    const recipe = buildId ? stored.recipes[buildId] : undefined;
+    if (!recipe) throw notFound(`template ${JSON.stringify(idOrName)} has no ready build`);
+    return recipe;
+  }
+
   async get(idOrName: string, owner?: string | null): Promise<TemplateRecord> {
     return this.find(idOrName, owner).template;
   }
@@ -185,6 +198,13 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
     if (!Number.isInteger(memoryMiB) || memoryMiB < 128 || memoryMiB > this.limits.maxMemoryMiB) {
       throw invalidArgument(`memoryMB must be 128..${this.limits.maxMemoryMiB}`);
     }
+    const diskMiB =
+      request.minFreeDiskMiB === undefined
+        ? (existing?.template.diskMiB ?? this.limits.defaultDiskMiB)
+        : Math.max(this.limits.defaultDiskMiB, 2048 + request.minFreeDiskMiB);
+    if (!Number.isInteger(diskMiB) || diskMiB > this.limits.maxDiskMiB) {
+      throw invalidArgument(`minFreeDiskMb must leave the disk at most ${this.limits.maxDiskMiB} MiB`);
+    }
     const now = new Date().toISOString();
     const stored: StoredTemplate = existing ?? {
       template: {
@@ -195,13 +215,16 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
         updatedAt: now,
         cpuCount,
         memoryMiB,
+        diskMiB,
         tags: {},
         readyBuild: null,
         buildCount: 0,
       },
       builds: [],
+      recipes: {},
     };
     stored.template.cpuCount = cpuCount;
+    stored.template.diskMiB = diskMiB;
     stored.template.memoryMiB = memoryMiB;
     stored.template.updatedAt = now;
     const build: BuildRecord = {
@@ -320,6 +343,7 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
           signal: run.abort.signal,
         });
         build.snapshot = tag;
+        stored.recipes[build.id] = recipe;
         await this.publish(stored, build);
         build.status = "ready";
         this.log(run, {
@@ -446,6 +470,11 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
 function withMachine(recipe: BuildRecipe, template: TemplateRecord): BuildRecipe {
   return {
     ...recipe,
-    template: { ...recipe.template, vcpus: template.cpuCount, memory_mib: template.memoryMiB },
+    template: {
+      ...recipe.template,
+      vcpus: template.cpuCount,
+      memory_mib: template.memoryMiB,
+      disk_mib: template.diskMiB,
+    },
   };
 }

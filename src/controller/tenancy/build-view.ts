@@ -12,6 +12,7 @@ export function tenantBuilds(inner: TemplateBuildService, tenant: string): Templ
     start: (templateId, buildId, recipe) => inner.start(templateId, buildId, recipe, tenant),
     status: (templateId, buildId, options) =>
       inner.status(templateId, buildId, { ...options, owner: tenant }),
+    recipe: (idOrName) => inner.recipe(idOrName, tenant),
     get: (idOrName) => inner.get(idOrName, tenant),
     builds: (templateId) => inner.builds(templateId, tenant),
     list: () => inner.list(tenant),
