@@ -3,11 +3,11 @@
  * it with its steps (POST /v2/templates/{templateID}/builds/{buildID}), poll its status with the log from an
  * offset; the build logs route and the template with its builds (GET /templates/{templateID}).
  */
-import type { Static } from "@sinclair/typebox";
+import { type Static, Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { invalidArgument } from "../../common/errors.js";
 import { servicesOf } from "../../http/request-scope.js";
-import { errorResponses } from "../control/schemas.js";
+import { errorResponses, TemplateIdParams } from "../control/schemas.js";
 import {
   BuildInfo,
   BuildLogs,
@@ -70,7 +70,7 @@ export function registerBuildRoutes(app: FastifyInstance): void {
           "their filesHash. 202 once accepted: the build runs in the background.",
         params: BuildParams,
         body: BuildStartV2,
-        response: { 202: { type: "null" }, ...errorResponses },
+        response: { 202: Type.Null(), ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -148,7 +148,7 @@ export function registerBuildRoutes(app: FastifyInstance): void {
     {
       schema: {
         summary: "A template built through this API, with its builds",
-        params: { type: "object", properties: { templateID: { type: "string", maxLength: 256 } } },
+        params: TemplateIdParams,
         response: { 200: TemplateWithBuilds, ...errorResponses },
       },
     },

@@ -6,7 +6,8 @@
  * The archive is the tenant's, whichever template it was uploaded for.
  */
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
-import type { Static } from "@sinclair/typebox";
+import type { Readable } from "node:stream";
+import { type Static, Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { ForkdError } from "../../common/errors.js";
 import { ADMIN } from "../../controller/tenancy/tenant-view.js";
@@ -76,7 +77,7 @@ export async function registerFileRoutes(app: FastifyInstance): Promise<void> {
   // The archive itself: any body type, streamed to the store (bounded there), never parsed here.
   await app.register(async (uploads) => {
     uploads.removeAllContentTypeParsers();
-    uploads.addContentTypeParser("*", (_request, _payload, done) => done(null));
+    uploads.addContentTypeParser("*", (_request, payload, done) => done(null, payload));
     uploads.put<{ Params: Static<typeof FilesParams>; Querystring: Static<typeof UploadQuery> }>(
       "/templates/:templateID/files/:hash",
       {
@@ -87,14 +88,14 @@ export async function registerFileRoutes(app: FastifyInstance): Promise<void> {
             "Signed URL, no API key. Size-bounded; every entry must be a file, directory or symlink inside the archive.",
           params: FilesParams,
           querystring: UploadQuery,
-          response: { 204: { type: "null" }, ...errorResponses },
+          response: { 204: Type.Null(), ...errorResponses },
         },
       },
       async (request, reply) => {
         checkSignature(request.params, request.query);
         request.principal = request.query.owner === "" ? ADMIN : { tenant: request.query.owner };
         request.caller = "e2b:signed-upload";
-        await buildsOf(servicesOf(request)).putFiles(request.params.hash, request.raw);
+        await buildsOf(servicesOf(request)).putFiles(request.params.hash, request.body as Readable);
         return reply.status(204).send();
       },
     );

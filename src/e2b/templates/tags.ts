@@ -1,8 +1,8 @@
 /** Template tags (`name:tag`) as the SDKs' assignTags / removeTags / getTags call them. */
-import type { Static } from "@sinclair/typebox";
+import { type Static, Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { servicesOf } from "../../http/request-scope.js";
-import { errorResponses } from "../control/schemas.js";
+import { errorResponses, TemplateIdParams } from "../control/schemas.js";
 import { AssignedTags, AssignTags, DeleteTags, TemplateTagList } from "./schemas.js";
 import { buildsOf } from "./wire.js";
 
@@ -28,7 +28,7 @@ export function registerTagRoutes(app: FastifyInstance): void {
       schema: {
         summary: "Remove tags of a template (their name:tag names go)",
         body: DeleteTags,
-        response: { 204: { type: "null" }, ...errorResponses },
+        response: { 204: Type.Null(), ...errorResponses },
       },
     },
     async (request, reply) => {
@@ -42,7 +42,7 @@ export function registerTagRoutes(app: FastifyInstance): void {
     {
       schema: {
         summary: "The tags of a template and the builds they name",
-        params: { type: "object", properties: { templateID: { type: "string", maxLength: 256 } } },
+        params: TemplateIdParams,
         response: { 200: TemplateTagList, ...errorResponses },
       },
     },
