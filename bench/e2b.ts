@@ -1,28 +1,8 @@
-/**
- * bench/e2b — the same workloads through E2B's SDK (`e2b`, `@e2b/code-interpreter`, pointed at the daemon by
- * E2B_API_URL/E2B_SANDBOX_URL/E2B_API_KEY) and through forkd's own SDK and REST API, side by side in one run, on
- * one daemon over one TCP listener:
- *   - create + first runCode, N sandboxes, 2 at a time (each path's N in four quarters, alternating, so load
- *     drift on a shared machine hits both alike);
- *   - a `true` command round trip, p50/p99, calls interleaved. E2B's SDK always runs `/bin/bash -l -c <cmd>` (a
- *     login shell); forkd's runs `/bin/bash -c <cmd>`. Both are measured as their users get them, and forkd's
- *     once more with E2B's exact argv, which isolates the protocol from the shell;
- *   - a fork of count 10, wall clock until every child answered the call that started it, rounds alternating.
- * Target: the E2B path within 10% of forkd's own.
- *
- *   FORKD_HOME=<home with a pyagent snapshot> npm run bench -- e2b
- *   (env: BENCH_TAG=pyagent, BENCH_N=20, BENCH_REQUESTS=30, BENCH_FORKS=10, BENCH_FORK_ROUNDS=4)
- */
-import { randomBytes } from "node:crypto";
-import { rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
-import os from "node:os";
-import path from "node:path";
 import { Sandbox as E2bSandbox } from "@e2b/code-interpreter";
 import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
 import { Sandbox } from "../src/sdk/index.js";
-import { startBenchDaemon } from "./lib/daemon.js";
+import { startTcpBenchDaemon } from "./lib/daemon.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const TAG = process.env.BENCH_TAG ?? "pyagent";
@@ -36,25 +16,9 @@ const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";
 const LIFETIME_MS = 30 * 60_000;
 
 const paths = resolvePaths();
-const socketPath = path.join(os.tmpdir(), `forkd-bench-e2b-${process.pid}.sock`);
-const tokenFile = path.join(os.tmpdir(), `forkd-bench-e2b-${process.pid}.tokens`);
-const token = randomBytes(24).toString("hex");
-await writeFile(tokenFile, `${token}\n`, { mode: 0o600 });
-const port = await freePort();
-const url = `http://127.0.0.1:${port}`;
-process.env.E2B_API_URL = url;
-process.env.E2B_SANDBOX_URL = url;
-process.env.E2B_API_KEY = token;
+const server = await startTcpBenchDaemon(paths.home, TAG);
+const { daemon, url, token } = server;
 const forkdOptions = { url, token, env: {}, timeoutMs: LIFETIME_MS };
-
-const daemon = await startBenchDaemon(paths.home, socketPath, [
-  "--bind",
-  `127.0.0.1:${port}`,
-  "--token-file",
-  tokenFile,
-  "--default-snapshot",
-  TAG,
-]);
 
 interface Timed {
   wallMs: number;
@@ -230,15 +194,5 @@ try {
     `# bench/e2b\n\n${hostDescription()}, snapshot ${TAG}, ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}`,
   );
 } finally {
-  await daemon.stop();
-  await rm(tokenFile, { force: true });
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  if (address === null || typeof address === "string") throw new Error("no TCP port");
-  return address.port;
+  await server.stop();
 }

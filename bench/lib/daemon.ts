@@ -1,5 +1,9 @@
 /** A `forkd daemon` child process for benchmarks that go through the REST API (same build as the benchmark). */
 import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { rm, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import os from "node:os";
 import path from "node:path";
 import { packageRoot } from "../../src/image/package-root.js";
 import { Controller } from "../../src/sdk/index.js";
@@ -53,4 +57,57 @@ export async function startBenchDaemon(
       await exited;
     },
   };
+}
+
+export interface TcpBenchDaemon {
+  daemon: BenchDaemon;
+  url: string;
+  token: string;
+  stop(): Promise<void>;
+}
+
+/**
+ * A daemon on a TCP listener with a bearer token, spawning `defaultSnapshot` for E2B callers; E2B's SDKs in
+ * this process are pointed at it (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY).
+ */
+export async function startTcpBenchDaemon(home: string, defaultSnapshot: string): Promise<TcpBenchDaemon> {
+  const label = `forkd-bench-${process.pid}-${randomBytes(4).toString("hex")}`;
+  const socketPath = path.join(os.tmpdir(), `${label}.sock`);
+  const tokenFile = path.join(os.tmpdir(), `${label}.tokens`);
+  const token = randomBytes(24).toString("hex");
+  await writeFile(tokenFile, `${token}\n`, { mode: 0o600 });
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  process.env.E2B_API_URL = url;
+  process.env.E2B_SANDBOX_URL = url;
+  process.env.E2B_API_KEY = token;
+  const daemon = await startBenchDaemon(home, socketPath, [
+    "--bind",
+    `127.0.0.1:${port}`,
+    "--token-file",
+    tokenFile,
+    "--default-snapshot",
+    defaultSnapshot,
+  ]).catch(async (err: unknown) => {
+    await rm(tokenFile, { force: true });
+    throw err;
+  });
+  return {
+    daemon,
+    url,
+    token,
+    stop: async () => {
+      await daemon.stop();
+      await rm(tokenFile, { force: true });
+    },
+  };
+}
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  if (address === null || typeof address === "string") throw new Error("no TCP port");
+  return address.port;
 }

@@ -3,7 +3,11 @@ import { mkdir, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { resolvePaths } from "../../src/common/paths.js";
 import { procStatFields } from "../../src/controller/host/processes.js";
+import type { SnapshotManifest } from "../../src/store/manifest.js";
+import { SnapshotStore } from "../../src/store/snapshot-store.js";
+import { qemuVersion } from "../../src/vmm/qemu-tools.js";
 
 export const RESULTS_DIR = path.resolve(
   fileURLToPath(new URL(".", import.meta.url)),
@@ -20,6 +24,41 @@ export interface Row {
 export function hostDescription(): string {
   const cpu = os.cpus()[0]?.model ?? "unknown cpu";
   return `${os.cpus().length} x ${cpu}, ${(os.totalmem() / 1024 ** 3).toFixed(0)} GiB, Linux ${os.release()}`;
+}
+
+/** What every result records of the machine its guests ran on (a benchmark's numbers mean little without it). */
+export interface BenchConditions {
+  accelerator: string;
+  /** The guest CPU model (`-cpu`) of the snapshot the children came from. */
+  cpu_model: string;
+  /** The QEMU that ran the children (FORKD_QEMU_BINARY or the one on PATH). */
+  qemu_version: string;
+  /** The QEMU the snapshot's parent ran on. */
+  snapshot_qemu_version: string;
+}
+
+export async function benchConditions(manifest: SnapshotManifest | undefined): Promise<BenchConditions> {
+  return {
+    accelerator: manifest?.machine.accel ?? "unknown",
+    cpu_model: manifest?.machine.cpu ?? "unknown",
+    qemu_version: (await qemuVersion()).version,
+    snapshot_qemu_version: manifest?.machine.qemuVersion ?? "unknown",
+  };
+}
+
+function found(record: Record<string, unknown>): BenchConditions {
+  const text = (key: keyof BenchConditions) => String(record[key] ?? "unknown");
+  return {
+    accelerator: text("accelerator"),
+    cpu_model: text("cpu_model"),
+    qemu_version: text("qemu_version"),
+    snapshot_qemu_version: text("snapshot_qemu_version"),
+  };
+}
+
+/** One line for a results file's header: accelerator, CPU model and QEMU version. */
+export function conditionsLine(c: BenchConditions): string {
+  return `${c.accelerator}, -cpu ${c.cpu_model}, QEMU ${c.qemu_version}`;
 }
 
 export function markdownTable(rows: Row[]): string {
@@ -39,10 +78,31 @@ export function printRows(title: string, rows: Row[]): void {
   }
 }
 
+/**
+ * Writes `<name>.json` and `<name>.md`. Every result records the machine its guests ran on: a result that does
+ * not say it itself (accelerator, cpu_model, qemu_version) gets them from the snapshot it names (`tag`,
+ * else BENCH_TAG, else pyagent) in FORKD_HOME, and the markdown gets a line saying them.
+ */
 export async function writeResults(name: string, json: unknown, markdown: string): Promise<void> {
+  const record = json as Record<string, unknown>;
+  let conditions: Partial<BenchConditions> = {};
+  if (record.cpu_model === undefined || record.qemu_version === undefined) {
+    const tag = typeof record.tag === "string" ? record.tag : (process.env.BENCH_TAG ?? "pyagent");
+    const manifest = await new SnapshotStore(resolvePaths().snapshots)
+      .get(tag)
+      .then((s) => s.manifest)
+      .catch(() => undefined);
+    const found = await benchConditions(manifest);
+    conditions = Object.fromEntries(Object.entries(found).filter(([key]) => record[key] === undefined));
+  }
+  const full = { ...conditions, ...record };
+  const line =
+    Object.keys(conditions).length > 0
+      ? `\n\nMachine: ${conditionsLine({ ...found(full) })}; snapshot's QEMU ${String(full.snapshot_qemu_version ?? "unknown")}`
+      : "";
   await mkdir(RESULTS_DIR, { recursive: true });
-  await writeFile(path.join(RESULTS_DIR, `${name}.json`), `${JSON.stringify(json, null, 2)}\n`);
-  await writeFile(path.join(RESULTS_DIR, `${name}.md`), `${markdown}\n`);
+  await writeFile(path.join(RESULTS_DIR, `${name}.json`), `${JSON.stringify(full, null, 2)}\n`);
+  await writeFile(path.join(RESULTS_DIR, `${name}.md`), `${markdown}${line}\n`);
   console.log(`\nwrote ${path.join(RESULTS_DIR, `${name}.json`)} and ${name}.md`);
 }
 

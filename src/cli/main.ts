@@ -1,42 +1,16 @@
 /** Entry point of the `forkd` command line. */
-import { Command } from "commander";
-import { FORKD_VERSION } from "../common/version.js";
-import { registerDaemonCommands } from "./commands/daemon-commands.js";
-import { registerDoctor } from "./commands/doctor.js";
-import { registerFork } from "./commands/fork.js";
-import { registerImage } from "./commands/image.js";
-import { registerPack } from "./commands/pack.js";
-import { registerRegistry } from "./commands/registry.js";
-import { registerSnapshot } from "./commands/snapshot.js";
-import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
-import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
-import { registerSnapshotInfo } from "./commands/snapshot-info.js";
-import { registerSnapshots } from "./commands/snapshots.js";
-import { registerUnpack } from "./commands/unpack.js";
-import { EXIT } from "./exit-codes.js";
+import type { Command } from "commander";
+import { addDaemonOptions } from "./daemon-options.js";
+import { LAZY_COMMANDS, lazyCommand } from "./lazy-commands.js";
+import { baseProgram } from "./program.js";
 
-export function buildProgram(): Command {
-  const program = new Command("forkd")
-    .description("microVM sandboxes for AI-agent fan-out: warm a parent VM once, fork copy-on-write children")
-    .version(FORKD_VERSION)
-    .showHelpAfterError("(run with --help for usage)")
-    .exitOverride((err) => {
-      // commander prints its own message; map its exits onto ours (help/version are not errors).
-      process.exit(err.exitCode === 0 ? EXIT.ok : EXIT.usage);
-    });
-  registerImage(program);
-  registerSnapshot(program);
-  registerFork(program);
-  registerSnapshots(program);
-  registerSnapshotInfo(program);
-  registerSnapshotDiff(program);
-  registerSnapshotCompact(program);
-  registerPack(program);
-  registerUnpack(program);
-  registerRegistry(program);
-  registerDoctor(program);
-  registerDaemonCommands(program);
+/** Only the invoked command when it is a lazy one, else everything. */
+export async function programFor(argv: readonly string[]): Promise<Command> {
+  const name = lazyCommand(argv.slice(2));
+  if (name === undefined) return (await import("./all-commands.js")).registerAll(baseProgram());
+  const program = addDaemonOptions(baseProgram());
+  (await (LAZY_COMMANDS[name] as () => Promise<(program: Command) => void>)())(program);
   return program;
 }
 
-await buildProgram().parseAsync(process.argv);
+await (await programFor(process.argv)).parseAsync(process.argv);

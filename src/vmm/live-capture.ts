@@ -272,18 +272,36 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   }
 }
 
+/**
+ * Capabilities that change the stream's format, turned off for a capture. Only those this QEMU has are named:
+ * "compress" is gone since QEMU 9.1, "mapped-ram" (9.0) writes a file layout, not a stream.
+ */
+const FORMAT_CHANGING_CAPABILITIES = [
+  "xbzrle",
+  "compress",
+  "x-ignore-shared",
+  "postcopy-ram",
+  "multifd",
+  "mapped-ram",
+] as const;
+
 /** Turns background-snapshot on (with the capabilities that change the stream format off) or off again. */
 async function setCaptureCapabilities(qmp: QmpClient, on: boolean, signal?: AbortSignal): Promise<void> {
-  const capabilities = on
-    ? [
-        { capability: "xbzrle", state: false },
-        { capability: "compress", state: false },
-        { capability: "x-ignore-shared", state: false },
-        { capability: "postcopy-ram", state: false },
-        { capability: "multifd", state: false },
-        { capability: "background-snapshot", state: true },
-      ]
-    : [{ capability: "background-snapshot", state: false }];
+  let capabilities = [{ capability: "background-snapshot", state: false }];
+  if (on) {
+    const known = new Set(
+      (await qmp.execute<{ capability: string }[]>("query-migrate-capabilities", undefined, { signal })).map(
+        (c) => c.capability,
+      ),
+    );
+    capabilities = [
+      ...FORMAT_CHANGING_CAPABILITIES.filter((c) => known.has(c)).map((capability) => ({
+        capability,
+        state: false,
+      })),
+      { capability: "background-snapshot", state: true },
+    ];
+  }
   try {
     await qmp.execute("migrate-set-capabilities", { capabilities }, { signal });
   } catch (err) {

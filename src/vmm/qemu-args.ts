@@ -15,6 +15,7 @@
 import { createHash } from "node:crypto";
 import path from "node:path";
 import { invalidArgument } from "../common/errors.js";
+import { assertCpuModel } from "./cpu-model.js";
 
 /** virtio-serial port name the guest agent looks up under /sys/class/virtio-ports/<port>/name. */
 export const AGENT_PORT_NAME = "org.forkd.agent";
@@ -90,7 +91,7 @@ export interface MachineSpec {
    * Without it a TCG guest booting on a busy host can fail its TSC calibration and hang.
    */
   tscKhz?: number;
-  /** QEMU -cpu model, e.g. "max" (TCG) or "host" (KVM). */
+  /** QEMU -cpu model, e.g. "Nehalem" or "max" (TCG) or "host" (KVM); checked by cpu-model.ts. */
   cpuModel: string;
   memoryMiB: number;
   vcpus: number;
@@ -307,11 +308,7 @@ function validateSpec(spec: MachineSpec): void {
   if (spec.tcgTbSizeMiB !== undefined) {
     assertIntegerIn("tcgTbSizeMiB", spec.tcgTbSizeMiB, 1, MAX_TCG_TB_SIZE_MIB);
   }
-  if (!/^[A-Za-z0-9][A-Za-z0-9_.+-]*$/.test(spec.cpuModel)) {
-    throw invalidArgument(
-      `machine spec: cpuModel ${JSON.stringify(spec.cpuModel)} is not a plain CPU model name (e.g. "max", "host")`,
-    );
-  }
+  assertCpuModel(spec.cpuModel);
   if (spec.tscKhz !== undefined) assertIntegerIn("tscKhz", spec.tscKhz, MIN_TSC_KHZ, MAX_TSC_KHZ);
   assertIntegerIn("memoryMiB", spec.memoryMiB, MIN_MEMORY_MIB, MAX_MEMORY_MIB);
   assertIntegerIn("vcpus", spec.vcpus, 1, MAX_VCPUS);

@@ -9,17 +9,18 @@ import path from "node:path";
 import { ForkdError } from "../../src/common/errors.js";
 import { type HomeLock, lockHome } from "../../src/common/home-lock.js";
 import { resolvePaths } from "../../src/common/paths.js";
-import { GUEST_RUNTIME_CMDLINE } from "../../src/controller/machines/boot.js";
+import { guestRuntimeCmdline } from "../../src/controller/machines/boot.js";
 import { createSnapshot } from "../../src/controller/snapshots/create.js";
 import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { MANIFEST_FORMAT } from "../../src/store/manifest.js";
 import { SnapshotStore } from "../../src/store/snapshot-store.js";
+import { DEFAULT_TCG_CPU_MODEL } from "../../src/vmm/cpu-model.js";
 import { restoreCompatibilityKey } from "../../src/vmm/qemu-args.js";
 
 /** Changes whenever the machine children are started with changes (so stale shared snapshots are not reused). */
 const MACHINE_FINGERPRINT = restoreCompatibilityKey({
   accel: "tcg",
-  cpuModel: "max",
+  cpuModel: DEFAULT_TCG_CPU_MODEL,
   memoryMiB: 512,
   vcpus: 1,
   kernel: "/k",
@@ -43,7 +44,9 @@ export async function linkSharedSnapshot(
 ): Promise<string> {
   const image = await buildImage(await loadTemplate(template), {});
   const key = createHash("sha256")
-    .update(JSON.stringify([image.hash, GUEST_RUNTIME_CMDLINE, MANIFEST_FORMAT, MACHINE_FINGERPRINT, tag]))
+    .update(
+      JSON.stringify([image.hash, guestRuntimeCmdline("tcg"), MANIFEST_FORMAT, MACHINE_FINGERPRINT, tag]),
+    )
     .digest("hex")
     .slice(0, 16);
   const sharedHome = path.join(SHARED_ROOT, key);

@@ -34,11 +34,6 @@ export const RUN_FILES = {
   disk: "disk.qcow2",
 } as const;
 
-export function cpuModelFor(accel: Accelerator): string {
-  // Under KVM the guest should see the host CPU; under TCG "max" gives the guest every feature QEMU emulates.
-  return accel === "kvm" ? "host" : "max";
-}
-
 export interface MachineShape {
   accel: Accelerator;
   cpuModel: string;
