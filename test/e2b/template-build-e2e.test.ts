@@ -1,10 +1,12 @@
 /**
- * The unmodified `e2b` SDK's Template.build against a real forkd daemon and a real registry (Debian's
+ * The unmodified `e2b` SDKs' Template.build (JS from npm; Python from PyPI, test/e2b/python/test_template_build.py
+ * in the venv of test/support/python-venv.ts) against a real forkd daemon and a real registry (Debian's
  * docker-registry on loopback): a busybox image pushed there is the base; a template with every step kind the
  * SDK sends (ENV, WORKDIR, COPY of uploaded files, RUN as root and as another user, USER) and a start command
  * with a ready command is built, and a sandbox created from it by name answers with the start command's server
  * running and the steps' results in place; the same template built again reuses every cached step; a failing
- * step fails the build naming the step and its output; a Dockerfile (parsed by the SDK) builds the same way.
+ * step fails the build naming the step and its output; a Dockerfile (parsed by the SDK) builds the same way. The
+ * Python SDK does the same against the same daemon and registry (its own template names).
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -16,6 +18,7 @@ import { promisify } from "node:util";
 import { BuildError, type LogEntry, Sandbox, Template } from "e2b";
 import { makeBusyboxLayout } from "../image/oci-fixtures.js";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
+import { e2bPythonVenv, PYTHON_TESTS_DIR } from "../support/python-venv.js";
 import { freePort, Registry } from "../support/registry.js";
 
 const execFileAsync = promisify(execFile);
@@ -170,5 +173,29 @@ describe("E2B Template.build (JS SDK) on a real daemon", {
     sandboxes.push(sbx);
     const out = await sbx.commands.run("cat /work/out.txt && id -un && pwd");
     assert.equal(out.stdout, "df yes\nuser\n/work\n");
+  });
+
+  it("the Python SDK's Template.build: every instruction, a cached rebuild, a failing step, a Dockerfile", async () => {
+    const venv = await e2bPythonVenv();
+    const args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_template_build.py"];
+    const result = await execFileAsync(venv.python, args, {
+      cwd: PYTHON_TESTS_DIR,
+      env: {
+        PATH: process.env.PATH ?? "",
+        HOME: process.env.HOME ?? "/root",
+        PYTHONDONTWRITEBYTECODE: "1",
+        E2B_API_URL: daemon.tcpUrl,
+        E2B_SANDBOX_URL: daemon.tcpUrl,
+        E2B_API_KEY: daemon.token,
+        FORKD_TEST_IMAGE: image,
+        FORKD_TEST_CONTEXT: path.join(dir, "context"),
+      },
+      maxBuffer: 16 * 1024 * 1024,
+      timeout: 20 * 60_000,
+    }).catch((err: { stdout?: string; stderr?: string; message: string }) => {
+      throw new Error(`pytest failed:\n${err.stdout ?? ""}\n${err.stderr ?? ""}\n${err.message}`);
+    });
+    assert.match(result.stdout, /\b4 passed\b/, result.stdout);
+    process.stdout.write(`# python: e2b ${venv.versions.e2b}\n`);
   });
 });

@@ -135,7 +135,7 @@ export class BuildFiles {
     let problem: string | undefined;
     const parser = new Parser({
       strict: true,
-      onentry: (entry: ReadEntry) => {
+      onReadEntry: (entry: ReadEntry) => {
         entries++;
         const why = entryProblem(entry);
         if (why && !problem) problem = `entry ${JSON.stringify(entry.path.slice(0, 200))} ${why}`;
