@@ -17,6 +17,8 @@ from e2b import AsyncTemplate, BuildException, Sandbox, Template
 
 IMAGE = os.environ["FORKD_TEST_IMAGE"]
 CONTEXT = os.environ["FORKD_TEST_CONTEXT"]
+# The SDK runs commands as /bin/bash -l -c; the busybox test image gets a bash that is sh.
+BASH_SHIM = os.environ["FORKD_TEST_BASH_SHIM"]
 STEP_LINE = re.compile(r"^(base|step \d+/\d+): .* \((cached|[\d.]+ s)\)$")
 
 
@@ -26,6 +28,7 @@ def app_template():
         .from_image(IMAGE)
         .set_envs({"APP_MODE": "py-production", "GREETING": "from-python"})
         .set_workdir("/srv")
+        .run_cmd(BASH_SHIM)
         .copy("site", "site/")
         .copy("config.ini", "/etc/app/", user="user", mode=0o640)
         .run_cmd('echo "built in $(pwd) as $(id -un)" > /srv/built.txt')
@@ -111,6 +114,7 @@ def test_a_failing_step_names_the_step_and_its_output():
 def test_a_dockerfile_parsed_by_the_sdk_builds():
     dockerfile = (
         f"FROM {IMAGE}\n"
+        f"RUN {BASH_SHIM}\n"
         "ENV FROM_DOCKERFILE=py\n"
         "WORKDIR /work\n"
         'RUN echo "df $FROM_DOCKERFILE" > /work/out.txt\n'
