@@ -36,7 +36,11 @@ describe("recipe e2b-python (built through E2B's template API)", { timeout: 60 *
     await registry.start();
     // The base: forkd's own Debian build, its last step's tree pushed as an ordinary registry image.
     const built = await buildImage(await loadTemplate(path.join(RECIPE, "base.toml"), { allowFiles: true }));
-    const last = built.manifest.steps?.at(-1)?.key;
+    // image.json records each step's cache key; the last one's entry is the tree after every step.
+    const manifest = JSON.parse(await fs.readFile(path.join(built.dir, "image.json"), "utf8")) as {
+      steps?: { key: string }[];
+    };
+    const last = manifest.steps?.at(-1)?.key;
     assert.ok(last, "the base build records its steps");
     const layout = path.join(path.dirname(built.dir), STEPS_DIR, last, STEP_LAYOUT);
     base = `127.0.0.1:${registry.port}/forkd/e2b-python-base:bookworm`;
