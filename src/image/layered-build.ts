@@ -200,14 +200,18 @@ async function makeBase(
 ): Promise<{ entry: StepEntry; unpacked: boolean; seconds: number }> {
   const started = performance.now();
   const label = stepLabel(ctx, 0, base.description);
-  const emitBase = (message: string) => ctx.emit({ step: "rootfs", phase: "progress", message, buildStep: 0 });
+  const emitBase = (message: string) =>
+    ctx.emit({ step: "rootfs", phase: "progress", message, buildStep: 0 });
   emitBase(`${label} ...`);
   const pending = await beginStep(ctx.staging.work, base.key);
   const source = base.source;
   const fail = (err: unknown): never => {
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";
-    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, { cause: err, detail: { buildStep: 0 } });
+    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, {
+      cause: err,
+      detail: { buildStep: 0 },
+    });
   };
   try {
     if (source.kind === "debian") {
@@ -273,7 +277,9 @@ async function makeBase(
             if (/^STEP \d+\/\d+:/.test(line)) emitBase(`${label}: ${line} (at ${seconds(started)} s)`);
           },
         });
-        emitBase(`${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`);
+        emitBase(
+          `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
+        );
         break;
       }
     }

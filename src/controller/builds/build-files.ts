@@ -19,6 +19,11 @@ import { pipeline } from "node:stream/promises";
 import { createGunzip } from "node:zlib";
 import { extract, Parser, type ReadEntry } from "tar";
 import { errorMessage, ForkdError, invalidArgument, notFound } from "../../common/errors.js";
+import {
+  MAX_TEMPLATE_UNPACKED_BYTES,
+  MAX_TEMPLATE_UPLOAD_BYTES,
+  MAX_TEMPLATE_UPLOAD_ENTRIES,
+} from "../../common/limits.js";
 
 export interface BuildFileLimits {
   /** Bytes of one upload (the archive as sent). */
@@ -30,9 +35,9 @@ export interface BuildFileLimits {
 }
 
 export const DEFAULT_BUILD_FILE_LIMITS: BuildFileLimits = {
-  maxUploadBytes: 1024 * 2 ** 20,
-  maxUnpackedBytes: 4 * 2 ** 30,
-  maxEntries: 100_000,
+  maxUploadBytes: MAX_TEMPLATE_UPLOAD_BYTES,
+  maxUnpackedBytes: MAX_TEMPLATE_UNPACKED_BYTES,
+  maxEntries: MAX_TEMPLATE_UPLOAD_ENTRIES,
 };
 
 /** The files hash E2B's SDKs send: lowercase hex SHA-256. */

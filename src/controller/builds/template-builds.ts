@@ -12,6 +12,15 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { conflict, ForkdError, invalidArgument, notFound } from "../../common/errors.js";
+import {
+  DEFAULT_TEMPLATE_CPU_COUNT,
+  DEFAULT_TEMPLATE_DISK_MIB,
+  DEFAULT_TEMPLATE_MEMORY_MIB,
+  MAX_TEMPLATE_CPU_COUNT,
+  MAX_TEMPLATE_DISK_MIB,
+  MAX_TEMPLATE_MEMORY_MIB,
+  MIN_TEMPLATE_MEMORY_MIB,
+} from "../../common/limits.js";
 import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import { assertAlias } from "../snapshots/template-aliases.js";
 import { type BuildFileLimits, BuildFiles, DEFAULT_BUILD_FILE_LIMITS } from "./build-files.js";
@@ -57,12 +66,12 @@ export interface BuildLimits {
 
 export const DEFAULT_BUILD_LIMITS: Omit<BuildLimits, "files"> = {
   maxConcurrent: 1,
-  defaultMemoryMiB: 1024,
-  defaultCpuCount: 1,
-  defaultDiskMiB: 4096,
-  maxDiskMiB: 65536,
-  maxMemoryMiB: 16384,
-  maxCpuCount: 8,
+  defaultMemoryMiB: DEFAULT_TEMPLATE_MEMORY_MIB,
+  defaultCpuCount: DEFAULT_TEMPLATE_CPU_COUNT,
+  defaultDiskMiB: DEFAULT_TEMPLATE_DISK_MIB,
+  maxDiskMiB: MAX_TEMPLATE_DISK_MIB,
+  maxMemoryMiB: MAX_TEMPLATE_MEMORY_MIB,
+  maxCpuCount: MAX_TEMPLATE_CPU_COUNT,
 };
 
 /** `name` or `name:tag`. */
@@ -195,7 +204,11 @@ export class DaemonTemplateBuilds implements TemplateBuildService {
     if (!Number.isInteger(cpuCount) || cpuCount < 1 || cpuCount > this.limits.maxCpuCount) {
       throw invalidArgument(`cpuCount must be 1..${this.limits.maxCpuCount}`);
     }
-    if (!Number.isInteger(memoryMiB) || memoryMiB < 128 || memoryMiB > this.limits.maxMemoryMiB) {
+    if (
+      !Number.isInteger(memoryMiB) ||
+      memoryMiB < MIN_TEMPLATE_MEMORY_MIB ||
+      memoryMiB > this.limits.maxMemoryMiB
+    ) {
       throw invalidArgument(`memoryMB must be 128..${this.limits.maxMemoryMiB}`);
     }
     const diskMiB =

@@ -14,7 +14,7 @@ import { registerForkRoutes } from "./forks.js";
 import { registerSandboxRoutes } from "./sandboxes.js";
 import { registerTemplateRoutes } from "./templates.js";
 
-/** Route families of E2B's API that forkd does not serve (template builds, secrets, volumes, teams, logs). */
+/** Route families of E2B's API that forkd does not serve (secrets, volumes, teams, logs, unknown versions). */
 const UNSERVED_FAMILIES = [
   "/v2/*",
   "/v3/*",

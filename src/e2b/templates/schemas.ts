@@ -4,10 +4,23 @@
  * BuildLogEntry, TemplateWithBuilds, the tag requests), declared once for validation and the E2B OpenAPI document.
  */
 import { Type } from "@sinclair/typebox";
+import {
+  MAX_TEMPLATE_BUILD_STEPS,
+  MAX_TEMPLATE_CPU_COUNT,
+  MAX_TEMPLATE_DISK_MIB,
+  MAX_TEMPLATE_MEMORY_MIB,
+  MAX_TEMPLATE_STEP_ARG_CHARS,
+  MAX_TEMPLATE_STEP_ARGS,
+  MIN_TEMPLATE_MEMORY_MIB,
+} from "../../common/limits.js";
 
 const Nullable = <T extends ReturnType<typeof Type.String>>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;
-const LIMITS = { steps: 1000, args: 64, argChars: 64 * 1024 };
+const LIMITS = {
+  steps: MAX_TEMPLATE_BUILD_STEPS,
+  args: MAX_TEMPLATE_STEP_ARGS,
+  argChars: MAX_TEMPLATE_STEP_ARG_CHARS,
+};
 
 export const BuildRequestV3 = Type.Object(
   {
@@ -15,9 +28,11 @@ export const BuildRequestV3 = Type.Object(
     alias: Type.Optional(Type.String({ maxLength: 256, description: "Deprecated: the name." })),
     tags: Type.Optional(Type.Array(Type.String({ maxLength: 64 }), { maxItems: 64 })),
     teamID: Type.Optional(Type.String({ description: "Ignored: the API key's tenant is the team." })),
-    cpuCount: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 })),
-    memoryMB: Type.Optional(Type.Integer({ minimum: 128, maximum: 65536 })),
-    minFreeDiskMb: Type.Optional(Type.Integer({ minimum: 0, maximum: 262144 })),
+    cpuCount: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_TEMPLATE_CPU_COUNT })),
+    memoryMB: Type.Optional(
+      Type.Integer({ minimum: MIN_TEMPLATE_MEMORY_MIB, maximum: MAX_TEMPLATE_MEMORY_MIB }),
+    ),
+    minFreeDiskMb: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_TEMPLATE_DISK_MIB })),
   },
   open,
 );
