@@ -182,8 +182,12 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         .catch((e: unknown) => (e as SandboxError).statusCode),
       501,
     );
+    const secrets = await raw("/secrets", { method: "GET" });
+    assert.equal(secrets.status, 501);
+    // Template builds are served: a build request without a name is E2B's 400, not 501.
     const build = await raw("/v3/templates", { method: "POST", body: "{}" });
-    assert.equal(build.status, 501);
+    assert.equal(build.status, 400);
+    assert.match(((await build.json()) as { message: string }).message, /name is required/);
   });
 
   it("the data plane refuses another sandbox's access token (AuthenticationError) and a missing one", async () => {

@@ -35,6 +35,7 @@ import type { EgressPolicyInput } from "../../net/policy.js";
 import { type SandboxRow, StateDb } from "../../store/db.js";
 import type { SnapshotStore } from "../../store/snapshot-store.js";
 import { DEFAULT_CONSOLE_LOG_BYTES } from "../../vmm/console-log.js";
+import { type BuildLimits, DaemonTemplateBuilds } from "../builds/template-builds.js";
 import { homeKey } from "../machines/restore-plan.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
 import { SandboxNetworks, type SandboxNetworksOptions } from "../networks/sandbox-networks.js";
@@ -98,6 +99,8 @@ export interface ManagerLog {
 
 export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
+  /** Template builds (controller/builds): how many at once, upload and machine bounds. */
+  buildLimits?: Partial<BuildLimits>;
   /** Image caches besides FORKD_IMAGE_CACHE whose images v0.5 clients may name by path (`--allow-image-dir`). */
   extraImageDirs?: readonly string[];
   /** Host-wide cap on BRANCHes in flight (`--branch-concurrency`). @default MAX_CONCURRENT_BRANCHES */
@@ -205,6 +208,8 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
 
 export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
+  /** What every spawn, BRANCH, pause and template build is admitted by. */
+  readonly admission: Admission;
   readonly workspaces: Workspaces;
   readonly files: SandboxService["files"];
   readonly procs: SandboxService["procs"];
@@ -242,6 +247,7 @@ export class SandboxManager implements SandboxService {
       { ...DEFAULT_ADMISSION_LIMITS, ...options.limits },
       () => live.size + this.warmPool.count(),
     );
+    this.admission = admission;
     this.warmPool = new WarmPool(paths, {
       admit: () => admission.reserveMemory(admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
       log: options.log,
@@ -548,10 +554,18 @@ export async function openServices(paths: ForkdPaths, options: ManagerOptions = 
     db = new StateDb(path.join(paths.home, "state.db"));
     const sandboxes = await SandboxManager.open(paths, db, options);
     const opened = db;
+    const builds = await DaemonTemplateBuilds.open({
+      home: paths.home,
+      snapshots: sandboxes.snapshots,
+      admission: sandboxes.admission,
+      limits: options.buildLimits,
+    });
     return {
       sandboxes,
       snapshots: sandboxes.snapshots,
+      builds,
       close: async (opts: { killSandboxes?: boolean } = {}) => {
+        await builds.close();
         if (opts.killSandboxes) await sandboxes.closeAndKill();
         else await sandboxes.close();
         opened.close();
