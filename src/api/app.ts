@@ -34,6 +34,7 @@ import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
+import { type FrontAdmission, isProbe, type TrustedFront } from "./front.js";
 import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
@@ -109,6 +110,11 @@ export interface ApiOptions {
   e2b?: E2bSettings;
   /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
   extensions?: readonly ApiExtension[];
+  /**
+   * TCP only: the front every request must come through (front.ts; a node daemon's cluster gateway). Its
+   * credential is checked before the Host/Origin policy, which the front has applied to the caller already.
+   */
+  front?: TrustedFront;
 }
 
 declare module "fastify" {
@@ -161,7 +167,12 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
-    checkOrigin(request.headers);
+    const admitted = admitThroughFront(options.front, request.raw);
+    if (admitted) {
+      request.viaFront = true;
+      request.principal = admitted.principal;
+      request.caller = admitted.caller;
+    } else checkOrigin(request.headers);
     checkPortProxied(request.headers, request.routeOptions.url);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
@@ -183,7 +194,10 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
   // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
   // forkd port route, with the listener's authentication.
+  const frontUpgrades = new WeakMap<IncomingMessage, FrontAdmission>();
   const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    const admitted = frontUpgrades.get(req);
+    if (admitted) return admitted.principal;
     if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
       return principalOf(authenticate(req.headers.authorization, options.tokens));
     }
@@ -192,7 +206,9 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on("error", () => {});
     try {
-      checkOrigin(req.headers);
+      const admitted = admitThroughFront(options.front, req);
+      if (admitted) frontUpgrades.set(req, admitted);
+      else checkOrigin(req.headers);
     } catch (err) {
       refuseUpgrade(socket, err);
       return;
@@ -433,6 +449,8 @@ async function identifyCaller(
     }
     return caller;
   }
+  // The front authenticated the caller and named its principal (onRequest).
+  if (request.viaFront) return request.caller;
   const address = `${options.transport}:${request.ip}`;
   // E2B routes check their own credentials (an API key, or a sandbox's access token).
   if (request.routeOptions.config.e2b) return address;
@@ -457,6 +475,15 @@ async function identifyCaller(
   }
   request.principal = ADMIN;
   return address;
+}
+
+/**
+ * The front's admission of a request (a ForkdError when it is refused), or undefined on a listener without a
+ * front and for the probes' /healthz.
+ */
+function admitThroughFront(front: TrustedFront | undefined, req: IncomingMessage): FrontAdmission | undefined {
+  if (front === undefined || isProbe(req.url)) return undefined;
+  return front.admit(req);
 }
 
 /** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */

@@ -14,6 +14,7 @@ import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
 import type { ApiExtension, ApiExtensionFactory } from "./extensions.js";
+import type { TrustedFront } from "./front.js";
 import {
   checkBindPolicy,
   isLoopbackHost,
@@ -62,6 +63,8 @@ export interface DaemonConfig {
   e2b?: E2bSettings;
   /** Surfaces mounted on every listener (the web console), made once over the opened services. */
   extensions?: readonly ApiExtensionFactory[];
+  /** The TCP listener takes calls only through this front (front.ts; a cluster node's gateway). */
+  front?: TrustedFront;
   logger?: Logger;
 }
 
@@ -203,6 +206,7 @@ async function startListeners(
       transport: "tcp",
       tokens: checked.tokens,
       https: checked.https,
+      front: config.front,
       origin: {
         bindHost: checked.tcp.host,
         allowedHosts: config.allowedHosts,

@@ -21,6 +21,11 @@ declare module "fastify" {
      * control plane's API key and for the one sandbox a data-plane request addresses).
      */
     principal: Principal | null;
+    /**
+     * The request came through the listener's trusted front (src/api/front.ts: the cluster gateway), which
+     * authenticated its caller and set `principal`: no face authenticates it again.
+     */
+    viaFront: boolean;
   }
 }
 
@@ -42,6 +47,7 @@ const views = new WeakMap<IncomingMessage, { principal: Principal; services: Ser
 export function provideServices(app: FastifyInstance, services: Services, spawns?: SpawnObserver): void {
   const provided: Provided = { services, spawns };
   app.decorateRequest("principal", null);
+  app.decorateRequest("viaFront", false);
   app.addHook("onRequest", async (request) => {
     daemonServices.set(request.raw, provided);
   });
