@@ -34,8 +34,8 @@ import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
-import { type FrontAdmission, isProbe, type TrustedFront } from "./front.js";
 import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
+import { type FrontAdmission, isProbe, type TrustedFront } from "./front.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
@@ -481,7 +481,10 @@ async function identifyCaller(
  * The front's admission of a request (a ForkdError when it is refused), or undefined on a listener without a
  * front and for the probes' /healthz.
  */
-function admitThroughFront(front: TrustedFront | undefined, req: IncomingMessage): FrontAdmission | undefined {
+function admitThroughFront(
+  front: TrustedFront | undefined,
+  req: IncomingMessage,
+): FrontAdmission | undefined {
   if (front === undefined || isProbe(req.url)) return undefined;
   return front.admit(req);
 }

@@ -168,4 +168,3 @@ function tokenLine(line: string, what: string): Token {
   }
   return tokenFromString(secret as string, what, tenant);
 }
-
