@@ -37,6 +37,7 @@ const PullSchema = Type.Object(
     tag: Type.String({ pattern: TAG_PATTERN.source }),
     aliases: Type.Optional(Type.Array(Type.String({ pattern: TAG_PATTERN.source }), { maxItems: 32 })),
     insecure: Type.Optional(Type.Boolean()),
+    owner: Type.Optional(Type.Union([Type.Null(), Type.String({ pattern: "^[a-z0-9][a-z0-9_-]{0,62}$" })])),
   },
   { additionalProperties: false },
 );
@@ -166,7 +167,7 @@ async function pull(
   options: ClusterRoutesOptions,
   pulls: Map<string, Promise<PullAnswer>>,
 ): Promise<PullAnswer> {
-  const { reference, digest, tag, aliases, insecure } = request.body;
+  const { reference, digest, tag, aliases, insecure, owner } = request.body;
   const running = pulls.get(digest);
   if (running) return { ...(await running), pulled: false };
   const work = (async (): Promise<PullAnswer> => {
@@ -185,7 +186,7 @@ async function pull(
     }
     let result: Awaited<ReturnType<Services["snapshots"]["pull"]>>;
     try {
-      result = await services.snapshots.pull({ reference, digest, tag, insecure });
+      result = await services.snapshots.pull({ reference, digest, tag, insecure, owner });
     } catch (err) {
       throw registryFailure(reference, err);
     }

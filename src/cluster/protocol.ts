@@ -80,6 +80,11 @@ export interface PullBody {
   aliases?: string[];
   /** Plain HTTP or unverified TLS to a registry not on loopback. */
   insecure?: boolean;
+  /**
+   * The tenant the pulled snapshot belongs to (a fork's branch of a tenant's sandbox); absent: an admin's,
+   * which every tenant may spawn from (a shared template).
+   */
+  owner?: string | null;
 }
 
 export interface PullAnswer {

@@ -677,6 +677,8 @@ export interface RegistryPullRequest {
   tag?: string;
   /** Plain HTTP or unverified TLS to a registry that is not on a loopback address. */
   insecure?: boolean;
+  /** The tenant what it installs belongs to; absent: an admin's. */
+  owner?: string | null;
   signal?: AbortSignal;
 }
 

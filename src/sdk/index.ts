@@ -33,6 +33,7 @@ export {
   TimeoutError,
   UnavailableError,
 } from "./errors.js";
+export { parseNdjson, parseSse, type StreamEvent } from "./event-stream.js";
 export type { ExecEvent } from "./exec-stream.js";
 export { type CommandOptions, Commands } from "./sandbox/commands.js";
 export {

@@ -381,8 +381,10 @@ export class DaemonSnapshots implements SnapshotService {
       sandboxesOf: this.usersOf,
       signal: request.signal,
     });
-    // Only admins pull (tenancy/tenant-view.ts): what it wrote is an admin's, as after an unpack.
-    for (const tag of [...result.installed, ...result.replaced]) this.db.setSnapshotOwner(tag, null);
+    // Only admins pull (tenancy/tenant-view.ts): what it wrote is an admin's unless the admin names its owner
+    // (the cluster gateway does, for a tenant's fork moved to another node).
+    for (const tag of [...result.installed, ...result.replaced])
+      this.db.setSnapshotOwner(tag, request.owner ?? null);
     return result;
   }
 
