@@ -7,7 +7,7 @@
  */
 import type { Logger } from "pino";
 import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
-import { LeaseObserver, type Leases } from "../kube/leases.js";
+import { LeaseObserver, type Leases, type V1Lease } from "../kube/leases.js";
 
 export const LEADER_LEASE_SECONDS = 15;
 const RENEW_MS = 2_000;
