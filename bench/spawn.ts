@@ -176,12 +176,13 @@ const result = {
   measured_at: new Date().toISOString(),
 };
 
+// Targets: issue 13's, as the README's table states them.
 const rows: Row[] = [
   { metric: "accelerator", value: result.accelerator },
   {
     metric: `wall-clock, N=${N} all answered`,
     value: `${result.wall_ms} ms`,
-    target: "< 2000 ms",
+    target: "< 15000 ms",
     note: `${correct}/${N} correct`,
   },
   { metric: "child ready latency p50", value: `${result.p50_ms} ms` },
@@ -220,7 +221,7 @@ const rows: Row[] = [
     value: `${result.cold_boot_per_sandbox_ms} ms`,
     note: `${coldCorrect}/${COLD_N} correct; latency p50 ${result.cold_boot_latency_p50_ms} ms`,
   },
-  { metric: "fork speed-up per sandbox", value: `${result.speedup_per_sandbox}x`, target: ">= 50x" },
+  { metric: "fork speed-up per sandbox", value: `${result.speedup_per_sandbox}x` },
 ];
 const phaseRows: Row[] = phases.rows.map((r) => ({
   metric: r.phase,

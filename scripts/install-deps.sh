@@ -6,8 +6,18 @@
 # install its wheel with no index, mypy to type-check it), and Chromium (the web console's browser tests drive
 # Debian's chromium through playwright-core; no browser download). Then the identity sandboxed QEMUs run under:
 # a system user forkd-vm that holds the uid range they use (uid = base + pid) in /etc/subuid and /etc/subgid, so
-# no other account is ever given those ids (the daemon does the same at start if it is missing). Uses the
-# machine's own apt and npm configuration. Safe to run again.
+# no other account is ever given those ids (the daemon does the same at start if it is missing), and the forkd
+# group whose members may use the daemon's socket (both in packaging/accounts.sh). Uses the machine's own apt
+# and npm configuration. Safe to run again.
+#
+# Node.js 20 or later with npm must be there, or installable from the configured apt sources (Debian 13's
+# nodejs, or NodeSource's if its source is configured): Debian 12's own nodejs is 18 (its npm a separate, old
+# package) and bookworm-backports has none, so on a plain Debian 12 this stops before installing anything and
+# says how to get one.
+#
+# Packaging and its tests (docs: the README's Install section): g++ and make to compile better-sqlite3 where npm
+# cannot fetch a prebuilt binary for this Node.js, dpkg-dev (dpkg-shlibdeps) for scripts/build-deb.sh, and
+# systemd for systemd-analyze, which checks the unit (a container may have no systemd package).
 #
 # Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
 # bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
@@ -25,26 +35,22 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+
+# Node.js >= 20 with npm, or stop here (before anything is installed) saying how to get one.
+scripts/check-node.sh
+
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
   gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium \
-  skopeo umoci bubblewrap buildah docker-registry >/dev/null
+  skopeo umoci bubblewrap buildah docker-registry \
+  g++ make dpkg-dev systemd >/dev/null
 # The package starts a registry service on :5000; forkd's tests run their own and need no service.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
-# The sandboxed QEMUs' uid range: FORKD_VM_UID_BASE (default 2000000000) + every possible pid (2^22).
-vm_base="${FORKD_VM_UID_BASE:-2000000000}"
-vm_range="${vm_base}-$((vm_base + 4194304 - 1))"
-if ! getent passwd forkd-vm >/dev/null; then
-  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
-    --comment "forkd reserves the uid range of sandboxed QEMUs" forkd-vm
-fi
-if ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subuid 2>/dev/null ||
-  ! grep -qx "forkd-vm:${vm_base}:4194304" /etc/subgid 2>/dev/null; then
-  usermod --add-subuids "$vm_range" --add-subgids "$vm_range" forkd-vm
-fi
+# The forkd group (the daemon's socket) and the forkd-vm user holding the sandboxed QEMUs' uid range.
+packaging/accounts.sh
 npm ci --no-audit --no-fund
 npm run build
 scripts/k8s-tools.sh build >/dev/null

@@ -2,7 +2,8 @@
 // Runs the compiled test files (dist/test/**/*.test.js) one file at a time. Node 20's `--test <dir>` would
 // also run every other .js file under a test/ directory (fixtures, helper programs) as if it were a test.
 // Extra arguments filter by substring: `node scripts/run-tests.mjs agent vmm`. `--recipes` runs the heavy recipe
-// tests instead (test/recipes/*.recipe-test.ts: large Debian builds, long warm-ups; `npm run test:recipes`).
+// tests instead (test/recipes/*.recipe-test.ts: large Debian builds, long warm-ups; `npm run test:recipes`), and
+// `--install` the install tests (test/install/*.install-test.ts: pack, npm and .deb installs; `npm run test:install`).
 import { spawnSync } from "node:child_process";
 import { readdirSync } from "node:fs";
 import path from "node:path";
@@ -10,11 +11,12 @@ import { fileURLToPath } from "node:url";
 
 const root = fileURLToPath(new URL("../dist/test/", import.meta.url));
 const args = process.argv.slice(2);
-const recipes = args.includes("--recipes");
-const needles = args.filter((a) => a !== "--recipes");
+const SUITES = { "--recipes": ".recipe-test.js", "--install": ".install-test.js" };
+const suite = args.find((a) => a in SUITES);
+const needles = args.filter((a) => !(a in SUITES));
 const files = readdirSync(root, { recursive: true })
   .map(String)
-  .filter((f) => f.endsWith(recipes ? ".recipe-test.js" : ".test.js"))
+  .filter((f) => f.endsWith(suite ? SUITES[suite] : ".test.js"))
   .filter((f) => needles.length === 0 || needles.some((needle) => f.includes(needle)))
   .sort()
   .map((f) => path.join(root, f));

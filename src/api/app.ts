@@ -26,6 +26,7 @@ import {
   type E2bSettings,
   isSandboxOrigin,
   registerE2b,
+  SURFACE_CONSTRAINT,
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
@@ -121,6 +122,8 @@ declare module "fastify" {
   interface FastifyInstance {
     /** The E2B control plane's routes, for its OpenAPI document (src/e2b/control/openapi.ts). */
     e2bControlRoutes: RouteOptions[];
+    /** Every route this listener serves, as registered (see registeredRoutes). */
+    allRoutes: RouteOptions[];
   }
   interface FastifyRequest {
     /** Who made the request, for the audit log. */
@@ -139,22 +142,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
   // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
   provideServices(app, options.services, metrics.spawns);
-  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
-  app.addConstraintStrategy(surfaceConstraint);
-  app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
-  app.setErrorHandler(
-    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
-  );
-  app.setNotFoundHandler(notFoundHandler);
-  installJsonParser(app);
-  app.decorateRequest("caller", "");
-  app.decorateRequest("auditIds", {
-    getter(this: FastifyRequest & { _auditIds?: string[] }) {
-      this._auditIds ??= [];
-      return this._auditIds;
-    },
-  });
+  recordRoutes(app);
+  installRequestHandling(app, options);
 
   const extensions = options.extensions ?? [];
   const listener: ListenerInfo = {
@@ -191,9 +180,57 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     ...options.e2b,
   });
   app.decorate("e2bControlRoutes", e2b.controlRoutes);
-  // WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then
-  // the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the
-  // forkd port route, with the listener's authentication.
+  installUpgrades(app, options, { context, extensions, listener, checkOrigin, e2bUpgrade: e2b.upgrade });
+  return app;
+}
+
+/** Every route the listener registers, kept for registeredRoutes. */
+function recordRoutes(app: FastifyInstance): void {
+  const routes: RouteOptions[] = [];
+  app.decorate("allRoutes", routes);
+  app.addHook("onRoute", (route) => {
+    routes.push(route);
+  });
+}
+
+/** Connection bounds, routing, validation, errors, the JSON parser and the request decorations. */
+function installRequestHandling(app: FastifyInstance, options: ApiOptions): void {
+  app.server.maxConnections = options.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+  // E2B requests addressed to a sandbox match only the E2B data plane's routes (src/e2b/routing.ts).
+  app.addConstraintStrategy(surfaceConstraint);
+  app.setValidatorCompiler<TSchema>(typeboxValidatorCompiler);
+  app.setErrorHandler(
+    errorHandlerFor(options.hostPaths ?? [{ dir: path.dirname(options.snapshotsDir), name: "$FORKD_HOME" }]),
+  );
+  app.setNotFoundHandler(notFoundHandler);
+  installJsonParser(app);
+  app.decorateRequest("caller", "");
+  app.decorateRequest("auditIds", {
+    getter(this: FastifyRequest & { _auditIds?: string[] }) {
+      this._auditIds ??= [];
+      return this._auditIds;
+    },
+  });
+}
+
+/**
+ * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then the
+ * routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
+ * route, with the listener's authentication.
+ */
+function installUpgrades(
+  app: FastifyInstance,
+  options: ApiOptions,
+  wiring: {
+    context: ApiContext;
+    extensions: readonly ApiExtension[];
+    listener: ListenerInfo;
+    checkOrigin: (headers: IncomingHttpHeaders) => void;
+    e2bUpgrade: (req: IncomingMessage, socket: Socket, head: Buffer) => boolean;
+  },
+): void {
+  const { context, extensions, listener, checkOrigin, e2bUpgrade } = wiring;
+  // The front's admission of an upgrade, for the port route's principal below.
   const frontUpgrades = new WeakMap<IncomingMessage, FrontAdmission>();
   const forkdUpgrade = portUpgradeHandler(context, async (req) => {
     const admitted = frontUpgrades.get(req);
@@ -222,9 +259,8 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     for (const extension of extensions) {
       if (extension.upgrade?.(req, socket, head, listener)) return;
     }
-    if (!e2b.upgrade(req, socket, head)) forkdUpgrade(req, socket, head);
+    if (!e2bUpgrade(req, socket, head)) forkdUpgrade(req, socket, head);
   });
-  return app;
 }
 
 /** The forkd API's own routes (v0.5's included), each module with the route context and no services. */
@@ -370,6 +406,32 @@ const OPENAPI_OPTIONS = {
     ],
   },
 };
+
+/** One route a listener serves: its method, URL pattern, and the E2B data-plane surface it answers on. */
+export interface RegisteredRoute {
+  method: string;
+  url: string;
+  /** envd, interpreter or port: a route only requests addressed to a sandbox reach (src/e2b/routing.ts). */
+  surface: string | undefined;
+  /** Its request schemas as declared (params, querystring, body: JSON Schema), if any. */
+  schema: unknown;
+}
+
+/**
+ * Every route `app` serves (forkd, v0.5, E2B's control and data planes, the extensions'), one per method, as
+ * Fastify registered them: for what must cover all of them (the tenancy test walks every one).
+ */
+export function registeredRoutes(app: FastifyInstance): RegisteredRoute[] {
+  return app.allRoutes.flatMap((route) =>
+    [route.method].flat().map((method) => ({
+      method,
+      url: route.url,
+      // Read now, not at registration: the E2B surfaces' own onRoute hooks set it after this listener's.
+      surface: (route.constraints as Record<string, string> | undefined)?.[SURFACE_CONSTRAINT],
+      schema: route.schema,
+    })),
+  );
+}
 
 /**
  * JSON parsing: Fastify's parser (prototype-poisoning safe) except that an empty body counts as no body. forkd

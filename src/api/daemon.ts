@@ -9,7 +9,13 @@ import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { E2bSettings } from "../e2b/index.js";
-import { type ApiOptions, buildApi, type DaemonServices } from "./app.js";
+import {
+  type ApiOptions,
+  buildApi,
+  type DaemonServices,
+  type RegisteredRoute,
+  registeredRoutes,
+} from "./app.js";
 import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
@@ -71,6 +77,8 @@ export interface DaemonConfig {
 export interface RunningDaemon {
   /** Where it listens: "unix:/run/forkd/forkd.sock", "http://127.0.0.1:8889", ... */
   urls: string[];
+  /** The routes each listener serves (by its url), as registered: what the route-walking tenancy test walks. */
+  routes(url: string): RegisteredRoute[];
   /** Drains and closes everything; idempotent. */
   stop(reason: string): Promise<void>;
   reopenAuditLog(): void;
@@ -168,6 +176,11 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     logger.info({ urls, version: FORKD_VERSION, audit: audit?.file ?? null }, "forkd daemon listening");
     return {
       urls,
+      routes: (url) => {
+        const app = apps[urls.indexOf(url)];
+        if (app === undefined) throw new Error(`no listener at ${url} (listening at ${urls.join(", ")})`);
+        return registeredRoutes(app);
+      },
       stop,
       reopenAuditLog: () => {
         audit?.reopen();

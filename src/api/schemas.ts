@@ -4,59 +4,49 @@
  * the route existed there (see docs/api.md, "Compatibility").
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { MAX_FILE_BYTES, MAX_HEADER_BYTES } from "../agent/protocol/limits.js";
 import {
-  MAX_FILE_BYTES,
-  MAX_HEADER_BYTES,
-  MAX_PATH_CHARS,
-  MAX_TIMEOUT_MS,
-} from "../agent/protocol/limits.js";
-import { MAX_POLICY_ENTRIES } from "../controller/networks/sandbox-networks.js";
-import {
+  CONSOLE_READ_BYTES,
+  DEFAULT_MEMORY_OVERHEAD_MIB,
+  DEFAULT_PIDS_LIMIT,
+  ENV_NAME_PATTERN,
+  ERROR_CODES,
+  FILE_MODE_PATTERN,
+  MAX_CONSOLE_READ_BYTES,
   MAX_CPU_LIMIT_MILLICORES,
   MAX_DISK_LIMIT_MIB,
+  MAX_ENV_BYTES,
+  MAX_ENV_VARS,
+  MAX_EVAL_CODE_CHARS,
+  MAX_EXEC_ARG_CHARS,
+  MAX_EXEC_ARGS,
+  MAX_GUEST_TIMEOUT_MS,
   MAX_MEMORY_LIMIT_MIB,
+  MAX_METADATA_ENTRIES,
+  MAX_METADATA_KEY_CHARS,
+  MAX_METADATA_VALUE_CHARS,
+  MAX_PATH_CHARS,
   MAX_PIDS_LIMIT,
+  MAX_POLICY_ENTRIES,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_SPAWN_N,
   MIN_CPU_LIMIT_MILLICORES,
   MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
-} from "../controller/sandboxes/limits.js";
-import {
-  CONSOLE_READ_BYTES,
-  MAX_CONSOLE_READ_BYTES,
-  MAX_SANDBOX_TIMEOUT_MS,
-} from "../controller/sandboxes/manager.js";
-import {
-  MAX_ENV_BYTES,
-  MAX_ENV_VARS,
-  MAX_METADATA_ENTRIES,
-  MAX_METADATA_KEY_CHARS,
-  MAX_METADATA_VALUE_CHARS,
-} from "../controller/sandboxes/settings.js";
+  SANDBOX_ID_PATTERN,
+  SANDBOX_REF_PATTERN,
+  TAG_PATTERN,
+  TEMPLATE_ALIAS_PATTERN,
+} from "../common/limits.js";
 
-/** The largest fan-out one spawn request may ask for (v0.5's sanity cap, kept). */
-export const MAX_SPAWN_N = 1000;
-/** Argument vectors: Linux caps one argument at 128 KiB (MAX_ARG_STRLEN). */
-export const MAX_EXEC_ARGS = 4096;
-export const MAX_EXEC_ARG_CHARS = 128 * 1024;
 /**
  * argv, env and cwd travel in the guest agent's request header (MAX_HEADER_BYTES); this leaves room for the rest
  * of the header. Larger inputs belong in stdin or a file.
  */
 export const MAX_EXEC_REQUEST_BYTES = MAX_HEADER_BYTES - 4096;
-/** Python source of one eval, in characters. */
-export const MAX_EVAL_CODE_CHARS = 1024 * 1024;
-/** v0.5's exec default, in seconds. */
-export const DEFAULT_EXEC_TIMEOUT_SECS = 30;
 /** Largest file a PUT accepts or a GET returns: one agent frame's payload. */
 export const MAX_FILE_TRANSFER_BYTES = MAX_FILE_BYTES;
-
-const TAG_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
-/**
- * Any name that cannot be a path (src/common/names.ts, SANDBOX_REF_PATTERN): this daemon's ids are sb-<12 hex>, but
- * a v0.5 client may ask about one of v0.5's (sb-<hex>-<hex>); that is an unknown sandbox (404), not a bad request.
- */
-const SANDBOX_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 /** A JSON body the client may leave out (an empty POST: Fastify hands the validator null). */
@@ -70,7 +60,10 @@ export const ErrorBody = Type.Object(
   {
     error: Type.String({ description: "Human-readable message naming what was wrong." }),
     code: Type.Optional(
-      Type.String({ description: "Catalogue code (src/common/errors.ts), e.g. not_found, conflict." }),
+      Type.String({
+        enum: Object.keys(ERROR_CODES),
+        description: "Catalogue code (src/common/limits.ts, ERROR_CODES), e.g. not_found, conflict.",
+      }),
     ),
   },
   { description: "Every 4xx/5xx response carries this body (v0.5's ErrorBody plus `code`)." },
@@ -95,10 +88,10 @@ export const SandboxId = Type.String({
 export const TagParams = Type.Object({ tag: Tag }, { additionalProperties: false });
 export const SandboxParams = Type.Object({ id: SandboxId }, { additionalProperties: false });
 
-const TimeoutMs = Type.Integer({ minimum: 1, maximum: MAX_TIMEOUT_MS, description: "Milliseconds." });
+const TimeoutMs = Type.Integer({ minimum: 1, maximum: MAX_GUEST_TIMEOUT_MS, description: "Milliseconds." });
 const TimeoutSecs = Type.Integer({
   minimum: 1,
-  maximum: MAX_TIMEOUT_MS / 1000,
+  maximum: MAX_GUEST_TIMEOUT_MS / 1000,
   description: "Seconds (v0.5 form; use timeout_ms for finer control). Not both.",
 });
 
@@ -456,7 +449,7 @@ export const NetworkStatusWire = Type.Object(
 
 export const PortParams = Type.Object(
   {
-    id: Type.String({ pattern: "^sb-[0-9a-f]{12}$" }),
+    id: Type.String({ pattern: SANDBOX_ID_PATTERN }),
     port: Type.Integer({ minimum: 1, maximum: 65535 }),
     "*": Type.Optional(Type.String()),
   },
@@ -570,7 +563,7 @@ export const SpawnBody = Type.Object(
           minimum: MIN_MEMORY_LIMIT_MIB,
           maximum: MAX_MEMORY_LIMIT_MIB,
           description:
-            "memory.max per child (no swap), MiB. Absent or null: guest RAM + 256 MiB where the host has the memory " +
+            `memory.max per child (no swap), MiB. Absent or null: guest RAM + ${DEFAULT_MEMORY_OVERHEAD_MIB} MiB where the host has the memory ` +
             "controller. 501 when asked for on a host that cannot enforce it.",
         }),
       ),
@@ -587,7 +580,7 @@ export const SpawnBody = Type.Object(
       Type.Integer({
         minimum: MIN_PIDS_LIMIT,
         maximum: MAX_PIDS_LIMIT,
-        description: "pids.max per child: QEMU's processes and threads (default 128). 501 if unenforceable.",
+        description: `pids.max per child: QEMU's processes and threads (default ${DEFAULT_PIDS_LIMIT}). 501 if unenforceable.`,
       }),
     ),
     disk_limit_mib: Type.Optional(
@@ -637,7 +630,7 @@ export const SpawnBody = Type.Object(
       }),
     ),
     env: Type.Optional(
-      Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String(), {
+      Type.Record(Type.String({ pattern: ENV_NAME_PATTERN }), Type.String(), {
         description:
           "Environment variables every process and cell in the sandboxes gets (a call's own env wins); " +
           `at most ${MAX_ENV_VARS} variables, ${MAX_ENV_BYTES} bytes as JSON.`,
@@ -762,7 +755,7 @@ export const TemplateAliasWire = Type.Object({
 export const AliasParams = Type.Object(
   {
     alias: Type.String({
-      pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+      pattern: TEMPLATE_ALIAS_PATTERN,
       description: "An alias; '/' is sent percent-encoded.",
     }),
   },
@@ -918,7 +911,7 @@ const ExecCommon = {
   timeout_secs: Type.Optional(TimeoutSecs),
   timeout_ms: Type.Optional(TimeoutMs),
   env: Type.Optional(
-    Type.Record(Type.String({ pattern: "^[A-Za-z_][A-Za-z0-9_]*$" }), Type.String(), {
+    Type.Record(Type.String({ pattern: ENV_NAME_PATTERN }), Type.String(), {
       additionalProperties: false,
       description: "Environment variables added to the guest's; names are [A-Za-z_][A-Za-z0-9_]*.",
     }),
@@ -1021,7 +1014,7 @@ export const BranchBody = Type.Object(
     wait: Type.Optional(Type.Boolean()),
     alias: Type.Optional(
       Type.String({
-        pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        pattern: TEMPLATE_ALIAS_PATTERN,
         description:
           "Also point this template alias at the new snapshot (the one it named before is deleted once unused).",
       }),
@@ -1043,7 +1036,7 @@ export const FileQuery = Type.Object({ path: GuestPath }, { additionalProperties
 export const PutFileQuery = Type.Object(
   {
     path: GuestPath,
-    mode: Type.Optional(Type.String({ pattern: "^0?[0-7]{3,4}$", description: "Octal permission bits." })),
+    mode: Type.Optional(Type.String({ pattern: FILE_MODE_PATTERN, description: "Octal permission bits." })),
   },
   { additionalProperties: false },
 );

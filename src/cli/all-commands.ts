@@ -13,6 +13,7 @@ import { registerSnapshotCompact } from "./commands/snapshot-compact.js";
 import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
 import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
+import { registerTeardown } from "./commands/teardown.js";
 import { registerUnpack } from "./commands/unpack.js";
 
 export function registerAll(program: Command): Command {
@@ -27,6 +28,7 @@ export function registerAll(program: Command): Command {
   registerUnpack(program);
   registerRegistry(program);
   registerDoctor(program);
+  registerTeardown(program);
   registerDaemonCommands(program);
   registerGateway(program);
   registerClusterController(program);

@@ -1,6 +1,6 @@
 /** Entry point of the `forkd` command line. */
 import type { Command } from "commander";
-import { addDaemonOptions } from "./daemon-client.js";
+import { addDaemonOptions } from "./daemon-options.js";
 import { LAZY_COMMANDS, lazyCommand } from "./lazy-commands.js";
 import { baseProgram } from "./program.js";
 

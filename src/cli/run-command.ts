@@ -37,5 +37,16 @@ export async function runCommand(action: Action): Promise<never> {
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
   }
+  // process.exit drops what a pipe has not taken yet (a full pipe makes a write asynchronous): `forkd exec`'s
+  // last output chunk was lost that way when the reader was slow.
+  await Promise.all([flushed(process.stdout), flushed(process.stderr)]);
   process.exit(code);
+}
+
+/** Resolves once everything written to `stream` so far has been handed to the system. */
+function flushed(stream: NodeJS.WriteStream): Promise<void> {
+  return new Promise((resolve) => {
+    if (stream.writableLength === 0 || stream.destroyed) resolve();
+    else stream.write("", () => resolve());
+  });
 }

@@ -20,7 +20,8 @@ import {
   type SnapshotRef,
 } from "../cluster/protocol.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
-import { IMAGE_REFERENCE, TAG_PATTERN } from "../common/names.js";
+import { TAG_PATTERN } from "../common/limits.js";
+import { IMAGE_REFERENCE } from "../common/names.js";
 import type { SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
 import { adminServicesOf, clientSignal } from "../http/request-scope.js";
@@ -34,8 +35,8 @@ const PullSchema = Type.Object(
   {
     reference: Type.String({ pattern: IMAGE_REFERENCE.source, maxLength: 1024 }),
     digest: Type.String({ pattern: DIGEST }),
-    tag: Type.String({ pattern: TAG_PATTERN.source }),
-    aliases: Type.Optional(Type.Array(Type.String({ pattern: TAG_PATTERN.source }), { maxItems: 32 })),
+    tag: Type.String({ pattern: TAG_PATTERN }),
+    aliases: Type.Optional(Type.Array(Type.String({ pattern: TAG_PATTERN }), { maxItems: 32 })),
     insecure: Type.Optional(Type.Boolean()),
     owner: Type.Optional(Type.Union([Type.Null(), Type.String({ pattern: "^[a-z0-9][a-z0-9_-]{0,62}$" })])),
   },
@@ -44,7 +45,7 @@ const PullSchema = Type.Object(
 
 const PushSchema = Type.Object(
   {
-    tag: Type.String({ pattern: TAG_PATTERN.source }),
+    tag: Type.String({ pattern: TAG_PATTERN }),
     reference: Type.String({ pattern: IMAGE_REFERENCE.source, maxLength: 1024 }),
     insecure: Type.Optional(Type.Boolean()),
     without_image: Type.Optional(Type.Boolean()),
@@ -136,7 +137,7 @@ export function clusterRoutesExtension(options: ClusterRoutesOptions): ApiExtens
         {
           schema: {
             hide: true,
-            params: Type.Object({ tag: Type.String({ pattern: TAG_PATTERN.source }) }),
+            params: Type.Object({ tag: Type.String({ pattern: TAG_PATTERN }) }),
             body: PoolSchema,
           },
         },

@@ -8,7 +8,8 @@
  * seconds (docs/kubernetes.md).
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
-import { IMAGE_REFERENCE, TAG_PATTERN } from "../common/names.js";
+import { TAG_PATTERN } from "../common/limits.js";
+import { IMAGE_REFERENCE } from "../common/names.js";
 import type { FORKD_API } from "./api-group.js";
 
 /** A CEL rule the API server evaluates on writes (x-kubernetes-validations). */
@@ -156,7 +157,7 @@ export const ForkdSnapshotSpec = Type.Object(
     }),
     digest: digest("the snapshot's manifest digest: what nodes hold and placement matches"),
     aliases: Type.Optional(
-      Type.Array(Type.String({ pattern: TAG_PATTERN.source, description: "an E2B template name or id" }), {
+      Type.Array(Type.String({ pattern: TAG_PATTERN, description: "an E2B template name or id" }), {
         maxItems: CLUSTER_LIMITS.aliasesPerSnapshot,
         "x-kubernetes-list-type": "set",
         description: "names E2B callers may use as the template (besides the object's name)",

@@ -1,23 +1,10 @@
 /**
- * One catalogue of error codes for every layer. Each code carries the HTTP status the API answers with, so
- * the CLI, the REST API and the SDKs agree on what a failure means.
+ * Errors of every layer: a ForkdError carries a code of the one catalogue (ERROR_CODES, declared in limits.ts
+ * with the HTTP status the API answers with, so the CLI, the REST API and the SDKs agree on what it means).
  */
-export const ERROR_CODES = {
-  invalid_argument: 400,
-  unauthorized: 401,
-  forbidden: 403,
-  not_found: 404,
-  conflict: 409,
-  payload_too_large: 413,
-  unprocessable: 422,
-  too_many_requests: 429,
-  internal: 500,
-  not_implemented: 501,
-  unavailable: 503,
-  timeout: 504,
-} as const;
+import { ERROR_CODES, type ErrorCode } from "./limits.js";
 
-export type ErrorCode = keyof typeof ERROR_CODES;
+export { ERROR_CODES, type ErrorCode };
 
 export class ForkdError extends Error {
   readonly code: ErrorCode;

@@ -7,9 +7,9 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { readFile, stat } from "node:fs/promises";
 import type { IncomingHttpHeaders } from "node:http";
 import { ForkdError } from "./errors.js";
+import { MIN_TOKEN_BYTES } from "./limits.js";
 
-/** 16 bytes: guessing is out of reach for any online attacker, and v0.5 tokens of that size keep working. */
-export const MIN_TOKEN_BYTES = 16;
+export { MIN_TOKEN_BYTES };
 
 /** Tenant names: they appear in audit lines and the state database, never in a path. */
 const TENANT_PATTERN = /^[a-z0-9][a-z0-9_-]{0,62}$/;

@@ -115,6 +115,11 @@ class WebConsole implements ApiExtension {
             "cache-control": "no-store",
             "x-request-id": request.id,
           });
+          // A HEAD has no body to stream: Node would never send its headers, and the connection would hang.
+          if (request.method === "HEAD") {
+            res.end();
+            return;
+          }
           streams.add(res);
           await this.feed.subscribe(res);
           streams.delete(res);

@@ -47,13 +47,49 @@ export function buildTree(
   snapshots: readonly SnapshotWire[],
   sandboxes: readonly SandboxWire[],
 ): TemplateGroup[] {
+  const parentOf = placements(snapshots, sandboxes);
+  const snapshotNodes = new Map<string, SnapshotNode>(
+    snapshots.map((s) => [s.tag, { kind: "snapshot", snapshot: s, children: [], sandboxCount: 0 }]),
+  );
+  const sandboxNodes = new Map<string, SandboxNode>(
+    sandboxes.map((sb) => [sb.id, { kind: "sandbox", sandbox: sb, children: [] }]),
+  );
+  const tops: SnapshotNode[] = [];
+  for (const s of snapshots) {
+    const node = snapshotNodes.get(s.tag) as SnapshotNode;
+    const at = parentOf.get(s.tag) ?? null;
+    if (at === null) tops.push(node);
+    else if ("snapshot" in at) snapshotNodes.get(at.snapshot)?.children.push(node);
+    else sandboxNodes.get(at.sandbox)?.children.push(node);
+  }
+  const orphans: SandboxNode[] = [];
+  for (const sb of sandboxes) {
+    const node = sandboxNodes.get(sb.id) as SandboxNode;
+    const parent = snapshotNodes.get(sb.snapshot_tag);
+    if (parent) parent.children.push(node);
+    else orphans.push(node);
+  }
+  for (const node of snapshotNodes.values()) sortChildren(node);
+  for (const node of sandboxNodes.values()) node.children.sort(bySnapshotAge);
+  for (const top of tops) countSandboxes(top);
+  return groupByTemplate(tops, orphans);
+}
+
+type Placement = { snapshot: string } | { sandbox: string } | null;
+
+/**
+ * Where each snapshot hangs: under its source sandbox while that runs (if the snapshot is that sandbox's own
+ * layer or stands alone), else under its parent, else at the top (null).
+ */
+function placements(
+  snapshots: readonly SnapshotWire[],
+  sandboxes: readonly SandboxWire[],
+): Map<string, Placement> {
   const byTag = new Map(snapshots.map((s) => [s.tag, s]));
   const liveSandbox = new Map(
     sandboxes.filter((sb) => sb.status !== "dead").map((sb) => [sb.id, sb] as const),
   );
-  // Where each snapshot hangs: under its source sandbox while that runs (if the snapshot is that sandbox's own
-  // layer or stands alone), else under its parent, else at the top.
-  const parentOf = new Map<string, { snapshot: string } | { sandbox: string } | null>();
+  const parentOf = new Map<string, Placement>();
   for (const s of snapshots) {
     const source = s.source_sandbox === null ? undefined : liveSandbox.get(s.source_sandbox);
     const parentKnown = s.parent_tag !== null && byTag.has(s.parent_tag);
@@ -72,32 +108,11 @@ export function buildTree(
     else parentOf.set(s.tag, null);
   }
   breakCycles(snapshots, sandboxes, parentOf);
+  return parentOf;
+}
 
-  const snapshotNodes = new Map<string, SnapshotNode>(
-    snapshots.map((s) => [s.tag, { kind: "snapshot", snapshot: s, children: [], sandboxCount: 0 }]),
-  );
-  const sandboxNodes = new Map<string, SandboxNode>(
-    sandboxes.map((sb) => [sb.id, { kind: "sandbox", sandbox: sb, children: [] }]),
-  );
-  const tops: SnapshotNode[] = [];
-  for (const s of snapshots) {
-    const node = snapshotNodes.get(s.tag) as SnapshotNode;
-    const at = parentOf.get(s.tag) ?? null;
-    if (at === null) tops.push(node);
-    else if ("snapshot" in at) snapshotNodes.get(at.snapshot)?.children.push(node);
-    else sandboxNodes.get(at.sandbox)?.children.push(node);
-  }
-  const orphans: SandboxWire[] = [];
-  for (const sb of sandboxes) {
-    const node = sandboxNodes.get(sb.id) as SandboxNode;
-    const parent = snapshotNodes.get(sb.snapshot_tag);
-    if (parent) parent.children.push(node);
-    else orphans.push(sb);
-  }
-  for (const node of snapshotNodes.values()) sortChildren(node);
-  for (const node of sandboxNodes.values()) node.children.sort(bySnapshotAge);
-  for (const top of tops) countSandboxes(top);
-
+/** The top snapshots by template (oldest first), and the sandboxes whose snapshot is gone under "no template". */
+function groupByTemplate(tops: SnapshotNode[], orphans: readonly SandboxNode[]): TemplateGroup[] {
   const groups = new Map<string | null, TemplateGroup>();
   for (const top of tops.sort(bySnapshotAge)) {
     const template = top.snapshot.template;
@@ -112,18 +127,14 @@ export function buildTree(
   if (orphans.length > 0) {
     // Sandboxes whose snapshot is gone from the list (deleted with --force): shown, not lost.
     const missing = new Map<string, SnapshotNode>();
-    for (const sb of orphans) {
-      let node = missing.get(sb.snapshot_tag);
+    for (const orphan of orphans) {
+      const tag = orphan.sandbox.snapshot_tag;
+      let node = missing.get(tag);
       if (!node) {
-        node = {
-          kind: "snapshot",
-          snapshot: missingSnapshot(sb.snapshot_tag),
-          children: [],
-          sandboxCount: 0,
-        };
-        missing.set(sb.snapshot_tag, node);
+        node = { kind: "snapshot", snapshot: missingSnapshot(tag), children: [], sandboxCount: 0 };
+        missing.set(tag, node);
       }
-      node.children.push(sandboxNodes.get(sb.id) as SandboxNode);
+      node.children.push(orphan);
       node.sandboxCount++;
     }
     const group = groups.get(null) ?? { template: null, roots: [], sandboxCount: 0 };

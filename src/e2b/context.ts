@@ -13,8 +13,8 @@ import { SandboxSessions } from "./session.js";
 export interface E2bOptions {
   services: { sandboxes: SandboxService; snapshots: SnapshotService };
   /**
-   * The daemon's tokens, accepted as E2B API keys (X-API-Key). Empty: no key is required (a loopback listener
-   * without --token-file, the Unix socket), as on the forkd API.
+   * The daemon's tokens, accepted as E2B API keys (X-API-Key). Empty: no key is required (the Unix socket: every
+   * TCP listener has tokens), as on the forkd API.
    */
   tokens: readonly Token[];
   /**

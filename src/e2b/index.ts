@@ -16,7 +16,7 @@ import { autoResume } from "./session.js";
 
 export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
-export { isSandboxOrigin, sandboxAddressOf, surfaceConstraint } from "./routing.js";
+export { isSandboxOrigin, SURFACE_CONSTRAINT, sandboxAddressOf, surfaceConstraint } from "./routing.js";
 
 export interface E2bRegistration {
   /** Routes of the control plane, for the E2B OpenAPI document. */

@@ -5,6 +5,8 @@
  * mustMatchWhenDerived), so a request meant for a sandbox never reaches the control plane or the forkd API.
  */
 import type { IncomingHttpHeaders } from "node:http";
+import { SANDBOX_ID_PATTERN } from "../common/limits.js";
+import { unanchored } from "../common/names.js";
 
 /** envd's port (processes, files) and the code interpreter's, as the SDKs address them. */
 export const ENVD_PORT = 49983;
@@ -21,7 +23,7 @@ export interface SandboxAddress {
   port: number;
 }
 
-const HOST_PATTERN = /^(\d{1,5})-(sb-[0-9a-f]{12})(?:\.|:|$)/i;
+const HOST_PATTERN = new RegExp(`^(\\d{1,5})-(${unanchored(SANDBOX_ID_PATTERN)})(?:\\.|:|$)`, "i");
 
 function header(headers: IncomingHttpHeaders, name: string): string | undefined {
   const value = headers[name];

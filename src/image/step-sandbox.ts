@@ -18,6 +18,7 @@ import fs from "node:fs/promises";
 import path from "node:path";
 import { abortError } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
+import { isValidTag } from "../common/names.js";
 import { defaultToolsDir } from "./package-root.js";
 import { resolveInRoot } from "./rootfs.js";
 import { run } from "./run.js";
@@ -94,8 +95,8 @@ export function bwrapArgs(options: SandboxRun, runasBinary: string): string[] {
     "/run",
   ];
   for (const input of options.inputs ?? []) {
-    if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(input.name))
-      throw new Error(`bad input name ${input.name}`);
+    // Input names follow the tag rule: one safe path component.
+    if (!isValidTag(input.name)) throw new Error(`bad input name ${input.name}`);
     args.push("--ro-bind", input.host, `${SANDBOX_INPUTS}/${input.name}`);
   }
   if (options.credentials) args.push("--ro-bind", runasBinary, RUNAS);

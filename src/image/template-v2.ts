@@ -5,6 +5,7 @@
  * host paths inside the template's directory) are checked by `checkV2`, which reports every problem at once.
  */
 import { Type } from "@sinclair/typebox";
+import { TAG_PATTERN } from "../common/limits.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import {
   describeValue,
@@ -130,9 +131,7 @@ export const DockerfileSchema = Type.Object(
     file: Type.Optional(relativePath("path of a Dockerfile")),
     context: Type.Optional(relativePath("directory (the build context)")),
     args: Type.Optional(envTable),
-    target: Type.Optional(
-      Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", rule: "must be a stage name" }),
-    ),
+    target: Type.Optional(Type.String({ pattern: TAG_PATTERN, rule: "must be a stage name" })),
     network: Type.Optional(Type.Boolean({ rule: "must be true or false" })),
   },
   { additionalProperties: false, rule: "must be a table with file, context, args, target, network" },

@@ -12,7 +12,8 @@ import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { parse as parseToml } from "smol-toml";
 import { ForkdError, invalidArgument } from "../common/errors.js";
-import { assertTemplateName, isValidTag } from "../common/names.js";
+import { TAG_PATTERN } from "../common/limits.js";
+import { assertTemplateName, isValidTag, unanchored } from "../common/names.js";
 import { builtinTemplatesDir } from "./package-root.js";
 import { describeValue, fieldName, intInRange, isInside } from "./template-fields.js";
 import {
@@ -115,7 +116,7 @@ const DEBIAN_PACKAGE_PATTERN = "^[a-z0-9][a-z0-9+.-]+$";
 /** Paths a booting guest mounts over (or owns): a file placed there would be hidden or clobbered. */
 const RESERVED_GUEST_DIRS = ["/opt/forkd", "/proc", "/sys", "/dev", "/run", "/tmp"];
 
-const TAG_RULE = "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (no '/' and no leading '.')";
+const TAG_RULE = `must match ${unanchored(TAG_PATTERN)} (no '/' and no leading '.')`;
 
 const TemplateFileSchema = Type.Object(
   {
@@ -148,7 +149,7 @@ const EgressSchema = Type.Object(
 
 const TemplateSchema = Type.Object(
   {
-    name: Type.String({ pattern: "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", rule: TAG_RULE }),
+    name: Type.String({ pattern: TAG_PATTERN, rule: TAG_RULE }),
     description: Type.Optional(
       Type.String({
         maxLength: TEMPLATE_LIMITS.descriptionChars,

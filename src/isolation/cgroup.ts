@@ -16,7 +16,7 @@
 import { access, mkdir, readdir, readFile, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { ForkdError } from "../common/errors.js";
-import { assertSandboxId } from "../common/names.js";
+import { assertSandboxId, isValidSandboxId } from "../common/names.js";
 
 export type CgroupController = "memory" | "cpu" | "pids";
 export const CGROUP_CONTROLLERS: readonly CgroupController[] = ["memory", "cpu", "pids"];
@@ -294,7 +294,7 @@ export async function sweepCgroups(layout: CgroupLayout, keep: ReadonlySet<strin
   const busy: string[] = [];
   for (const h of Object.values(layout.hierarchies)) {
     for (const name of await readdir(h.parent).catch(() => [] as string[])) {
-      if (keep.has(name) || !/^sb-[0-9a-f]{12}$/.test(name)) continue;
+      if (keep.has(name) || !isValidSandboxId(name)) continue;
       const dir = path.join(h.parent, name);
       const procs = await readFile(path.join(dir, "cgroup.procs"), "utf8").catch(() => "");
       if (procs.trim() !== "") {

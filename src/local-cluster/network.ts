@@ -63,7 +63,11 @@ export async function createBridge(net: ClusterNetwork): Promise<void> {
 }
 
 export function nodeNetwork(net: ClusterNetwork, index: number): NodeNetwork {
-  return { netns: `fdlc${net.id}-n${index}`, hostVeth: `fdlc${net.id}v${index}`, address: `${net.prefix}.${10 + index}` };
+  return {
+    netns: `fdlc${net.id}-n${index}`,
+    hostVeth: `fdlc${net.id}v${index}`,
+    address: `${net.prefix}.${10 + index}`,
+  };
 }
 
 export async function createNodeNetwork(net: ClusterNetwork, node: NodeNetwork): Promise<void> {

@@ -9,6 +9,7 @@ import { readFile } from "node:fs/promises";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { MIN_TOKEN_BYTES } from "../common/limits.js";
 import type { Controller } from "../sdk/index.js";
 import { createMcpSession, type ForkdMcpSession } from "./server.js";
 
@@ -20,7 +21,6 @@ export const MAX_BODY_BYTES = 4 * 1024 * 1024;
 export const MAX_SESSIONS = 64;
 /** A session nobody used for this long is closed (its background commands stopped). */
 export const SESSION_IDLE_MS = 30 * 60_000;
-export const MIN_TOKEN_CHARS = 16;
 
 export interface HttpOptions {
   host: string;
@@ -54,7 +54,7 @@ export function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
-/** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_CHARS without whitespace. */
+/** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_BYTES without whitespace. */
 export async function loadTokens(file: string): Promise<string[]> {
   const text = await readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
@@ -69,9 +69,9 @@ export async function loadTokens(file: string): Promise<string[]> {
 }
 
 export function checkToken(token: string, source: string): void {
-  if (token.length < MIN_TOKEN_CHARS || /\s/.test(token)) {
+  if (token.length < MIN_TOKEN_BYTES || /\s/.test(token)) {
     throw new Error(
-      `a token from ${source} is shorter than ${MIN_TOKEN_CHARS} characters or contains whitespace`,
+      `a token from ${source} is shorter than ${MIN_TOKEN_BYTES} characters or contains whitespace`,
     );
   }
 }

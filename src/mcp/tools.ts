@@ -6,6 +6,20 @@
  */
 import type { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { z } from "zod";
+import {
+  COMMAND_SHELL_ARGV,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  ENV_NAME_PATTERN,
+  MAX_EVAL_CODE_CHARS,
+  MAX_FILE_MODE,
+  MAX_GUEST_TIMEOUT_MS,
+  MAX_MEMORY_LIMIT_MIB,
+  MAX_PATH_CHARS,
+  MAX_SPAWN_N,
+  MIN_MEMORY_LIMIT_MIB,
+  SANDBOX_REF_PATTERN,
+  TAG_PATTERN,
+} from "../common/limits.js";
 import type { Controller, SandboxInfo, SnapshotInfo } from "../sdk/index.js";
 import type { CommandOutcome, CommandRunner } from "./commands.js";
 import type { OutputStore } from "./outputs.js";
@@ -20,19 +34,16 @@ export interface ToolContext {
 /** Names that cannot be paths: the daemon checks them too, this refuses them before any request. */
 export const sandboxIdSchema = z
   .string()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, "a sandbox id, e.g. sb-0123456789ab")
+  .regex(new RegExp(SANDBOX_REF_PATTERN), "a sandbox id, e.g. sb-0123456789ab")
   .describe("Sandbox id, as create_sandboxes returned it (sb-<12 hex>).");
 export const tagSchema = z
   .string()
-  .regex(
-    /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/,
-    "letters, digits, '.', '_', '-'; at most 64; no leading '.' or '-'",
-  )
+  .regex(new RegExp(TAG_PATTERN), "letters, digits, '.', '_', '-'; at most 64; no leading '.' or '-'")
   .describe("Snapshot tag.");
 export const guestPathSchema = z
   .string()
   .min(1)
-  .max(4096)
+  .max(MAX_PATH_CHARS)
   .refine(
     (p) => p.startsWith("/") && !p.includes("\0") && !p.split("/").some((s) => s === ".." || s === "."),
     {
@@ -40,7 +51,14 @@ export const guestPathSchema = z
     },
   )
   .describe("Absolute path inside the sandbox.");
-const timeoutSecsSchema = z.number().min(0).max(86_400);
+const timeoutSecsSchema = z
+  .number()
+  .min(0)
+  .max(MAX_GUEST_TIMEOUT_MS / 1000);
+/** Tools that run guest work wait this long unless told otherwise (the SDKs' default). */
+export const DEFAULT_TIMEOUT_SECS = DEFAULT_COMMAND_TIMEOUT_MS / 1000;
+/** Longest text a tool waits for in a command's output or a file. */
+export const MAX_MARKER_CHARS = 4096;
 
 /** A tool's answer: the structured result, and the same as JSON text for clients that only show text. */
 export function result<T extends Record<string, unknown>>(value: T) {
@@ -154,15 +172,21 @@ function createSandboxesTool(server: McpServer, { controller }: ToolContext): vo
         "lifetime_secs if given.",
       inputSchema: {
         snapshot_tag: tagSchema.describe("The snapshot to fork from (see list_snapshots)."),
-        n: z.number().int().min(1).max(1000).default(1).describe("How many sandboxes, 1..1000."),
+        n: z
+          .number()
+          .int()
+          .min(1)
+          .max(MAX_SPAWN_N)
+          .default(1)
+          .describe(`How many sandboxes, 1..${MAX_SPAWN_N}.`),
         lifetime_secs: timeoutSecsSchema
           .optional()
           .describe("Kill each sandbox this many seconds after creation (0 or absent: until killed)."),
         memory_limit_mib: z
           .number()
           .int()
-          .min(64)
-          .max(1_048_576)
+          .min(MIN_MEMORY_LIMIT_MIB)
+          .max(MAX_MEMORY_LIMIT_MIB)
           .optional()
           .describe("Memory limit per sandbox."),
       },
@@ -194,7 +218,7 @@ function forkSandboxTool(server: McpServer, { controller }: ToolContext): void {
           .number()
           .int()
           .min(1)
-          .max(1000)
+          .max(MAX_SPAWN_N)
           .default(1)
           .describe("How many sandboxes to create from the branch."),
         tag: tagSchema.optional().describe("Tag for the branch snapshot (default: generated)."),
@@ -235,19 +259,19 @@ function runCommandTool(server: McpServer, { outputs, commands }: ToolContext): 
         sandbox_id: sandboxIdSchema,
         command: z.string().min(1).max(60_000).describe("A bash command line."),
         timeout_secs: timeoutSecsSchema
-          .default(60)
+          .default(DEFAULT_TIMEOUT_SECS)
           .describe(
             "Kill the command after this long (0: no limit); with wait_for_text, how long to wait for it.",
           ),
         wait_for_text: z
           .string()
           .min(1)
-          .max(4096)
+          .max(MAX_MARKER_CHARS)
           .optional()
           .describe("Return once this text is in the output."),
         cwd: guestPathSchema.optional().describe("Working directory (default /)."),
         env: z
-          .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string())
+          .record(z.string().regex(new RegExp(ENV_NAME_PATTERN)), z.string())
           .optional()
           .describe("Environment variables to add."),
         stdin: z.string().max(1_000_000).optional().describe("Text written to the command's standard input."),
@@ -256,7 +280,7 @@ function runCommandTool(server: McpServer, { outputs, commands }: ToolContext): 
     async ({ sandbox_id, command, timeout_secs, wait_for_text, cwd, env, stdin }, extra) => {
       const outcome = await commands.run({
         sandboxId: sandbox_id,
-        argv: ["/bin/bash", "-c", command],
+        argv: [...COMMAND_SHELL_ARGV, command],
         timeoutSecs: timeout_secs,
         waitForText: wait_for_text,
         envs: env,
@@ -305,9 +329,12 @@ function runCodeTool(server: McpServer, { controller, outputs }: ToolContext): v
         "the exception (name, value, traceback) if the code raised one.",
       inputSchema: {
         sandbox_id: sandboxIdSchema,
-        code: z.string().max(1_000_000).describe("Python source; the value of its last line is returned."),
+        code: z
+          .string()
+          .max(MAX_EVAL_CODE_CHARS)
+          .describe("Python source; the value of its last line is returned."),
         timeout_secs: timeoutSecsSchema
-          .default(60)
+          .default(DEFAULT_TIMEOUT_SECS)
           .describe("Stop the evaluation after this long (0: no limit)."),
       },
     },
@@ -382,7 +409,13 @@ function writeFileTool(server: McpServer, { controller }: ToolContext): void {
           .max(24 * 1024 * 1024)
           .describe("The file's content."),
         encoding: z.enum(["utf8", "base64"]).default("utf8").describe("How content is encoded."),
-        mode: z.number().int().min(0).max(0o7777).optional().describe("Permission bits, e.g. 493 (0o755)."),
+        mode: z
+          .number()
+          .int()
+          .min(0)
+          .max(MAX_FILE_MODE)
+          .optional()
+          .describe("Permission bits, e.g. 493 (0o755)."),
       },
     },
     async ({ sandbox_id, path, content, encoding, mode }) => {

@@ -7,10 +7,23 @@
  */
 import type { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { z } from "zod";
+import {
+  DEFAULT_EXEC_TIMEOUT_SECS,
+  DEFAULT_MEMORY_OVERHEAD_MIB,
+  MAX_EVAL_CODE_CHARS,
+  MAX_EXEC_ARG_CHARS,
+  MAX_EXEC_ARGS,
+  MAX_GUEST_TIMEOUT_MS,
+  MAX_MEMORY_LIMIT_MIB,
+  MAX_PATH_CHARS,
+  MAX_SPAWN_N,
+  MIN_MEMORY_LIMIT_MIB,
+} from "../common/limits.js";
 import { NotFoundError } from "../sdk/index.js";
 import {
   commandResult,
   guestPathSchema,
+  MAX_MARKER_CHARS,
   result,
   sandboxIdSchema,
   type ToolContext,
@@ -50,15 +63,17 @@ function spawnSandboxesTool(server: McpServer, { controller }: ToolContext): voi
         "this forkd refuses when true.",
       inputSchema: {
         snapshot_tag: tagSchema,
-        n: z.number().int().min(1).max(1000).default(1),
+        n: z.number().int().min(1).max(MAX_SPAWN_N).default(1),
         per_child_netns: z.boolean().default(false),
         memory_limit_mib: z
           .number()
           .int()
-          .min(64)
-          .max(1_048_576)
+          .min(MIN_MEMORY_LIMIT_MIB)
+          .max(MAX_MEMORY_LIMIT_MIB)
           .optional()
-          .describe("Memory limit per child (v0.5 defaulted to 256; here: none unless given)."),
+          .describe(
+            `Memory limit per child (v0.5 defaulted to 256; here: the daemon's default, guest RAM + ${DEFAULT_MEMORY_OVERHEAD_MIB} MiB where the host has the memory controller).`,
+          ),
         prewarm: z.boolean().default(false),
         live_fork: z.boolean().default(false).describe("RAM on tmpfs, so branch_sandbox can use mode live."),
       },
@@ -125,13 +140,13 @@ function createSnapshotTool(server: McpServer, { controller }: ToolContext): voi
         kernel: z
           .string()
           .min(1)
-          .max(4096)
+          .max(MAX_PATH_CHARS)
           .optional()
           .describe("v0.5: host path of a forkd image's vmlinuz."),
         rootfs: z
           .string()
           .min(1)
-          .max(4096)
+          .max(MAX_PATH_CHARS)
           .optional()
           .describe("v0.5: host path of that image's rootfs.ext4."),
         rw: z.boolean().optional().describe("v0.5 field; ignored."),
@@ -164,7 +179,7 @@ function waitForTextTool(server: McpServer, { controller }: ToolContext): void {
       inputSchema: {
         sandbox_id: sandboxIdSchema,
         path: guestPathSchema,
-        marker: z.string().min(1).max(4096),
+        marker: z.string().min(1).max(MAX_MARKER_CHARS),
         timeout_secs: z.number().min(0).max(3600).default(60),
         poll_interval_ms: z.number().int().min(10).max(60_000).default(200),
       },
@@ -250,8 +265,13 @@ function execCommandTool(server: McpServer, { controller, outputs }: ToolContext
         '(forkd v0.5\'s tool; run_command takes a shell command line). Example args: ["python3", "-c", "print(2+2)"].',
       inputSchema: {
         sandbox_id: sandboxIdSchema,
-        args: z.array(z.string().max(131_072)).min(1).max(4096),
-        timeout_secs: z.number().int().min(1).max(86_400).default(30),
+        args: z.array(z.string().max(MAX_EXEC_ARG_CHARS)).min(1).max(MAX_EXEC_ARGS),
+        timeout_secs: z
+          .number()
+          .int()
+          .min(1)
+          .max(MAX_GUEST_TIMEOUT_MS / 1000)
+          .default(DEFAULT_EXEC_TIMEOUT_SECS),
       },
     },
     async ({ sandbox_id, args, timeout_secs }) => {
@@ -282,7 +302,7 @@ function evalCodeTool(server: McpServer, { controller, outputs }: ToolContext): 
         "Evaluate Python in the sandbox's warm interpreter (forkd v0.5's tool; run_code is the same with a " +
         "structured error). Returns result (repr of the last expression), error ('Type: message' or null) and " +
         "exit_code.",
-      inputSchema: { sandbox_id: sandboxIdSchema, code: z.string().max(1_000_000) },
+      inputSchema: { sandbox_id: sandboxIdSchema, code: z.string().max(MAX_EVAL_CODE_CHARS) },
     },
     async ({ sandbox_id, code }) => {
       const answer = await controller.evalCode(sandbox_id, code);

@@ -16,6 +16,7 @@
  * Whatever the policy says, a sandbox never reaches other sandboxes, the host or the daemon (see nft.ts).
  */
 import { invalidArgument } from "../common/errors.js";
+import { ALL_TRAFFIC, MAX_POLICY_ENTRIES } from "../common/limits.js";
 import { type Cidr, formatCidr, parseCidr } from "./ipv4.js";
 
 export type EgressDefault = "allow" | "deny";
@@ -38,8 +39,6 @@ export interface CompiledPolicy {
   denyDomains: string[];
 }
 
-export const ALL_TRAFFIC = "0.0.0.0/0";
-export const MAX_POLICY_ENTRIES = 512;
 const MAX_NAME_LENGTH = 253;
 const LABEL = /^(?!-)[a-z0-9-]{1,63}(?<!-)$/;
 

@@ -3,31 +3,49 @@
  * the wire's JSON documents out). The Sandbox class builds on it. Every method takes per-call options
  * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
  */
-import { createReadStream } from "node:fs";
-import { type FileHandle, open, rm, stat } from "node:fs/promises";
 import type { IncomingMessage } from "node:http";
+import {
+  DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS,
+  GUEST_WORK_GRACE_MS,
+  NDJSON_CONTENT_TYPE,
+  SPAWN_MS_PER_CHILD,
+} from "../common/limits.js";
 import { CallScope } from "./call-scope.js";
 import { ForkdSdkError, InvalidArgumentError } from "./errors.js";
+import { commandTimeoutMs, execBody, inlineStdin, stdinFrames, wireTimeoutMs } from "./exec-request.js";
 import { type ExecEvent, execEvents } from "./exec-stream.js";
+import {
+  type BranchOptions,
+  type CreateSnapshotOptions,
+  type EvalCodeOptions,
+  type ExecCommandOptions,
+  type ExecStreamOptions,
+  type NetworkPolicy,
+  policyToWire,
+  type ReadFileOptions,
+  required,
+  type SpawnOptions,
+  type WriteFileOptions,
+} from "./options.js";
+import {
+  downloadPack,
+  type PackDownload,
+  type PackOptions,
+  packUploadRequest,
+  type UnpackOptions,
+} from "./pack-transfer.js";
 import {
   type ConnectionOptions,
   checkDurationMs,
+  type DaemonAddress,
   DEFAULT_COMMAND_TIMEOUT_MS,
   type RequestOptions,
   type ResolvedSettings,
   resolveSettings,
 } from "./settings.js";
-import {
-  exchange,
-  type HttpRequest,
-  isDaemonReachable,
-  openStream,
-  pathOf,
-  streamFailure,
-} from "./transport.js";
+import { exchange, type HttpRequest, isDaemonReachable, openStream, pathOf } from "./transport.js";
 import type {
   BranchResult,
-  EgressPolicyWire,
   EvalResult,
   ExecResult,
   FileInfo,
@@ -38,149 +56,25 @@ import type {
   SandboxInfo,
   SandboxStatus,
   SnapshotDetail,
+  SnapshotDiffResult,
   SnapshotInfo,
   UnpackResult,
   VersionInfo,
+  WorkspaceInfo,
 } from "./wire.js";
 
-/** Building an image, booting and warming a parent takes minutes under TCG. */
-export const DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS = 30 * 60_000;
-/** Network allowance on top of a command's own timeout, for calls that wait for guest work. */
-const GUEST_WORK_GRACE_MS = 10_000;
-/** Deadline allowance per child of a spawn request, on top of `requestTimeoutMs`. */
-export const SPAWN_MS_PER_CHILD = 1_000;
-/** Stdin bytes per NDJSON frame of a streamed-stdin exec (the daemon bounds one request line). */
-const STDIN_FRAME_BYTES = 256 * 1024;
-/** The daemon's longest guest-side timeout; "no limit" (0) is sent as this, since the wire needs a bound. */
-export const MAX_GUEST_TIMEOUT_MS = 24 * 60 * 60 * 1000;
-
-/** An egress policy (camelCase, as in E2B's `network` option; see docs/network.md). */
-export interface NetworkPolicy {
-  /**
-   * Destinations no entry names: "allow" or "deny". A field left out comes from the snapshot's template default
-   * (`[egress]`, docs/templates.md). @default the template's, else the daemon's --egress
-   */
-  egress?: "allow" | "deny";
-  /** IPv4 addresses, CIDRs, domain names, *.domain wildcards; an allow entry wins over a deny entry. */
-  allowOut?: string[];
-  /** Same forms; "0.0.0.0/0" means egress "deny". */
-  denyOut?: string[];
+/** How to reach a sandbox's port through the daemon's port proxy (Controller.portEndpoint). */
+export interface PortEndpoint {
+  /** The daemon: its Unix socket or its TCP address. */
+  address: DaemonAddress;
+  /** Put before each request's own path (it includes the address's base path). */
+  pathPrefix: string;
+  /** Headers every forwarded request needs: the bearer token when one is set, and the client's extra headers. */
+  headers: Record<string, string>;
 }
 
-function policyToWire(policy: NetworkPolicy | "none"): EgressPolicyWire | "none" {
-  if (policy === "none") return "none";
-  const wire: EgressPolicyWire = {};
-  if (policy.egress !== undefined) wire.egress = policy.egress;
-  if (policy.allowOut !== undefined) wire.allow_out = policy.allowOut;
-  if (policy.denyOut !== undefined) wire.deny_out = policy.denyOut;
-  return wire;
-}
-
-export interface SpawnOptions extends RequestOptions {
-  snapshotTag: string;
-  /** How many children (1..1000), all or none. The call waits `requestTimeoutMs` + 1 s per child. @default 1 */
-  n?: number;
-  /**
-   * Limits per sandbox (docs/security.md, Limits); absent: the daemon's defaults (memory = guest RAM + 256 MiB,
-   * one CPU per vCPU, 128 tasks, its --disk-limit-mib). One the daemon's host cannot enforce is a 501.
-   */
-  memoryLimitMib?: number;
-  /** CPU bandwidth in thousandths of a CPU (500 = half a CPU). */
-  cpuLimitMillicores?: number;
-  /** Processes and threads of the sandbox's QEMU. */
-  pidsLimit?: number;
-  /** Largest size of the sandbox's writable disk layer. */
-  diskLimitMib?: number;
-  /**
-   * Each sandbox's lifetime in ms, counted from spawn; 0 = no limit. @default the daemon's: none (it lives
-   * until killed) unless the daemon runs with `--default-timeout-ms`. `Sandbox.create` sends 5 minutes.
-   */
-  timeoutMs?: number;
-  /**
-   * Egress policy, or "none" (the sandbox's NIC leads nowhere). @default the snapshot's template default
-   * (`[egress]`), else the daemon's --egress. Domain entries
-   * work through the sandbox's DNS; other sandboxes, the host and the daemon are never reachable.
-   */
-  network?: NetworkPolicy | "none";
-  /** What the end of the lifetime does: kill the sandbox, or pause it to disk (resume it later). @default "kill" */
-  onTimeout?: "kill" | "pause";
-  /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
-  perChildNetns?: boolean;
-  prewarm?: boolean;
-  liveFork?: boolean;
-  hugepages?: boolean;
-}
-
-export interface ExecCommandOptions extends RequestOptions {
-  /** Kill the command after this many ms; 0 = no limit (the daemon's maximum, 24 h). @default 60_000 */
-  timeoutMs?: number;
-  /** forkd v0.5 spelling of the command timeout, in seconds; `timeoutMs` wins if both are given. */
-  timeoutSecs?: number;
-  envs?: Record<string, string>;
-  /** Absolute working directory in the guest. @default / */
-  cwd?: string;
-  /** Written to the command's stdin, which is then closed. */
-  stdin?: string | Uint8Array;
-  /** How `execCommand` puts output bytes in its JSON strings. @default "utf8" (invalid bytes replaced) */
-  encoding?: "utf8" | "base64";
-}
-
-export interface ExecStreamOptions extends Omit<ExecCommandOptions, "stdin" | "encoding"> {
-  /** Stdin as a whole, or streamed while the command runs (closed when the iterable ends). */
-  stdin?: string | Uint8Array | AsyncIterable<string | Uint8Array>;
-}
-
-export interface EvalCodeOptions extends RequestOptions {
-  /** Kill the evaluation after this many ms; 0 = no limit. @default 60_000 */
-  timeoutMs?: number;
-}
-
-export interface BranchOptions extends RequestOptions {
-  tag?: string;
-  /**
-   * `full`: a snapshot that stands alone (flat memory, one disk layer, no parent); `diff`: only what the sandbox
-   * changed, on top of its base (a chain); `live`: like diff, memory captured while the sandbox runs (needs
-   * `liveFork` at spawn). @default the daemon's: "full" (as forkd v0.5)
-   */
-  mode?: "full" | "diff" | "live";
-  /** Wait until the snapshot is ready (live mode may return while it is still `writing`). @default true */
-  wait?: boolean;
-  /** forkd v0.5 forms of `mode`. */
-  diff?: boolean;
-  live?: boolean;
-  /** Report forkd v0.5's `diff_ms` / `diff_*_bytes` (mode diff always does). */
-  measureDiff?: boolean;
-  /** forkd v0.5: the parent the caller expects (the sandbox's base); a mismatch is a ConflictError. */
-  parentTag?: string;
-}
-
-export interface CreateSnapshotOptions extends RequestOptions {
-  tag: string;
-  /** Template name (templates/<name>.toml on the daemon's host). @default the tag */
-  template?: string;
-  /**
-   * forkd v0.5's form instead of `template`: the kernel and root filesystem of a built forkd image on the
-   * daemon's host (its vmlinuz and rootfs.ext4, in an allowed image directory; anything else is refused with
-   * InvalidArgumentError naming the directories).
-   */
-  kernel?: string;
-  rootfs?: string;
-  /**
-   * Longest wait for the build, boot and warm-up in ms; 0 = no limit. Replaces `requestTimeoutMs` for this call.
-   * @default 1_800_000 (30 minutes)
-   */
-  timeoutMs?: number;
-}
-
-export interface ReadFileOptions extends RequestOptions {
-  /** Refuse files larger than this many bytes. */
-  maxBytes?: number;
-}
-
-export interface WriteFileOptions extends RequestOptions {
-  /** Permission bits of a new file, e.g. 0o755. */
-  mode?: number;
-}
+/** Building an image, booting and warming a parent takes minutes under TCG (the table's default). */
+export { DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS };
 
 export class Controller {
   readonly options: ConnectionOptions;
@@ -456,10 +350,10 @@ export class Controller {
           method: "POST",
           path,
           bodyStream: stdinFrames(exec, stdin),
-          contentType: "application/x-ndjson",
-          accept: "application/x-ndjson",
+          contentType: NDJSON_CONTENT_TYPE,
+          accept: NDJSON_CONTENT_TYPE,
         }
-      : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: "application/x-ndjson" };
+      : { method: "POST", path, json: { ...exec, ...inlineStdin(stdin) }, accept: NDJSON_CONTENT_TYPE };
     const scope = new CallScope(options.signal);
     let completed = false;
     try {
@@ -518,90 +412,16 @@ export class Controller {
    * Downloads a pack of the chain ending at `tag` (and its guest image, unless `withoutImage`) into the file `out`,
    * which must not exist; `forkd unpack` or `unpackSnapshot` installs it elsewhere. A failed download leaves no file.
    */
-  async packSnapshot(
-    tag: string,
-    options: RequestOptions & { out: string; withoutImage?: boolean; level?: number; timeoutMs?: number },
-  ): Promise<{ out: string; bytes: number; chain: string[] }> {
-    const out = required(options.out, "out");
-    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
-    checkDurationMs(timeoutMs, "timeoutMs");
-    const settings = this.settings(options);
-    const scope = new CallScope(options.signal);
-    scope.deadline(timeoutMs, "timeoutMs", `packing ${tag}`);
-    const query: Record<string, string | number | boolean> = {};
-    if (options.withoutImage) query.without_image = true;
-    if (options.level !== undefined) query.level = options.level;
-    const request: HttpRequest = {
-      method: "GET",
-      path: pathOf`/v1/snapshots/${required(tag, "tag")}/pack`,
-      query,
-      accept: "application/zstd",
-    };
-    let file: FileHandle;
-    try {
-      file = await open(out, "wx", 0o600);
-    } catch (err) {
-      scope.dispose();
-      throw new InvalidArgumentError(
-        `cannot write the pack to ${out}: ${(err as NodeJS.ErrnoException).code}`,
-      );
-    }
-    let bytes = 0;
-    try {
-      const response = await openStream(settings, request, scope);
-      try {
-        for await (const chunk of response as AsyncIterable<Buffer>) {
-          bytes += chunk.length;
-          await file.write(chunk);
-        }
-      } catch (err) {
-        throw await streamFailure(settings, request, scope, err);
-      }
-      if (!response.complete) {
-        throw await streamFailure(settings, request, scope, new Error("the pack ended early"));
-      }
-      await file.close();
-      const chain = String(response.headers["x-forkd-pack-chain"] ?? "")
-        .split(",")
-        .filter(Boolean);
-      return { out, bytes, chain };
-    } catch (err) {
-      await file.close().catch(() => {});
-      await rm(out, { force: true });
-      throw err;
-    } finally {
-      scope.dispose();
-    }
+  async packSnapshot(tag: string, options: PackOptions): Promise<PackDownload> {
+    return downloadPack(this.settings(options), tag, options);
   }
 
   /**
    * Sends the pack in `file` to the daemon, which verifies every entry and installs its snapshots, all or none
    * (`tag`: the head's new tag; `force`: replace same-tagged snapshots that differ).
    */
-  async unpackSnapshot(
-    file: string,
-    options: RequestOptions & { tag?: string; force?: boolean; timeoutMs?: number } = {},
-  ): Promise<UnpackResult> {
-    const timeoutMs = options.timeoutMs ?? DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS;
-    checkDurationMs(timeoutMs, "timeoutMs");
-    await stat(required(file, "file")).catch((err: NodeJS.ErrnoException) => {
-      throw new InvalidArgumentError(`cannot read the pack ${file}: ${err.code}`);
-    });
-    const query: Record<string, string | boolean> = {};
-    if (options.tag !== undefined) query.tag = options.tag;
-    if (options.force) query.force = true;
-    return this.json<UnpackResult>(
-      {
-        method: "POST",
-        path: "/v1/snapshots/unpack",
-        query,
-        bodyStream: createReadStream(file) as AsyncIterable<Buffer>,
-        contentType: "application/zstd",
-        deadlineMs: timeoutMs,
-        deadlineSetting: "timeoutMs",
-      },
-      options,
-    );
+  async unpackSnapshot(file: string, options: UnpackOptions = {}): Promise<UnpackResult> {
+    return this.json<UnpackResult>(await packUploadRequest(file, options), options);
   }
 
   /**
@@ -612,7 +432,7 @@ export class Controller {
   async snapshotDiff(
     from: string,
     options: RequestOptions & { tag: string; exec: string | string[]; execTimeoutMs?: number },
-  ): Promise<SnapshotInfo & { exit_code: number; stdout: string; stderr: string }> {
+  ): Promise<SnapshotDiffResult> {
     const body: Record<string, unknown> = { tag: required(options.tag, "tag"), exec: options.exec };
     if (options.execTimeoutMs !== undefined) {
       checkDurationMs(options.execTimeoutMs, "execTimeoutMs");
@@ -629,6 +449,100 @@ export class Controller {
     );
   }
 
+  /**
+   * The end of the sandbox's serial console as the daemon kept it (bounded per sandbox, kept across daemon
+   * restarts): up to `bytes` bytes (default 64 KiB, at most 4 MiB).
+   */
+  async readConsole(id: string, options: RequestOptions & { bytes?: number } = {}): Promise<Buffer> {
+    const response = await this.send(
+      {
+        method: "GET",
+        path: pathOf`/v1/sandboxes/${required(id, "id")}/console`,
+        query: { bytes: options.bytes },
+        accept: "text/plain",
+      },
+      options,
+    );
+    return response.body;
+  }
+
+  /**
+   * Where a TCP port of a sandbox is reached through the daemon's port proxy (HTTP and WebSocket): the daemon's
+   * address, the path prefix to put before each request's own path, and the headers each request needs (the
+   * bearer token). For a client that forwards connections itself, like `forkd port`.
+   */
+  portEndpoint(id: string, port: number, call: RequestOptions = {}): PortEndpoint {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new InvalidArgumentError(`port must be an integer in 1..65535, got ${port}`);
+    }
+    const settings = this.settings(call);
+    const base = settings.address.kind === "tcp" ? settings.address.basePath : "";
+    return {
+      address: settings.address,
+      pathPrefix: base + pathOf`/v1/sandboxes/${required(id, "id")}/ports/${String(port)}`,
+      headers: {
+        ...settings.headers,
+        ...(settings.token === undefined ? {} : { authorization: `Bearer ${settings.token}` }),
+      },
+    };
+  }
+
+  // --- workspaces (forkd v0.5) ---------------------------------------------------------------------------
+
+  async listWorkspaces(call: RequestOptions = {}): Promise<WorkspaceInfo[]> {
+    return this.json<WorkspaceInfo[]>({ method: "GET", path: "/v1/workspaces" }, call);
+  }
+
+  async getWorkspace(name: string, call: RequestOptions = {}): Promise<WorkspaceInfo> {
+    return this.json<WorkspaceInfo>(
+      { method: "GET", path: pathOf`/v1/workspaces/${required(name, "name")}` },
+      call,
+    );
+  }
+
+  /** A running sandbox from `snapshotTag` under `name` (1-64 of letters, digits, '-', '_'). */
+  async createWorkspace(
+    options: RequestOptions & { name: string; snapshotTag: string; memoryLimitMib?: number },
+  ): Promise<WorkspaceInfo> {
+    const body: Record<string, unknown> = {
+      name: required(options.name, "name"),
+      snapshot_tag: required(options.snapshotTag, "snapshotTag"),
+    };
+    if (options.memoryLimitMib !== undefined) body.memory_limit_mib = options.memoryLimitMib;
+    return this.json<WorkspaceInfo>({ method: "POST", path: "/v1/workspaces", json: body }, options);
+  }
+
+  /**
+   * Suspends a running workspace: its sandbox paused to disk, its RAM given back. `diff`: a layer over the previous
+   * suspend's instead of one holding everything since its snapshot.
+   */
+  async suspendWorkspace(
+    name: string,
+    options: RequestOptions & { diff?: boolean } = {},
+  ): Promise<WorkspaceInfo> {
+    return this.json<WorkspaceInfo>(
+      {
+        method: "POST",
+        path: pathOf`/v1/workspaces/${required(name, "name")}/suspend`,
+        json: options.diff === undefined ? {} : { diff: options.diff },
+      },
+      options,
+    );
+  }
+
+  /** Resumes a suspended workspace where it was (the same sandbox id, network and policy). */
+  async resumeWorkspace(name: string, call: RequestOptions = {}): Promise<WorkspaceInfo> {
+    return this.json<WorkspaceInfo>(
+      { method: "POST", path: pathOf`/v1/workspaces/${required(name, "name")}/resume`, json: {} },
+      call,
+    );
+  }
+
+  /** Deletes a workspace: its sandbox is killed, its layers removed unless a snapshot uses them. */
+  async deleteWorkspace(name: string, call: RequestOptions = {}): Promise<void> {
+    await this.send({ method: "DELETE", path: pathOf`/v1/workspaces/${required(name, "name")}` }, call);
+  }
+
   // --- files -------------------------------------------------------------------------------------------
 
   /** Replaces (or creates) a file, creating parent directories. Binary-safe; at most ~16 MiB per call (413). */
@@ -637,7 +551,7 @@ export class Controller {
     path: string,
     data: Uint8Array | string,
     options: WriteFileOptions = {},
-  ): Promise<{ bytes: number }> {
+  ): Promise<{ path: string; bytes: number }> {
     const query: Record<string, string | number> = { path: required(path, "path") };
     if (options.mode !== undefined) query.mode = options.mode.toString(8);
     return this.json<{ path: string; bytes: number }>(
@@ -756,66 +670,4 @@ export class Controller {
     if (timeoutMs === 0 || requestTimeoutMs === 0) return { deadlineMs: 0 };
     return { deadlineMs: timeoutMs + requestTimeoutMs, deadlineSetting: "timeoutMs" };
   }
-}
-
-function commandTimeoutMs(options: Pick<ExecCommandOptions, "timeoutMs" | "timeoutSecs">): number {
-  const timeoutMs =
-    options.timeoutMs ??
-    (options.timeoutSecs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : options.timeoutSecs * 1000);
-  checkDurationMs(
-    timeoutMs,
-    options.timeoutMs === undefined && options.timeoutSecs !== undefined ? "timeoutSecs*1000" : "timeoutMs",
-  );
-  return timeoutMs;
-}
-
-/** "No limit" (0) becomes the daemon's longest timeout: the wire requires a bound. */
-function wireTimeoutMs(timeoutMs: number): number {
-  return timeoutMs === 0 ? MAX_GUEST_TIMEOUT_MS : timeoutMs;
-}
-
-function execBody(
-  args: string[],
-  options: Pick<ExecCommandOptions, "envs" | "cwd" | "stdin">,
-  timeoutMs: number,
-): Record<string, unknown> {
-  if (!Array.isArray(args) || args.length === 0 || args.some((a) => typeof a !== "string")) {
-    throw new InvalidArgumentError(
-      "args must be a non-empty array of strings (the program and its arguments)",
-    );
-  }
-  const body: Record<string, unknown> = { args, timeout_ms: wireTimeoutMs(timeoutMs) };
-  if (options.envs !== undefined) body.env = options.envs;
-  if (options.cwd !== undefined) body.cwd = options.cwd;
-  return { ...body, ...inlineStdin(options.stdin) };
-}
-
-function inlineStdin(
-  stdin: string | Uint8Array | AsyncIterable<unknown> | undefined,
-): Record<string, string> {
-  if (typeof stdin === "string") return { stdin };
-  if (stdin instanceof Uint8Array) return { stdin_b64: Buffer.from(stdin).toString("base64") };
-  return {};
-}
-
-/** The NDJSON request of a streamed-stdin exec: the exec request, then one line per stdin chunk, then EOF. */
-async function* stdinFrames(
-  exec: Record<string, unknown>,
-  stdin: AsyncIterable<string | Uint8Array>,
-): AsyncGenerator<Buffer> {
-  yield Buffer.from(`${JSON.stringify(exec)}\n`);
-  for await (const chunk of stdin) {
-    const bytes = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : Buffer.from(chunk);
-    for (let offset = 0; offset < bytes.length; offset += STDIN_FRAME_BYTES) {
-      const part = bytes.subarray(offset, offset + STDIN_FRAME_BYTES).toString("base64");
-      yield Buffer.from(`${JSON.stringify({ stdin_b64: part })}\n`);
-    }
-  }
-  yield Buffer.from(`${JSON.stringify({ eof: true })}\n`);
-}
-
-function required(value: string, name: string): string {
-  if (typeof value !== "string" || value === "")
-    throw new InvalidArgumentError(`${name} must be a non-empty string`);
-  return value;
 }

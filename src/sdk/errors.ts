@@ -6,7 +6,10 @@
  */
 
 export interface ErrorContext {
-  /** HTTP status the daemon answered with, if it answered. */
+  /**
+   * HTTP status the daemon answered with, if it answered with an error. Undefined for an error the daemon reported
+   * inside a stream it had answered 200 (an exec's `{"type":"error"}` line): then `code` says what failed.
+   */
   status?: number;
   /** The request that failed, e.g. "POST /v1/sandboxes". */
   request?: string;
@@ -83,14 +86,21 @@ export class UnavailableError extends ForkdSdkError {
  */
 export class ConnectionError extends UnavailableError {
   readonly daemonReachable: boolean | undefined;
+  /**
+   * Whether the request had left for the daemon: false when no connection could be made (nothing listens, the
+   * socket refuses this user, TLS failed), so the daemon did nothing; true when a made connection dropped, so the
+   * daemon may have served it.
+   */
+  readonly requestSent: boolean;
   /** The system error code (ECONNREFUSED, ENOENT, EACCES, ECONNRESET, ...), if any. */
   readonly syscallCode: string | undefined;
   constructor(
     message: string,
-    context: ErrorContext & { daemonReachable?: boolean; syscallCode?: string } = {},
+    context: ErrorContext & { daemonReachable?: boolean; requestSent?: boolean; syscallCode?: string } = {},
   ) {
     super(message, context);
     this.daemonReachable = context.daemonReachable;
+    this.requestSent = context.requestSent ?? true;
     this.syscallCode = context.syscallCode;
   }
 }
@@ -146,12 +156,26 @@ export class CommandExitError extends ForkdSdkError implements CommandResult {
 export function errorFromResponse(
   status: number,
   body: Buffer | string,
-  context: { request: string; retryAfter?: string | undefined; tokenSource?: string; daemon?: string },
+  context: {
+    request: string;
+    retryAfter?: string | undefined;
+    tokenSource?: string;
+    daemon?: string;
+    /** The error came as a record of a stream, not as the answer's status (`status` is then its code's). */
+    inStream?: boolean;
+  },
 ): ForkdSdkError {
   const { message: serverMessage, code } = parseErrorBody(body);
   const shown = serverMessage || `HTTP ${status}`;
-  const ctx: ErrorContext = { status, request: context.request, serverMessage, code };
-  const where = `(HTTP ${status} from ${context.request})`;
+  const ctx: ErrorContext = {
+    status: context.inStream ? undefined : status,
+    request: context.request,
+    serverMessage,
+    code,
+  };
+  const where = context.inStream
+    ? `(reported in the answer to ${context.request})`
+    : `(HTTP ${status} from ${context.request})`;
   const retryAfterMs = parseRetryAfter(context.retryAfter);
   const retryHint = retryAfterMs === undefined ? "" : `; retry after ${retryAfterMs} ms`;
   switch (status) {

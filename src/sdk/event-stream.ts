@@ -3,6 +3,7 @@
  * Both take raw byte chunks split anywhere (even inside a UTF-8 sequence) and bound the length of one record.
  */
 import { StringDecoder } from "node:string_decoder";
+import { MAX_STREAM_RECORD_BYTES } from "../common/limits.js";
 import { ForkdSdkError } from "./errors.js";
 
 /** One record of a stream, whichever framing carried it. */
@@ -13,9 +14,6 @@ export interface StreamEvent {
   /** SSE `id:` field. */
   id?: string;
 }
-
-/** A record longer than this is a broken or hostile stream, not output (output arrives in bounded chunks). */
-export const MAX_RECORD_BYTES = 16 * 1024 * 1024;
 
 export class StreamFormatError extends ForkdSdkError {}
 
@@ -43,8 +41,10 @@ async function* lines(
       start = match.index + match[0].length;
     }
     pending = pending.slice(start);
-    if (pending.length > MAX_RECORD_BYTES) {
-      throw new StreamFormatError(`a streamed record passed ${MAX_RECORD_BYTES} bytes without a line end`);
+    if (pending.length > MAX_STREAM_RECORD_BYTES) {
+      throw new StreamFormatError(
+        `a streamed record passed ${MAX_STREAM_RECORD_BYTES} bytes without a line end`,
+      );
     }
   }
   pending += decoder.end();
@@ -111,8 +111,8 @@ export async function* parseSse(
     if (field === "event") event = value;
     else if (field === "data") {
       size += value.length;
-      if (size > MAX_RECORD_BYTES)
-        throw new StreamFormatError(`a streamed event passed ${MAX_RECORD_BYTES} bytes`);
+      if (size > MAX_STREAM_RECORD_BYTES)
+        throw new StreamFormatError(`a streamed event passed ${MAX_STREAM_RECORD_BYTES} bytes`);
       data.push(value);
     } else if (field === "id" && !value.includes("\0")) id = value;
   }

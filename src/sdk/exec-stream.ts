@@ -4,6 +4,7 @@
  * without an exit is a dropped connection.
  */
 import type { IncomingMessage } from "node:http";
+import { ERROR_CODES } from "../common/limits.js";
 import type { CallScope } from "./call-scope.js";
 import { errorFromResponse, ForkdSdkError } from "./errors.js";
 import { parseEventStream, StreamFormatError } from "./event-stream.js";
@@ -23,21 +24,6 @@ export type ExecEvent =
       timedOut: boolean;
       durationMs: number | null;
     };
-
-/** The daemon's error codes (src/common/errors.ts catalogue) and their statuses, for errors inside a stream. */
-const STATUS_OF_CODE: Record<string, number> = {
-  invalid_argument: 400,
-  unauthorized: 401,
-  not_found: 404,
-  conflict: 409,
-  payload_too_large: 413,
-  unprocessable: 422,
-  too_many_requests: 429,
-  internal: 500,
-  not_implemented: 501,
-  unavailable: 503,
-  timeout: 504,
-};
 
 export async function* execEvents(
   response: IncomingMessage,
@@ -87,10 +73,11 @@ function decodeRecord(kind: string | undefined, data: unknown, request: HttpRequ
       };
     case "error": {
       const code = typeof record.code === "string" ? record.code : "internal";
-      const status = STATUS_OF_CODE[code] ?? 500;
+      const status = (ERROR_CODES as Record<string, number>)[code] ?? 500;
       const message = typeof record.error === "string" ? record.error : JSON.stringify(record);
       throw errorFromResponse(status, JSON.stringify({ error: message, code }), {
         request: describeRequest(request),
+        inStream: true,
       });
     }
     default:

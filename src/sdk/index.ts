@@ -4,18 +4,7 @@
  */
 import "./dispose.js";
 
-export {
-  type BranchOptions,
-  Controller,
-  type CreateSnapshotOptions,
-  DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS,
-  type EvalCodeOptions,
-  type ExecCommandOptions,
-  type NetworkPolicy,
-  type ReadFileOptions,
-  type SpawnOptions,
-  type WriteFileOptions,
-} from "./controller.js";
+export { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS, type PortEndpoint } from "./controller.js";
 export {
   AuthenticationError,
   CommandExitError,
@@ -35,6 +24,18 @@ export {
 } from "./errors.js";
 export { parseNdjson, parseSse, type StreamEvent } from "./event-stream.js";
 export type { ExecEvent } from "./exec-stream.js";
+export type {
+  BranchOptions,
+  CreateSnapshotOptions,
+  EvalCodeOptions,
+  ExecCommandOptions,
+  ExecStreamOptions,
+  NetworkPolicy,
+  ReadFileOptions,
+  SpawnOptions,
+  WriteFileOptions,
+} from "./options.js";
+export type { PackDownload, PackOptions, UnpackOptions } from "./pack-transfer.js";
 export { type CommandOptions, Commands } from "./sandbox/commands.js";
 export {
   type EntryInfo,
@@ -54,10 +55,12 @@ export {
 } from "./sandbox/sandbox.js";
 export {
   type ConnectionOptions,
+  type DaemonAddress,
   DEFAULT_COMMAND_TIMEOUT_MS,
   DEFAULT_DAEMON_URL,
   DEFAULT_REQUEST_TIMEOUT_MS,
   DEFAULT_SANDBOX_TIMEOUT_MS,
+  parseDaemonUrl,
   type RequestOptions,
 } from "./settings.js";
 export { SDK_VERSION } from "./version.js";

@@ -3,15 +3,27 @@
  * call → client → environment (FORKD_URL, FORKD_TOKEN) → default, and a bad value is reported with the name
  * of the place it came from, so the message says what to change.
  */
+import {
+  DAEMON_TOKEN_ENV,
+  DAEMON_URL_ENV,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  DEFAULT_DAEMON_URL,
+  DEFAULT_REQUEST_TIMEOUT_MS,
+  SDK_SANDBOX_TIMEOUT_MS,
+} from "../common/limits.js";
 import { InvalidArgumentError } from "./errors.js";
 
-export const DEFAULT_DAEMON_URL = "unix:/run/forkd/forkd.sock";
-/** One HTTP exchange with the daemon; distinct from a sandbox's lifetime and a command's timeout. */
-export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
-/** Like the SDKs agents already use: a sandbox nobody extends dies after five minutes. */
-export const DEFAULT_SANDBOX_TIMEOUT_MS = 300_000;
-/** A command that runs longer is killed in the guest (0 disables). */
-export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
+// The defaults are forkd's table of limits (src/common/limits.ts), shared with the daemon and the Python SDK:
+// DEFAULT_DAEMON_URL; DEFAULT_REQUEST_TIMEOUT_MS, one HTTP exchange with the daemon (distinct from a sandbox's
+// lifetime and a command's timeout); DEFAULT_SANDBOX_TIMEOUT_MS, like the SDKs agents already use (a sandbox
+// nobody extends dies after five minutes); DEFAULT_COMMAND_TIMEOUT_MS (a command that runs longer is killed in
+// the guest; 0 disables).
+export {
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  DEFAULT_DAEMON_URL,
+  DEFAULT_REQUEST_TIMEOUT_MS,
+  SDK_SANDBOX_TIMEOUT_MS as DEFAULT_SANDBOX_TIMEOUT_MS,
+};
 
 export interface ConnectionOptions {
   /**
@@ -54,6 +66,8 @@ export type DaemonAddress =
       protocol: "http:" | "https:";
       hostname: string;
       port: number;
+      /** As in a Host header: the host name (bracketed if IPv6) and the port unless it is the scheme's default. */
+      host: string;
       basePath: string;
       display: string;
     };
@@ -74,13 +88,13 @@ export function resolveSettings(client: ConnectionOptions = {}, call: RequestOpt
   const env = client.env ?? process.env;
   const [url, addressSource] = pick([
     [client.url, "the `url` option"],
-    [nonEmpty(env.FORKD_URL), "FORKD_URL"],
+    [nonEmpty(env[DAEMON_URL_ENV]), DAEMON_URL_ENV],
     [DEFAULT_DAEMON_URL, "the default address"],
   ]);
   const [token, tokenSource] = pick([
     [call.token, "the call's `token` option"],
     [client.token, "the `token` option"],
-    [nonEmpty(env.FORKD_TOKEN), "FORKD_TOKEN"],
+    [nonEmpty(env[DAEMON_TOKEN_ENV]), DAEMON_TOKEN_ENV],
     [undefined, "nothing (no token set)"],
   ]);
   if (token !== undefined) checkToken(token, tokenSource);
@@ -138,6 +152,7 @@ export function parseDaemonUrl(url: string, source = "the `url` option"): Daemon
     protocol: parsed.protocol,
     hostname,
     port,
+    host: parsed.host,
     basePath,
     display: `${parsed.protocol}//${parsed.host}${basePath}`,
   };

@@ -5,6 +5,7 @@
  */
 import http, { type IncomingHttpHeaders, type IncomingMessage } from "node:http";
 import https from "node:https";
+import { HEALTH_CHECK_TIMEOUT_MS, MAX_RESPONSE_BYTES } from "../common/limits.js";
 import { CallScope } from "./call-scope.js";
 import { ConnectionError, errorFromResponse, ForkdSdkError, PayloadTooLargeError } from "./errors.js";
 import type { ResolvedSettings } from "./settings.js";
@@ -43,9 +44,6 @@ export interface HttpResponse {
   body: Buffer;
 }
 
-/** Larger answers than this are refused rather than buffered (the daemon's own limits are far lower). */
-export const MAX_RESPONSE_BYTES = 1024 * 1024 * 1024;
-const HEALTH_CHECK_TIMEOUT_MS = 2_000;
 /** Errors that mean nothing answered at the address: the daemon is not reachable there. */
 const UNREACHABLE_CODES = new Set([
   "ENOENT",
@@ -322,6 +320,7 @@ async function connectionFailure(
     return new ConnectionError(`${unreachableReason(settings, code)} (${what})`, {
       request: what,
       daemonReachable: false,
+      requestSent: false,
       syscallCode: code,
       cause: err,
     });
@@ -330,7 +329,7 @@ async function connectionFailure(
     return new ConnectionError(
       `TLS with the daemon at ${daemon} failed (${code}: ${err.message}); if it uses a private CA, pass the CA ` +
         "certificate with the `ca` option",
-      { request: what, daemonReachable: undefined, syscallCode: code, cause: err },
+      { request: what, daemonReachable: undefined, requestSent: false, syscallCode: code, cause: err },
     );
   }
   const reachable = await isDaemonReachable(settings);
@@ -342,6 +341,7 @@ async function connectionFailure(
     {
       request: what,
       daemonReachable: reachable,
+      requestSent: true,
       syscallCode: code,
       cause: err,
     },

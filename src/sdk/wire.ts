@@ -104,6 +104,8 @@ export interface SnapshotInfo {
   dir?: string;
   /** The tenant that owns it; null: an admin's (shared with every tenant when built from a template). */
   owner?: string | null;
+  /** The template's default egress policy (`[egress]`), which its sandboxes start with; null: the daemon's. */
+  egress_default?: Required<EgressPolicyWire> | null;
   [field: string]: unknown;
 }
 
@@ -114,21 +116,52 @@ export interface BranchResult extends SnapshotInfo {
   mode: "full" | "diff" | "live";
   /** How long the source was paused, whole ms. */
   pause_ms: number;
-  bytes_captured?: number;
-  bytes_written?: number;
+  /** Guest RAM the source had written since its last start, and what the new layer stores of it, bytes. */
+  bytes_captured: number;
+  bytes_written: number;
   /** forkd v0.5's measurements, with `measureDiff` or mode diff (see docs/api.md). */
   diff_ms?: number;
   diff_physical_bytes?: number;
   diff_logical_bytes?: number;
 }
 
+/** POST /v1/snapshots/:from/diff: the new layer, and how the command that made it ran. */
+export interface SnapshotDiffResult extends BranchResult {
+  exit_code: number;
+  stdout: string;
+  stderr: string;
+}
+
 /** GET /v1/snapshots/:tag/info: a snapshot and its chain. */
 export interface SnapshotDetail extends SnapshotInfo {
-  chain_depth?: number;
+  chain_depth: number;
+  /** sha256 of the parent's manifest, as this snapshot recorded it. */
+  parent_content_hash: string | null;
   /** Tags from the chain's root to the parent. */
-  ancestors?: string[];
+  ancestors: string[];
   /** Snapshots whose parent is this one. */
-  dependents?: string[];
+  dependents: string[];
+  /** Every snapshot depending on this one, directly or not (parents before children). */
+  all_dependents: string[];
+  /** Root first, this snapshot last. */
+  layers: LayerUsage[];
+  /** Bytes on disk a child of this snapshot reads from, over the whole chain. */
+  chain_bytes: { memory_physical: number; disk_physical: number; vmstate: number };
+  memory_logical_bytes: number;
+  memory_physical_bytes: number;
+  vmstate_bytes: number;
+  /** Why the chain cannot be restored (a missing or changed parent), or null. */
+  chain_error: string | null;
+}
+
+/** One layer of a snapshot chain and what it takes on disk. */
+export interface LayerUsage {
+  tag: string;
+  /** template, branch or compact. */
+  origin: string;
+  memory: { format: "flat" | "layer"; pages: number; logical_bytes: number; physical_bytes: number };
+  disk: { logical_bytes: number; physical_bytes: number; backing: string | null };
+  vmstate_bytes: number;
 }
 
 /** POST /v1/sandboxes/:id/exec (forkd v0.5 compatible). */
@@ -241,4 +274,22 @@ export interface PauseResult {
   merged: boolean;
   /** The resident memory its QEMU had: what the pause gave back to the host, bytes. */
   freed_bytes: number;
+}
+
+/** forkd v0.5's workspace: a named sandbox that is suspended to disk and resumed by name (GET /v1/workspaces/:name). */
+export interface WorkspaceInfo {
+  /** ws-<sandbox id>. */
+  id: string;
+  name: string;
+  source_snapshot_tag: string;
+  /** The layer of its latest suspend. */
+  current_state_tag?: string;
+  /** stale: its sandbox is gone (a host reboot while it ran); resume starts it again. */
+  status: "running" | "suspended" | "stale" | (string & {});
+  /** Its sandbox while running: the same id across suspends. */
+  live_sandbox_id?: string;
+  created_at_unix: number;
+  last_active_unix: number;
+  /** The memory file of its latest suspend's layer. */
+  last_branch_memory_path?: string;
 }

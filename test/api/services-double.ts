@@ -12,6 +12,9 @@
  *   sleep MS            exits 0 after MS milliseconds (cancellable)
  *   hang                never exits until cancelled (records the cancellation in `cancelled`)
  *
+ * Its chains (snapshot detail, delete with cascade/force, compact) are checked against the real controller's on
+ * the same chain shape by test/api/chains.test.ts.
+ *
  * Owners (tenancy) are recorded as the real services record them: a spawn's `owner`, a branch's from its sandbox,
  * a created or compacted snapshot's and an alias's from the request; its not-found messages are the real ones.
  *
@@ -110,15 +113,22 @@ export class ServicesDouble {
     },
     detail: async (tag) => {
       const info = this.snapshot(tag);
+      // The ancestors that exist, and the first one that does not (a forced delete orphaned this chain).
       const ancestors: string[] = [];
+      let missing: string | null = null;
       for (let p = info.parent_tag; p !== null && !ancestors.includes(p); ) {
+        const parent = this.snapshotsByTag.get(p);
+        if (!parent) {
+          missing = p;
+          break;
+        }
         ancestors.unshift(p);
-        p = this.snapshotsByTag.get(p)?.parent_tag ?? null;
+        p = parent.parent_tag;
       }
       const dependents = this.dependentsOf(tag);
       return {
         ...info,
-        chain_depth: ancestors.length,
+        chain_depth: ancestors.length + (missing === null ? 0 : 1),
         parent_content_hash: info.parent_tag === null ? null : "0".repeat(64),
         ancestors,
         dependents,
@@ -128,10 +138,14 @@ export class ServicesDouble {
         memory_logical_bytes: 0,
         memory_physical_bytes: 0,
         vmstate_bytes: 0,
-        chain_error: null,
+        chain_error:
+          missing === null ? null : `the chain of ${tag} needs ${missing}, which is missing (the double)`,
       };
     },
     delete: async (tag, options = {}) => {
+      if (options.cascade && options.force) {
+        throw new ForkdError("invalid_argument", "--cascade and --force exclude each other");
+      }
       this.snapshot(tag);
       const subtree = this.subtreeOf(tag);
       if (subtree.length > 0 && !options.cascade && !options.force) {

@@ -15,8 +15,8 @@ import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import pino from "pino";
 import { checkConfig, type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
-import { MAX_UNREAD_OUTPUT_BYTES } from "../../src/api/routes/exec-stream.js";
 import { ForkdError } from "../../src/common/errors.js";
+import { MAX_UNREAD_OUTPUT_BYTES } from "../../src/common/limits.js";
 import { ndjsonLines, open, readAll, responseOf, send, type Target } from "./raw-http.js";
 import { ServicesDouble } from "./services-double.js";
 

@@ -21,8 +21,11 @@ import { createOverlay, qemuVersion } from "../../src/vmm/qemu-tools.js";
 const run = promisify(execFile);
 export const SYNTHETIC_RAM = 64 * 1024 * 1024;
 
-/** Writes t0..t{layers} into `paths.snapshots`; returns their tags, root first. */
-export async function syntheticChain(paths: ForkdPaths, layers = 1): Promise<string[]> {
+/**
+ * Writes `${prefix}0`..`${prefix}${layers}` (t0..t{layers} by default) into `paths.snapshots`; returns their
+ * tags, root first.
+ */
+export async function syntheticChain(paths: ForkdPaths, layers = 1, prefix = "t"): Promise<string[]> {
   const image = await buildImage(await loadTemplate("pyagent"), {});
   const store = new SnapshotStore(paths.snapshots);
   const base: Omit<ManifestDraft, "parent" | "memory" | "origin"> = {
@@ -50,7 +53,8 @@ export async function syntheticChain(paths: ForkdPaths, layers = 1): Promise<str
   base.machine.compatKey = restoreCompatibilityKey(
     childSpec(base as SnapshotManifest, { runDir: "/run", memoryFile: "/m", shared: false, disk: "/d" }),
   );
-  const t0 = await store.beginWrite("t0");
+  const root = `${prefix}0`;
+  const t0 = await store.beginWrite(root);
   await symlink(image.rootfs, t0.file("base.ext4"));
   await createOverlay({ backing: "base.ext4", backingFormat: "raw", overlay: t0.file("disk.qcow2") });
   const memory = await open(t0.file("memory.bin"), "wx");
@@ -67,34 +71,51 @@ export async function syntheticChain(paths: ForkdPaths, layers = 1): Promise<str
     },
     ["memory.bin", "vmstate", "disk.qcow2"],
   );
-  const tags = ["t0"];
+  const tags = [root];
   for (let n = 1; n <= layers; n++) {
-    const parent = tags[n - 1] as string;
-    const writer = await store.beginWrite(`t${n}`);
-    await createOverlay({
-      backing: `../../snapshots/${parent}/disk.qcow2`,
-      backingFormat: "qcow2",
-      overlay: writer.file("disk.qcow2"),
-    });
-    // Blocks somewhere in the (unused) upper half of the 2 GiB disk, one run per layer, overlapping the next.
-    await run("qemu-io", ["-c", `write -P ${0x10 + n} ${1024 + n}M 3M`, writer.file("disk.qcow2")]);
-    await writeMemoryLayer(
-      writer.file("memory.layer"),
-      SYNTHETIC_RAM,
-      Uint32Array.from([3 * n, 7 * n, 100 + n]),
-      randomBytes(3 * 4096),
-    );
-    await writeFile(writer.file("vmstate"), randomBytes(4096));
-    await writer.commit(
-      {
-        ...base,
-        parent: { tag: parent, manifestSha256: await manifestDigest(await store.get(parent)) },
-        memory: { format: "layer", ramBytes: SYNTHETIC_RAM, pages: 3 },
-        origin: { kind: "branch", mode: "diff", sourceSandbox: null, pauseMs: 1 },
-      },
-      ["memory.layer", "vmstate", "disk.qcow2"],
-    );
-    tags.push(`t${n}`);
+    await syntheticLayer(paths, `${prefix}${n}`, tags[n - 1] as string, n);
+    tags.push(`${prefix}${n}`);
   }
   return tags;
+}
+
+/**
+ * Writes one more layer `tag` on snapshot `parent` (of a synthetic chain): a few changed pages and 3 MiB of
+ * disk at an offset `n` chooses (layer n of a chain uses n; a sibling layer takes a number of its own).
+ */
+export async function syntheticLayer(
+  paths: ForkdPaths,
+  tag: string,
+  parent: string,
+  n: number,
+): Promise<void> {
+  const store = new SnapshotStore(paths.snapshots);
+  const { manifest } = await store.get(parent);
+  const writer = await store.beginWrite(tag);
+  await createOverlay({
+    backing: `../../snapshots/${parent}/disk.qcow2`,
+    backingFormat: "qcow2",
+    overlay: writer.file("disk.qcow2"),
+  });
+  // Blocks somewhere in the (unused) upper half of the 2 GiB disk, one run per layer, overlapping the next.
+  await run("qemu-io", ["-c", `write -P ${0x10 + n} ${1024 + n}M 3M`, writer.file("disk.qcow2")]);
+  await writeMemoryLayer(
+    writer.file("memory.layer"),
+    SYNTHETIC_RAM,
+    Uint32Array.from([3 * n, 7 * n, 100 + n]),
+    randomBytes(3 * 4096),
+  );
+  await writeFile(writer.file("vmstate"), randomBytes(4096));
+  await writer.commit(
+    {
+      template: manifest.template,
+      image: manifest.image,
+      machine: manifest.machine,
+      timings: { bootMs: 0, warmupMs: 0, saveMs: 0 },
+      parent: { tag: parent, manifestSha256: await manifestDigest(await store.get(parent)) },
+      memory: { format: "layer", ramBytes: SYNTHETIC_RAM, pages: 3 },
+      origin: { kind: "branch", mode: "diff", sourceSandbox: null, pauseMs: 1 },
+    },
+    ["memory.layer", "vmstate", "disk.qcow2"],
+  );
 }

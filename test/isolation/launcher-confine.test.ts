@@ -132,6 +132,30 @@ describe("forkd-launcher confinement", { skip: !root && "needs root" }, () => {
     assert.ok((await stat(own)).uid >= BASE, "the --own file was handed over");
   });
 
+  it("keeps its run directory reachable when started under the daemon unit's UMask=0027", async () => {
+    // The launcher builds the program's root as the daemon's child: with the unit's umask, directories it made
+    // there came out 0750 and the confined uid could not reach its own sockets (QEMU: Permission denied).
+    const own = path.join(runDir, "umask-own");
+    await writeFile(own, "");
+    const [binary, ...args] = launcherPrefix({ confine: { uidBase: BASE, runDir, own: [own] } });
+    const result = spawnSync(
+      "/bin/sh",
+      [
+        "-c",
+        'umask 0027; exec "$@"',
+        "sh",
+        binary as string,
+        ...args,
+        "/bin/sh",
+        "-c",
+        `echo reached > ${own}`,
+      ],
+      { encoding: "utf8" },
+    );
+    assert.equal(result.status, 0, result.stderr);
+    assert.equal(await readFile(own, "utf8"), "reached\n");
+  });
+
   it("caps the size of files the program writes (writes past it fail, the program lives)", async () => {
     const own = path.join(dir, "disk.img");
     await writeFile(own, "");

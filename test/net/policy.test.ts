@@ -2,10 +2,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { ForkdError } from "../../src/common/errors.js";
+import { MAX_POLICY_ENTRIES } from "../../src/common/limits.js";
 import {
   compilePolicy,
   domainMatches,
-  MAX_POLICY_ENTRIES,
   nameIsAllowed,
   nameIsExplicitlyAllowed,
   parseEgressPolicy,

@@ -1,8 +1,8 @@
 /** NDJSON and SSE parsing: records split at every byte, CRLF and CR line ends, UTF-8 across chunks, limits. */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { MAX_STREAM_RECORD_BYTES } from "../../src/common/limits.js";
 import {
-  MAX_RECORD_BYTES,
   parseEventStream,
   parseNdjson,
   parseSse,
@@ -76,7 +76,7 @@ describe("NDJSON", () => {
   it("refuses a record longer than the limit instead of buffering without end", async () => {
     async function* endless(): AsyncGenerator<Buffer> {
       const block = Buffer.alloc(1024 * 1024, 0x61);
-      for (let sent = 0; sent <= MAX_RECORD_BYTES + block.length; sent += block.length) yield block;
+      for (let sent = 0; sent <= MAX_STREAM_RECORD_BYTES + block.length; sent += block.length) yield block;
       assert.fail("the parser kept reading past its limit");
     }
     await assert.rejects(collect(parseNdjson(endless())), StreamFormatError);

@@ -40,8 +40,10 @@ export async function startTestInternet(): Promise<TestInternet> {
   const netns = `fkt-inet-${process.pid}`;
   const hostIf = `fkti${process.pid}`.slice(0, 15);
   const addresses = [INTERNET_DNS, ...Object.values(INTERNET_HOSTS)];
+  await removeAbandonedTestInternets();
   const routed = (await run("ip", ["route", "show", "to", "match", INTERNET_DNS])).stdout;
-  if (!/^default /m.test(routed) || routed.trim().split("\n").length > 1) {
+  const specific = routed.split("\n").filter((line) => line.trim() !== "" && !line.startsWith("default "));
+  if (specific.length > 0) {
     throw new Error(`the test internet's addresses are already routed on this host:\n${routed}`);
   }
   await run("ip", ["netns", "add", netns]);
@@ -83,5 +85,28 @@ export async function startTestInternet(): Promise<TestInternet> {
   } catch (err) {
     await stop();
     throw err;
+  }
+}
+
+/**
+ * A test run that was killed leaves its namespace and veth behind, and their route then refuses every later
+ * run. Only ours are removed: the names carry the creating process's id, and only a process that is gone.
+ */
+async function removeAbandonedTestInternets(): Promise<void> {
+  const namespaces = (await run("ip", ["netns", "list"])).stdout;
+  for (const match of namespaces.matchAll(/^fkt-inet-(\d+)\b/gm)) {
+    const pid = Number(match[1]);
+    if (pid === process.pid || processExists(pid)) continue;
+    await run("ip", ["link", "del", `fkti${pid}`.slice(0, 15)]).catch(() => {});
+    await run("ip", ["netns", "del", `fkt-inet-${pid}`]).catch(() => {});
+  }
+}
+
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
   }
 }

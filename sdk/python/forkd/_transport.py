@@ -27,11 +27,13 @@ from .errors import (
     TimeoutError,
     error_from_response,
 )
+from . import _limits
 from .settings import Settings
 
 #: Larger answers than this are refused rather than buffered (the daemon's own limits are far lower).
-MAX_RESPONSE_BYTES = 1024 * 1024 * 1024
-HEALTH_CHECK_TIMEOUT = 2.0
+MAX_RESPONSE_BYTES = _limits.MAX_RESPONSE_BYTES
+#: The health check after a dropped connection, in seconds.
+HEALTH_CHECK_TIMEOUT = _limits.HEALTH_CHECK_TIMEOUT_MS / 1000
 #: How long connecting may take at most (the call's own deadline may be shorter).
 CONNECT_TIMEOUT = 30.0
 

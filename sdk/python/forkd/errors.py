@@ -16,7 +16,9 @@ import builtins
 import email.utils
 import json
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
+
+from . import _limits
 
 __all__ = [
     "ForkdError",
@@ -200,20 +202,8 @@ class CommandExitError(ForkdError):
 # ---------------------------------------------------------------------------------------------------------------
 # status -> class
 
-#: The daemon's error codes (its catalogue) and their statuses, for errors reported inside a stream.
-STATUS_OF_CODE: Dict[str, int] = {
-    "invalid_argument": 400,
-    "unauthorized": 401,
-    "not_found": 404,
-    "conflict": 409,
-    "payload_too_large": 413,
-    "unprocessable": 422,
-    "too_many_requests": 429,
-    "internal": 500,
-    "not_implemented": 501,
-    "unavailable": 503,
-    "timeout": 504,
-}
+#: The daemon's error codes (its catalogue, src/common/limits.ts) and their statuses, for errors inside a stream.
+STATUS_OF_CODE: Mapping[str, int] = _limits.ERROR_CODES
 
 
 def error_from_response(

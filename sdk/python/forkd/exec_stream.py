@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Dict, Iterator, Literal, Optional, Type, Union
 
+from . import _limits
 from ._transport import OpenStream
 from .errors import STATUS_OF_CODE, ForkdError, error_from_response
 
 __all__ = ["OutputEvent", "ExitEvent", "ExecEvent", "ExecStream"]
 
-#: One NDJSON line of the answer (an output chunk is at most 64 KiB, base64 in JSON).
-MAX_EVENT_LINE_BYTES = 8 * 1024 * 1024
+#: One NDJSON line of the answer, at most (an output chunk is at most 64 KiB, base64 in JSON).
+MAX_EVENT_LINE_BYTES = _limits.MAX_STREAM_RECORD_BYTES
 
 
 @dataclass(frozen=True)

@@ -7,34 +7,19 @@ sandbox when they end. Durations are seconds; ``0`` disables the limit.
 
 from __future__ import annotations
 
-import codecs
 import functools
 import ssl
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from types import TracebackType
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    List,
-    Literal,
-    Mapping,
-    Optional,
-    Sequence,
-    Type,
-    TypeVar,
-    Union,
-    overload,
-)
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type, overload
 
+from ._commands import SHELL, Commands
+from ._files import Files
+from ._results import CodeResult, CommandResult, EntryInfo, ExecutionError
 from .cancel import CancelToken
-from .controller import DEFAULT_SNAPSHOT_TIMEOUT, BranchMode, Controller, StreamedStdin
-from .network import NetworkRequest
+from .controller import DEFAULT_SNAPSHOT_TIMEOUT, BranchMode, Controller
 from .errors import (
     CancelledError,
-    CommandExitError,
     ConflictError,
     ConnectionError,
     ForkdError,
@@ -44,7 +29,7 @@ from .errors import (
     TimeoutError,
     UnavailableError,
 )
-from .exec_stream import ExitEvent
+from .network import NetworkRequest
 from .settings import DEFAULT_COMMAND_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT, check_duration
 
 __all__ = [
@@ -58,313 +43,10 @@ __all__ = [
     "SHELL",
 ]
 
-#: A command line given as a string runs under bash, like the E2B SDK; a list runs without a shell.
-SHELL = ("/bin/bash", "-c")
+#: How often ``create`` asks whether a template's snapshot being built is ready, in seconds.
 SNAPSHOT_POLL_INTERVAL = 0.5
+#: How long asking the daemon whether a sandbox is gone may take, after a call into it failed.
 DIAGNOSIS_TIMEOUT = 5.0
-
-T = TypeVar("T")
-LineCallback = Callable[[str], Any]
-
-
-@dataclass
-class CommandResult:
-    """What a command did. ``exit_code`` is 128+N when signal N killed it."""
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    signal: Optional[str] = None
-    timed_out: bool = False
-
-
-@dataclass
-class ExecutionError:
-    """A Python exception raised by ``run_code`` (field names as in E2B's code interpreter)."""
-
-    #: Exception class, e.g. "ZeroDivisionError".
-    name: str
-    #: Its message.
-    value: str
-    traceback: str
-
-
-@dataclass
-class CodeResult:
-    """``run_code``'s answer. Python errors do not raise: they are in ``error``; SDK and daemon errors raise."""
-
-    #: ``repr()`` of the code's trailing expression, or None.
-    result: Optional[str]
-    stdout: str
-    stderr: str
-    error: Optional[ExecutionError]
-
-
-@dataclass
-class EntryInfo:
-    """A file or directory in the sandbox."""
-
-    name: str
-    #: Absolute path in the sandbox.
-    path: str
-    type: str  # "file" | "dir" | "symlink" | "other"
-    size: int
-    #: Permission bits, e.g. 0o644.
-    mode: int
-    modified_time: Optional[datetime]
-    symlink_target: Optional[str]
-
-
-class _Lines:
-    """Decodes a byte stream as UTF-8 without splitting characters and hands each line (newline kept) to a
-    callback as soon as it is complete; the rest at the end."""
-
-    def __init__(self, callback: Optional[LineCallback]) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._callback = callback
-        self._parts: List[str] = []
-        self._line = ""
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    def push(self, data: bytes) -> None:
-        self._emit(self._decoder.decode(data))
-
-    def end(self) -> None:
-        self._emit(self._decoder.decode(b"", final=True))
-        if self._line and self._callback is not None:
-            line, self._line = self._line, ""
-            self._callback(line)
-
-    def _emit(self, text: str) -> None:
-        if not text:
-            return
-        self._parts.append(text)
-        if self._callback is None:
-            return
-        pending = self._line + text
-        start = 0
-        newline = pending.find("\n")
-        while newline >= 0:
-            self._callback(pending[start : newline + 1])
-            start = newline + 1
-            newline = pending.find("\n", start)
-        self._line = pending[start:]
-
-
-class Commands:
-    """``sandbox.commands``: run a command in the sandbox, its output handed to callbacks as it happens."""
-
-    def __init__(self, sandbox: "Sandbox") -> None:
-        self._sandbox = sandbox
-
-    def run(
-        self,
-        cmd: Union[str, Sequence[str]],
-        *,
-        on_stdout: Optional[LineCallback] = None,
-        on_stderr: Optional[LineCallback] = None,
-        timeout: Optional[float] = None,
-        envs: Optional[Mapping[str, str]] = None,
-        cwd: Optional[str] = None,
-        stdin: Optional[StreamedStdin] = None,
-        request_timeout: Optional[float] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> CommandResult:
-        """Runs ``cmd`` and returns its result when it exits 0.
-
-        A string is a bash command line; a list is the program and its arguments, run without a shell.
-        ``on_stdout``/``on_stderr`` get each line (with its newline; a last unterminated line at the end) as soon
-        as it is complete; a callback that raises stops the command and ``run`` raises that exception.
-        ``timeout``: seconds until the command is killed (default: the sandbox's ``command_timeout``, 60; 0 = no
-        limit). ``stdin``: text/bytes written then closed, or an iterable of chunks streamed while it runs.
-
-        Raises :class:`~forkd.CommandExitError` (with ``exit_code``, ``stdout``, ``stderr``) when the command exits
-        non-zero, is killed or runs past its timeout.
-        """
-        argv = [*SHELL, cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise InvalidArgumentError("cmd must be a command line or a non-empty list of program and arguments")
-        shown = repr(cmd) if isinstance(cmd, str) else repr(" ".join(argv))
-        stdout, stderr = _Lines(on_stdout), _Lines(on_stderr)
-        limit = self._sandbox.command_timeout if timeout is None else timeout
-        exit_event: Optional[ExitEvent] = None
-        try:
-            with self._sandbox.controller.exec_stream(
-                self._sandbox.id,
-                argv,
-                timeout_secs=limit,
-                env=envs,
-                cwd=cwd,
-                stdin=stdin,
-                request_timeout=request_timeout,
-                cancel=cancel,
-            ) as events:
-                for event in events:
-                    if isinstance(event, ExitEvent):
-                        exit_event = event
-                    elif event.type == "stdout":
-                        stdout.push(event.data)
-                    else:
-                        stderr.push(event.data)
-                stdout.end()
-                stderr.end()
-        except ForkdError as err:
-            raise self._sandbox._diagnose(err, f"command {shown}") from err
-        if exit_event is None:
-            raise ForkdError(f"command {shown}: the daemon reported no exit")
-        result = CommandResult(
-            exit_code=exit_event.exit_code,
-            stdout=stdout.text,
-            stderr=stderr.text,
-            signal=exit_event.signal,
-            timed_out=exit_event.timed_out,
-        )
-        if result.exit_code != 0:
-            raise CommandExitError(
-                shown,
-                exit_code=result.exit_code,
-                stdout=result.stdout,
-                stderr=result.stderr,
-                signal=result.signal,
-                timed_out=result.timed_out,
-            )
-        return result
-
-
-class Files:
-    """``sandbox.files``: read, write, list, stat and remove files in the sandbox; binary-safe, ~16 MiB per call."""
-
-    def __init__(self, sandbox: "Sandbox") -> None:
-        self._sandbox = sandbox
-
-    @overload
-    def read(
-        self,
-        path: str,
-        *,
-        format: Literal["text"] = ...,
-        max_bytes: Optional[int] = ...,
-        request_timeout: Optional[float] = ...,
-        cancel: Optional[CancelToken] = ...,
-    ) -> str: ...
-
-    @overload
-    def read(
-        self,
-        path: str,
-        *,
-        format: Literal["bytes"],
-        max_bytes: Optional[int] = ...,
-        request_timeout: Optional[float] = ...,
-        cancel: Optional[CancelToken] = ...,
-    ) -> bytes: ...
-
-    def read(
-        self,
-        path: str,
-        *,
-        format: str = "text",
-        max_bytes: Optional[int] = None,
-        request_timeout: Optional[float] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> Union[str, bytes]:
-        """Reads a file as UTF-8 text (default) or, with ``format="bytes"``, as raw bytes."""
-        if format not in ("text", "bytes"):
-            raise InvalidArgumentError(f'format must be "text" or "bytes", got {format!r}')
-        data: bytes = self._guard(
-            f"reading {path}",
-            lambda: self._sandbox.controller.read_file(
-                self._sandbox.id, path, max_bytes=max_bytes, request_timeout=request_timeout, cancel=cancel
-            ),
-        )
-        return data if format == "bytes" else data.decode("utf-8", errors="replace")
-
-    def write(
-        self,
-        path: str,
-        data: Union[str, bytes, bytearray, memoryview],
-        *,
-        mode: Optional[int] = None,
-        request_timeout: Optional[float] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> Dict[str, Any]:
-        """Replaces (or creates) the file at ``path``, creating missing parent directories. ``{"path", "bytes"}``."""
-        if not isinstance(data, (str, bytes, bytearray, memoryview)):
-            raise InvalidArgumentError("data must be str or bytes")
-        written = self._guard(
-            f"writing {path}",
-            lambda: self._sandbox.controller.write_file(
-                self._sandbox.id, path, data, mode=mode, request_timeout=request_timeout, cancel=cancel
-            ),
-        )
-        return {"path": path, "bytes": written["bytes"]}
-
-    def list(
-        self, path: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
-    ) -> List[EntryInfo]:
-        """A directory's entries."""
-        listing = self._guard(
-            f"listing {path}",
-            lambda: self._sandbox.controller.list_files(
-                self._sandbox.id, path, request_timeout=request_timeout, cancel=cancel
-            ),
-        )
-        return [_entry(e, _join(path, e["name"])) for e in listing["entries"]]
-
-    def stat(
-        self, path: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
-    ) -> EntryInfo:
-        """One file or directory (symlinks are not followed)."""
-        info = self._guard(
-            f"stat of {path}",
-            lambda: self._sandbox.controller.stat_file(
-                self._sandbox.id, path, request_timeout=request_timeout, cancel=cancel
-            ),
-        )
-        return _entry(info, path)
-
-    def get_info(
-        self, path: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
-    ) -> EntryInfo:
-        """Same as :meth:`stat` (the E2B SDK's name)."""
-        return self.stat(path, request_timeout=request_timeout, cancel=cancel)
-
-    def exists(
-        self, path: str, *, request_timeout: Optional[float] = None, cancel: Optional[CancelToken] = None
-    ) -> bool:
-        """True if something exists at ``path``."""
-        try:
-            self.stat(path, request_timeout=request_timeout, cancel=cancel)
-            return True
-        except SandboxNotFoundError:
-            raise
-        except NotFoundError:
-            return False
-
-    def remove(
-        self,
-        path: str,
-        *,
-        recursive: bool = False,
-        request_timeout: Optional[float] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> None:
-        """Removes a file, or a directory (``recursive=True`` if it is not empty)."""
-        self._guard(
-            f"removing {path}",
-            lambda: self._sandbox.controller.remove_file(
-                self._sandbox.id, path, recursive=recursive, request_timeout=request_timeout, cancel=cancel
-            ),
-        )
-
-    def _guard(self, what: str, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except ForkdError as err:
-            raise self._sandbox._diagnose(err, what) from err
 
 
 class _KillDescriptor:
@@ -857,27 +539,6 @@ def _execution_error(answer: Mapping[str, Any]) -> Optional[ExecutionError]:
     name = answer.get("error_type") or (text.split(":", 1)[0] if ":" in text else "Error")
     value = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
     return ExecutionError(name=str(name), value=value, traceback=str(answer.get("traceback") or ""))
-
-
-def _entry(info: Mapping[str, Any], path: str) -> EntryInfo:
-    kind = info.get("type")
-    mtime = info.get("mtime_ms")
-    target = info.get("link_target")
-    return EntryInfo(
-        name=str(info.get("name")),
-        path=path,
-        type=kind if kind in ("file", "dir", "symlink") else "other",
-        size=int(info.get("size") or 0),
-        mode=int(info.get("mode") or 0),
-        modified_time=(
-            datetime.fromtimestamp(mtime / 1000, tz=timezone.utc) if isinstance(mtime, (int, float)) else None
-        ),
-        symlink_target=target if isinstance(target, str) else None,
-    )
-
-
-def _join(directory: str, name: str) -> str:
-    return f"{directory}{name}" if directory.endswith("/") else f"{directory}/{name}"
 
 
 def _resume_or_join(

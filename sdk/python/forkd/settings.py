@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
+from . import _limits
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -31,14 +32,16 @@ __all__ = [
     "parse_daemon_url",
 ]
 
+# The defaults come from forkd's one table of limits (src/common/limits.ts, generated into _limits.py), in seconds.
+
 #: The daemon's Unix socket (``forkd daemon``'s default).
-DEFAULT_DAEMON_URL = "unix:/run/forkd/forkd.sock"
+DEFAULT_DAEMON_URL = _limits.DEFAULT_DAEMON_URL
 #: One HTTP exchange with the daemon, in seconds; distinct from a sandbox's lifetime and a command's timeout.
-DEFAULT_REQUEST_TIMEOUT = 60.0
+DEFAULT_REQUEST_TIMEOUT = _limits.DEFAULT_REQUEST_TIMEOUT_MS / 1000
 #: Like the SDKs agents already use: a ``Sandbox`` nobody extends dies after five minutes.
-DEFAULT_SANDBOX_TIMEOUT = 300.0
+DEFAULT_SANDBOX_TIMEOUT = _limits.SDK_SANDBOX_TIMEOUT_MS / 1000
 #: A command (or a ``run_code`` evaluation) that runs longer is killed in the guest.
-DEFAULT_COMMAND_TIMEOUT = 60.0
+DEFAULT_COMMAND_TIMEOUT = _limits.DEFAULT_COMMAND_TIMEOUT_MS / 1000
 #: The largest duration accepted, in seconds (the TypeScript SDK's 2^31-1 ms).
 MAX_DURATION = (2**31 - 1) / 1000
 
@@ -91,13 +94,13 @@ def resolve_settings(
     environment = os.environ if env is None else env
     address_value, address_source = _pick(
         (url, "the `url` argument"),
-        (_non_empty(environment.get("FORKD_URL")), "FORKD_URL"),
+        (_non_empty(environment.get(_limits.DAEMON_URL_ENV)), _limits.DAEMON_URL_ENV),
         (DEFAULT_DAEMON_URL, "the default address"),
     )
     token_value, token_source = _pick(
         (call_token, "the call's `token` argument"),
         (token, "the `token` argument"),
-        (_non_empty(environment.get("FORKD_TOKEN")), "FORKD_TOKEN"),
+        (_non_empty(environment.get(_limits.DAEMON_TOKEN_ENV)), _limits.DAEMON_TOKEN_ENV),
         (None, "nothing (no token set)"),
     )
     if token_value is not None:

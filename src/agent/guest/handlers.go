@@ -68,7 +68,7 @@ func (a *Agent) Ping(c *Call, args *protocol.PingArgs, body []byte) (*protocol.P
 	}, nil, nil
 }
 
-var sandboxIDPattern = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
+var sandboxIDPattern = regexp.MustCompile(protocol.SandboxIDPattern)
 
 // Restore is the post-restore fix-up, and starts a new host epoch: every other call still in flight was made
 // by the host the snapshot's parent talked to, so it is detached as on a disconnect (no answers; exec

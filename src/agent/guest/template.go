@@ -6,6 +6,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
+
+	"forkd/src/agent/guest/protocol"
 )
 
 // Template is what the image builder writes to /opt/forkd/template.json.
@@ -23,7 +25,7 @@ type Template struct {
 
 const defaultTemplatePath = "/opt/forkd/template.json"
 
-var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+var tagPattern = regexp.MustCompile(protocol.TagPattern)
 
 func readTemplate(path string) Template {
 	fail := func(err error) Template {

@@ -560,6 +560,8 @@ function limitConsts(): string {
   const lines: string[] = [];
   for (const [name, value] of Object.entries(limits).sort(([a], [b]) => (a < b ? -1 : 1))) {
     if (typeof value === "number") lines.push(`\t${goName(name)} = ${value}`);
+    else if (typeof value === "string" && name.endsWith("_PATTERN"))
+      lines.push(`\t${goName(name)} = ${goString(translatePattern(value))}`);
     else if (Buffer.isBuffer(value))
       lines.push(
         `\t${goName(name)} = "${[...value].map((b) => `\\x${b.toString(16).padStart(2, "0")}`).join("")}"`,

@@ -1,7 +1,17 @@
 /**
  * Versions and hard limits of the agent protocol. Both ends enforce them; the host enforces them on everything
- * the guest sends because the guest runs user code and is hostile by assumption.
+ * the guest sends because the guest runs user code and is hostile by assumption. The ones that callers of the
+ * API see as well (a call's longest timeout, the longest path, the patterns of tags and sandbox ids the guest
+ * checks) come from the table of src/common/limits.ts; the generator writes them into the Go side too.
  */
+import {
+  MAX_GUEST_TIMEOUT_MS,
+  MAX_PATH_CHARS,
+  SANDBOX_ID_PATTERN,
+  TAG_PATTERN,
+} from "../../common/limits.js";
+
+export { MAX_PATH_CHARS, SANDBOX_ID_PATTERN, TAG_PATTERN };
 
 /**
  * Bumped on any change an older peer would misread. Additive changes (a new op, a new optional result field)
@@ -50,7 +60,7 @@ export const MAX_EVAL_OUTPUT_CHARS = 1024 * 1024;
 export const MAX_TRACEBACK_CHARS = 64 * 1024;
 
 /** Upper bound of every op's timeout_ms. */
-export const MAX_TIMEOUT_MS = 24 * 60 * 60 * 1000;
+export const MAX_TIMEOUT_MS = MAX_GUEST_TIMEOUT_MS;
 
 /** Entries one file.list returns at most (the result says when it was truncated). */
 export const MAX_LIST_ENTRIES = 10_000;
@@ -64,9 +74,6 @@ export const MAX_ERROR_MESSAGE_CHARS = 4096;
 /** Entropy a `restore` may carry, in bytes. */
 export const MIN_ENTROPY_BYTES = 32;
 export const MAX_ENTROPY_BYTES = 4096;
-
-/** Longest path any file op accepts (Linux PATH_MAX). */
-export const MAX_PATH_CHARS = 4096;
 
 /** Deepest file.list a caller may ask for. */
 export const MAX_LIST_DEPTH = 32;

@@ -11,6 +11,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { MAX_UNREAD_OUTPUT_BYTES, NDJSON_CONTENT_TYPE } from "../../common/limits.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import { toHttpError } from "../errors.js";
@@ -22,11 +23,6 @@ import { execOptions } from "./guest-calls.js";
 
 /** One NDJSON request line: the exec request, or a stdin frame (up to 1 MiB of data as base64, with room to spare). */
 const MAX_REQUEST_LINE_BYTES = 2 * 1024 * 1024;
-/**
- * Output buffered for a client that reads slower than the process writes. Past this the exec is cancelled rather
- * than holding unbounded memory in a root daemon.
- */
-export const MAX_UNREAD_OUTPUT_BYTES = 8 * 1024 * 1024;
 
 const StdinFrame = Type.Union([
   Type.Object({ stdin: Type.String() }, { additionalProperties: false }),
@@ -44,7 +40,7 @@ export function registerExecStreamRoute(scope: FastifyInstance, context: ApiCont
   // Only the two documented bodies: a route whose schema is given per content type validates no other type, so
   // a text/plain body (which Fastify parses by default) would reach the handler unchecked.
   scope.removeContentTypeParser("text/plain");
-  scope.addContentTypeParser("application/x-ndjson", (_request, payload, done) => done(null, payload));
+  scope.addContentTypeParser(NDJSON_CONTENT_TYPE, (_request, payload, done) => done(null, payload));
   scope.post<StreamRoute>("/v1/sandboxes/:id/exec/stream", { schema: streamSchema }, (request, reply) =>
     streamExec(context, request, reply),
   );
@@ -62,13 +58,13 @@ const streamSchema = {
   body: {
     content: {
       "application/json": { schema: ExecBody },
-      "application/x-ndjson": { schema: BinaryBody },
+      [NDJSON_CONTENT_TYPE]: { schema: BinaryBody },
     },
   },
   response: {
     200: {
       description: "NDJSON event stream",
-      content: { "application/x-ndjson": { schema: ExecStreamEvent } },
+      content: { [NDJSON_CONTENT_TYPE]: { schema: ExecStreamEvent } },
     },
     ...errorResponses,
   },
@@ -85,7 +81,7 @@ async function streamExec(context: ApiContext, request: FastifyRequest<StreamRou
   const events = eventStream(clientSignal(request, reply));
   const stdout = chunkEncoder("stdout", encoding, events.emit);
   const stderr = chunkEncoder("stderr", encoding, events.emit);
-  reply.type("application/x-ndjson").header("cache-control", "no-store").header("x-accel-buffering", "no");
+  reply.type(NDJSON_CONTENT_TYPE).header("cache-control", "no-store").header("x-accel-buffering", "no");
   events.emit({ type: "started", id });
   const stop = context.metrics.execDuration.startTimer({ op: "exec_stream" });
   const { signal } = events;

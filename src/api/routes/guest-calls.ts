@@ -5,10 +5,10 @@
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { DEFAULT_EXEC_TIMEOUT_SECS } from "../../common/limits.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
 import {
-  DEFAULT_EXEC_TIMEOUT_SECS,
   EvalBody,
   EvalResponse,
   ExecBody,
@@ -60,19 +60,14 @@ const execSchema = {
 async function execInSandbox(context: ApiContext, request: FastifyRequest<ExecRoute>, reply: FastifyReply) {
   const body = request.body;
   const options = execOptions(body);
-  const stop = context.metrics.execDuration.startTimer({ op: "exec" });
-  try {
-    const outcome = await servicesOf(request).sandboxes.exec(request.params.id, body.args, {
+  const outcome = await timed(context, "exec", () =>
+    servicesOf(request).sandboxes.exec(request.params.id, body.args, {
       ...options,
       stdin: stdinOf(body),
       signal: clientSignal(request, reply),
-    });
-    stop({ outcome: "ok" });
-    return execToWire(outcome, body.encoding ?? "utf8");
-  } catch (err) {
-    stop({ outcome: "error" });
-    throw err;
-  }
+    }),
+  );
+  return execToWire(outcome, body.encoding ?? "utf8");
 }
 
 const evalSchema = {
@@ -87,14 +82,22 @@ const evalSchema = {
 
 async function evalInSandbox(context: ApiContext, request: FastifyRequest<EvalRoute>, reply: FastifyReply) {
   const body = request.body;
-  const stop = context.metrics.execDuration.startTimer({ op: "eval" });
-  try {
-    const outcome = await servicesOf(request).sandboxes.eval(request.params.id, body.code, {
+  const outcome = await timed(context, "eval", () =>
+    servicesOf(request).sandboxes.eval(request.params.id, body.code, {
       timeoutMs: timeoutMsOf(body, undefined),
       signal: clientSignal(request, reply),
-    });
+    }),
+  );
+  return evalToWire(outcome);
+}
+
+/** `call` timed in forkd_exec_duration_seconds under `op`, by how it ended. */
+async function timed<T>(context: ApiContext, op: "exec" | "eval", call: () => Promise<T>): Promise<T> {
+  const stop = context.metrics.execDuration.startTimer({ op });
+  try {
+    const outcome = await call();
     stop({ outcome: "ok" });
-    return evalToWire(outcome);
+    return outcome;
   } catch (err) {
     stop({ outcome: "error" });
     throw err;

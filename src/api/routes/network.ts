@@ -10,7 +10,8 @@ import type net from "node:net";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
-import { assertSandboxId } from "../../common/names.js";
+import { SANDBOX_ID_PATTERN } from "../../common/limits.js";
+import { assertSandboxId, unanchored } from "../../common/names.js";
 import { PORT_PROXY_HEADER } from "../../common/proxied-path.js";
 import { stripDaemonTokens } from "../../common/tokens.js";
 import type { Principal } from "../../controller/tenancy/tenant-view.js";
@@ -27,7 +28,9 @@ import {
 } from "../schemas.js";
 import { policyFromWire, sandboxToWire } from "../wire.js";
 
-const PORT_ROUTE = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})\/ports\/(\d{1,5})(\/[^?#]*)?(\?.*)?$/;
+const PORT_ROUTE = new RegExp(
+  `^/v1/sandboxes/(${unanchored(SANDBOX_ID_PATTERN)})/ports/(\\d{1,5})(/[^?#]*)?(\\?.*)?$`,
+);
 const PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
 
 export function registerNetworkRoutes(app: FastifyInstance): void {

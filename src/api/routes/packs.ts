@@ -8,6 +8,7 @@ import { createReadStream } from "node:fs";
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { ForkdError } from "../../common/errors.js";
+import { PACK_CHAIN_HEADER, PACK_CONTENT_TYPE } from "../../common/limits.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import {
   BinaryBody,
@@ -18,8 +19,6 @@ import {
   UnpackQuery,
   UnpackResultWire,
 } from "../schemas.js";
-
-export const PACK_CONTENT_TYPE = "application/zstd";
 
 export function registerPackRoutes(scope: FastifyInstance): void {
   for (const type of [PACK_CONTENT_TYPE, "application/octet-stream"]) {
@@ -54,7 +53,7 @@ export function registerPackRoutes(scope: FastifyInstance): void {
         .header("content-type", PACK_CONTENT_TYPE)
         .header("content-length", String(result.pack_bytes))
         .header("content-disposition", `attachment; filename="${request.params.tag}.tar.zst"`)
-        .header("x-forkd-pack-chain", result.chain.join(","))
+        .header(PACK_CHAIN_HEADER, result.chain.join(","))
         .send(stream);
     },
   );

@@ -1,6 +1,6 @@
 /** Every command that runs or talks to the daemon, registered in one place (src/cli/main.ts calls this). */
 import type { Command } from "commander";
-import { addDaemonOptions } from "../daemon-client.js";
+import { addDaemonOptions } from "../daemon-connection.js";
 import { registerConsole } from "./console.js";
 import { registerDaemon } from "./daemon.js";
 import { registerEval } from "./eval.js";

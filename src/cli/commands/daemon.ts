@@ -11,22 +11,23 @@ import {
   describeStartupError,
   runDaemon,
 } from "../../api/daemon.js";
-import { DEFAULT_SOCKET_PATH } from "../../api/defaults.js";
 import { ClusterNode } from "../../cluster-node/index.js";
 import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
+import {
+  DEFAULT_DISK_LIMIT_MIB,
+  DEFAULT_SOCKET_PATH,
+  MAX_DISK_LIMIT_MIB,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MIN_DISK_LIMIT_MIB,
+} from "../../common/limits.js";
 import { assertTag } from "../../common/names.js";
 import { type ForkdPaths, resolvePaths } from "../../common/paths.js";
 import { loadTokenFile } from "../../common/tokens.js";
 import { consoleExtension } from "../../console/index.js";
 import { cacheDirs } from "../../controller/machines/restore-plan.js";
 import { DEFAULT_ADMISSION_LIMITS } from "../../controller/sandboxes/admission.js";
-import {
-  DEFAULT_DISK_LIMIT_MIB,
-  MAX_DISK_LIMIT_MIB,
-  MIN_DISK_LIMIT_MIB,
-} from "../../controller/sandboxes/limits.js";
-import { MAX_SANDBOX_TIMEOUT_MS, openServices, SandboxManager } from "../../controller/sandboxes/manager.js";
+import { openServices, SandboxManager } from "../../controller/sandboxes/manager.js";
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
 import { limitTenants } from "../../controller/tenancy/tenant-view.js";

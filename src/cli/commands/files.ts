@@ -2,10 +2,9 @@
 import { readFile, rename, rm, writeFile } from "node:fs/promises";
 import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
-import type { FileInfoWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { FILE_MODE_PATTERN } from "../../common/limits.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { oneLine, printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 export function registerFiles(program: Command): void {
   const files = program.command("files").description("files inside a sandbox (daemon)");
@@ -19,13 +18,12 @@ export function registerFiles(program: Command): void {
       .argument("<path>", "absolute path in the sandbox")
       .option("--mode <octal>", "permission bits, e.g. 0755", parseMode),
   ).action((id: string, local: string, target: string, opts, command: Command) =>
-    runCommand(async (signal) => {
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const data = await readFile(local === "-" ? "/dev/stdin" : local);
-      const answer = await DaemonClient.from(command).json<{ path: string; bytes: number }>(
-        "PUT",
-        routePath`/v1/sandboxes/${id}/files`,
-        { query: { path: target, mode: opts.mode }, body: data, signal },
-      );
+      const answer = await controller.writeFile(id, target, data, {
+        ...(opts.mode === undefined ? {} : { mode: opts.mode }),
+        signal,
+      });
       process.stderr.write(`wrote ${answer.bytes} bytes to ${id}:${answer.path}\n`);
       return undefined;
     }),
@@ -39,11 +37,8 @@ export function registerFiles(program: Command): void {
       .argument("<path>", "absolute path in the sandbox")
       .argument("[local]", "local file to write (default: stdout)"),
   ).action((id: string, source: string, local: string | undefined, _opts, command: Command) =>
-    runCommand(async (signal) => {
-      const { body } = await DaemonClient.from(command).request("GET", routePath`/v1/sandboxes/${id}/files`, {
-        query: { path: source },
-        signal,
-      });
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const body = await controller.readFile(id, source, { signal });
       if (local === undefined || local === "-") process.stdout.write(body);
       else {
         // Complete or absent: a failed download never leaves a half-written local file.
@@ -68,12 +63,8 @@ export function registerFiles(program: Command): void {
       .argument("[path]", "absolute directory path", "/")
       .option("--json", "print JSON"),
   ).action((id: string, dir: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const listing = await DaemonClient.from(command).json<{ entries: FileInfoWire[]; truncated: boolean }>(
-        "GET",
-        routePath`/v1/sandboxes/${id}/files/list`,
-        { query: { path: dir }, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const listing = await controller.listFiles(id, dir, { signal });
       if (opts.json) printJson(listing);
       else {
         printTable(
@@ -81,7 +72,7 @@ export function registerFiles(program: Command): void {
           listing.entries.map((e) => [
             `${typeLetter(e.type)}${(e.mode & 0o7777).toString(8).padStart(4, "0")}`,
             String(e.size),
-            new Date(e.mtime_ms).toISOString(),
+            new Date(e.mtime_ms ?? 0).toISOString(),
             oneLine(e.link_target ? `${e.name} -> ${e.link_target}` : e.name, 200),
           ]),
         );
@@ -99,17 +90,13 @@ export function registerFiles(program: Command): void {
       .argument("<path>", "absolute path")
       .option("--json", "print JSON"),
   ).action((id: string, target: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const info = await DaemonClient.from(command).json<FileInfoWire>(
-        "GET",
-        routePath`/v1/sandboxes/${id}/files/stat`,
-        { query: { path: target }, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const info = await controller.statFile(id, target, { signal });
       if (opts.json) printJson(info);
       else
         process.stdout.write(
           `${oneLine(target, 200)}: ${info.type}, ${info.size} bytes, mode ${(info.mode & 0o7777).toString(8)}, ` +
-            `modified ${new Date(info.mtime_ms).toISOString()}${info.link_target ? `, -> ${oneLine(info.link_target, 200)}` : ""}\n`,
+            `modified ${new Date(info.mtime_ms ?? 0).toISOString()}${info.link_target ? `, -> ${oneLine(info.link_target, 200)}` : ""}\n`,
         );
       return undefined;
     }),
@@ -123,20 +110,17 @@ export function registerFiles(program: Command): void {
       .argument("<path>", "absolute path")
       .option("-r, --recursive", "remove a non-empty directory"),
   ).action((id: string, target: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      await DaemonClient.from(command).request("DELETE", routePath`/v1/sandboxes/${id}/files`, {
-        query: { path: target, recursive: opts.recursive === true ? true : undefined },
-        signal,
-      });
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      await controller.removeFile(id, target, { recursive: opts.recursive === true, signal });
       return undefined;
     }),
   );
 }
 
-function parseMode(value: string): string {
-  if (!/^0?[0-7]{3,4}$/.test(value))
+function parseMode(value: string): number {
+  if (!new RegExp(FILE_MODE_PATTERN).test(value))
     throw new InvalidArgumentError("expected octal permission bits, e.g. 0644");
-  return value;
+  return Number.parseInt(value, 8);
 }
 
 function typeLetter(type: string): string {

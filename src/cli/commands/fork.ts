@@ -1,13 +1,9 @@
 import type { Command } from "commander";
 import { invalidArgument } from "../../common/errors.js";
+import { MAX_GUEST_TIMEOUT_MS, MAX_SANDBOX_TIMEOUT_MS, MAX_SPAWN_N } from "../../common/limits.js";
 import { resolvePaths } from "../../common/paths.js";
 import { percentile } from "../../common/stats.js";
-import {
-  type ForkResult,
-  failedChildren,
-  forkChildren,
-  MAX_CHILDREN,
-} from "../../controller/sandboxes/fork-children.js";
+import { type ForkResult, failedChildren, forkChildren } from "../../controller/sandboxes/fork-children.js";
 import { EXIT } from "../exit-codes.js";
 import { parseIntOption } from "../options.js";
 import { oneLine, printJson, printTable, startProgress } from "../output.js";
@@ -23,27 +19,23 @@ export function registerFork(program: Command): void {
     .requiredOption("-t, --tag <tag>", "snapshot tag")
     .option(
       "-n, --count <n>",
-      `number of children (1..${MAX_CHILDREN})`,
-      parseIntOption("-n", 1, MAX_CHILDREN),
+      `number of children (1..${MAX_SPAWN_N})`,
+      parseIntOption("-n", 1, MAX_SPAWN_N),
       1,
     )
     .option("--exec [command...]", "command to run in each child (put it after `--` if it has flags)")
     .option("--eval <code>", "Python code to evaluate in each child's warm interpreter")
-    .option(
-      "--concurrency <c>",
-      "children restored at once",
-      parseIntOption("--concurrency", 1, MAX_CHILDREN),
-    )
+    .option("--concurrency <c>", "children restored at once", parseIntOption("--concurrency", 1, MAX_SPAWN_N))
     .option(
       "--timeout-ms <ms>",
       "limit for --exec/--eval in each child",
-      parseIntOption("--timeout-ms", 1, 86_400_000),
+      parseIntOption("--timeout-ms", 1, MAX_GUEST_TIMEOUT_MS),
     )
     .option(
       "--settle-secs <s>",
       "keep the children running this many seconds after they answered, then stop them (forkd v0.5's flag; " +
         "SIGTERM or Ctrl-C ends the wait early)",
-      parseIntOption("--settle-secs", 0, 7 * 24 * 3600),
+      parseIntOption("--settle-secs", 0, MAX_SANDBOX_TIMEOUT_MS / 1000),
     )
     .option("--json", "print one JSON object")
     .argument("[command...]", "the --exec command, when given after `--`")

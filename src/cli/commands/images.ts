@@ -1,9 +1,8 @@
 /** `forkd images`: the daemon's snapshots (what sandboxes fork from), like `docker images`. */
 import type { Command } from "commander";
-import type { SnapshotInfoWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import type { SnapshotInfo } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 export function registerImages(program: Command): void {
   addDaemonOptions(
@@ -12,10 +11,8 @@ export function registerImages(program: Command): void {
       .description("list the daemon's snapshots (what sandboxes fork from)")
       .option("--json", "print JSON"),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
-      const snapshots = await DaemonClient.from(command).json<SnapshotInfoWire[]>("GET", "/v1/snapshots", {
-        signal,
-      });
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const snapshots = await controller.listSnapshots({ signal });
       if (opts.json) printJson(snapshots);
       else printSnapshots(snapshots);
       return undefined;
@@ -23,7 +20,7 @@ export function registerImages(program: Command): void {
   );
 }
 
-export function printSnapshots(snapshots: SnapshotInfoWire[]): void {
+export function printSnapshots(snapshots: SnapshotInfo[]): void {
   printTable(
     ["TAG", "STATUS", "TEMPLATE", "ACCEL", "MEMORY", "SIZE", "PARENT", "CREATED"],
     snapshots.map((s) => [
@@ -31,8 +28,8 @@ export function printSnapshots(snapshots: SnapshotInfoWire[]): void {
       s.status === "ready" && !s.bootable ? "unbootable" : s.status,
       s.template ?? "-",
       s.accelerator ?? "-",
-      s.memory_mib === null ? "-" : `${s.memory_mib} MiB`,
-      formatBytes(s.bytes),
+      s.memory_mib == null ? "-" : `${s.memory_mib} MiB`,
+      formatBytes(s.bytes ?? 0),
       s.parent_tag ?? "-",
       new Date(s.created_at_unix * 1000).toISOString(),
     ]),

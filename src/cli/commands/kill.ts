@@ -2,10 +2,9 @@
 import type { Command } from "commander";
 import { errorMessage, invalidArgument } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, daemonError, runDaemonCommand } from "../daemon-connection.js";
 import { EXIT } from "../exit-codes.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 export function registerKill(program: Command): void {
   addDaemonOptions(
@@ -17,29 +16,28 @@ export function registerKill(program: Command): void {
       .option("-t, --tag <tag>", "kill every sandbox of this snapshot")
       .option("--json", "print {killed, failed} as JSON"),
   ).action((ids: string[], opts, command: Command) =>
-    runCommand(async (signal) => {
+    runDaemonCommand(command, async ({ controller, url }, signal) => {
       const modes = [ids.length > 0, opts.all === true, opts.tag !== undefined].filter(Boolean).length;
       if (modes !== 1) throw invalidArgument("give sandbox ids, --tag <tag>, or --all (exactly one)");
       for (const id of ids) {
         if (!isValidSandboxId(id)) throw invalidArgument(`invalid sandbox id ${JSON.stringify(id)}`);
       }
-      const client = DaemonClient.from(command);
       const killed: string[] = [];
       const failed: { id: string; error: string }[] = [];
       if (ids.length === 0) {
-        const answer = await client.json<{ killed: string[] }>("DELETE", "/v1/sandboxes", {
-          query: opts.all ? { all: true } : { snapshot_tag: opts.tag },
-          signal,
-        });
-        killed.push(...answer.killed);
+        killed.push(
+          ...(await controller.killSandboxes(
+            opts.all ? { all: true, signal } : { snapshotTag: opts.tag as string, signal },
+          )),
+        );
       } else {
         await Promise.all(
           [...new Set(ids)].map(async (id) => {
             try {
-              await client.request("DELETE", routePath`/v1/sandboxes/${id}`, { signal });
+              await controller.killSandbox(id, { signal });
               killed.push(id);
             } catch (err) {
-              failed.push({ id, error: errorMessage(err) });
+              failed.push({ id, error: errorMessage(daemonError(err, url)) });
             }
           }),
         );

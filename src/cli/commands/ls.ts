@@ -1,9 +1,8 @@
 /** `forkd ls`: the daemon's sandboxes. */
 import { type Command, Option } from "commander";
-import type { SandboxInfoWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import type { SandboxInfo, SandboxStatus } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 export function registerLs(program: Command): void {
   addDaemonOptions(
@@ -25,9 +24,10 @@ export function registerLs(program: Command): void {
       )
       .option("--json", "print JSON"),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
-      const sandboxes = await DaemonClient.from(command).json<SandboxInfoWire[]>("GET", "/v1/sandboxes", {
-        query: { snapshot_tag: opts.tag, status: opts.status },
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const sandboxes = await controller.listSandboxes({
+        ...(opts.tag === undefined ? {} : { snapshotTag: opts.tag as string }),
+        ...(opts.status === undefined ? {} : { status: opts.status as SandboxStatus }),
         signal,
       });
       if (opts.json) printJson(sandboxes);
@@ -37,7 +37,7 @@ export function registerLs(program: Command): void {
   );
 }
 
-export function printSandboxes(sandboxes: SandboxInfoWire[], now = Date.now()): void {
+export function printSandboxes(sandboxes: SandboxInfo[], now = Date.now()): void {
   printTable(
     ["ID", "SNAPSHOT", "STATUS", "PID", "ACCEL", "READY_MS", "MEMORY_LIMIT", "EXPIRES_IN", "CREATED"],
     sandboxes.map((s) => [
@@ -45,10 +45,10 @@ export function printSandboxes(sandboxes: SandboxInfoWire[], now = Date.now()): 
       s.snapshot_tag,
       s.status,
       s.pid === null ? "-" : String(s.pid),
-      s.accelerator,
-      s.ready_ms === null ? "-" : s.ready_ms.toFixed(0),
+      s.accelerator ?? "-",
+      s.ready_ms == null ? "-" : s.ready_ms.toFixed(0),
       s.memory_limit_mib === null ? "-" : `${s.memory_limit_mib} MiB`,
-      s.expires_at_unix_ms === null ? "never" : formatDuration(s.expires_at_unix_ms - now),
+      s.expires_at_unix_ms == null ? "never" : formatDuration(s.expires_at_unix_ms - now),
       new Date(s.created_at_unix * 1000).toISOString(),
     ]),
   );

@@ -8,7 +8,6 @@ import { errorMessage, invalidArgument } from "../../common/errors.js";
 import { checkToken, isLoopback, loadTokens, serveHttp } from "../../mcp/http.js";
 import { serveStdio } from "../../mcp/stdio.js";
 import { Controller } from "../../sdk/index.js";
-import { daemonTarget } from "../daemon-client.js";
 import { EXIT } from "../exit-codes.js";
 
 interface McpOptions {
@@ -36,12 +35,12 @@ export function registerMcp(program: Command): void {
     .action(async (opts: McpOptions, command: Command) => {
       const log = (line: string) => process.stderr.write(`forkd mcp: ${line}\n`);
       try {
-        const target = daemonTarget(command);
-        const controller = new Controller({
-          url: target.url,
-          token: target.token,
-          ...requestTimeoutFromEnv(),
-        });
+        const { daemonUrl, daemonToken } = command.optsWithGlobals() as {
+          daemonUrl?: string;
+          daemonToken?: string;
+        };
+        // The SDK reads FORKD_URL and FORKD_TOKEN itself when no flag names them.
+        const controller = new Controller({ url: daemonUrl, token: daemonToken, ...requestTimeoutFromEnv() });
         if (opts.http === undefined) {
           await serveStdio(controller);
           // The client closed stdin: the session (and its background commands) ended.

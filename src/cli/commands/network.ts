@@ -1,10 +1,9 @@
 /** `forkd network`: the daemon's network mode, or a sandbox's egress policy (shown, or replaced while it runs). */
 import type { Command } from "commander";
-import type { EgressPolicyWire, SandboxInfoWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import type { NetworkPolicy, SandboxInfo } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
 
@@ -28,15 +27,15 @@ export function egressFromOptions(opts: {
   egress?: string;
   allowOut?: string[];
   denyOut?: string[];
-}): EgressPolicyWire | undefined {
+}): NetworkPolicy | undefined {
   if (opts.egress !== undefined && opts.egress !== "allow" && opts.egress !== "deny") {
     throw invalidArgument(`--egress must be allow or deny, got ${JSON.stringify(opts.egress)}`);
   }
   if (opts.egress === undefined && !opts.allowOut && !opts.denyOut) return undefined;
   return {
     ...(opts.egress === undefined ? {} : { egress: opts.egress as "allow" | "deny" }),
-    ...(opts.allowOut ? { allow_out: opts.allowOut } : {}),
-    ...(opts.denyOut ? { deny_out: opts.denyOut } : {}),
+    ...(opts.allowOut ? { allowOut: opts.allowOut } : {}),
+    ...(opts.denyOut ? { denyOut: opts.denyOut } : {}),
   };
 }
 
@@ -51,23 +50,19 @@ export function registerNetwork(program: Command): void {
         .argument("[id]", "sandbox id"),
     ).option("--json", "print JSON"),
   ).action((id: string | undefined, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const client = DaemonClient.from(command);
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const policy = egressFromOptions(opts);
       if (id === undefined) {
         if (policy) throw invalidArgument("egress flags need a sandbox id");
-        const status = await client.json<Record<string, unknown>>("GET", "/v1/network", { signal });
+        const status = await controller.networkStatus({ signal });
         if (opts.json) printJson(status);
         else
           for (const [key, value] of Object.entries(status)) process.stdout.write(`${key}: ${fmt(value)}\n`);
         return undefined;
       }
       const info = policy
-        ? await client.json<SandboxInfoWire>("PUT", routePath`/v1/sandboxes/${id}/network`, {
-            json: policy,
-            signal,
-          })
-        : await client.json<SandboxInfoWire>("GET", routePath`/v1/sandboxes/${id}`, { signal });
+        ? await controller.setNetworkPolicy(id, policy, { signal })
+        : await controller.getSandbox(id, { signal });
       if (opts.json) printJson(info.network);
       else printSandboxNetwork(info);
       return undefined;
@@ -75,8 +70,8 @@ export function registerNetwork(program: Command): void {
   );
 }
 
-export function printSandboxNetwork(info: SandboxInfoWire): void {
-  const { network } = info;
+export function printSandboxNetwork(info: SandboxInfo): void {
+  const network = info.network ?? { kind: "none", address: null, egress: null };
   const lines = [
     `${info.id}: ${network.kind}${info.netns ? ` (netns ${info.netns}, address ${network.address})` : ""}`,
   ];

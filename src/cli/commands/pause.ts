@@ -1,12 +1,11 @@
 /** `forkd pause` and `forkd resume`: a sandbox's state to disk with its VM stopped, and back under the same id. */
 import type { Command } from "commander";
-import type { PauseResponse, SandboxInfoWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { isValidSandboxId } from "../../common/names.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "../options.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { formatDuration } from "./ls.js";
 
 function checkedId(id: string): string {
@@ -23,12 +22,11 @@ export function registerPause(program: Command): void {
       .option("--merge", "write one layer holding everything since its snapshot (merging earlier pauses)")
       .option("--json", "print the pause (sandbox, layer, timings, bytes) as JSON"),
   ).action((id: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const outcome = await DaemonClient.from(command).json<PauseResponse>(
-        "POST",
-        routePath`/v1/sandboxes/${checkedId(id)}/pause`,
-        { json: opts.merge ? { merge: true } : {}, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const outcome = await controller.pauseSandbox(checkedId(id), {
+        ...(opts.merge ? { merge: true } : {}),
+        signal,
+      });
       if (opts.json) printJson(outcome);
       else {
         const mib = (bytes: number) => `${(bytes / 1048576).toFixed(1)} MiB`;
@@ -52,20 +50,16 @@ export function registerResume(program: Command): void {
       .option(
         "--timeout-ms <ms>",
         "lifetime from now (default: the one it had; 0 = until killed)",
-        parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
+        parseIntOption("--timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
       )
       .option("--json", "print the sandbox as JSON"),
   ).action((id: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const info = await DaemonClient.from(command).json<SandboxInfoWire>(
-        "POST",
-        routePath`/v1/sandboxes/${checkedId(id)}/resume`,
-        { json: opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const info = await controller.resumeSandbox(checkedId(id), { timeoutMs: opts.timeoutMs, signal });
       if (opts.json) printJson(info);
       else {
         const left =
-          info.expires_at_unix_ms === null ? "never" : formatDuration(info.expires_at_unix_ms - Date.now());
+          info.expires_at_unix_ms == null ? "never" : formatDuration(info.expires_at_unix_ms - Date.now());
         process.stdout.write(`${id}: ${info.status}, pid ${info.pid ?? "-"}, expires in ${left}\n`);
       }
       return undefined;

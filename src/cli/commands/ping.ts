@@ -1,8 +1,7 @@
 /** `forkd ping`: a round trip to a sandbox's guest agent, through the daemon. */
 import type { Command } from "commander";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
 
 export function registerPing(program: Command): void {
   addDaemonOptions(
@@ -12,13 +11,9 @@ export function registerPing(program: Command): void {
       .argument("<id>", "sandbox id")
       .option("--json", "print the agent's answer as JSON"),
   ).action((id: string, opts, command: Command) =>
-    runCommand(async (signal) => {
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const started = performance.now();
-      const answer = await DaemonClient.from(command).json<Record<string, unknown>>(
-        "POST",
-        routePath`/v1/sandboxes/${id}/ping`,
-        { signal },
-      );
+      const answer = await controller.pingSandbox(id, { signal });
       const ms = performance.now() - started;
       if (opts.json) printJson(answer);
       else

@@ -13,9 +13,8 @@ import type { Command } from "commander";
 import { createProxyServer } from "http-proxy-3";
 import { errorMessage, invalidArgument } from "../../common/errors.js";
 import { PORT_PROXY_HEADER, unsafeProxiedPath } from "../../common/proxied-path.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "../options.js";
-import { runCommand } from "../run-command.js";
 
 export function registerPort(program: Command): void {
   addDaemonOptions(
@@ -28,37 +27,32 @@ export function registerPort(program: Command): void {
       .argument("<port>", "port inside the sandbox", parseIntOption("<port>", 1, 65535))
       .option("--listen <host:port>", "local address to listen on (port 0 = any free one)", "127.0.0.1:0"),
   ).action((id: string, port: number, opts: { listen: string }, command: Command) =>
-    runCommand(async (signal) => {
-      const client = DaemonClient.from(command);
+    runDaemonCommand(command, async ({ controller }, signal) => {
       // Fails early (unknown sandbox, no network) instead of on the first proxied request.
-      await client.json("GET", routePath`/v1/sandboxes/${id}`, { signal });
+      await controller.getSandbox(id, { signal });
       const { host, port: localPort } = parseListen(opts.listen);
-      const endpoint = client.endpoint;
+      const endpoint = controller.portEndpoint(id, port);
+      const { address } = endpoint;
       const target =
-        "socketPath" in endpoint
-          ? { host: "localhost", port: 80, socketPath: endpoint.socketPath }
-          : {
-              host: endpoint.base.hostname,
-              port: Number(endpoint.base.port) || (endpoint.base.protocol === "https:" ? 443 : 80),
-              protocol: endpoint.base.protocol,
-            };
+        address.kind === "unix"
+          ? { host: "localhost", port: 80, socketPath: address.socketPath }
+          : { host: address.hostname, port: address.port, protocol: address.protocol };
       // The mark lets a browser's requests through the socket (src/console/access.ts): this listener is the
       // sandbox's own origin. It also tells the daemon to serve nothing but the port route to them.
-      const headers: Record<string, string> = { [PORT_PROXY_HEADER]: "1" };
-      if (client.token) headers.authorization = `Bearer ${client.token}`;
+      const headers: Record<string, string> = { [PORT_PROXY_HEADER]: "1", ...endpoint.headers };
       // Over TCP the daemon answers only its own names (src/api/origin-policy.ts): the request names the daemon,
       // and the browser's Host goes on as X-Forwarded-Host.
-      if (!("socketPath" in endpoint)) headers.host = endpoint.base.host;
+      if (address.kind === "tcp") headers.host = address.host;
       // toProxy: http-proxy-3 passes req.url on as it is instead of normalising it through a URL parser.
       const proxy = createProxyServer({ target, headers, ws: true, toProxy: true });
       // One failed connection (a browser gone mid-response) must not end the listener.
       proxy.on("error", (err) => process.stderr.write(`forkd port: ${errorMessage(err)}\n`));
-      const prefix = routePath`/v1/sandboxes/${id}/ports/${String(port)}`;
+      const prefix = endpoint.pathPrefix;
       const prepare = (req: http.IncomingMessage): string | null => {
         const refused = unsafeProxiedPath(req.url ?? "");
         if (refused !== null) return refused;
         req.url = `${prefix}${req.url}`;
-        if (!("socketPath" in endpoint)) forwardedForTcp(req);
+        if (address.kind === "tcp") forwardedForTcp(req);
         return null;
       };
       const server = http.createServer((req, res) => {

@@ -4,15 +4,11 @@
  * a running VM maps, directly or through a dependent.
  */
 
-import type { Static } from "@sinclair/typebox";
 import type { Command } from "commander";
-import type { SnapshotDetailWire } from "../../api/schemas.js";
 import { resolvePaths } from "../../common/paths.js";
 import { removeSnapshot, snapshotDescendants } from "../../controller/snapshots/chains.js";
-import { routePath } from "../daemon-client.js";
 import { printJson } from "../output.js";
-import { runCommand } from "../run-command.js";
-import { addSnapshotDaemonOptions, snapshotDaemon } from "./snapshots-remote.js";
+import { addSnapshotDaemonOptions, runSnapshotCommand } from "./snapshots-remote.js";
 
 export function registerRmi(program: Command): void {
   addSnapshotDaemonOptions(
@@ -25,26 +21,14 @@ export function registerRmi(program: Command): void {
     .option("--force", "delete it even though others depend on it: they become unbootable (orphans)")
     .option("--json", 'print {"deleted": [...], "orphaned": [...]}')
     .action((tag: string, opts: { cascade?: boolean; force?: boolean; json?: boolean }, command: Command) =>
-      runCommand(async (signal) => {
-        const daemon = await snapshotDaemon(command);
+      runSnapshotCommand(command, async (daemon, signal) => {
         let deleted: string[];
         let orphaned: string[] = [];
         if (daemon) {
           // The daemon answers 204 without a body: ask first what the flags will take along or orphan.
           const before =
-            opts.cascade || opts.force
-              ? await daemon.json<Static<typeof SnapshotDetailWire>>(
-                  "GET",
-                  routePath`/v1/snapshots/${tag}/info`,
-                  {
-                    signal,
-                  },
-                )
-              : undefined;
-          await daemon.request("DELETE", routePath`/v1/snapshots/${tag}`, {
-            query: { cascade: opts.cascade || undefined, force: opts.force || undefined },
-            signal,
-          });
+            opts.cascade || opts.force ? await daemon.controller.getSnapshot(tag, { signal }) : undefined;
+          await daemon.controller.deleteSnapshot(tag, { cascade: opts.cascade, force: opts.force, signal });
           deleted = opts.cascade ? [...(before?.all_dependents ?? []).reverse(), tag] : [tag];
           if (opts.force) orphaned = before?.all_dependents ?? [];
         } else {

@@ -1,13 +1,10 @@
 /** `forkd snapshot-compact --from HEAD --to FLAT`: fold a chain into one new flat snapshot. */
 import type { Command } from "commander";
-import type { SnapshotInfoWire } from "../../api/schemas.js";
 import { resolvePaths } from "../../common/paths.js";
 import { compactSnapshot, localSnapshotDetail } from "../../controller/snapshots/chains.js";
-import { routePath } from "../daemon-client.js";
 import { printJson, startProgress } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { bytes } from "./snapshot-info.js";
-import { addSnapshotDaemonOptions, snapshotDaemon } from "./snapshots-remote.js";
+import { addSnapshotDaemonOptions, runSnapshotCommand } from "./snapshots-remote.js";
 
 export function registerSnapshotCompact(program: Command): void {
   addSnapshotDaemonOptions(
@@ -19,20 +16,12 @@ export function registerSnapshotCompact(program: Command): void {
   )
     .option("--json", "print the new snapshot as JSON")
     .action((opts: { from: string; to: string; json?: boolean }, command: Command) =>
-      runCommand(async (signal) => {
-        const daemon = await snapshotDaemon(command);
+      runSnapshotCommand(command, async (daemon, signal) => {
         const progress = startProgress(`compacting ${opts.from} into ${opts.to}`);
         try {
           let summary: unknown;
           if (daemon) {
-            summary = await daemon.json<SnapshotInfoWire>(
-              "POST",
-              routePath`/v1/snapshots/${opts.from}/compact`,
-              {
-                json: { to: opts.to },
-                signal,
-              },
-            );
+            summary = await daemon.controller.compactSnapshot(opts.from, opts.to, { timeoutMs: 0, signal });
             progress.succeed(`${opts.to} ready`);
           } else {
             const paths = resolvePaths();

@@ -1,12 +1,10 @@
 /** `forkd snapshot-diff --from BASE --tag NEW --exec CMD`: a new layer on BASE made by running a command (daemon). */
 import type { Command } from "commander";
-import type { BranchResultWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import { MAX_GUEST_TIMEOUT_MS } from "../../common/limits.js";
+import type { SnapshotDiffResult } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
-import { runCommand } from "../run-command.js";
-
-type DiffResult = BranchResultWire & { exit_code: number; stdout: string; stderr: string };
 
 export function registerSnapshotDiff(program: Command): void {
   addDaemonOptions(
@@ -22,7 +20,7 @@ export function registerSnapshotDiff(program: Command): void {
       .option(
         "--timeout-ms <ms>",
         "limit for the command (default 30 minutes)",
-        parseIntOption("--timeout-ms", 1, 86_400_000),
+        parseIntOption("--timeout-ms", 1, MAX_GUEST_TIMEOUT_MS),
       )
       .option("--json", "print the result as JSON")
       .addHelpText(
@@ -30,22 +28,16 @@ export function registerSnapshotDiff(program: Command): void {
         "\nExample:\n  forkd snapshot-diff --from pyagent --tag py-sympy --exec 'apt-get install -y python3-sympy'\n",
       ),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const progress = opts.json ? undefined : startProgress(`building ${opts.tag} on ${opts.from}`);
-      let result: DiffResult;
+      let result: SnapshotDiffResult;
       try {
-        result = await DaemonClient.from(command).json<DiffResult>(
-          "POST",
-          `/v1/snapshots/${encodeURIComponent(opts.from)}/diff`,
-          {
-            json: {
-              tag: opts.tag,
-              exec: opts.exec,
-              ...(opts.timeoutMs ? { timeout_ms: opts.timeoutMs } : {}),
-            },
-            signal,
-          },
-        );
+        result = await controller.snapshotDiff(opts.from, {
+          tag: opts.tag,
+          exec: opts.exec,
+          ...(opts.timeoutMs ? { execTimeoutMs: opts.timeoutMs } : {}),
+          signal,
+        });
       } catch (err) {
         progress?.fail(`snapshot-diff ${opts.tag} failed`);
         throw err;

@@ -1,17 +1,15 @@
 /** `forkd snapshot-info TAG`: a snapshot's chain (ancestors, dependents) and what each layer takes on disk. */
 
-import type { Static } from "@sinclair/typebox";
 import type { Command } from "commander";
-import type { SnapshotDetailWire } from "../../api/schemas.js";
 import { policyToWire } from "../../api/wire.js";
 import { resolvePaths } from "../../common/paths.js";
 import { localSnapshotDetail } from "../../controller/snapshots/chains.js";
-import { routePath } from "../daemon-client.js";
+import type { SnapshotDetail } from "../../sdk/index.js";
 import { printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
-import { addSnapshotDaemonOptions, snapshotDaemon } from "./snapshots-remote.js";
+import { addSnapshotDaemonOptions, runSnapshotCommand } from "./snapshots-remote.js";
 
-type Detail = Static<typeof SnapshotDetailWire>;
+/** GET /v1/snapshots/:tag/info, from the daemon (through the SDK) or made here by the local engine. */
+type Detail = SnapshotDetail;
 
 export function registerSnapshotInfo(program: Command): void {
   addSnapshotDaemonOptions(
@@ -22,10 +20,9 @@ export function registerSnapshotInfo(program: Command): void {
   )
     .option("--json", "print JSON (the shape of GET /v1/snapshots/:tag/info)")
     .action((tag: string, opts: { json?: boolean }, command: Command) =>
-      runCommand(async (signal) => {
-        const daemon = await snapshotDaemon(command);
+      runSnapshotCommand(command, async (daemon, signal) => {
         const detail: Detail = daemon
-          ? await daemon.json<Detail>("GET", routePath`/v1/snapshots/${tag}/info`, { signal })
+          ? await daemon.controller.getSnapshot(tag, { signal })
           : localDetailToWire(await localSnapshotDetail(resolvePaths(), tag));
         if (opts.json) printJson(detail);
         else printDetail(detail);

@@ -3,11 +3,10 @@
  * sandbox through the daemon, which owns it).
  */
 import { type Command, Option } from "commander";
-import type { BranchResultWire } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import { resolvePaths } from "../../common/paths.js";
 import { createSnapshot } from "../../controller/snapshots/create.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+import { addDaemonOptions, connectDaemon, daemonError } from "../daemon-connection.js";
 import { printJson, startProgress } from "../output.js";
 import { runCommand } from "../run-command.js";
 
@@ -50,19 +49,14 @@ export function registerSnapshot(program: Command): void {
         const mode = opts.live ? "live" : opts.full ? "full" : "diff";
         if (opts.wait === false && mode !== "live") throw invalidArgument("--no-wait needs --live");
         const progress = opts.json ? undefined : startProgress(`branching ${opts.fromSandbox} (${mode})`);
+        const daemon = connectDaemon(command);
         try {
-          const result = await DaemonClient.from(command).json<BranchResultWire>(
-            "POST",
-            `/v1/sandboxes/${encodeURIComponent(opts.fromSandbox)}/branch`,
-            {
-              json: {
-                ...(opts.tag ? { tag: opts.tag } : {}),
-                mode,
-                ...(opts.wait === false ? { wait: false } : {}),
-              },
-              signal,
-            },
-          );
+          const result = await daemon.controller.branchSandbox(opts.fromSandbox, {
+            ...(opts.tag ? { tag: opts.tag } : {}),
+            mode,
+            ...(opts.wait === false ? { wait: false } : {}),
+            signal,
+          });
           progress?.succeed(
             `snapshot ${result.tag} ${result.status} (${mode}; source paused ${result.pause_ms} ms; ` +
               `${(result.bytes_captured / 2 ** 20).toFixed(1)} MiB captured; parent ${result.parent_tag})`,
@@ -70,7 +64,7 @@ export function registerSnapshot(program: Command): void {
           if (opts.json) printJson(result);
         } catch (err) {
           progress?.fail(`branch of ${opts.fromSandbox} failed`);
-          throw err;
+          throw daemonError(err, daemon.url);
         }
         return undefined;
       }

@@ -2,9 +2,8 @@ import type { Command } from "commander";
 import { resolvePaths } from "../../common/paths.js";
 import { listSnapshots } from "../../controller/snapshots/list.js";
 import { printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { registerRmi } from "./rmi.js";
-import { addSnapshotDaemonOptions, listSnapshotsViaDaemon, snapshotDaemon } from "./snapshots-remote.js";
+import { addSnapshotDaemonOptions, listSnapshotsViaDaemon, runSnapshotCommand } from "./snapshots-remote.js";
 
 export function registerSnapshots(program: Command): void {
   addSnapshotDaemonOptions(
@@ -12,8 +11,7 @@ export function registerSnapshots(program: Command): void {
   )
     .option("--json", "print JSON")
     .action((opts, command: Command) =>
-      runCommand(async (signal) => {
-        const daemon = await snapshotDaemon(command);
+      runSnapshotCommand(command, async (daemon, signal) => {
         const snaps = daemon
           ? await listSnapshotsViaDaemon(daemon, signal)
           : await listSnapshots(resolvePaths());

@@ -1,22 +1,24 @@
 /** `forkd spawn`: fork sandboxes from a snapshot through the daemon; they live until killed or timed out. */
 import { type Command, Option } from "commander";
-import type { SandboxInfoWire } from "../../api/schemas.js";
-import { MAX_SPAWN_N } from "../../api/schemas.js";
 import { invalidArgument } from "../../common/errors.js";
 import {
+  DEFAULT_MEMORY_OVERHEAD_MIB,
+  DEFAULT_PIDS_LIMIT,
   MAX_CPU_LIMIT_MILLICORES,
   MAX_DISK_LIMIT_MIB,
   MAX_MEMORY_LIMIT_MIB,
   MAX_PIDS_LIMIT,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_SPAWN_N,
   MIN_CPU_LIMIT_MILLICORES,
   MIN_DISK_LIMIT_MIB,
   MIN_MEMORY_LIMIT_MIB,
   MIN_PIDS_LIMIT,
-} from "../../controller/sandboxes/limits.js";
-import { addDaemonOptions, DaemonClient } from "../daemon-client.js";
+} from "../../common/limits.js";
+import type { SandboxInfo } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "../options.js";
 import { printJson, startProgress } from "../output.js";
-import { runCommand } from "../run-command.js";
 import { printSandboxes } from "./ls.js";
 import { addEgressOptions, egressFromOptions } from "./network.js";
 
@@ -35,7 +37,7 @@ export function registerSpawn(program: Command): void {
         )
         .option(
           "--memory-limit-mib <mib>",
-          "memory limit per sandbox (default: guest RAM + 256 MiB where the host has the memory controller)",
+          `memory limit per sandbox (default: guest RAM + ${DEFAULT_MEMORY_OVERHEAD_MIB} MiB where the host has the memory controller)`,
           parseIntOption("--memory-limit-mib", MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB),
         )
         .option(
@@ -45,7 +47,7 @@ export function registerSpawn(program: Command): void {
         )
         .option(
           "--pids-limit <n>",
-          "processes and threads QEMU may have (default 128)",
+          `processes and threads QEMU may have (default ${DEFAULT_PIDS_LIMIT})`,
           parseIntOption("--pids-limit", MIN_PIDS_LIMIT, MAX_PIDS_LIMIT),
         )
         .option(
@@ -56,7 +58,7 @@ export function registerSpawn(program: Command): void {
         .option(
           "--timeout-ms <ms>",
           "lifetime (default: until killed, unless the daemon has --default-timeout-ms; 0 = until killed)",
-          parseIntOption("--timeout-ms", 0, 7 * 24 * 3_600_000),
+          parseIntOption("--timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
         )
         .addOption(
           new Option("--on-timeout <action>", "what the end of the lifetime does: kill, or pause to disk")
@@ -68,28 +70,23 @@ export function registerSpawn(program: Command): void {
         .option("--json", "print the sandboxes as JSON"),
     ),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
-      const client = DaemonClient.from(command);
+    runDaemonCommand(command, async ({ controller }, signal) => {
       const egress = egressFromOptions(opts);
       if (opts.network === false && egress) throw invalidArgument("--no-network excludes the egress flags");
       const progress = opts.json ? undefined : startProgress(`spawning ${opts.count} from ${opts.tag}`);
-      let spawned: SandboxInfoWire[];
+      let spawned: SandboxInfo[];
       try {
-        spawned = await client.json<SandboxInfoWire[]>("POST", "/v1/sandboxes", {
-          json: {
-            snapshot_tag: opts.tag,
-            n: opts.count,
-            ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
-            ...(opts.cpuLimitMillicores === undefined
-              ? {}
-              : { cpu_limit_millicores: opts.cpuLimitMillicores }),
-            ...(opts.pidsLimit === undefined ? {} : { pids_limit: opts.pidsLimit }),
-            ...(opts.diskLimitMib === undefined ? {} : { disk_limit_mib: opts.diskLimitMib }),
-            ...(opts.timeoutMs === undefined ? {} : { timeout_ms: opts.timeoutMs }),
-            ...(opts.onTimeout === "pause" ? { on_timeout: "pause" } : {}),
-            ...(opts.liveFork ? { live_fork: true } : {}),
-            ...(opts.network === false ? { network: "none" } : egress ? { network: egress } : {}),
-          },
+        spawned = await controller.spawnSandboxes({
+          snapshotTag: opts.tag,
+          n: opts.count,
+          memoryLimitMib: opts.memoryLimitMib,
+          cpuLimitMillicores: opts.cpuLimitMillicores,
+          pidsLimit: opts.pidsLimit,
+          diskLimitMib: opts.diskLimitMib,
+          timeoutMs: opts.timeoutMs,
+          ...(opts.onTimeout === "pause" ? { onTimeout: "pause" as const } : {}),
+          ...(opts.liveFork ? { liveFork: true } : {}),
+          ...(opts.network === false ? { network: "none" as const } : egress ? { network: egress } : {}),
           signal,
         });
         progress?.succeed(`spawned ${spawned.length} from ${opts.tag}`);

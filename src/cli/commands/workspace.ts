@@ -1,12 +1,13 @@
 /** `forkd workspace create|suspend|resume|list|delete`: forkd v0.5's named, suspendable sandboxes. */
 import type { Command } from "commander";
-import type { WorkspaceInfoWire } from "../../api/schemas.js";
-import { addDaemonOptions, DaemonClient, routePath } from "../daemon-client.js";
+import { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB, WORKSPACE_NAME_PATTERN } from "../../common/limits.js";
+import { unanchored } from "../../common/names.js";
+import type { WorkspaceInfo } from "../../sdk/index.js";
+import { addDaemonOptions, runDaemonCommand } from "../daemon-connection.js";
 import { parseIntOption } from "../options.js";
 import { printJson, printTable } from "../output.js";
-import { runCommand } from "../run-command.js";
 
-function printWorkspaces(workspaces: WorkspaceInfoWire[]): void {
+function printWorkspaces(workspaces: WorkspaceInfo[]): void {
   printTable(
     ["NAME", "STATUS", "SANDBOX", "SNAPSHOT", "STATE", "LAST_ACTIVE"],
     workspaces.map((w) => [
@@ -21,7 +22,7 @@ function printWorkspaces(workspaces: WorkspaceInfoWire[]): void {
 }
 
 /** The workspace as JSON (--json) or as a one-row table. */
-function show(workspace: WorkspaceInfoWire, json: boolean | undefined): undefined {
+function show(workspace: WorkspaceInfo, json: boolean | undefined): undefined {
   if (json) printJson(workspace);
   else printWorkspaces([workspace]);
   return undefined;
@@ -36,22 +37,20 @@ export function registerWorkspace(program: Command): void {
     workspace
       .command("create")
       .description("create a workspace: a running sandbox from a snapshot, under a name")
-      .argument("<name>", "1-64 of [A-Za-z0-9_-]")
+      .argument("<name>", `a name matching ${unanchored(WORKSPACE_NAME_PATTERN)}`)
       .requiredOption("-t, --tag <tag>", "snapshot tag")
       .option(
         "--memory-limit-mib <mib>",
         "memory limit of its sandbox",
-        parseIntOption("--memory-limit-mib", 1, 1 << 20),
+        parseIntOption("--memory-limit-mib", MIN_MEMORY_LIMIT_MIB, MAX_MEMORY_LIMIT_MIB),
       )
       .option("--json", "print the workspace as JSON"),
   ).action((name: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const created = await DaemonClient.from(command).json<WorkspaceInfoWire>("POST", "/v1/workspaces", {
-        json: {
-          name,
-          snapshot_tag: opts.tag,
-          ...(opts.memoryLimitMib === undefined ? {} : { memory_limit_mib: opts.memoryLimitMib }),
-        },
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const created = await controller.createWorkspace({
+        name,
+        snapshotTag: opts.tag,
+        memoryLimitMib: opts.memoryLimitMib,
         signal,
       });
       return show(created, opts.json);
@@ -66,12 +65,8 @@ export function registerWorkspace(program: Command): void {
       .option("--diff", "a layer over the previous suspend's instead of one holding everything")
       .option("--json", "print the workspace as JSON"),
   ).action((name: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const suspended = await DaemonClient.from(command).json<WorkspaceInfoWire>(
-        "POST",
-        routePath`/v1/workspaces/${name}/suspend`,
-        { json: { diff: opts.diff === true }, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const suspended = await controller.suspendWorkspace(name, { diff: opts.diff === true, signal });
       return show(suspended, opts.json);
     }),
   );
@@ -83,12 +78,8 @@ export function registerWorkspace(program: Command): void {
       .argument("<name>", "workspace name")
       .option("--json", "print the workspace as JSON"),
   ).action((name: string, opts, command: Command) =>
-    runCommand(async (signal) => {
-      const resumed = await DaemonClient.from(command).json<WorkspaceInfoWire>(
-        "POST",
-        routePath`/v1/workspaces/${name}/resume`,
-        { json: {}, signal },
-      );
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const resumed = await controller.resumeWorkspace(name, { signal });
       return show(resumed, opts.json);
     }),
   );
@@ -96,10 +87,8 @@ export function registerWorkspace(program: Command): void {
   addDaemonOptions(
     workspace.command("list").alias("ls").description("list workspaces").option("--json", "print JSON"),
   ).action((opts, command: Command) =>
-    runCommand(async (signal) => {
-      const all = await DaemonClient.from(command).json<WorkspaceInfoWire[]>("GET", "/v1/workspaces", {
-        signal,
-      });
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      const all = await controller.listWorkspaces({ signal });
       if (opts.json) printJson(all);
       else printWorkspaces(all);
       return undefined;
@@ -115,8 +104,8 @@ export function registerWorkspace(program: Command): void {
       )
       .argument("<name>", "workspace name"),
   ).action((name: string, _opts, command: Command) =>
-    runCommand(async (signal) => {
-      await DaemonClient.from(command).request("DELETE", routePath`/v1/workspaces/${name}`, { signal });
+    runDaemonCommand(command, async ({ controller }, signal) => {
+      await controller.deleteWorkspace(name, { signal });
       process.stdout.write(`${name}\n`);
       return undefined;
     }),

@@ -438,5 +438,4 @@ async function netnsModeUnavailable(): Promise<string | null> {
   return privateNetnsUnavailable();
 }
 
-export { MAX_POLICY_ENTRIES } from "../../net/policy.js";
 export type { SandboxNetworkRow };

@@ -5,15 +5,13 @@
 
 import path from "node:path";
 import { invalidArgument } from "../../common/errors.js";
+import { MAX_CONSOLE_READ_BYTES } from "../../common/limits.js";
 import type { SandboxRow } from "../../store/db.js";
 import { printableConsole, readTail } from "../../vmm/console-log.js";
 import { RUN_FILES } from "../machines/machine.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
 import { isIntIn } from "./spawn-request.js";
 
-/** What a console read returns by default, and at most. */
-export const CONSOLE_READ_BYTES = 64 * 1024;
-export const MAX_CONSOLE_READ_BYTES = 4 * 2 ** 20;
 /** Console output kept in the record of a sandbox whose VM ended on its own. */
 export const EXIT_CONSOLE_TAIL_BYTES = 2048;
 

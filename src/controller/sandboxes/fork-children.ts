@@ -5,13 +5,12 @@
 import { availableParallelism } from "node:os";
 import { sleep } from "../../common/deadline.js";
 import { errorMessage, invalidArgument } from "../../common/errors.js";
+import { MAX_SPAWN_N } from "../../common/limits.js";
 import { assertTag } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { prepareRestore } from "../machines/restore-plan.js";
 import { Sandbox } from "../machines/sandbox-vm.js";
 import type { WarmPool } from "./warm-pool.js";
-
-export const MAX_CHILDREN = 1000;
 
 /**
  * Children restored at once: one per core. Each restore is CPU (QEMU start, device-state load, TCG translating
@@ -72,8 +71,8 @@ export interface ForkResult {
 }
 
 export function validateChildCount(n: unknown): number {
-  if (typeof n !== "number" || !Number.isInteger(n) || n < 1 || n > MAX_CHILDREN) {
-    throw invalidArgument(`n must be an integer in 1..${MAX_CHILDREN}, got ${JSON.stringify(n)}`);
+  if (typeof n !== "number" || !Number.isInteger(n) || n < 1 || n > MAX_SPAWN_N) {
+    throw invalidArgument(`n must be an integer in 1..${MAX_SPAWN_N}, got ${JSON.stringify(n)}`);
   }
   return n;
 }

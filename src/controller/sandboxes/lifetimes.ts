@@ -5,6 +5,7 @@
  */
 
 import { errorMessage, invalidArgument } from "../../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { isAlive } from "../../common/processes.js";
 import type { SandboxRow, StateDb } from "../../store/db.js";
 import type { SandboxInfo } from "../sandbox-service.js";
@@ -13,7 +14,7 @@ import type { KeyedLock } from "./keyed-lock.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
 import type { PauseResume } from "./pause-resume.js";
 import type { SnapshotCollection } from "./snapshot-collection.js";
-import { isIntIn, MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
+import { isIntIn } from "./spawn-request.js";
 import type { Teardown } from "./teardown.js";
 
 /** How often lifetimes are enforced and dead VMs noticed. */

@@ -5,33 +5,20 @@
  * applied (and `forkd doctor` says so), so clients that never ask keep working everywhere.
  */
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import {
+  DEFAULT_MEMORY_OVERHEAD_MIB,
+  DEFAULT_PIDS_LIMIT,
+  MAX_CPU_LIMIT_MILLICORES,
+  MAX_DISK_LIMIT_MIB,
+  MAX_MEMORY_LIMIT_MIB,
+  MAX_PIDS_LIMIT,
+  MIN_CPU_LIMIT_MILLICORES,
+  MIN_DISK_LIMIT_MIB,
+  MIN_MEMORY_LIMIT_MIB,
+  MIN_PIDS_LIMIT,
+} from "../../common/limits.js";
 import { type CgroupLayout, type CgroupLimits, CPU_PERIOD_US } from "../../isolation/cgroup.js";
 import type { SandboxRow } from "../../store/db.js";
-
-export const MIN_MEMORY_LIMIT_MIB = 64;
-export const MAX_MEMORY_LIMIT_MIB = 1024 * 1024;
-export const MIN_CPU_LIMIT_MILLICORES = 10;
-export const MAX_CPU_LIMIT_MILLICORES = 256_000;
-export const MIN_PIDS_LIMIT = 16;
-export const MAX_PIDS_LIMIT = 65_536;
-export const MIN_DISK_LIMIT_MIB = 16;
-export const MAX_DISK_LIMIT_MIB = 1024 * 1024;
-
-/**
- * Memory for QEMU itself on top of the guest's RAM by default: its translation cache (16 MiB by default under
- * TCG), device models, I/O buffers; a child measured 34 MiB of PSS all told. The guest's own pages can never
- * exceed its RAM, so the default only stops QEMU itself from growing without bound.
- */
-export const DEFAULT_MEMORY_OVERHEAD_MIB = 256;
-
-/**
- * Threads QEMU may have by default: its block layer's worker pool grows to 64 threads under parallel I/O, plus
- * one per vCPU and a handful of its own. A guest that pushes past it only makes its own QEMU fail.
- */
-export const DEFAULT_PIDS_LIMIT = 128;
-
-/** The writable disk layer a sandbox may grow to by default (`forkd daemon --disk-limit-mib`). */
-export const DEFAULT_DISK_LIMIT_MIB = 2048;
 
 export interface LimitsRequest {
   memoryLimitMiB?: number;

@@ -23,6 +23,7 @@ import path from "node:path";
 import type { EvalOptions, ExecOptions } from "../../agent/host/types.js";
 import { invalidArgument } from "../../common/errors.js";
 import { lockHome } from "../../common/home-lock.js";
+import { CONSOLE_READ_BYTES, DEFAULT_DISK_LIMIT_MIB, MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { type CgroupLayout, detectCgroupLayout, prepareCgroupParents } from "../../isolation/cgroup.js";
 import {
@@ -58,12 +59,12 @@ import { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import { accessTokensOf, verifyAccessToken } from "./access-tokens.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { Branching, type SandboxBranchRequest } from "./branching.js";
-import { CONSOLE_READ_BYTES, readConsole } from "./console.js";
+import { readConsole } from "./console.js";
 import { type ForkRequest, forkSandbox } from "./fork.js";
 import { GuestCalls } from "./guest-calls.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { Lifetimes, SWEEP_INTERVAL_MS } from "./lifetimes.js";
-import { DEFAULT_DISK_LIMIT_MIB, validateLimitsRequest } from "./limits.js";
+import { validateLimitsRequest } from "./limits.js";
 import { LiveSandboxes } from "./live-sandboxes.js";
 import { NetworkCalls } from "./network-calls.js";
 import { PauseResume } from "./pause-resume.js";
@@ -72,7 +73,7 @@ import { sandboxInfo } from "./sandbox-info.js";
 import { SnapshotCollection, sandboxesUsing } from "./snapshot-collection.js";
 import { type SnapshotDiffOutcome, type SnapshotDiffRequest, snapshotDiff } from "./snapshot-diff.js";
 import { Spawner } from "./spawn.js";
-import { isIntIn, MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
+import { isIntIn } from "./spawn-request.js";
 import { Teardown } from "./teardown.js";
 import { UsageReports } from "./usage-reports.js";
 import { WarmPool, type WarmPoolStats, type WarmPoolTarget } from "./warm-pool.js";
@@ -83,14 +84,12 @@ import { Workspaces } from "./workspaces.js";
  * (`forkd daemon --default-timeout-ms`); callers that want E2B's five minutes ask for them (the SDKs do).
  */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 0;
-export { CONSOLE_READ_BYTES, EXIT_CONSOLE_TAIL_BYTES, MAX_CONSOLE_READ_BYTES } from "./console.js";
+export { EXIT_CONSOLE_TAIL_BYTES } from "./console.js";
 export { SWEEP_INTERVAL_MS, TIMEOUT_PAUSE_RETRY_MS } from "./lifetimes.js";
-export { MAX_MEMORY_LIMIT_MIB, MIN_MEMORY_LIMIT_MIB } from "./limits.js";
 export { REATTACH_CONCURRENCY } from "./reattach.js";
 export { EPHEMERAL_COLLECTION_INTERVAL_MS } from "./snapshot-collection.js";
 export { SNAPSHOT_DIFF_EXEC_TIMEOUT_MS } from "./snapshot-diff.js";
 export { NETWORK_SETUP_CONCURRENCY, SPAWN_CONCURRENCY } from "./spawn-children.js";
-export { MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
 
 export interface ManagerLog {
   info(obj: object, msg?: string): void;

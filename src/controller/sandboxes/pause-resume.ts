@@ -7,6 +7,7 @@
 
 import { crashPoint } from "../../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import {
   type CgroupLayout,
@@ -31,7 +32,7 @@ import { pauseLayerTag, writePauseLayer } from "./pause-layer.js";
 import { pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
 import type { SnapshotCollection } from "./snapshot-collection.js";
 import { recordSpawned } from "./spawn-children.js";
-import { isIntIn, MAX_SANDBOX_TIMEOUT_MS } from "./spawn-request.js";
+import { isIntIn } from "./spawn-request.js";
 import type { Teardown } from "./teardown.js";
 import type { UsageReports } from "./usage-reports.js";
 

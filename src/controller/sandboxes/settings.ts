@@ -5,19 +5,19 @@
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import {
+  ENV_NAME_PATTERN,
+  MAX_ENV_BYTES,
+  MAX_ENV_NAME_CHARS,
+  MAX_ENV_VARS,
+  MAX_METADATA_ENTRIES,
+  MAX_METADATA_KEY_CHARS,
+  MAX_METADATA_VALUE_CHARS,
+} from "../../common/limits.js";
+import { unanchored } from "../../common/names.js";
 import type { InboundSettings, NetworkStatus, SpawnRequest } from "../sandbox-service.js";
 
-export const MAX_METADATA_ENTRIES = 64;
-export const MAX_METADATA_KEY_CHARS = 128;
-export const MAX_METADATA_VALUE_CHARS = 1024;
-export const MAX_ENV_VARS = 256;
-/**
- * Sandbox env vars ride in every process start's request header to the guest agent (64 KiB), next to argv and
- * the call's own env: they may take this much of it.
- */
-export const MAX_ENV_BYTES = 24 * 1024;
-
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,255}$/;
+const ENV_NAME = new RegExp(ENV_NAME_PATTERN);
 
 export type StringMap = Record<string, string>;
 
@@ -25,7 +25,7 @@ function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
-/** Metadata: at most 64 string entries, keys 1..128 characters, values up to 1024. */
+/** Metadata: at most MAX_METADATA_ENTRIES string entries, keys 1..MAX_METADATA_KEY_CHARS characters, values up to MAX_METADATA_VALUE_CHARS. */
 export function validateMetadata(value: unknown, what = "metadata"): StringMap {
   if (value === undefined || value === null) return {};
   if (!isPlainObject(value)) throw invalidArgument(`${what} must be an object of strings`);
@@ -59,9 +59,9 @@ export function validateEnvVars(value: unknown, what = "env"): StringMap {
   }
   const out: StringMap = {};
   for (const [name, v] of entries) {
-    if (!ENV_NAME.test(name)) {
+    if (!ENV_NAME.test(name) || name.length > MAX_ENV_NAME_CHARS) {
       throw invalidArgument(
-        `${what} name ${JSON.stringify(name.slice(0, 40))} must match [A-Za-z_][A-Za-z0-9_]* (at most 256)`,
+        `${what} name ${JSON.stringify(name.slice(0, 40))} must match ${unanchored(ENV_NAME_PATTERN)} (at most ${MAX_ENV_NAME_CHARS})`,
       );
     }
     if (typeof v !== "string" || v.includes("\0")) {

@@ -6,6 +6,7 @@
 
 import path from "node:path";
 import { conflict, invalidArgument } from "../../common/errors.js";
+import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
 import { assertTag } from "../../common/names.js";
 import { type CgroupLayout, sandboxCgroupDirs } from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
@@ -28,8 +29,6 @@ import {
   validateMetadata,
   validateOwnNamespace,
 } from "./settings.js";
-
-export const MAX_SANDBOX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 
 /** The columns of a sandbox's record that every child of one spawn has in common. */
 export type SharedColumns = Pick<

@@ -13,6 +13,8 @@
 import { rm } from "node:fs/promises";
 import path from "node:path";
 import { errorMessage } from "../../common/errors.js";
+import { TAG_PATTERN } from "../../common/limits.js";
+import { unanchored } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
 import { newSandboxId } from "../machines/ids.js";
@@ -72,7 +74,7 @@ export interface WarmPoolStats {
 
 /** Parses `TAG:N` (the daemon's `--warm-pool`). */
 export function parseWarmPoolTarget(text: string): WarmPoolTarget {
-  const match = /^([A-Za-z0-9][A-Za-z0-9._-]{0,63}):(\d{1,4})$/.exec(text);
+  const match = new RegExp(`^(${unanchored(TAG_PATTERN)}):(\\d{1,4})$`).exec(text);
   const size = Number(match?.[2]);
   if (!match || size < 1 || size > MAX_WARM_POOL_SIZE) {
     throw new Error(`a warm pool is TAG:N with N in 1..${MAX_WARM_POOL_SIZE}, got ${JSON.stringify(text)}`);

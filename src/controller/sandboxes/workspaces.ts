@@ -9,12 +9,13 @@
  */
 import path from "node:path";
 import { conflict, ForkdError, invalidArgument, notFound } from "../../common/errors.js";
+import { WORKSPACE_NAME_PATTERN } from "../../common/limits.js";
 import type { StateDb, WorkspaceRow } from "../../store/db.js";
 import { SNAPSHOT_FILES } from "../machines/machine.js";
 import type { NetworkRequest, SandboxService, WorkspaceInfo, WorkspaceService } from "../sandbox-service.js";
 
 /** v0.5's rule for workspace names (they become part of snapshot tags there). */
-const WORKSPACE_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+const WORKSPACE_NAME = new RegExp(WORKSPACE_NAME_PATTERN);
 
 type Sandboxes = Pick<SandboxService, "spawn" | "pause" | "resume" | "kill">;
 

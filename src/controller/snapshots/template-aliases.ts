@@ -3,12 +3,13 @@
  * E2B template name and get a snapshot. Aliases never become paths; tags do, and are validated as such.
  */
 import { invalidArgument, notFound } from "../../common/errors.js";
-import { isValidTag } from "../../common/names.js";
+import { TEMPLATE_ALIAS_PATTERN } from "../../common/limits.js";
+import { isValidTag, unanchored } from "../../common/names.js";
 import type { StateDb } from "../../store/db.js";
 import type { SnapshotStore } from "../../store/snapshot-store.js";
 
 /** Letters, digits and `._:/-`, starting with a letter or digit: E2B names such as `team/name:tag` fit. */
-const ALIAS_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/;
+const ALIAS = new RegExp(TEMPLATE_ALIAS_PATTERN);
 
 /** The template snapshot used when a caller asks for "the default" and the daemon was not told otherwise. */
 export const FALLBACK_DEFAULT_SNAPSHOT = "pyagent";
@@ -28,9 +29,9 @@ export interface ResolvedTemplate {
 }
 
 export function assertAlias(alias: unknown): string {
-  if (typeof alias !== "string" || !ALIAS_PATTERN.test(alias)) {
+  if (typeof alias !== "string" || !ALIAS.test(alias)) {
     throw invalidArgument(
-      `invalid template alias ${JSON.stringify(alias)}: must match [A-Za-z0-9][A-Za-z0-9._:/-]{0,127}`,
+      `invalid template alias ${JSON.stringify(alias)}: must match ${unanchored(TEMPLATE_ALIAS_PATTERN)}`,
     );
   }
   return alias;

@@ -3,7 +3,7 @@
  * E2B data plane: envd, the code interpreter, the sandbox's ports). That sandbox's processes, files, interpreter,
  * ports, metrics, env vars and tokens, and its resume (autoResume); nothing else. Another id is not found, as an
  * unknown one is; lists show that sandbox alone; what would make or change anything beyond it (spawns, forks,
- * BRANCHes, kills, snapshots, aliases) is refused. tenancy.ts composes it over its owner's view.
+ * BRANCHes, kills, snapshots, aliases) is refused. tenant-view.ts composes it over its owner's view.
  */
 import { ForkdError, notFound } from "../../common/errors.js";
 import type { SandboxService, SnapshotService } from "../sandbox-service.js";

@@ -12,6 +12,7 @@
  */
 import type { Static } from "@sinclair/typebox";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { ALL_TRAFFIC } from "../../common/limits.js";
 import type {
   EgressPolicy,
   EgressPolicyInput,
@@ -20,9 +21,6 @@ import type {
 } from "../../controller/sandbox-service.js";
 import { ENVD_PORT, INTERPRETER_PORT } from "../routing.js";
 import type { NetworkConfig, NetworkInfo } from "./schemas.js";
-
-/** E2B's ALL_TRAFFIC: in denyOut it means "deny whatever no allow entry names". */
-export const ALL_TRAFFIC = "0.0.0.0/0";
 
 /** The egress fields E2B's create and update requests share. */
 interface E2bEgress {

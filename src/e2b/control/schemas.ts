@@ -6,7 +6,12 @@
  * by the routes with a message naming them.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
-import { MAX_SANDBOX_TIMEOUT_MS } from "../../controller/sandboxes/manager.js";
+import {
+  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_SPAWN_N,
+  SDK_SANDBOX_TIMEOUT_MS,
+  TEMPLATE_ALIAS_PATTERN,
+} from "../../common/limits.js";
 import { PORT_PLACEHOLDER } from "../../controller/sandboxes/settings.js";
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
@@ -14,11 +19,11 @@ const open = { additionalProperties: true } as const;
 
 /** E2B sandbox lifetimes are whole seconds; forkd allows up to its own maximum. */
 export const MAX_TIMEOUT_SECONDS = MAX_SANDBOX_TIMEOUT_MS / 1000;
-/** E2B's default lifetime of a sandbox created or connected to (seconds). */
-export const DEFAULT_TIMEOUT_SECONDS = 300;
+/** E2B's default lifetime of a sandbox created or connected to (seconds): the SDKs' default. */
+export const DEFAULT_TIMEOUT_SECONDS = SDK_SANDBOX_TIMEOUT_MS / 1000;
 /** E2B's declared default lifetime of a fork (SandboxForkRequest.timeout, seconds). */
 export const DEFAULT_FORK_TIMEOUT_SECONDS = 15;
-export const MAX_FORK_COUNT = 1000;
+export const MAX_FORK_COUNT = MAX_SPAWN_N;
 export const DEFAULT_PAGE_LIMIT = 100;
 export const MAX_PAGE_LIMIT = 1000;
 
@@ -259,7 +264,7 @@ export const SnapshotRequest = Type.Object(
   {
     name: Type.Optional(
       Type.String({
-        pattern: "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        pattern: TEMPLATE_ALIAS_PATTERN,
         description: "A template name for the snapshot; naming it again moves the name to the new one.",
       }),
     ),

@@ -8,6 +8,7 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
 import { notFound } from "../../common/errors.js";
+import { TEMPLATE_ALIAS_PATTERN } from "../../common/limits.js";
 import type { SnapshotInfo } from "../../controller/sandbox-service.js";
 import type { ResolvedTemplate } from "../../controller/snapshots/template-aliases.js";
 import type { Services } from "../../controller/tenancy/tenant-view.js";
@@ -22,7 +23,7 @@ import { AliasParams, errorResponses, Template, TemplateAliasResponse, TemplateI
  */
 export const E2B_DEFAULT_TEMPLATES: ReadonlySet<string> = new Set(["base", "code-interpreter-v1"]);
 
-const TEMPLATE_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/;
+const TEMPLATE_NAME = new RegExp(TEMPLATE_ALIAS_PATTERN);
 
 /** A template name to a snapshot tag; 404 (E2B's answer for an unknown template) when it names nothing. */
 export async function resolveTemplateName(

@@ -10,24 +10,20 @@ import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import type { EvalOutcome } from "../../agent/host/types.js";
-import { MAX_TIMEOUT_MS } from "../../agent/protocol/limits.js";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { MAX_EVAL_CODE_CHARS, MAX_GUEST_TIMEOUT_MS, MAX_UNREAD_OUTPUT_BYTES } from "../../common/limits.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { OptionalBody } from "../control/schemas.js";
 import { toE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox, type SandboxSession } from "../session.js";
 
-/** Python source of one cell, in characters (the forkd API's eval limit). */
-const MAX_CODE_CHARS = 1024 * 1024;
-/** Output buffered for a client that reads slower than the cell prints; past it the cell is interrupted. */
-const MAX_UNREAD_BYTES = 8 * 1024 * 1024;
 /** Where a new context starts when the caller names no directory (E2B's default). */
 const DEFAULT_CONTEXT_CWD = "/home/user";
 
 const ExecuteBody = Type.Object(
   {
-    code: Type.String({ maxLength: MAX_CODE_CHARS }),
+    code: Type.String({ maxLength: MAX_EVAL_CODE_CHARS }),
     context_id: Type.Optional(Type.String({ maxLength: 64 })),
     language: Type.Optional(Type.String({ maxLength: 32 })),
     env_vars: Type.Optional(Type.Record(Type.String(), Type.String())),
@@ -134,9 +130,12 @@ async function execute(request: FastifyRequest<ExecuteRoute>, reply: FastifyRepl
   const write = (event: object) => {
     if (out.destroyed || out.writableEnded) return;
     out.write(line(event));
-    if (out.writableLength > MAX_UNREAD_BYTES && !cancel.signal.aborted) {
+    if (out.writableLength > MAX_UNREAD_OUTPUT_BYTES && !cancel.signal.aborted) {
       cancel.abort(
-        new ForkdError("unavailable", `client read too slowly (over ${MAX_UNREAD_BYTES} bytes unread)`),
+        new ForkdError(
+          "unavailable",
+          `client read too slowly (over ${MAX_UNREAD_OUTPUT_BYTES} bytes unread)`,
+        ),
       );
     }
   };
@@ -145,7 +144,7 @@ async function execute(request: FastifyRequest<ExecuteRoute>, reply: FastifyRepl
     sawOutput();
   };
   const run = servicesOf(request).sandboxes.eval(sandboxOf(request), body.code, {
-    timeoutMs: MAX_TIMEOUT_MS,
+    timeoutMs: MAX_GUEST_TIMEOUT_MS,
     ...(body.context_id !== undefined ? { context: body.context_id } : {}),
     ...(body.env_vars !== undefined ? { env: body.env_vars } : {}),
     onStdout: (text) => emit("stdout", text),

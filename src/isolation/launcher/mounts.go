@@ -56,6 +56,10 @@ func buildMountView(p *Plan) error {
 	if err := syscall.Unshare(syscall.CLONE_NEWNS | syscall.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare(CLONE_NEWNS): %w", err)
 	}
+	// The directories made for the view must be 0755 whatever umask the daemon runs with (its systemd unit's
+	// UMask=0027 made them 0750: the confined uid could not reach its own run directory). The program gets the
+	// inherited umask back.
+	defer syscall.Umask(syscall.Umask(0o022))
 	// Nothing mounted from here on propagates to the host, and nothing of the host's later mounts reaches in.
 	if err := syscall.Mount("none", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)

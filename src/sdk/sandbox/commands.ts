@@ -1,4 +1,5 @@
 /** `sandbox.commands`: run a command in the sandbox, with its output streamed to callbacks as it happens. */
+import { COMMAND_SHELL_ARGV } from "../../common/limits.js";
 import type { Controller } from "../controller.js";
 import { CommandExitError, type CommandResult, InvalidArgumentError } from "../errors.js";
 import type { RequestOptions } from "../settings.js";
@@ -19,9 +20,7 @@ export interface CommandOptions extends RequestOptions {
   stdin?: string | Uint8Array | AsyncIterable<string | Uint8Array>;
 }
 
-/** Runs a shell command line through bash, like the E2B SDK; pass an array to run a program without a shell. */
-export const SHELL = ["/bin/bash", "-c"] as const;
-
+/** Runs a shell command line through bash (COMMAND_SHELL_ARGV), like the E2B SDK; pass an array to run a program without a shell. */
 export class Commands {
   /** @internal */
   constructor(
@@ -36,7 +35,7 @@ export class Commands {
    * @throws CommandExitError when the command exits non-zero, is killed or runs past `timeoutMs`.
    */
   async run(cmd: string | string[], options: CommandOptions = {}): Promise<CommandResult> {
-    const argv = typeof cmd === "string" ? [...SHELL, cmd] : cmd;
+    const argv = typeof cmd === "string" ? [...COMMAND_SHELL_ARGV, cmd] : cmd;
     if (!Array.isArray(argv) || argv.length === 0) {
       throw new InvalidArgumentError(
         "cmd must be a command line or a non-empty array of program and arguments",

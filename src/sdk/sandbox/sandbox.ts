@@ -4,7 +4,7 @@
  * `await using` disposal.
  */
 import "../dispose.js";
-import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS, type NetworkPolicy } from "../controller.js";
+import { Controller, DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS } from "../controller.js";
 import {
   ConflictError,
   ConnectionError,
@@ -14,6 +14,7 @@ import {
   TimeoutError,
   UnavailableError,
 } from "../errors.js";
+import type { NetworkPolicy } from "../options.js";
 import {
   type ConnectionOptions,
   checkDurationMs,

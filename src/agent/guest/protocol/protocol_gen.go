@@ -32,9 +32,11 @@ const (
 	MinEntropyBytes       = 32
 	ProtocolVersion       = 2
 	ResultInBodyThreshold = 16384
+	SandboxIDPattern      = "^sb-[0-9a-f]{12}$"
 	StdinChunkBytes       = 262144
 	StdinInlineBytes      = 1048576
 	StdinWindowBytes      = 1048576
+	TagPattern            = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 )
 
 // The forkd error catalogue (src/common/errors.ts).
