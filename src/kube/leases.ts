@@ -68,13 +68,21 @@ export class Leases {
             renewTime: now,
             ...(takeover
               ? { acquireTime: now, leaseTransitions: (spec.leaseTransitions ?? 0) + 1 }
-              : { acquireTime: spec.acquireTime ? new V1MicroTime(spec.acquireTime.getTime()) : now }),
+              : { acquireTime: spec.acquireTime ? microTime(spec.acquireTime) : now }),
           },
         },
       },
       callOptions(),
     );
   }
+}
+
+/**
+ * A MicroTime read back from the API server: client-node 1.x hands it over as the wire's string, not as the
+ * Date its type says, and serializing it again needs a V1MicroTime.
+ */
+function microTime(value: Date | string): V1MicroTime {
+  return new V1MicroTime(new Date(value).getTime());
 }
 
 /** When a Lease runs out by its own record (renewTime + leaseDurationSeconds), in ms; 0 if never renewed. */
