@@ -21,14 +21,14 @@ import type { Services } from "../controller/tenancy/tenant-view.js";
 import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
 import type { Leases, V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
-import { type NodeStatusSource, readyCondition, statusKey } from "./status.js";
+import { type MembershipState, type NodeStatusSource, readyCondition, statusKey } from "./status.js";
 
 /** How often the node reads its ForkdNode for a raised epoch (a call under a newer epoch reads it at once). */
 export const EPOCH_POLL_MS = 2_000;
 /** How long a fence may wait for sandboxes that were still starting to finish, so they can be killed too. */
 const FENCE_MAX_MS = 120_000;
 
-export type MembershipState = "starting" | "serving" | "fencing" | "stopped";
+export type { MembershipState } from "./status.js";
 
 export interface MembershipOptions {
   objects: ForkdObjects;

@@ -10,7 +10,6 @@ import type { Condition, ForkdNodeStatus, HeldSnapshot, PoolLevel } from "../clu
 import { FORKD_VERSION } from "../common/version.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
 import type { HeldDigests } from "./digests.js";
-import type { MembershipState } from "./membership.js";
 
 export const MEMORY_STEP_MIB = 64;
 export const DISK_STEP_MIB = 1024;
@@ -104,6 +103,9 @@ async function heldSnapshots(
 }
 
 /** The Ready condition of a node in `state`, true since `since` (or false). */
+/** Where a node daemon is in its membership of the cluster (membership.ts moves it). */
+export type MembershipState = "starting" | "serving" | "fencing" | "stopped";
+
 export function readyCondition(state: MembershipState, since: string): Condition {
   const reasons: Record<MembershipState, [Condition["status"], string, string]> = {
     starting: ["False", "Starting", "the daemon is registering"],

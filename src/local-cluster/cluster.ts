@@ -84,6 +84,7 @@ export interface ClusterState {
   dir: string;
   network: ClusterNetwork;
   nodeCount: number;
+  nodeMaxSandboxes?: number;
   ports: { etcdClient: number; etcdPeer: number; apiServer: number; registry: number; balancer: number };
   apiServer: string;
   adminKubeconfig: string;
@@ -105,6 +106,8 @@ export interface UpOptions {
   gateways: number;
   /** A forkd home holding the default snapshot already (else one is built in `<dir>/seed`). */
   seedHome?: string;
+  /** Each node daemon's --max-sandboxes (small ones make a fork of N span nodes with few VMs). */
+  nodeMaxSandboxes?: number;
   log?: (line: string) => void;
 }
 
@@ -176,6 +179,7 @@ export async function up(options: UpOptions): Promise<ClusterState> {
     dir,
     network,
     nodeCount: options.nodes,
+    nodeMaxSandboxes: options.nodeMaxSandboxes,
     ports: {
       etcdClient: await freePort("127.0.0.1"),
       etcdPeer: await freePort("127.0.0.1"),
@@ -448,6 +452,7 @@ export async function startNode(state: ClusterState, node: NodeState): Promise<P
       `--cluster-node-name=${node.name}`,
       `--cluster-url=${node.url}`,
       `--kubeconfig=${node.kubeconfig}`,
+      ...(state.nodeMaxSandboxes ? [`--max-sandboxes=${state.nodeMaxSandboxes}`] : []),
     ],
     { ...process.env, FORKD_HOME: node.home },
   );

@@ -11,7 +11,7 @@ import { DEFAULT_NODES, defaultDir } from "./defaults.js";
 import { serveBalancer } from "./service-proxy.js";
 
 const USAGE =
-  "usage: local-cluster.sh up [--nodes N] [--gateways G] [--dir D] [--seed-home H] | status | down";
+  "usage: local-cluster.sh up [--nodes N] [--gateways G] [--dir D] [--seed-home H] [--node-max-sandboxes M] | status | down";
 
 function hostPort(text: string): { host: string; port: number } {
   const at = text.lastIndexOf(":");
@@ -50,6 +50,7 @@ async function main(argv: string[]): Promise<number> {
       gateways: { type: "string" },
       dir: { type: "string" },
       "seed-home": { type: "string" },
+      "node-max-sandboxes": { type: "string" },
     },
     strict: true,
   });
@@ -61,6 +62,10 @@ async function main(argv: string[]): Promise<number> {
         nodes: count(values.nodes, DEFAULT_NODES, "nodes", 16),
         gateways: count(values.gateways, 2, "gateways", 8),
         seedHome: values["seed-home"],
+        nodeMaxSandboxes:
+          values["node-max-sandboxes"] === undefined
+            ? undefined
+            : count(values["node-max-sandboxes"], 0, "node-max-sandboxes", 100_000),
         log: (line) => process.stderr.write(`local-cluster: ${line}\n`),
       });
       for (const [name, value] of Object.entries(shellAssignments(state))) {
