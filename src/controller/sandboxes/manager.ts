@@ -374,6 +374,23 @@ export class SandboxManager implements SandboxService {
     return this.warmPool.stats();
   }
 
+  /**
+   * Whether this daemon can keep warm pools: pooled QEMUs start before their sandbox exists, so they cannot
+   * join its cgroups (confinement on refuses them, as `--warm-pool` is refused).
+   */
+  canPool(): boolean {
+    return this.cgroups === null;
+  }
+
+  /** Keeps `size` VMs of `tag` warm from now on (0 drains its pool): a cluster controller's target. */
+  async setWarmPool(tag: string, size: number): Promise<void> {
+    if (!this.canPool()) {
+      throw invalidArgument("warm pools need sandboxes without cgroups (forkd daemon --confinement off)");
+    }
+    if (size === 0) await this.warmPool.drain(tag);
+    else this.warmPool.warm(tag, size);
+  }
+
   // ---- lifecycle ----
 
   /** Kills `id`. Of concurrent kills of one sandbox, one succeeds; the others wait for it, then get not_found. */

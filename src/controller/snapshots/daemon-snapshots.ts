@@ -17,6 +17,10 @@ import { snapshotIsBootable } from "../machines/restore-plan.js";
 import type {
   PackRequest,
   PackResult,
+  RegistryPullRequest,
+  RegistryPullResult,
+  RegistryPushRequest,
+  RegistryPushResult,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
@@ -34,6 +38,7 @@ import {
   sweepStaleSnapshotFiles,
 } from "./create.js";
 import { packSnapshot } from "./pack.js";
+import { pullSnapshot, pushSnapshot } from "./registry.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
 
@@ -445,6 +450,43 @@ export class DaemonSnapshots implements SnapshotService {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Pulls a chain from a registry (registry.ts: the unpack checks, then installed all or nothing); with
+   * `digest`, a registry manifest of another digest is refused before anything is downloaded.
+   */
+  async pull(request: RegistryPullRequest): Promise<RegistryPullResult> {
+    const result = await pullSnapshot(this.paths, {
+      reference: request.reference,
+      expectDigest: request.digest,
+      tag: request.tag,
+      insecure: request.insecure,
+      sandboxesOf: this.usersOf,
+      signal: request.signal,
+    });
+    // Only admins pull (tenancy/tenant-view.ts): what it wrote is an admin's unless the admin names its owner
+    // (the cluster gateway does, for a tenant's fork moved to another node).
+    for (const tag of [...result.installed, ...result.replaced])
+      this.db.setSnapshotOwner(tag, request.owner ?? null);
+    return result;
+  }
+
+  async push(request: RegistryPushRequest): Promise<RegistryPushResult> {
+    const pushed = await pushSnapshot(this.paths, {
+      tag: assertTag(request.tag),
+      reference: request.reference,
+      insecure: request.insecure,
+      withoutImage: request.withoutImage,
+      signal: request.signal,
+    });
+    return {
+      reference: pushed.reference,
+      digest: pushed.digest,
+      chain: pushed.chain,
+      uploaded_bytes: pushed.uploaded_bytes,
+      ms: pushed.ms,
+    };
   }
 
   private async transferDir(prefix: string): Promise<string> {
