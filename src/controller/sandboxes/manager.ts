@@ -480,6 +480,7 @@ export class SandboxManager implements SandboxService {
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
   async close(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.closed = true;
     this.lifetimes.stop();
     // Re-attaches in flight let go of what they adopt once they see `closed`.
@@ -492,6 +493,7 @@ export class SandboxManager implements SandboxService {
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.lifetimes.stop();
     await this.killAll();
     this.verbs.networkCalls.closeProxy();
