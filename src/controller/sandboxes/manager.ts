@@ -64,7 +64,7 @@ import { type ForkRequest, forkSandbox } from "./fork.js";
 import { GuestCalls } from "./guest-calls.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { Lifetimes, SWEEP_INTERVAL_MS } from "./lifetimes.js";
-import { validateLimitsRequest } from "./limits.js";
+import { resolveLimits, validateLimitsRequest } from "./limits.js";
 import { LiveSandboxes } from "./live-sandboxes.js";
 import { NetworkCalls } from "./network-calls.js";
 import { PauseResume } from "./pause-resume.js";
@@ -225,7 +225,7 @@ export class SandboxManager implements SandboxService {
     readonly cgroups: CgroupLayout | null,
     options: ManagerOptions,
   ) {
-    const settings = checkedSettings(options, cgroups);
+    const settings = checkedSettings(options);
     this.diskLimitMiB = settings.diskLimitMiB;
     this.consoleLogBytes = settings.consoleLogBytes;
     this.log = options.log ?? { info: () => {}, warn: () => {} };
@@ -240,6 +240,18 @@ export class SandboxManager implements SandboxService {
       admit: () => admission.reserveMemory(admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
       log: options.log,
       confinement,
+      cgroups,
+      defaultLimits: (snapshot) =>
+        resolveLimits(
+          {},
+          {
+            layout: cgroups,
+            diskCap: confinement.mode === "on",
+            defaultDiskMiB: settings.diskLimitMiB,
+            ramMiB: snapshot.manifest.machine.memoryMiB,
+            vcpus: snapshot.manifest.machine.vcpus,
+          },
+        ),
     });
     const snapshots = new DaemonSnapshots(paths, db, (tag) => sandboxesUsing(db, tag), {
       confinement,
@@ -358,6 +370,11 @@ export class SandboxManager implements SandboxService {
   /** The warm pools' state (metrics, tests). */
   warmPoolStats(): WarmPoolStats[] {
     return this.warmPool.stats();
+  }
+
+  /** Pids of the warm pools' ready VMs (benchmarks read their CPU time). */
+  warmPoolPids(): number[] {
+    return this.warmPool.pids();
   }
 
   // ---- lifecycle ----
@@ -502,17 +519,10 @@ export class SandboxManager implements SandboxService {
 }
 
 /** The manager's own settings from `options`, checked (a refused option opens nothing). */
-function checkedSettings(options: ManagerOptions, cgroups: CgroupLayout | null) {
+function checkedSettings(options: ManagerOptions) {
   const diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
   validateLimitsRequest({ diskLimitMiB });
   const consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
-  if ((options.warmPools?.length ?? 0) > 0 && cgroups !== null) {
-    // A pooled QEMU starts before its sandbox exists: it could not be in that sandbox's cgroups.
-    throw invalidArgument(
-      "--warm-pool needs sandboxes without cgroups (--confinement off): a pooled QEMU starts before its " +
-        "sandbox exists, so it cannot be put under that sandbox's cgroups and limits",
-    );
-  }
   const defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
   if (!isIntIn(defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
     throw invalidArgument(
