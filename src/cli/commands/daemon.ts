@@ -374,7 +374,7 @@ async function serve(opts: DaemonOptions): Promise<void> {
   await runDaemon(config, async () => {
     const services = await openDaemonServices(opts, paths, logger);
     const manager = services.sandboxes;
-    if (cluster && manager instanceof SandboxManager && manager.canPool()) {
+    if (cluster && manager instanceof SandboxManager) {
       cluster.usePools({
         set: (tag, size) => manager.setWarmPool(tag, size),
         stats: () => manager.warmPoolStats().map((p) => ({ tag: p.tag, ready: p.ready, target: p.size })),
