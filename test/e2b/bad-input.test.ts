@@ -182,8 +182,12 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         .catch((e: unknown) => (e as SandboxError).statusCode),
       501,
     );
+    const secrets = await raw("/secrets", { method: "GET" });
+    assert.equal(secrets.status, 501);
+    // Template builds are served: a build request without a name is E2B's 400, not 501.
     const build = await raw("/v3/templates", { method: "POST", body: "{}" });
-    assert.equal(build.status, 501);
+    assert.equal(build.status, 400);
+    assert.match(((await build.json()) as { message: string }).message, /name is required/);
   });
 
   it("the data plane refuses another sandbox's access token (AuthenticationError) and a missing one", async () => {
@@ -403,6 +407,52 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     await assert.rejects(Sandbox.updateNetwork(UNKNOWN, {}, opts), SandboxNotFoundError);
   });
 
+  it("a sandbox the forkd API spawns with public_ports false needs its traffic token on the E2B data plane", async () => {
+    const spawn = async (body: Record<string, unknown>) => {
+      const answer = await send(
+        { host: "127.0.0.1", port: Number(new URL(url).port) },
+        "POST",
+        "/v1/sandboxes",
+        { json: { snapshot_tag: "py", ...body }, headers: { authorization: `Bearer ${TOKEN}` } },
+      );
+      assert.equal(answer.status, 201, answer.text);
+      return answer.json<{ id: string; public_ports: boolean }[]>()[0] as {
+        id: string;
+        public_ports: boolean;
+      };
+    };
+    const port = (id: string, extra: Record<string, string> = {}) =>
+      request(`${url}/`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "8080", ...extra } });
+    const closed = await spawn({ public_ports: false });
+    assert.equal(closed.public_ports, false);
+    const refused = await port(closed.id);
+    assert.equal(refused.status, 403, refused.body);
+    assert.match(refused.body, /does not allow public traffic/);
+    assert.equal((await port(closed.id, { "e2b-traffic-access-token": `traffic-${closed.id}` })).status, 200);
+    const open = await spawn({});
+    assert.equal(open.public_ports, true, "public by default, as E2B's");
+    assert.equal((await port(open.id)).status, 200);
+    // --e2b-private-traffic: every sandbox's ports, the forkd API's public ones included.
+    const strict = await buildApi({
+      services: double,
+      snapshotsDir: "/s",
+      transport: "tcp",
+      tokens: [tokenFromString(TOKEN)],
+      origin: { bindHost: "127.0.0.1" },
+      e2b: { privateTraffic: true },
+    });
+    try {
+      await strict.listen({ host: "127.0.0.1", port: 0 });
+      const address = strict.server.address() as { port: number };
+      const viaStrict = await request(`http://127.0.0.1:${address.port}/`, {
+        headers: { "e2b-sandbox-id": open.id, "e2b-sandbox-port": "8080" },
+      });
+      assert.equal(viaStrict.status, 403, viaStrict.body);
+    } finally {
+      await strict.close();
+    }
+  });
+
   it("other ports are proxied to the guest: by header and by host name, no path reaches the daemon's API", async () => {
     const byHeader = await request(`${url}/v1/sandboxes?x=1`, {
       headers: {
@@ -411,6 +461,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         authorization: `Bearer ${TOKEN}`,
         "x-api-key": TOKEN,
         "x-app-header": "kept",
+        "x-access-token": "the-sandbox-envd-token",
+        cookie: "forkd-console=a-console-session; app=kept; __Host-forkd-console=another",
       },
     });
     assert.equal(byHeader.status, 200, byHeader.body);
@@ -421,6 +473,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal(echoed.headers["x-app-header"], "kept");
     assert.equal(echoed.headers.authorization, undefined, "a daemon token never reaches a guest");
     assert.equal(echoed.headers["x-api-key"], undefined);
+    assert.equal(echoed.headers["x-access-token"], undefined, "nor the sandbox's envd token");
+    assert.equal(echoed.headers.cookie, "app=kept", "the console's session cookie never reaches a guest");
     const ownAuth = await request(`${url}/`, {
       headers: {
         "e2b-sandbox-id": sbx.sandboxId,
