@@ -70,6 +70,21 @@ const SAMPLES: Record<string, unknown> = {
   egressProxy: { address: "socks5://192.0.2.9:1080" },
   duration: 60,
   name: "replayed",
+  // template builds
+  tags: ["v1"],
+  target: "replayed:v1",
+  alias: "replayed",
+  teamID: "team",
+  cpuCount: 1,
+  memoryMB: 512,
+  minFreeDiskMb: 0,
+  fromImage: "debian:bookworm",
+  fromTemplate: "base",
+  fromImageRegistry: { type: "registry", username: "u", password: "p" },
+  force: false,
+  steps: [],
+  startCmd: "true",
+  readyCmd: "true",
   // the code interpreter
   code: "1 + 1",
   context_id: "default",
@@ -171,6 +186,12 @@ describe("E2B routes replayed with absent and null fields", () => {
     for (const field of fields) {
       const absent = await post(method, target, bodyWith(fields, field.path, ABSENT), headers);
       const nulled = await post(method, target, bodyWith(fields, field.path, null), headers);
+      // A body this listener cannot act on at all (a template build without a build service behind the double)
+      // answers 501 once it is valid: only its refusal of bad bodies is checked here
+      // (test/e2b/template-build-e2e drives the served route).
+      if ([absent, nulled].some((r) => r.status === 501 && /not available on this listener/.test(r.text))) {
+        continue;
+      }
       const named = new RegExp(field.path.split(".").at(-1) as string);
       const what = `${key} ${field.path}`;
       assert.ok(
