@@ -146,7 +146,7 @@ export function clusterRoutesExtension(options: ClusterRoutesOptions): ApiExtens
           if (!options.setPool) {
             throw new ForkdError(
               "not_implemented",
-              "this node keeps no warm pools: they need sandboxes without cgroups (forkd daemon --confinement off)",
+              "this node keeps no warm pools (its sandbox manager has none)",
             );
           }
           await services.snapshots.get(request.params.tag);

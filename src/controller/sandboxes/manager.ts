@@ -35,6 +35,7 @@ import type { EgressPolicyInput } from "../../net/policy.js";
 import { type SandboxRow, StateDb } from "../../store/db.js";
 import type { SnapshotStore } from "../../store/snapshot-store.js";
 import { DEFAULT_CONSOLE_LOG_BYTES } from "../../vmm/console-log.js";
+import { type BuildLimits, DaemonTemplateBuilds } from "../builds/template-builds.js";
 import { homeKey } from "../machines/restore-plan.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
 import { SandboxNetworks, type SandboxNetworksOptions } from "../networks/sandbox-networks.js";
@@ -64,7 +65,7 @@ import { type ForkRequest, forkSandbox } from "./fork.js";
 import { GuestCalls } from "./guest-calls.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { Lifetimes, SWEEP_INTERVAL_MS } from "./lifetimes.js";
-import { validateLimitsRequest } from "./limits.js";
+import { resolveLimits, validateLimitsRequest } from "./limits.js";
 import { LiveSandboxes } from "./live-sandboxes.js";
 import { NetworkCalls } from "./network-calls.js";
 import { PauseResume } from "./pause-resume.js";
@@ -98,6 +99,8 @@ export interface ManagerLog {
 
 export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
+  /** Template builds (controller/builds): how many at once, upload and machine bounds. */
+  buildLimits?: Partial<BuildLimits>;
   /** Image caches besides FORKD_IMAGE_CACHE whose images v0.5 clients may name by path (`--allow-image-dir`). */
   extraImageDirs?: readonly string[];
   /** Host-wide cap on BRANCHes in flight (`--branch-concurrency`). @default MAX_CONCURRENT_BRANCHES */
@@ -106,6 +109,12 @@ export interface ManagerOptions {
   defaultTimeoutMs?: number;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /**
+   * Keep each running sandbox's metrics as a series, a sample every this many ms (`forkd daemon
+   * --metrics-interval-s`; E2B's metrics route answers the series). 0: none, metrics are sampled when asked.
+   * @default 0
+   */
+  metricsIntervalMs?: number;
   /** The snapshot default template names resolve to (default: pyagent when it exists). */
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
@@ -166,7 +175,7 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
   const collection = new SnapshotCollection(shared);
   const networkCalls = new NetworkCalls(shared);
   const guest = new GuestCalls(live);
-  const usage = new UsageReports({ ...shared, files: guest.files });
+  const usage = new UsageReports({ ...shared, guest });
   const teardown = new Teardown({
     ...shared,
     networkCalls,
@@ -199,6 +208,8 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
 
 export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
+  /** What every spawn, BRANCH, pause and template build is admitted by. */
+  readonly admission: Admission;
   readonly workspaces: Workspaces;
   readonly files: SandboxService["files"];
   readonly procs: SandboxService["procs"];
@@ -225,7 +236,7 @@ export class SandboxManager implements SandboxService {
     readonly cgroups: CgroupLayout | null,
     options: ManagerOptions,
   ) {
-    const settings = checkedSettings(options, cgroups);
+    const settings = checkedSettings(options);
     this.diskLimitMiB = settings.diskLimitMiB;
     this.consoleLogBytes = settings.consoleLogBytes;
     this.log = options.log ?? { info: () => {}, warn: () => {} };
@@ -236,13 +247,27 @@ export class SandboxManager implements SandboxService {
       { ...DEFAULT_ADMISSION_LIMITS, ...options.limits },
       () => live.size + this.warmPool.count(),
     );
+    this.admission = admission;
     this.warmPool = new WarmPool(paths, {
       admit: () => admission.reserveMemory(admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
       log: options.log,
       confinement,
+      cgroups,
+      defaultLimits: (snapshot) =>
+        resolveLimits(
+          {},
+          {
+            layout: cgroups,
+            diskCap: confinement.mode === "on",
+            defaultDiskMiB: settings.diskLimitMiB,
+            ramMiB: snapshot.manifest.machine.memoryMiB,
+            vcpus: snapshot.manifest.machine.vcpus,
+          },
+        ),
     });
     const snapshots = new DaemonSnapshots(paths, db, (tag) => sandboxesUsing(db, tag), {
       confinement,
+      admission,
       beforeDelete: (tag) => this.warmPool.drain(tag),
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
@@ -298,6 +323,7 @@ export class SandboxManager implements SandboxService {
     await manager.restart.reconcile();
     for (const target of options.warmPools ?? []) manager.warmPool.warm(target.tag, target.size);
     manager.lifetimes.start(options.sweepIntervalMs ?? SWEEP_INTERVAL_MS);
+    manager.verbs.usage.startSeries(options.metricsIntervalMs ?? 0);
     return manager;
   }
 
@@ -360,19 +386,16 @@ export class SandboxManager implements SandboxService {
     return this.warmPool.stats();
   }
 
-  /**
-   * Whether this daemon can keep warm pools: pooled QEMUs start before their sandbox exists, so they cannot
-   * join its cgroups (confinement on refuses them, as `--warm-pool` is refused).
-   */
-  canPool(): boolean {
-    return this.cgroups === null;
+  /** Pids of the warm pools' ready VMs (benchmarks read their CPU time). */
+  warmPoolPids(): number[] {
+    return this.warmPool.pids();
   }
 
-  /** Keeps `size` VMs of `tag` warm from now on (0 drains its pool): a cluster controller's target. */
+  /**
+   * Keeps `size` VMs of `tag` warm from now on (0 drains its pool): a cluster controller's target. A confined
+   * daemon's pooled QEMUs start in the cgroups of the sandbox each will become (warm-pool.ts).
+   */
   async setWarmPool(tag: string, size: number): Promise<void> {
-    if (!this.canPool()) {
-      throw invalidArgument("warm pools need sandboxes without cgroups (forkd daemon --confinement off)");
-    }
     if (size === 0) await this.warmPool.drain(tag);
     else this.warmPool.warm(tag, size);
   }
@@ -424,6 +447,13 @@ export class SandboxManager implements SandboxService {
 
   metrics(id: string, options: { signal?: AbortSignal } = {}): Promise<SandboxMetrics> {
     return this.verbs.usage.metrics(id, options);
+  }
+
+  metricsHistory(
+    id: string,
+    range: { startMs?: number; endMs?: number; signal?: AbortSignal } = {},
+  ): Promise<SandboxMetrics[]> {
+    return this.verbs.usage.history(id, range);
   }
 
   usage(filter: { ids?: readonly string[] } = {}): Promise<SandboxUsage[]> {
@@ -497,8 +527,10 @@ export class SandboxManager implements SandboxService {
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
   async close(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.closed = true;
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     // Re-attaches in flight let go of what they adopt once they see `closed`.
     await this.reattached.catch(() => {});
     this.live.releaseAll();
@@ -509,7 +541,9 @@ export class SandboxManager implements SandboxService {
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     await this.killAll();
     this.verbs.networkCalls.closeProxy();
     await this.networks.close();
@@ -517,17 +551,10 @@ export class SandboxManager implements SandboxService {
 }
 
 /** The manager's own settings from `options`, checked (a refused option opens nothing). */
-function checkedSettings(options: ManagerOptions, cgroups: CgroupLayout | null) {
+function checkedSettings(options: ManagerOptions) {
   const diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
   validateLimitsRequest({ diskLimitMiB });
   const consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
-  if ((options.warmPools?.length ?? 0) > 0 && cgroups !== null) {
-    // A pooled QEMU starts before its sandbox exists: it could not be in that sandbox's cgroups.
-    throw invalidArgument(
-      "--warm-pool needs sandboxes without cgroups (--confinement off): a pooled QEMU starts before its " +
-        "sandbox exists, so it cannot be put under that sandbox's cgroups and limits",
-    );
-  }
   const defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
   if (!isIntIn(defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
     throw invalidArgument(
@@ -548,10 +575,18 @@ export async function openServices(paths: ForkdPaths, options: ManagerOptions = 
     db = new StateDb(path.join(paths.home, "state.db"));
     const sandboxes = await SandboxManager.open(paths, db, options);
     const opened = db;
+    const builds = await DaemonTemplateBuilds.open({
+      home: paths.home,
+      snapshots: sandboxes.snapshots,
+      admission: sandboxes.admission,
+      limits: options.buildLimits,
+    });
     return {
       sandboxes,
       snapshots: sandboxes.snapshots,
+      builds,
       close: async (opts: { killSandboxes?: boolean } = {}) => {
+        await builds.close();
         if (opts.killSandboxes) await sandboxes.closeAndKill();
         else await sandboxes.close();
         opened.close();
