@@ -1,3 +1,13 @@
+/**
+ * What snapshot creation needs of the daemon's admission (sandboxes/admission.ts implements it): a slot per
+ * parent boot (host-wide and per tenant) and the parent VM's memory. Declared here so snapshots do not depend on
+ * the sandboxes folder.
+ */
+export interface ParentBootAdmission {
+  reserveParentBoot(tenant: string | null): { release(): void };
+  reserveMemory(mib: number, what: string): { release(): void };
+}
+
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
 
 import { createWriteStream } from "node:fs";
@@ -29,7 +39,6 @@ import type {
   UnpackRequest,
   UnpackResult,
 } from "../sandbox-service.js";
-import type { Admission } from "../sandboxes/admission.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import {
   type CreateSnapshotOptions,
@@ -49,7 +58,7 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
-  private readonly admission: Pick<Admission, "reserveParentBoot" | "reserveMemory"> | undefined;
+  private readonly admission: ParentBootAdmission | undefined;
 
   constructor(
     private readonly paths: ForkdPaths,
@@ -68,7 +77,7 @@ export class DaemonSnapshots implements SnapshotService {
       /** How parent VMs are confined (the daemon's). */
       confinement?: ConfinementConfig;
       /** The daemon's admission control: parent boots take a slot (host-wide, per tenant) and their memory. */
-      admission?: Pick<Admission, "reserveParentBoot" | "reserveMemory">;
+      admission?: ParentBootAdmission;
     } = {},
   ) {
     this.confinement = options.confinement;

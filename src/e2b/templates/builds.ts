@@ -76,6 +76,8 @@ export function registerBuildRoutes(app: FastifyInstance): void {
     async (request, reply) => {
       const builds = buildsOf(servicesOf(request));
       const { templateID, buildID } = request.params;
+      // The template first: an unknown (or another tenant's) one is 404 whatever the body says.
+      await builds.get(templateID);
       const base = request.body.fromTemplate ? await builds.recipe(request.body.fromTemplate) : undefined;
       await builds.start(templateID, buildID, recipeOf(request.body, base));
       request.auditIds.push(templateID);
