@@ -52,7 +52,7 @@ const LAYERS: Record<string, Layer> = {
   },
   image: {
     readme: "image/README.md",
-    forkd: ["common"],
+    forkd: ["common", "isolation/identity.ts"],
     packages: ["smol-toml", "@sinclair/typebox", "tar"],
   },
   net: {
@@ -116,6 +116,7 @@ const LAYERS: Record<string, Layer> = {
       "net",
       "isolation",
       "controller/snapshots",
+      "controller/builds",
       "controller/host",
       "controller/machines",
       "controller/networks",
@@ -123,9 +124,19 @@ const LAYERS: Record<string, Layer> = {
     ],
     packages: [],
   },
+  "controller/builds": {
+    readme: "controller/builds/README.md",
+    forkd: ["common", "controller/snapshots"],
+    packages: ["tar", "smol-toml"],
+  },
   "controller/tenancy": {
     readme: "controller/tenancy/README.md",
-    forkd: ["common", "controller/sandbox-service.ts", "controller/snapshots/template-aliases.ts"],
+    forkd: [
+      "common",
+      "controller/sandbox-service.ts",
+      "controller/snapshots/template-aliases.ts",
+      "controller/builds/contract.ts",
+    ],
     packages: [],
   },
   e2b: {
@@ -137,6 +148,7 @@ const LAYERS: Record<string, Layer> = {
       "controller/tenancy",
       "controller/sandboxes/settings.ts",
       "controller/snapshots/template-aliases.ts",
+      "controller/builds/contract.ts",
       "agent/host",
       "agent/protocol",
     ],
@@ -193,6 +205,41 @@ const LAYERS: Record<string, Layer> = {
     forkd: ["sdk/index.ts", "common/limits.ts"],
     packages: ["@modelcontextprotocol/sdk", "zod"],
   },
+  kube: {
+    readme: "kube/README.md",
+    forkd: ["common", "cluster"],
+    packages: ["@kubernetes/client-node"],
+  },
+  "cluster-node": {
+    readme: "cluster-node/README.md",
+    forkd: [
+      "common",
+      "cluster",
+      "kube",
+      "api/extensions.ts",
+      "api/front.ts",
+      "api/ndjson.ts",
+      "http",
+      "controller/sandbox-service.ts",
+      "controller/tenancy",
+    ],
+    packages: ["@sinclair/typebox", "fastify", "pino"],
+  },
+  gateway: {
+    readme: "gateway/README.md",
+    forkd: ["common", "cluster", "kube", "api", "e2b", "mcp/http.ts", "sdk/index.ts"],
+    packages: ["@sinclair/typebox", "fastify", "http-proxy-3", "pino"],
+  },
+  "cluster-controller": {
+    readme: "cluster-controller/README.md",
+    forkd: ["common", "cluster", "kube", "api/listen.ts", "sdk/index.ts"],
+    packages: ["@kubernetes/client-node", "pino"],
+  },
+  "local-cluster": {
+    readme: "local-cluster/README.md",
+    forkd: ["common", "cluster"],
+    packages: ["@kubernetes/client-node"],
+  },
   cli: {
     readme: "cli/README.md",
     forkd: [
@@ -205,6 +252,11 @@ const LAYERS: Record<string, Layer> = {
       "image/index.ts",
       "isolation/confinement.ts",
       "vmm/console-log.ts",
+      "cluster/api-group.ts",
+      "cluster-node",
+      "gateway",
+      "cluster-controller",
+      "kube/config.ts",
     ],
     packages: ["commander", "ora", "pino", "http-proxy-3", "@sinclair/typebox"],
   },

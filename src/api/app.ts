@@ -30,12 +30,14 @@ import {
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
+import { ConnectionBudget } from "../http/connection-budget.js";
 import { provideServices } from "../http/request-scope.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
+import { type FrontAdmission, isProbe, type TrustedFront } from "./front.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
@@ -57,6 +59,7 @@ import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
 import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { registerWorkspaceRoutes } from "./routes/workspaces.js";
+import { newSocketCsrf, screenSocketBrowser } from "./socket-browser.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -100,6 +103,8 @@ export interface ApiOptions {
   origin?: { bindHost: string; allowedHosts?: readonly string[]; allowedOrigins?: readonly string[] };
   /** Connections held at once (default DEFAULT_MAX_CONNECTIONS). */
   maxConnections?: number;
+  /** Connections per tenant, shared by the daemon's listeners (default: a budget of this listener's own). */
+  connections?: ConnectionBudget;
   /** Time to receive the request headers (default HEADERS_TIMEOUT_MS; tests shorten it). */
   headersTimeoutMs?: number;
   metrics?: DaemonMetrics;
@@ -110,6 +115,11 @@ export interface ApiOptions {
   e2b?: E2bSettings;
   /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
   extensions?: readonly ApiExtension[];
+  /**
+   * TCP only: the front every request must come through (front.ts; a node daemon's cluster gateway). Its
+   * credential is checked before the Host/Origin policy, which the front has applied to the caller already.
+   */
+  front?: TrustedFront;
 }
 
 declare module "fastify" {
@@ -135,7 +145,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
   // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
-  provideServices(app, options.services, metrics.spawns);
+  provideServices(app, options.services, metrics.spawns, options.connections ?? new ConnectionBudget());
   recordRoutes(app);
   installRequestHandling(app, options);
 
@@ -145,13 +155,20 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     tls: options.https !== undefined,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
     snapshotsDir: options.snapshotsDir,
+    socketCsrf: options.transport === "unix" ? newSocketCsrf() : "",
   };
   const checkOrigin = originCheckFor(app, options);
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
-    checkOrigin(request.headers);
+    const admitted = admitThroughFront(options.front, request.raw);
+    if (admitted) {
+      request.viaFront = true;
+      request.principal = admitted.principal;
+      request.caller = admitted.caller;
+    } else checkOrigin(request.headers);
     checkPortProxied(request.headers, request.routeOptions.url);
+    if (listener.transport === "unix") screenSocketBrowser(request, listener.socketCsrf);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -203,8 +220,8 @@ function installRequestHandling(app: FastifyInstance, options: ApiOptions): void
 }
 
 /**
- * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then the
- * routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
+ * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first (and on the
+ * socket its browser rule, socket-browser.ts), then the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
  * route, with the listener's authentication.
  */
 function installUpgrades(
@@ -219,7 +236,11 @@ function installUpgrades(
   },
 ): void {
   const { context, extensions, listener, checkOrigin, e2bUpgrade } = wiring;
+  // The front's admission of an upgrade, for the port route's principal below.
+  const frontUpgrades = new WeakMap<IncomingMessage, FrontAdmission>();
   const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    const admitted = frontUpgrades.get(req);
+    if (admitted) return admitted.principal;
     if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
       return principalOf(authenticate(req.headers.authorization, options.tokens));
     }
@@ -228,7 +249,18 @@ function installUpgrades(
   app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on("error", () => {});
     try {
-      checkOrigin(req.headers);
+      const admitted = admitThroughFront(options.front, req);
+      if (admitted) frontUpgrades.set(req, admitted);
+      else checkOrigin(req.headers);
+      if (listener.transport === "unix") {
+        screenSocketBrowser(
+          { method: "GET", url: req.url ?? "", headers: req.headers },
+          listener.socketCsrf,
+          {
+            upgrade: true,
+          },
+        );
+      }
     } catch (err) {
       refuseUpgrade(socket, err);
       return;
@@ -494,6 +526,8 @@ async function identifyCaller(
     }
     return caller;
   }
+  // The front authenticated the caller and named its principal (onRequest).
+  if (request.viaFront) return request.caller;
   const address = `${options.transport}:${request.ip}`;
   // E2B routes check their own credentials (an API key, or a sandbox's access token).
   if (request.routeOptions.config.e2b) return address;
@@ -518,6 +552,18 @@ async function identifyCaller(
   }
   request.principal = ADMIN;
   return address;
+}
+
+/**
+ * The front's admission of a request (a ForkdError when it is refused), or undefined on a listener without a
+ * front and for the probes' /healthz.
+ */
+function admitThroughFront(
+  front: TrustedFront | undefined,
+  req: IncomingMessage,
+): FrontAdmission | undefined {
+  if (front === undefined || isProbe(req.url)) return undefined;
+  return front.admit(req);
 }
 
 /** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */

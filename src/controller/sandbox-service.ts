@@ -8,6 +8,7 @@ import type http from "node:http";
 import type net from "node:net";
 import type {
   ContextInfo,
+  ContextLanguage,
   EvalOptions,
   EvalOutcome,
   ExecOptions,
@@ -164,7 +165,7 @@ export interface SandboxMetrics {
   mem_total_bytes: number;
   mem_used_bytes: number;
   mem_cache_bytes: number;
-  /** Not measured yet (0): the guest reports no filesystem usage to the host. */
+  /** The root filesystem as the guest's statfs reports it (0 from an agent too old to say). */
   disk_total_bytes: number;
   disk_used_bytes: number;
 }
@@ -345,7 +346,10 @@ export interface SandboxProcesses {
 
 /** Namespaces of a sandbox's warm interpreter. */
 export interface SandboxContexts {
-  create(id: string, options?: { id?: string; cwd?: string; signal?: AbortSignal }): Promise<ContextInfo>;
+  create(
+    id: string,
+    options?: { id?: string; cwd?: string; language?: ContextLanguage; signal?: AbortSignal },
+  ): Promise<ContextInfo>;
   list(id: string, options?: { signal?: AbortSignal }): Promise<ContextInfo[]>;
   restart(id: string, context: string, options?: { signal?: AbortSignal }): Promise<ContextInfo>;
   remove(id: string, context: string, options?: { signal?: AbortSignal }): Promise<void>;
@@ -385,7 +389,16 @@ export interface SandboxService {
   verifyAccessToken(id: string, kind: keyof AccessTokens, token: string | undefined): boolean;
   /** The sandbox-level environment variables given at spawn. */
   envVars(id: string): Record<string, string>;
+  /** A sample of what the running sandbox uses now. */
   metrics(id: string, options?: { signal?: AbortSignal }): Promise<SandboxMetrics>;
+  /**
+   * The running sandbox's samples since it started, in [startMs, endMs] (either open), oldest first: bounded,
+   * coarser as it ages (controller/sandboxes/metrics-series.ts). One sample now on a daemon that keeps none.
+   */
+  metricsHistory(
+    id: string,
+    range?: { startMs?: number; endMs?: number; signal?: AbortSignal },
+  ): Promise<SandboxMetrics[]>;
   /** The end of the sandbox's serial console (at most `maxBytes`; the log itself is bounded per sandbox). */
   console(id: string, maxBytes?: number): Promise<string>;
   /** How this daemon confines its QEMUs and which limits its host can enforce. */
@@ -621,6 +634,10 @@ export interface SnapshotService {
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
+  /** Pulls a chain from an OCI registry and installs it, with every check unpack makes (snapshots/registry.ts). */
+  pull(request: RegistryPullRequest): Promise<RegistryPullResult>;
+  /** Pushes the chain ending at `tag` to an OCI registry; blobs the registry has are not sent again. */
+  push(request: RegistryPushRequest): Promise<RegistryPushResult>;
   /**
    * Removes the snapshot's aliases at once, and the snapshot as soon as nothing needs it any more (at once when
    * nothing does). not_found if unknown.
@@ -662,6 +679,43 @@ export interface UnpackRequest {
   /** Replace existing snapshots of the same tags that differ. */
   force?: boolean;
   signal?: AbortSignal;
+}
+
+export interface RegistryPullRequest {
+  /** host[:port]/name[:tag][@sha256:...] */
+  reference: string;
+  /** Refuse the pull unless the registry's manifest has this digest. */
+  digest?: string;
+  /** Install the head under this tag. */
+  tag?: string;
+  /** Plain HTTP or unverified TLS to a registry that is not on a loopback address. */
+  insecure?: boolean;
+  /** The tenant what it installs belongs to; absent: an admin's. */
+  owner?: string | null;
+  signal?: AbortSignal;
+}
+
+export interface RegistryPullResult extends UnpackResult {
+  reference: string;
+  /** The pulled manifest's digest. */
+  digest: string;
+}
+
+export interface RegistryPushRequest {
+  tag: string;
+  reference: string;
+  insecure?: boolean;
+  withoutImage?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface RegistryPushResult {
+  reference: string;
+  digest: string;
+  /** Root first. */
+  chain: string[];
+  uploaded_bytes: number;
+  ms: number;
 }
 
 /** What a pack of a chain holds (snapshots/pack.ts). */

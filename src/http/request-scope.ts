@@ -13,6 +13,7 @@ import { responseGoneSignal } from "../common/client-signal.js";
 import { ForkdError } from "../common/errors.js";
 import { observeSpawns, type SpawnObserver } from "../controller/sandboxes/spawn-observer.js";
 import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
+import type { ConnectionBudget } from "./connection-budget.js";
 
 declare module "fastify" {
   interface FastifyRequest {
@@ -21,6 +22,11 @@ declare module "fastify" {
      * control plane's API key and for the one sandbox a data-plane request addresses).
      */
     principal: Principal | null;
+    /**
+     * The request came through the listener's trusted front (src/api/front.ts: the cluster gateway), which
+     * authenticated its caller and set `principal`: no face authenticates it again.
+     */
+    viaFront: boolean;
   }
 }
 
@@ -28,6 +34,7 @@ declare module "fastify" {
 interface Provided {
   services: Services;
   spawns: SpawnObserver | undefined;
+  connections: ConnectionBudget | undefined;
 }
 
 /** The daemon's services behind each request and upgrade of a listener that provideServices was given. */
@@ -37,11 +44,18 @@ const views = new WeakMap<IncomingMessage, { principal: Principal; services: Ser
 /**
  * Puts the daemon's services behind every request and upgrade of `app`'s listener. Called once per listener,
  * before any other hook, by the code that composes the daemon (src/api/app.ts). Every spawn made through a
- * caller's view is reported to `spawns` (controller/sandboxes/spawn-observer.ts), whichever face made it.
+ * caller's view is reported to `spawns` (controller/sandboxes/spawn-observer.ts), whichever face made it, and
+ * every connection a tenant's view serves counts against its bound in `connections` (connection-budget.ts).
  */
-export function provideServices(app: FastifyInstance, services: Services, spawns?: SpawnObserver): void {
-  const provided: Provided = { services, spawns };
+export function provideServices(
+  app: FastifyInstance,
+  services: Services,
+  spawns?: SpawnObserver,
+  connections?: ConnectionBudget,
+): void {
+  const provided: Provided = { services, spawns, connections };
   app.decorateRequest("principal", null);
+  app.decorateRequest("viaFront", false);
   app.addHook("onRequest", async (request) => {
     daemonServices.set(request.raw, provided);
   });
@@ -85,11 +99,13 @@ function viewOf(req: IncomingMessage, principal: Principal): Services {
   if (provided === undefined) {
     throw new ForkdError("internal", "request on a listener that was given no services (provideServices)");
   }
+  // A tenant's connection counts from the first request on it that reaches the services.
+  if (principal.tenant !== null) provided.connections?.admit(principal.tenant, req.socket);
   const view = servicesFor(provided.services, principal);
   const observed =
     provided.spawns === undefined
       ? view
-      : { sandboxes: observeSpawns(view.sandboxes, provided.spawns), snapshots: view.snapshots };
+      : { ...view, sandboxes: observeSpawns(view.sandboxes, provided.spawns) };
   views.set(req, { principal, services: observed });
   return observed;
 }

@@ -184,6 +184,12 @@ export class ServicesDouble {
         },
       };
     },
+    pull: async () => {
+      throw new ForkdError("not_implemented", "the services double has no registry");
+    },
+    push: async () => {
+      throw new ForkdError("not_implemented", "the services double has no registry");
+    },
     unpack: async ({ body, maxBytes, tag }) => {
       const parts: Buffer[] = [];
       let size = 0;
@@ -576,6 +582,7 @@ export class ServicesDouble {
       return {};
     },
     metrics: async () => notInDouble("metrics"),
+    metricsHistory: async () => notInDouble("metricsHistory"),
     // Made-up numbers (the double has no processes): the shape is what HTTP tests check.
     usage: async (filter = {}) =>
       [...this.sandboxesById.values()]

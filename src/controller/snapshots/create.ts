@@ -27,8 +27,12 @@ import { trustFreshImage, verifyImage } from "../machines/restore-plan.js";
 export interface ProgressEvent {
   step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
   message: string;
+  /** An image event of a format-2 build's base (0) or step (1..n). */
+  buildStep?: number;
 }
 
+/** Host memory a parent's QEMU is assumed to need beyond the guest's RAM, for memory admission. */
+const PARENT_QEMU_OVERHEAD_MIB = 64;
 /** Disk a parent's own layer is assumed to grow by during boot and warm-up, for disk admission. */
 const PARENT_DISK_SLACK_MIB = 256;
 
@@ -44,10 +48,17 @@ export interface CreateSnapshotOptions {
   /** Whether `template` may name a file (the CLI: yes; the daemon, for API callers: no). */
   templateFiles?: boolean;
   replace?: boolean;
+  /** Build the image again: no cached image or build step (`forkd image build --force`). */
+  force?: boolean;
   /** Give the parent (and so every child) a NIC; default: the template's `network`. */
   network?: boolean;
   /** How the parent VM is confined (default: this process's). */
   confinement?: ConfinementConfig;
+  /**
+   * Admits the parent VM's memory (the template's RAM plus QEMU's own) before it boots, or throws (the daemon's
+   * admission control); what it returns is released when the parent is gone.
+   */
+  admitBoot?: (memoryMiB: number) => { release(): void };
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -78,7 +89,13 @@ async function imageToBoot(
   progress({ step: "image", message: `image for template ${template.name}` });
   const image = await buildImage(template, {
     signal: options.signal,
-    onProgress: (e) => progress({ step: "image", message: e.message }),
+    force: options.force,
+    onProgress: (e) =>
+      progress({
+        step: "image",
+        message: e.message,
+        ...(e.buildStep === undefined ? {} : { buildStep: e.buildStep }),
+      }),
   });
   return { template, image };
 }
@@ -108,8 +125,10 @@ export async function createSnapshot(
   });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
+  let admitted: { release(): void } | undefined;
   crashPoint("snapshot.staged");
   try {
+    admitted = options.admitBoot?.(template.memoryMib + PARENT_QEMU_OVERHEAD_MIB);
     await symlink(image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
     await createOverlay({
       backing: SNAPSHOT_FILES.baseDisk,
@@ -145,6 +164,7 @@ export async function createSnapshot(
       booted.agent.close();
       await booted.vm.kill({ graceMs: 0 }).catch(() => {});
     }
+    admitted?.release();
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }

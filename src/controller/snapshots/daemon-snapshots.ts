@@ -1,3 +1,13 @@
+/**
+ * What snapshot creation needs of the daemon's admission (sandboxes/admission.ts implements it): a slot per
+ * parent boot (host-wide and per tenant) and the parent VM's memory. Declared here so snapshots do not depend on
+ * the sandboxes folder.
+ */
+export interface ParentBootAdmission {
+  reserveParentBoot(tenant: string | null): { release(): void };
+  reserveMemory(mib: number, what: string): { release(): void };
+}
+
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
 
 import { createWriteStream } from "node:fs";
@@ -17,6 +27,10 @@ import { snapshotIsBootable } from "../machines/restore-plan.js";
 import type {
   PackRequest,
   PackResult,
+  RegistryPullRequest,
+  RegistryPullResult,
+  RegistryPushRequest,
+  RegistryPushResult,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
@@ -26,8 +40,14 @@ import type {
   UnpackResult,
 } from "../sandbox-service.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
-import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
+import {
+  type CreateSnapshotOptions,
+  createSnapshot,
+  type ProgressEvent,
+  sweepStaleSnapshotFiles,
+} from "./create.js";
 import { packSnapshot } from "./pack.js";
+import { pullSnapshot, pushSnapshot } from "./registry.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
 
@@ -38,6 +58,7 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
+  private readonly admission: ParentBootAdmission | undefined;
 
   constructor(
     private readonly paths: ForkdPaths,
@@ -55,9 +76,12 @@ export class DaemonSnapshots implements SnapshotService {
       imageDirs?: readonly string[];
       /** How parent VMs are confined (the daemon's). */
       confinement?: ConfinementConfig;
+      /** The daemon's admission control: parent boots take a slot (host-wide, per tenant) and their memory. */
+      admission?: ParentBootAdmission;
     } = {},
   ) {
     this.confinement = options.confinement;
+    this.admission = options.admission;
     this.store = new SnapshotStore(paths.snapshots);
     this.beforeDelete = options.beforeDelete;
     this.imageDirs = options.imageDirs ?? [paths.images];
@@ -213,8 +237,71 @@ export class DaemonSnapshots implements SnapshotService {
     if (request.image !== undefined && request.template !== undefined) {
       throw invalidArgument("give template, or kernel and rootfs, not both");
     }
+    // Taken before the first await: a burst of creates cannot slip past the bound (admission.ts).
+    const slot = this.admission?.reserveParentBoot(request.owner ?? null);
+    try {
+      return await this.createAdmitted(tag, request);
+    } finally {
+      slot?.release();
+    }
+  }
+
+  private async createAdmitted(tag: string, request: SnapshotCreateRequest): Promise<SnapshotInfo> {
     // Refused before a job row exists: a path outside the allowlist leaves no trace.
     const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
+    return this.write(
+      tag,
+      request.owner ?? null,
+      {
+        ...(image ? { image } : { template: request.template ?? tag }),
+        signal: request.signal,
+      },
+      true,
+    );
+  }
+
+  /**
+   * A snapshot of a template file the daemon wrote itself (a template build's, controller/builds/), never one a
+   * caller named: the file must be under `buildsDir`. `force` builds every step again.
+   */
+  async createFromBuild(request: {
+    tag: string;
+    templateFile: string;
+    buildsDir: string;
+    owner: string | null;
+    force?: boolean;
+    onProgress?: (event: ProgressEvent) => void;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo> {
+    const tag = assertTag(request.tag);
+    const relative = path.relative(request.buildsDir, request.templateFile);
+    if (relative.startsWith("..") || path.isAbsolute(relative)) {
+      throw invalidArgument("a build's template file must be in the daemon's builds directory");
+    }
+    return this.write(
+      tag,
+      request.owner,
+      {
+        template: request.templateFile,
+        templateFiles: true,
+        force: request.force,
+        onProgress: request.onProgress,
+        signal: request.signal,
+      },
+      false,
+    );
+  }
+
+  /**
+   * `admitParent`: the parent VM's memory is reserved through admission here; a template build reserves its own
+   * (controller/builds, which also queues builds instead of refusing them).
+   */
+  private async write(
+    tag: string,
+    owner: string | null,
+    options: Omit<CreateSnapshotOptions, "tag" | "confinement" | "admitBoot">,
+    admitParent: boolean,
+  ): Promise<SnapshotInfo> {
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
       tag,
@@ -222,22 +309,33 @@ export class DaemonSnapshots implements SnapshotService {
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
       error: null,
-      owner: request.owner ?? null,
+      owner,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     crashPoint("snapshot.claimed");
-    try {
-      await createSnapshot(this.paths, {
-        tag,
-        ...(image ? { image } : { template: request.template ?? tag }),
-        confinement: this.confinement,
-        signal: request.signal,
+    const admission = admitParent ? this.admission : undefined;
+    let refusedByAdmission = false;
+    const admitBoot =
+      admission &&
+      ((mib: number) => {
+        try {
+          return admission.reserveMemory(mib, `the parent VM of ${tag}`);
+        } catch (err) {
+          refusedByAdmission = true;
+          throw err;
+        }
       });
+    try {
+      await createSnapshot(this.paths, { tag, ...options, confinement: this.confinement, admitBoot });
       crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
-      // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
-      if (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code)) {
+      // A request that was invalid from the start, or that admission refused, leaves no trace; a failed build
+      // is kept as "failed".
+      if (
+        refusedByAdmission ||
+        (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code))
+      ) {
         this.db.deleteSnapshotJob(tag);
       } else {
         this.db.upsertSnapshotJob({
@@ -361,6 +459,43 @@ export class DaemonSnapshots implements SnapshotService {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Pulls a chain from a registry (registry.ts: the unpack checks, then installed all or nothing); with
+   * `digest`, a registry manifest of another digest is refused before anything is downloaded.
+   */
+  async pull(request: RegistryPullRequest): Promise<RegistryPullResult> {
+    const result = await pullSnapshot(this.paths, {
+      reference: request.reference,
+      expectDigest: request.digest,
+      tag: request.tag,
+      insecure: request.insecure,
+      sandboxesOf: this.usersOf,
+      signal: request.signal,
+    });
+    // Only admins pull (tenancy/tenant-view.ts): what it wrote is an admin's unless the admin names its owner
+    // (the cluster gateway does, for a tenant's fork moved to another node).
+    for (const tag of [...result.installed, ...result.replaced])
+      this.db.setSnapshotOwner(tag, request.owner ?? null);
+    return result;
+  }
+
+  async push(request: RegistryPushRequest): Promise<RegistryPushResult> {
+    const pushed = await pushSnapshot(this.paths, {
+      tag: assertTag(request.tag),
+      reference: request.reference,
+      insecure: request.insecure,
+      withoutImage: request.withoutImage,
+      signal: request.signal,
+    });
+    return {
+      reference: pushed.reference,
+      digest: pushed.digest,
+      chain: pushed.chain,
+      uploaded_bytes: pushed.uploaded_bytes,
+      ms: pushed.ms,
+    };
   }
 
   private async transferDir(prefix: string): Promise<string> {
