@@ -4,8 +4,8 @@
  * included). Side by side in the same run: a cold-boot baseline (fresh VMs from the same image, same
  * expression). Memory is measured while all N children are alive.
  *
- * The same fork then runs again from a warm pool (BENCH_N VMs of the snapshot prestarted with `-incoming
- * defer`, the pool filled before the clock starts), and a phase breakdown of one child's host CPU
+ * The same fork then runs again from a warm pool (BENCH_N VMs of the snapshot restored ahead, the pool filled
+ * before the clock starts), and a phase breakdown of one child's host CPU
  * (bench/lib/phases.ts, BENCH_PHASE_N children one at a time) is printed and written with the results.
  *
  *   npm run bench -- spawn   (env: BENCH_N=100, BENCH_COLD_N=4, BENCH_PHASE_N=10, BENCH_TAG=pyagent,

@@ -38,6 +38,14 @@ declare module "fastify" {
 const forkd = { config: { surface: "forkd" as const } };
 
 export function registerForkdRoutes(app: FastifyInstance, context: GatewayContext): void {
+  registerStatusRoutes(app, context);
+  registerSandboxRoutes(app, context);
+  registerSnapshotRoutes(app, context);
+  registerNodeSettingRoutes(app, context);
+}
+
+/** Health, version and the cluster's own state. */
+function registerStatusRoutes(app: FastifyInstance, context: GatewayContext): void {
   app.get("/healthz", { config: { surface: "public" } }, async () => ({
     status: "ok",
     version: FORKD_VERSION,
@@ -47,7 +55,10 @@ export function registerForkdRoutes(app: FastifyInstance, context: GatewayContex
     adminOnly(request, "the cluster's state");
     return clusterState(context);
   });
+}
 
+/** Spawn (placed here), the lists and kill-all (every node), fork (across nodes). */
+function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): void {
   app.post<{ Body: Static<typeof SpawnBody> }>(
     "/v1/sandboxes",
     { ...forkd, schema: { body: SpawnBody } },
@@ -111,7 +122,10 @@ export function registerForkdRoutes(app: FastifyInstance, context: GatewayContex
     { ...forkd, schema: { params: SandboxParams, body: ForkBody } },
     async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
   );
+}
 
+/** Snapshots, wherever in the cluster they are. */
+function registerSnapshotRoutes(app: FastifyInstance, context: GatewayContext): void {
   app.get("/v1/snapshots", forkd, async (request, reply) => {
     const answers = await fanout<(SnapshotWire & Record<string, unknown>)[]>(
       context,
@@ -178,7 +192,10 @@ export function registerForkdRoutes(app: FastifyInstance, context: GatewayContex
       return { deleted: [...new Set(deleted)] };
     },
   );
+}
 
+/** The nodes' settings (alike across a cluster), and the routes a gateway does not serve. */
+function registerNodeSettingRoutes(app: FastifyInstance, context: GatewayContext): void {
   // Settings of the nodes, which a cluster keeps alike: any node that takes calls answers for them.
   for (const path of ["/v1/network", "/v1/confinement", "/v1/template-aliases"]) {
     app.get(path, forkd, async (request) => {

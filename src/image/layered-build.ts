@@ -37,33 +37,19 @@ import {
 } from "./containers.js";
 import { buildDockerfile } from "./dockerfile.js";
 import { checkLayers } from "./layer-check.js";
-import {
-  cloneLayout,
-  DEFAULT_SETTINGS,
-  type ImageSettings,
-  resolveImage,
-  settingsOf,
-  withEnv,
-} from "./oci-layout.js";
-import { PACKAGE_INPUT, stepPackageEnvironment } from "./package-config.js";
+import { cloneLayout, DEFAULT_SETTINGS, type ImageSettings, resolveImage, settingsOf } from "./oci-layout.js";
 import type { Emit } from "./progress.js";
-import { addAccount, DEFAULT_USER, debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
+import { debootstrap } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
+import { applyStepKind } from "./step-kinds.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
 import {
-  assertConfiguredIndex,
   assertReachableByBuildRange,
   type BuildIdRange,
   buildIdRange,
-  type Credentials,
-  hostId,
   openToBuildRange,
-  resolveCredentials,
-  runInImage,
-  SANDBOX_INPUTS,
   umociIdMap,
 } from "./step-sandbox/index.js";
-import { copyIntoTree } from "./tree-copy.js";
 
 export interface StepReport {
   /** 0 for the base, then 1..n. */
@@ -346,234 +332,24 @@ async function makeBase(
 
 // ---- steps ----
 
-async function credentialsFor(root: string, user: string): Promise<Credentials | null> {
-  return user === "root" || user === "0" || user === "0:0" ? null : resolveCredentials(root, user);
-}
-
-function envFor(settings: ImageSettings, credentials: Credentials | null): string[] {
-  const home = credentials ? (credentials.home ?? "/") : "/root";
-  return settings.env.some((e) => e.startsWith("HOME=")) ? settings.env : [...settings.env, `HOME=${home}`];
-}
-
-/** Refuses a step whose tool the image lacks, naming what the step needs. */
-async function requireTool(root: string, settings: ImageSettings, tool: string, why: string): Promise<void> {
-  const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
-  if (!(await onGuestPath(root, pathVar, tool))) {
-    throw new ForkdError("invalid_argument", `the image has no ${tool} on its PATH (${why})`);
-  }
-}
-
-/** The machine's package configuration for one networked step (package-config.ts), noted in the build log. */
-async function packageEnvironment(ctx: Context, root: string, planned: PlannedStep, label: string) {
-  const dir = path.join(ctx.staging.work, `packages-${planned.number}`);
-  await fs.rm(dir, { recursive: true, force: true });
-  const found = await stepPackageEnvironment(root, dir, `${SANDBOX_INPUTS}/${PACKAGE_INPUT}`);
-  if (found.notes.length > 0) {
-    ctx.emit({
-      step: "rootfs",
-      phase: "progress",
-      message: `${label}: package indexes: ${found.notes.join(", ")}`,
-    });
-  }
-  return found;
-}
-
 async function applyStep(
   ctx: Context,
   planned: PlannedStep,
   parent: StepEntry,
   before: ImageSettings,
 ): Promise<{ entry: StepEntry; settings: ImageSettings }> {
-  const { step } = planned;
   const root = path.join(ctx.bundle, "rootfs");
   const label = stepLabel(ctx, planned.number, planned.description);
   const pending = await beginStep(ctx.staging.work, planned.key);
   await cloneLayout(parent.layout, pending.layout);
   let settings = before;
-  let changedTree = true;
   const started = performance.now();
   const output = (line: string) =>
     ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${line}`, buildStep: planned.number });
   try {
-    switch (step.kind) {
-      case "run": {
-        const credentials = await credentialsFor(root, settings.user);
-        const packages = step.network ? await packageEnvironment(ctx, root, planned, label) : undefined;
-        await runInImage({
-          root,
-          argv: step.argv,
-          env: withEnv(envFor(settings, credentials), packages?.env ?? {}),
-          cwd: settings.workdir,
-          credentials,
-          network: step.network,
-          scratchDir: ctx.staging.work,
-          inputs: packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [],
-          timeoutS: step.timeoutS,
-          label,
-          signal: ctx.signal,
-          onOutputLine: output,
-        });
-        break;
-      }
-      case "pip": {
-        await requireTool(root, settings, "python3", "pip steps use the image's own pip (python3 -m pip)");
-        const credentials = await credentialsFor(root, settings.user);
-        const inputs: { host: string; name: string }[] = [];
-        const args = ["python3", "-m", "pip", "install"];
-        if (step.requirements) {
-          inputs.push({ host: step.requirements, name: "requirements.txt" });
-          args.push("-r", `${SANDBOX_INPUTS}/requirements.txt`);
-        }
-        args.push(...step.packages);
-        if (step.wheels) {
-          inputs.push({ host: step.wheels, name: "wheels" });
-          args.push("--no-index", "--find-links", `${SANDBOX_INPUTS}/wheels`);
-        } else if (step.index) {
-          // Only an index the machine is configured to use: a networked step reaches nothing else.
-          await assertConfiguredIndex(step.index, "the pip step's index");
-          args.push("--index-url", step.index);
-        }
-        const network = step.wheels === undefined;
-        const packages = network ? await packageEnvironment(ctx, root, planned, label) : undefined;
-        // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
-        const pipEnv = withEnv(envFor(settings, credentials), {
-          ...packages?.env,
-          PIP_NO_CACHE_DIR: "1",
-          PIP_DISABLE_PIP_VERSION_CHECK: "1",
-          PIP_ROOT_USER_ACTION: "ignore",
-          PIP_BREAK_SYSTEM_PACKAGES: "1",
-        });
-        await runInImage({
-          root,
-          argv: args,
-          env: pipEnv,
-          cwd: settings.workdir,
-          credentials,
-          network,
-          inputs: [...inputs, ...(packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [])],
-          scratchDir: ctx.staging.work,
-          timeoutS: step.timeoutS,
-          label,
-          signal: ctx.signal,
-          onOutputLine: output,
-        });
-        break;
-      }
-      case "apt": {
-        await requireTool(root, settings, "apt-get", "apt steps use the image's own apt-get");
-        const packages = await packageEnvironment(ctx, root, planned, label);
-        // The names are argv ("$@"), never part of the script; lists and caches go with the step.
-        const script =
-          'apt-get update -q && apt-get install -y -q $FORKD_APT_RECOMMENDS "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*';
-        await runInImage({
-          root,
-          argv: ["/bin/sh", "-c", script, "forkd-apt", ...step.packages],
-          env: withEnv(envFor(settings, null), {
-            ...packages.env,
-            DEBIAN_FRONTEND: "noninteractive",
-            DEBCONF_NOWARNINGS: "yes",
-            FORKD_APT_RECOMMENDS: step.recommends ? "" : "--no-install-recommends",
-          }),
-          cwd: "/",
-          credentials: null,
-          network: true,
-          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
-          scratchDir: ctx.staging.work,
-          timeoutS: step.timeoutS,
-          label,
-          signal: ctx.signal,
-          onOutputLine: output,
-        });
-        break;
-      }
-      case "npm": {
-        await requireTool(root, settings, "npm", "npm steps use the image's own npm");
-        const credentials = await credentialsFor(root, settings.user);
-        const packages = await packageEnvironment(ctx, root, planned, label);
-        await runInImage({
-          root,
-          argv: [
-            "npm",
-            "install",
-            ...(step.global ? ["--global"] : []),
-            "--no-fund",
-            "--no-audit",
-            ...step.packages,
-          ],
-          env: withEnv(envFor(settings, credentials), {
-            ...packages.env,
-            NPM_CONFIG_UPDATE_NOTIFIER: "false",
-            NPM_CONFIG_CACHE: "/tmp/forkd-npm-cache",
-          }),
-          cwd: settings.workdir,
-          credentials,
-          network: true,
-          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
-          scratchDir: ctx.staging.work,
-          timeoutS: step.timeoutS,
-          label,
-          signal: ctx.signal,
-          onOutputLine: output,
-        });
-        break;
-      }
-      case "adduser":
-        await addAccount(
-          root,
-          {
-            name: step.name,
-            uid: DEFAULT_USER.uid,
-            gid: DEFAULT_USER.gid,
-            home: step.name === DEFAULT_USER.name ? DEFAULT_USER.home : `/home/${step.name}`,
-          },
-          (id) => hostId(ctx.range, id),
-        );
-        break;
-      case "copy": {
-        const owner = step.owner ? await credentialsFor(root, step.owner) : null;
-        const shifted = (uid: number, gid: number) => ({
-          uid: hostId(ctx.range, uid),
-          gid: hostId(ctx.range, gid),
-        });
-        await copyIntoTree({
-          root,
-          src: step.src,
-          dest: step.dest,
-          mode: step.mode,
-          owner: owner ? shifted(owner.uid, owner.gid) : shifted(0, 0),
-          rootOwner: shifted(0, 0),
-        });
-        break;
-      }
-      case "env":
-        settings = { ...settings, env: withEnv(settings.env, step.env) };
-        changedTree = false;
-        break;
-      case "workdir": {
-        const dir = await resolveInRoot(root, step.path, true);
-        const existing = await fs.lstat(dir).catch(() => undefined);
-        if (existing && !existing.isDirectory()) {
-          throw new ForkdError("invalid_argument", `${step.path} exists in the image and is not a directory`);
-        }
-        changedTree = !existing;
-        if (!existing) {
-          const made = await fs.mkdir(dir, { recursive: true, mode: 0o755 });
-          // Every directory made belongs to the image's root (shifted, as the whole tree is).
-          const root0 = hostId(ctx.range, 0);
-          for (let d = dir; made !== undefined && d.length >= made.length; d = path.dirname(d)) {
-            await fs.lchown(d, root0, root0);
-          }
-        }
-        settings = { ...settings, workdir: step.path };
-        break;
-      }
-      case "user":
-        await credentialsFor(root, step.user);
-        settings = { ...settings, user: step.user };
-        changedTree = false;
-        break;
-    }
-    if (changedTree) await umociRepack(pending.layout, ctx.bundle, `forkd ${label}`, ctx.signal);
+    const outcome = await applyStepKind({ ctx, root, planned, label, settings: before, output });
+    settings = outcome.settings;
+    if (outcome.changedTree) await umociRepack(pending.layout, ctx.bundle, `forkd ${label}`, ctx.signal);
   } catch (err) {
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";

@@ -307,6 +307,25 @@ export async function sweepCgroups(layout: CgroupLayout, keep: ReadonlySet<strin
   return busy;
 }
 
+/** The CPU weight of a sandbox cgroup: the kernel's default, or the least (it runs only on CPU nothing else wants). */
+export type CpuWeight = "normal" | "background";
+
+/**
+ * Sets sandbox `id`'s CPU weight (v1 `cpu.shares` 1024 or 2, v2 `cpu.weight` 100 or 1); nothing without a cpu
+ * controller. The warm pool refills in the background: its VMs must not take CPU from the sandboxes running.
+ */
+export async function setCpuWeight(
+  layout: CgroupLayout,
+  sandboxId: string,
+  weight: CpuWeight,
+): Promise<void> {
+  const cpu = layout.hierarchies.cpu;
+  if (!cpu) return;
+  const dir = path.join(cpu.parent, assertSandboxId(sandboxId));
+  if (cpu.version === 2) await writeFile(path.join(dir, "cpu.weight"), weight === "normal" ? "100" : "1");
+  else await writeFile(path.join(dir, "cpu.shares"), weight === "normal" ? "1024" : "2");
+}
+
 /** How often the OOM killer killed a process of sandbox `id` at its memory limit (0 without a memory cgroup). */
 export async function readOomKills(layout: CgroupLayout, sandboxId: string): Promise<number> {
   const memory = layout.hierarchies.memory;

@@ -2,7 +2,8 @@
  * The cluster suite (`npm run test:cluster`, not in `npm test`: it takes minutes): scripts/local-cluster.sh up
  * with 3 node daemons (each in its own network namespace and home, at most 2 sandboxes each so a fork of a few
  * spans nodes), 2 gateway replicas behind the Service's stand-in, the loopback registry and the real
- * kube-apiserver. Everything through the gateway with real clients: the forkd TypeScript SDK and the E2B JS SDK;
+ * kube-apiserver. Everything through the gateway with real clients: the forkd TypeScript SDK, the E2B JS SDK and
+ * the E2B Python SDK (e2b_code_interpreter);
  * a snapshot only one node holds; a spawn that makes another node pull; a fork of N across nodes; tenants
  * isolated across nodes; faults: a registry outage (503 naming it, local work goes on), a gateway replica
  * killed and restarted (its directory rebuilt), a node daemon killed with -9 (detected, its sandboxes answered
@@ -32,6 +33,7 @@ import { signalRecorded, waitGone } from "../../src/local-cluster/processes.js";
 import { Controller } from "../../src/sdk/index.js";
 import { REPO_ROOT } from "../support/examples.js";
 import { waitFor } from "../support/host.js";
+import { e2bPythonVenv } from "../support/python-venv.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 
 const run = promisify(execFile);
@@ -177,6 +179,32 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     } finally {
       await sbx.kill();
     }
+  });
+
+  it("the E2B Python SDK (e2b_code_interpreter): create, run_code, a command, kill through the gateway", async () => {
+    const venv = await e2bPythonVenv();
+    const script = [
+      "from e2b_code_interpreter import Sandbox",
+      "s = Sandbox.create(timeout=300)",
+      "try:",
+      "    print(s.run_code('6 * 7').text)",
+      "    print(s.commands.run('echo py-through-the-gateway').stdout.strip())",
+      "finally:",
+      "    s.kill()",
+    ].join("\n");
+    const { stdout } = await run(venv.python, ["-c", script], {
+      encoding: "utf8",
+      timeout: 5 * 60_000,
+      env: {
+        PATH: process.env.PATH ?? "",
+        HOME: process.env.HOME ?? "/root",
+        E2B_API_URL: env.E2B_API_URL,
+        E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+        E2B_API_KEY: env.E2B_API_KEY,
+      },
+    });
+    assert.deepEqual(stdout.trim().split("\n"), ["42", "py-through-the-gateway"]);
+    process.stdout.write(`# python: e2b-code-interpreter ${venv.versions["e2b-code-interpreter"] ?? "?"}\n`);
   });
 
   it("tenants are isolated across nodes", async () => {

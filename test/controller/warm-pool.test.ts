@@ -6,6 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { homeKey } from "../../src/controller/machines/restore-plan.js";
 import { openServices } from "../../src/controller/sandboxes/manager.js";
@@ -78,6 +79,8 @@ describe("warm pool (real VMs)", { timeout: 15 * 60_000 }, () => {
       t.skip("needs root (sandbox cgroups)");
       return;
     }
+    // The test before deleted the snapshot: linked again.
+    tag = await linkSharedSnapshot(home.home, "pyagent");
     // Read before any daemon runs: on cgroup v2 the daemon may move its cgroup's processes into a leaf.
     const layout = await detectCgroupLayout(homeKey(home.home));
     const services = await openServices(home, { warmPools: [{ tag, size: 2 }], confinement: "on" });
@@ -102,6 +105,16 @@ describe("warm pool (real VMs)", { timeout: 15 * 60_000 }, () => {
       if (layout.hierarchies.pids) assert.equal(limits.pids, 128);
       assert.equal(info.limits?.memory_mib, layout.hierarchies.memory ? 768 : null);
       assert.equal((await services.sandboxes.eval(info.id, "numpy.arange(4).sum()")).result, "6");
+      // Taken, it has the CPU weight of any sandbox; the refill after the take starts at the least weight.
+      assert.equal(await cpuWeight(layout, info.id), "normal");
+      await waitFor("the pool refilled", 180_000, async () => (ready() >= 2 ? true : undefined));
+      const refilled = (await sandboxCgroupsLeft(layout))
+        .map((dir) => path.basename(dir))
+        .filter((id) => id !== info.id && !pooledLeaves.some((dir) => dir.endsWith(`/${id}`)));
+      assert.ok(refilled.length > 0, "a refilled VM has cgroups of its own");
+      if (layout.hierarchies.cpu) {
+        for (const id of new Set(refilled)) assert.equal(await cpuWeight(layout, id), "background", id);
+      }
       // Other limits than the pool's: started cold, under what it asked for.
       const [limited] = await services.sandboxes.spawn({
         snapshotTag: tag,
@@ -120,6 +133,21 @@ describe("warm pool (real VMs)", { timeout: 15 * 60_000 }, () => {
     assert.deepEqual(await sandboxCgroupsLeft(layout), [], "and removed the pooled VMs' cgroups");
   });
 });
+
+/** A sandbox cgroup's CPU weight as setCpuWeight names it (or what the file says). */
+async function cpuWeight(layout: CgroupLayout, id: string): Promise<string> {
+  const cpu = layout.hierarchies.cpu;
+  if (!cpu) return "normal";
+  const file = cpu.version === 2 ? "cpu.weight" : "cpu.shares";
+  const value = (await readFile(path.join(cpu.parent, id, file), "utf8")).trim();
+  const names: Record<string, string> = {
+    "100": "normal",
+    "1024": "normal",
+    "1": "background",
+    "2": "background",
+  };
+  return names[value] ?? value;
+}
 
 async function sandboxCgroupsLeft(layout: CgroupLayout): Promise<string[]> {
   const left: string[] = [];

@@ -98,6 +98,11 @@ export interface PrestartedChild {
   vm: VmHandle;
   /** The cgroups it was started in (its sandbox's, under its id; empty on a daemon without cgroups). */
   cgroups: readonly string[];
+  /**
+   * Already restored under its id (the warm pool's: device state loaded, guest running, fix-up done): taking it
+   * leaves only a fresh fix-up (clock, entropy) to the spawn.
+   */
+  restored?: Sandbox;
 }
 
 export interface LaunchChildOptions
@@ -199,6 +204,7 @@ export class Sandbox implements SandboxHandle {
   }
 
   static async restore(paths: ForkdPaths, plan: RestorePlan, options: RestoreOptions = {}): Promise<Sandbox> {
+    if (options.prestarted?.restored) return Sandbox.claim(options.prestarted.restored, options);
     const started = performance.now();
     const id = options.prestarted?.id ?? options.id ?? newSandboxId();
     const { snapshot } = plan;
@@ -263,6 +269,38 @@ export class Sandbox implements SandboxHandle {
       });
     } finally {
       deferred?.dispose();
+      deadline.dispose();
+    }
+  }
+
+  /**
+   * A sandbox the warm pool restored ahead becomes the spawn's: it outlives the host if asked, is recorded, and
+   * gets a fresh fix-up (the host's clock now, new entropy; the same id and hostname). On failure it is destroyed.
+   */
+  private static async claim(pooled: Sandbox, options: RestoreOptions): Promise<Sandbox> {
+    const started = performance.now();
+    const readyTimeoutMs = options.readyTimeoutMs ?? CHILD_READY_TIMEOUT_MS.tcg;
+    const deadline = deadlineSignal(readyTimeoutMs, options.signal);
+    try {
+      if (options.outliveHost) pooled.vm.process.keepAfterHost();
+      await options.onSpawned?.(pooled.pid);
+      await fixUp(pooled.vm, pooled.agent, pooled.id, deadline.signal);
+      deadline.signal.throwIfAborted();
+      return new Sandbox(
+        pooled.id,
+        pooled.snapshotTag,
+        pooled.memoryImage,
+        pooled.runDir,
+        pooled.vm,
+        pooled.agent,
+        pooled.vmOwner,
+        Math.floor(Date.now() / 1000),
+        performance.now() - started,
+      );
+    } catch (err) {
+      await pooled.destroy();
+      throw err;
+    } finally {
       deadline.dispose();
     }
   }

@@ -8,7 +8,12 @@
 import { crashPoint } from "../../common/crash-points.js";
 import { errorMessage, ForkdError } from "../../common/errors.js";
 import type { ForkdPaths } from "../../common/paths.js";
-import { type CgroupLayout, createSandboxCgroups, removeCgroups } from "../../isolation/cgroup.js";
+import {
+  type CgroupLayout,
+  createSandboxCgroups,
+  removeCgroups,
+  setCpuWeight,
+} from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
 import type { SandboxRow, StateDb } from "../../store/db.js";
 import { processStartTime } from "../host/processes.js";
@@ -192,6 +197,8 @@ async function restoreChild(
   // started in them: the pool made them under this id).
   const cgroups =
     ctx.cgroups && !child ? await createSandboxCgroups(ctx.cgroups, row.id, cgroupLimits(limits)) : undefined;
+  // A pooled VM refilled in the background gets the CPU weight of any sandbox now.
+  if (ctx.cgroups && child) await setCpuWeight(ctx.cgroups, row.id, "normal");
   crashPoint("spawn.limited");
   return Sandbox.restore(ctx.paths, child ? (run.pooledPlan ?? plan) : plan, {
     id: row.id,

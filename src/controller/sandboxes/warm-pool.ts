@@ -1,12 +1,13 @@
 /**
- * Warm pool: QEMU processes started ahead of demand for hot snapshots. Each is a child launched with
- * `-incoming defer` (process started, devices realised, agent chardev connected, device-state file open) that
- * waits for a spawn; taking one leaves only the device-state load, the guest's resume and the restore fix-up
- * to the spawn. Under KVM and TCG alike this hides QEMU's process start (~20-25 ms of CPU and 100-200 ms of
- * wall time per child on a loaded 2-core host) from a spawn.
+ * Warm pool: sandboxes restored ahead of demand for hot snapshots. Each is a child launched with `-incoming
+ * defer` and then restored under the id of the sandbox it will become (device state loaded, the guest running,
+ * the restore fix-up done); taking one leaves only a fresh fix-up (the clock, new entropy) to the spawn. Under
+ * TCG that hides most of what a child costs (the guest's code translated afresh by its new QEMU) besides QEMU's
+ * process start; a pooled guest idles until taken (~1.5 ms/s of host CPU each).
  *
  * Children are taken synchronously (so a burst of spawns never gets the same VM twice) and refilled in the
- * background, one at a time. Pooled VMs count as sandboxes for admission (the `admit` callback reserves host
+ * background, one at a time; with cgroups, refills after a take run at the least CPU weight, so they use only
+ * CPU the running sandboxes leave. Pooled VMs count as sandboxes for admission (the `admit` callback reserves host
  * memory for each before it starts) and are killed on `drain` (snapshot delete) and `close` (daemon stop).
  * A pooled VM is an ordinary child of the host program until taken: if the program dies, so does it.
  *
@@ -21,13 +22,18 @@ import { errorMessage } from "../../common/errors.js";
 import { TAG_PATTERN } from "../../common/limits.js";
 import { unanchored } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
-import { type CgroupLayout, createSandboxCgroups, removeCgroups } from "../../isolation/cgroup.js";
+import {
+  type CgroupLayout,
+  createSandboxCgroups,
+  removeCgroups,
+  setCpuWeight,
+} from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
 import type { StoredSnapshot } from "../../store/snapshot-store.js";
 import type { VmHandle } from "../../vmm/launch.js";
 import { newSandboxId } from "../machines/ids.js";
 import { prepareRestore, type RestorePlan } from "../machines/restore-plan.js";
-import { launchChild, type PrestartedChild } from "../machines/sandbox-vm.js";
+import { launchChild, type PrestartedChild, Sandbox } from "../machines/sandbox-vm.js";
 import { cgroupLimits, NO_LIMITS, type SandboxLimits } from "./limits.js";
 
 /** Upper bound of one snapshot's pool: each VM holds QEMU's own memory (~10-15 MiB before it runs). */
@@ -75,6 +81,8 @@ interface SnapshotPool {
   idleTimer: NodeJS.Timeout | undefined;
   /** Set by drain: no more refills; the plan is disposed once nothing still starts. */
   closed: boolean;
+  /** VMs taken from this pool so far (refills after the first take start at the background CPU weight). */
+  taken: number;
 }
 
 export interface WarmPoolStats {
@@ -122,6 +130,7 @@ export class WarmPool {
         wake: undefined,
         idleTimer: undefined,
         closed: false,
+        taken: 0,
       });
     }
     this.refill(tag);
@@ -174,12 +183,16 @@ export class WarmPool {
     // Pooled VMs run under their snapshot's default limits; a spawn asking for others starts cold.
     if (pool.ready[0]?.limits !== JSON.stringify(limits)) return undefined;
     const taken = pool.ready.splice(0, n);
+    pool.taken += taken.length;
     for (const child of taken) child.release();
     this.takenTotal += taken.length;
     clearTimeout(pool.idleTimer);
     pool.idleTimer = setTimeout(() => this.refill(tag), REFILL_IDLE_MS);
     pool.idleTimer.unref();
-    return { plan, children: taken.map(({ id, runDir, vm, cgroups }) => ({ id, runDir, vm, cgroups })) };
+    return {
+      plan,
+      children: taken.map(({ id, runDir, vm, cgroups, restored }) => ({ id, runDir, vm, cgroups, restored })),
+    };
   }
 
   /** Resolves once `tag`'s pool holds `size` ready VMs (benchmarks, tests); rejects after `timeoutMs`. */
@@ -270,6 +283,9 @@ export class WarmPool {
       const { cgroups: layout } = this.options;
       // Made before QEMU starts, as for a cold spawn: the launcher joins them before it execs QEMU.
       cgroups = layout ? await createSandboxCgroups(layout, id, cgroupLimits(limits)) : [];
+      // A refill after a take runs beside the sandboxes that took: it gets only CPU they leave (a spawn's take
+      // gives its VM the normal weight back). The first fill, before any spawn, runs at the normal weight.
+      if (layout && pool.taken > 0) await setCpuWeight(layout, id, "background");
       const { vm } = await launchChild(plan, {
         runDir,
         deferred: true,
@@ -278,14 +294,18 @@ export class WarmPool {
         diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
       });
       launched = vm;
-      // Ready means QEMU is up: its agent chardev connected and QMP answering.
-      await vm.agentConnection;
-      await vm.qmp();
+      // Ready means restored: device state loaded, the guest running, the fix-up done under its id. Under TCG
+      // that is most of what a child costs (the guest's code translated afresh), now paid before any spawn.
+      const restored = await Sandbox.restore(this.paths, plan, {
+        prestarted: { id, runDir, vm, cgroups },
+        confinement: this.options.confinement,
+      });
       const child: PooledChild = {
         id,
         runDir,
         vm,
         cgroups,
+        restored,
         limits: JSON.stringify(limits),
         release: once(() => reservation?.release()),
       };
@@ -342,6 +362,7 @@ async function disposePlan(pool: SnapshotPool): Promise<void> {
 
 /** Kills a prestarted VM that was taken but will not become a sandbox, and removes its run directory. */
 export async function discardPrestarted(child: PrestartedChild): Promise<void> {
+  await child.restored?.destroy();
   await child.vm.kill({ graceMs: 0 }).catch(() => {});
   await rm(child.runDir, { recursive: true, force: true });
   await removeCgroups(child.cgroups).catch(() => {});
