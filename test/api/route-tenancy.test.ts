@@ -56,6 +56,11 @@ const UNKNOWN = {
 const NAME_CLAIMS: Record<string, string> = {
   // Names are one namespace per daemon: another tenant's alias is "taken" (409), and nothing else of it shows.
   "PUT /v1/template-aliases/:alias": "409",
+  // E2B's build request makes the caller's own template under a new name; each answer has a new build id.
+  "POST /v3/templates": "202",
+  // A template upload is authenticated by its signed URL alone: without this daemon's signature it is 403
+  // before any lookup, whatever the template.
+  "PUT /templates/:templateID/files/:hash": "403",
 };
 /** Data-plane routes anyone may call (E2B's isRunning() probes /health); everything else wants the token. */
 const OPEN_DATA_PLANE = new Set(["GET /health", "HEAD /health"]);
@@ -434,6 +439,9 @@ function sample(field: string, names: Names, where: "path" | "query" | "body"): 
       return where === "path" ? names.workspace : where === "query" ? names.alias : "walk-new-workspace";
     case "port":
       return 8080;
+    case "hash":
+    case "signature":
+      return "0".repeat(64);
     case "*":
       return "walk";
     case "path":
