@@ -21,7 +21,8 @@
 #
 # Format-2 templates (docs/templates.md) add skopeo (copying images), umoci (unpacking and repacking layers),
 # bubblewrap (the build-step sandbox) and buildah (Dockerfiles); the registry tests run Debian's
-# docker-registry on a loopback port of their own.
+# docker-registry on a loopback port of their own. python3-pip: a networked build step reaches the host's
+# configured package indexes, and pip says which are its (its configuration and its default index).
 #
 # The cluster tests (test/cluster) run a real kube-apiserver, etcd, kubectl and helm, which no Debian or npm
 # package provides at a usable version: scripts/k8s-tools.sh builds them from their Go modules once per machine
@@ -42,14 +43,15 @@ scripts/check-node.sh
 apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs cpio kmod iproute2 nftables zstd ca-certificates golang-go \
   gcc libc6-dev passwd busybox-static python3 python3-venv python3-wheel mypy chromium \
-  skopeo umoci bubblewrap buildah docker-registry \
+  skopeo umoci bubblewrap buildah docker-registry python3-pip \
   g++ make dpkg-dev systemd >/dev/null
 # The package starts a registry service on :5000; forkd's tests run their own and need no service.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
-# The forkd group (the daemon's socket) and the forkd-vm user holding the sandboxed QEMUs' uid range.
+# The forkd group (the daemon's socket), the forkd-vm user holding the sandboxed QEMUs' uid range and the
+# forkd-build user holding the range build steps run as.
 packaging/accounts.sh
 npm ci --no-audit --no-fund
 npm run build

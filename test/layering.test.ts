@@ -52,7 +52,7 @@ const LAYERS: Record<string, Layer> = {
   },
   image: {
     readme: "image/README.md",
-    forkd: ["common"],
+    forkd: ["common", "isolation/identity.ts"],
     packages: ["smol-toml", "@sinclair/typebox", "tar"],
   },
   net: {

@@ -30,6 +30,7 @@ import {
   sandboxAddressOf,
   surfaceConstraint,
 } from "../e2b/index.js";
+import { ConnectionBudget } from "../http/connection-budget.js";
 import { provideServices } from "../http/request-scope.js";
 import type { AuditLog } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
@@ -57,6 +58,7 @@ import { registerSnapshotRoutes } from "./routes/snapshots.js";
 import { registerStatusRoutes } from "./routes/status.js";
 import { registerTemplateAliasRoutes } from "./routes/template-aliases.js";
 import { registerWorkspaceRoutes } from "./routes/workspaces.js";
+import { newSocketCsrf, screenSocketBrowser } from "./socket-browser.js";
 import { typeboxValidatorCompiler } from "./validation.js";
 
 /**
@@ -100,6 +102,8 @@ export interface ApiOptions {
   origin?: { bindHost: string; allowedHosts?: readonly string[]; allowedOrigins?: readonly string[] };
   /** Connections held at once (default DEFAULT_MAX_CONNECTIONS). */
   maxConnections?: number;
+  /** Connections per tenant, shared by the daemon's listeners (default: a budget of this listener's own). */
+  connections?: ConnectionBudget;
   /** Time to receive the request headers (default HEADERS_TIMEOUT_MS; tests shorten it). */
   headersTimeoutMs?: number;
   metrics?: DaemonMetrics;
@@ -135,7 +139,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   const metrics = options.metrics ?? createMetrics(options.services, { version: FORKD_VERSION });
   // First of all hooks: every route reaches the services only as its caller's view (servicesOf), and every
   // spawn through a view is timed for /metrics, whichever face asks for it (forkd, E2B).
-  provideServices(app, options.services, metrics.spawns);
+  provideServices(app, options.services, metrics.spawns, options.connections ?? new ConnectionBudget());
   recordRoutes(app);
   installRequestHandling(app, options);
 
@@ -145,6 +149,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     tls: options.https !== undefined,
     tokens: options.transport === "tcp" ? (options.tokens ?? []) : [],
     snapshotsDir: options.snapshotsDir,
+    socketCsrf: options.transport === "unix" ? newSocketCsrf() : "",
   };
   const checkOrigin = originCheckFor(app, options);
   app.addHook("onRequest", async (request, reply) => {
@@ -152,6 +157,7 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
     request.caller = `${options.transport}:${request.ip}`;
     checkOrigin(request.headers);
     checkPortProxied(request.headers, request.routeOptions.url);
+    if (listener.transport === "unix") screenSocketBrowser(request, listener.socketCsrf);
     for (const extension of extensions) extension.screen?.(request, listener);
     request.caller = await identifyCaller(request, options, extensions, listener);
   });
@@ -203,8 +209,8 @@ function installRequestHandling(app: FastifyInstance, options: ApiOptions): void
 }
 
 /**
- * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first, then the
- * routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
+ * WebSocket upgrades never reach a route (nor the onRequest hook): the same Host/Origin check first (and on the
+ * socket its browser rule, socket-browser.ts), then the routing every request gets: addressed to a sandbox, E2B's data plane and its rules; otherwise the forkd port
  * route, with the listener's authentication.
  */
 function installUpgrades(
@@ -229,6 +235,15 @@ function installUpgrades(
     socket.on("error", () => {});
     try {
       checkOrigin(req.headers);
+      if (listener.transport === "unix") {
+        screenSocketBrowser(
+          { method: "GET", url: req.url ?? "", headers: req.headers },
+          listener.socketCsrf,
+          {
+            upgrade: true,
+          },
+        );
+      }
     } catch (err) {
       refuseUpgrade(socket, err);
       return;

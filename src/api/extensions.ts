@@ -21,6 +21,11 @@ export interface ListenerInfo {
   tokens: readonly Token[];
   /** Where snapshots live on the host (SnapshotInfo.dir). */
   snapshotsDir: string;
+  /**
+   * The Unix socket's CSRF token (socket-browser.ts): a browser's state-changing request through the socket
+   * carries it; the console's page is given it. Empty on other transports.
+   */
+  socketCsrf: string;
 }
 
 /** What an extension's factory gets: the daemon's services and metrics, shared by every listener. */

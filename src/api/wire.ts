@@ -55,6 +55,7 @@ export function sandboxToWire(info: SandboxInfo): SandboxInfoWire {
       address: info.network.address,
       egress: info.network.policy === null ? null : policyToWire(info.network.policy),
     },
+    public_ports: !info.inbound.requireTrafficToken,
     limits: info.limits,
   };
 }

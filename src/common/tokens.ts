@@ -3,7 +3,7 @@
  * configured token without an early exit, so the time taken says nothing about which token (or which prefix)
  * matched. Shared by every surface that takes a daemon token (bearer on the forkd API, X-API-Key on the E2B API).
  */
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
 import { ForkdError } from "./errors.js";
 import { MIN_TOKEN_BYTES } from "./limits.js";
@@ -23,6 +23,19 @@ export interface Token {
    * admin token, which sees everything (every token of a file written before tenants existed).
    */
   tenant: string | null;
+}
+
+/**
+ * New API tokens are shaped like E2B's API keys, `e2b_` and 40 lower-case hex digits (160 random bits), so every
+ * E2B client takes them: some versions of E2B's Python SDK refuse, before sending anything, a key that does not
+ * match `^e2b_[0-9a-f]+$`. The daemon itself takes any token of at least MIN_TOKEN_BYTES.
+ */
+export const API_KEY_PREFIX = "e2b_";
+const API_KEY_RANDOM_BYTES = 20;
+export const API_KEY_PATTERN = /^e2b_[0-9a-f]+$/;
+
+export function newApiKey(): string {
+  return `${API_KEY_PREFIX}${randomBytes(API_KEY_RANDOM_BYTES).toString("hex")}`;
 }
 
 export function isValidTenant(name: unknown): name is string {
@@ -65,4 +78,32 @@ export function stripDaemonTokens(headers: IncomingHttpHeaders, tokens: readonly
   if (bearer && matchToken(bearer[1] as string, tokens)) delete headers.authorization;
   const key = headers["x-api-key"];
   if (typeof key === "string" && matchToken(key, tokens)) delete headers["x-api-key"];
+}
+
+/** The web console's session cookie, on plain HTTP and under TLS (src/console/access.ts names it by these). */
+export const CONSOLE_COOKIE = "forkd-console";
+export const CONSOLE_COOKIE_TLS = "__Host-forkd-console";
+/** Headers a sandbox's own credentials travel in: E2B's envd access token and its traffic token. */
+const SANDBOX_CREDENTIAL_HEADERS = ["x-access-token", "e2b-traffic-access-token"] as const;
+
+/**
+ * Makes a request's headers fit to pass on to a guest's port, in every proxy (the forkd port route, E2B's
+ * sandbox hosts): the daemon's tokens (stripDaemonTokens), the console's session cookie (browsers send it to
+ * every port of the console's host, and a session id is enough to act as the console) and the sandbox
+ * credentials of E2B's headers are removed; every other header and cookie is the guest's business and stays.
+ */
+export function stripCredentialsForGuest(headers: IncomingHttpHeaders, tokens: readonly Token[]): void {
+  stripDaemonTokens(headers, tokens);
+  for (const name of SANDBOX_CREDENTIAL_HEADERS) delete headers[name];
+  const cookie = headers.cookie;
+  if (typeof cookie !== "string") return;
+  const kept = cookie
+    .split(";")
+    .map((part) => part.trim())
+    .filter((part) => {
+      const name = part.split("=", 1)[0]?.trim();
+      return part !== "" && name !== CONSOLE_COOKIE && name !== CONSOLE_COOKIE_TLS;
+    });
+  if (kept.length === 0) delete headers.cookie;
+  else headers.cookie = kept.join("; ");
 }

@@ -8,23 +8,20 @@
  * the listener has already checked is its own) and the session's CSRF token in a header (or, for the terminal
  * WebSocket, a subprotocol), so neither a cross-site form nor a page that only knows the cookie exists can act.
  *
- * Unix socket: its file permissions are the access control (a local proxy makes it a browser's). Requests that
- * look like a browser's (an Origin, a Cookie, Sec-Fetch headers, or the console's paths) must name a loopback host
- * or an IP address and come from that same origin, which defeats DNS rebinding and cross-site requests through
- * the proxy; their state-changing requests carry the socket's CSRF token as well.
+ * Unix socket: its file permissions are the access control. The API applies the socket's browser rule to every
+ * request and upgrade (src/api/socket-browser.ts); the console adds its own paths to what counts as a browser's,
+ * gives its page the listener's CSRF token, and checks that token on the terminal's upgrade.
  */
-import { randomBytes } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
-import { isIP } from "node:net";
 import { parseCookie, stringifySetCookie } from "cookie";
 import type { FastifyRequest } from "fastify";
 import { authenticate } from "../api/auth.js";
 import { CONSOLE_SESSION_CALLER, type ListenerInfo } from "../api/extensions.js";
-import { PORT_ROUTES } from "../api/routes/network.js";
+import { csrfMatches, looksLikeBrowser, screenSocketBrowser } from "../api/socket-browser.js";
 import { ForkdError } from "../common/errors.js";
-import { PORT_PROXY_HEADER } from "../common/proxied-path.js";
+import { CONSOLE_COOKIE, CONSOLE_COOKIE_TLS } from "../common/tokens.js";
 import { CONSOLE_API_CALLS, CONSOLE_PATH, CSRF_HEADER, CSRF_PROTOCOL_PREFIX } from "./protocol.js";
-import { csrfMatches, type Session, type SessionLimits, SessionStore } from "./sessions.js";
+import { type Session, type SessionLimits, SessionStore } from "./sessions.js";
 
 /** How a console route is reached: without any credential (the page, login), or with a session. */
 export type ConsoleRouteAccess = "public" | "session";
@@ -49,8 +46,6 @@ export interface RequestFacts {
 
 export class ConsoleAccess {
   readonly sessions: SessionStore;
-  /** The socket listener's CSRF token (the socket has no sessions); new for every daemon. */
-  readonly socketCsrf = randomBytes(24).toString("base64url");
 
   constructor(limits: SessionLimits = {}) {
     this.sessions = new SessionStore(limits);
@@ -58,7 +53,7 @@ export class ConsoleAccess {
 
   /** The session cookie's name: `__Host-` under TLS binds it to this exact origin and path `/`. */
   cookieName(listener: ListenerInfo): string {
-    return listener.tls ? "__Host-forkd-console" : "forkd-console";
+    return listener.tls ? CONSOLE_COOKIE_TLS : CONSOLE_COOKIE;
   }
 
   setCookie(listener: ListenerInfo, id: string): string {
@@ -97,31 +92,10 @@ export class ConsoleAccess {
     return this.sessions.lookup(this.cookieValue(headers, listener));
   }
 
-  /** The Unix socket's browser rule (see the module comment); nothing to check elsewhere. */
+  /** The socket's browser rule for the console's own paths, which a browser may open without browser headers. */
   screen(request: RequestFacts, listener: ListenerInfo): void {
-    if (listener.transport !== "unix" || !looksLikeBrowser(request)) return;
-    checkSocketBrowserOrigin(request.headers);
-    const route = request.routeOptions?.url;
-    if (
-      route !== undefined &&
-      PORT_ROUTES.includes(route) &&
-      request.headers[PORT_PROXY_HEADER] === undefined
-    ) {
-      throw new ForkdError(
-        "forbidden",
-        "a browser opening a sandbox's port through the Unix socket would share the console's origin: " +
-          "use `forkd port <id> <port>`, which gives the sandbox's pages an origin of their own",
-      );
-    }
-    if (
-      !SAFE_METHODS.has(request.method) &&
-      !csrfMatches(header(request.headers, CSRF_HEADER), this.socketCsrf)
-    ) {
-      throw new ForkdError(
-        "forbidden",
-        `a browser's state-changing request through the Unix socket needs the console's ${CSRF_HEADER} header`,
-      );
-    }
+    if (listener.transport !== "unix" || !isConsolePath(request.url)) return;
+    screenSocketBrowser(request, listener.socketCsrf, { browser: true });
   }
 
   /**
@@ -157,9 +131,10 @@ export class ConsoleAccess {
       .find((p) => p.startsWith(CSRF_PROTOCOL_PREFIX))
       ?.slice(CSRF_PROTOCOL_PREFIX.length);
     if (listener.transport === "unix") {
-      if (looksLikeBrowser(req)) {
-        checkSocketBrowserOrigin(req.headers);
-        if (req.headers.origin !== undefined && !csrfMatches(presentedCsrf, this.socketCsrf)) {
+      // The API has applied the socket's browser rule to the upgrade; a browser's terminal also shows the token.
+      if (looksLikeBrowser(req.headers) || isConsolePath(req.url)) {
+        screenSocketBrowser(req, listener.socketCsrf, { browser: true, upgrade: true });
+        if (req.headers.origin !== undefined && !csrfMatches(presentedCsrf, listener.socketCsrf)) {
           throw new ForkdError("forbidden", "the terminal's CSRF token is missing or wrong");
         }
       }
@@ -197,48 +172,8 @@ function checkCsrf(headers: IncomingHttpHeaders, presented: string | undefined, 
   }
 }
 
-function looksLikeBrowser(request: RequestFacts): boolean {
-  const h = request.headers;
-  return (
-    h.origin !== undefined ||
-    h.cookie !== undefined ||
-    h["sec-fetch-site"] !== undefined ||
-    h["sec-fetch-mode"] !== undefined ||
-    request.url === CONSOLE_PATH ||
-    request.url.startsWith(`${CONSOLE_PATH}/`) ||
-    request.url.startsWith(`${CONSOLE_PATH}?`)
-  );
-}
-
-/**
- * Through a proxy to the socket, a browser's request must name a host no other site can make resolve to the
- * proxy (an IP address, localhost, *.localhost) and come from that host's own origin.
- */
-function checkSocketBrowserOrigin(headers: IncomingHttpHeaders): void {
-  const host = (headers.host ?? "").toLowerCase();
-  const name = hostName(host);
-  const rebindable =
-    name === null || !(isIP(name) !== 0 || name === "localhost" || name.endsWith(".localhost"));
-  if (rebindable) {
-    throw new ForkdError(
-      "forbidden",
-      `Host ${JSON.stringify(host.slice(0, 200))} refused: through a proxy to the Unix socket a browser must use an ` +
-        "IP address or localhost (another name could be a DNS-rebinding page)",
-    );
-  }
-  const origin = headers.origin;
-  if (origin !== undefined && origin !== `http://${host}` && origin !== `https://${host}`) {
-    throw new ForkdError(
-      "forbidden",
-      `cross-origin request from ${JSON.stringify(origin.slice(0, 200))} refused (the page must come from ${host})`,
-    );
-  }
-}
-
-function hostName(host: string): string | null {
-  const match = /^(?:\[([0-9a-f:.]+)\]|([^:[\]]+))(?::\d{1,5})?$/.exec(host);
-  if (!match) return null;
-  return (match[1] ?? match[2] ?? "").replace(/\.$/, "");
+function isConsolePath(url: string): boolean {
+  return url === CONSOLE_PATH || url.startsWith(`${CONSOLE_PATH}/`) || url.startsWith(`${CONSOLE_PATH}?`);
 }
 
 function offeredProtocols(headers: IncomingHttpHeaders): string[] {

@@ -189,7 +189,7 @@ class WebConsole implements ApiExtension {
     const describe = (session: { csrf: string; expiresAtMs: number } | undefined): ConsoleSession => ({
       auth: needsLogin ? "login" : listener.transport === "unix" ? "socket" : "none",
       authenticated: needsLogin ? session !== undefined : true,
-      csrf: needsLogin ? (session?.csrf ?? null) : this.access.socketCsrf,
+      csrf: needsLogin ? (session?.csrf ?? null) : listener.socketCsrf,
       expires_at_unix_ms: needsLogin ? (session?.expiresAtMs ?? null) : null,
       version: FORKD_VERSION,
       features: { pause: "pause" in this.context.services.sandboxes },

@@ -4,7 +4,7 @@
  * goes when a new one would exceed the bound), in idle time and in total lifetime, and end at logout. Only a
  * digest of each session id is kept, so the table itself holds nothing a cookie could be made from.
  */
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 
 export const DEFAULT_MAX_SESSIONS = 64;
 /** A session unused this long ends. */
@@ -102,14 +102,6 @@ export class SessionStore {
     const now = this.now();
     for (const [key, session] of this.byDigest) if (this.expired(session, now)) this.byDigest.delete(key);
   }
-}
-
-/** Constant-time comparison of a presented CSRF token with the expected one. */
-export function csrfMatches(presented: string | undefined, expected: string): boolean {
-  if (presented === undefined) return false;
-  const a = createHash("sha256").update(presented).digest();
-  const b = createHash("sha256").update(expected).digest();
-  return timingSafeEqual(a, b);
 }
 
 function digestOf(id: string): string {

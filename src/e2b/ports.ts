@@ -10,7 +10,7 @@ import type http from "node:http";
 import type net from "node:net";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { ForkdError, invalidArgument } from "../common/errors.js";
-import { stripDaemonTokens } from "../common/tokens.js";
+import { stripCredentialsForGuest } from "../common/tokens.js";
 import type { SandboxService } from "../controller/sandbox-service.js";
 import { servicesOf, servicesOfUpgrade } from "../http/request-scope.js";
 import type { E2bContext } from "./context.js";
@@ -118,7 +118,8 @@ function admit(
       `port ${port} of sandbox ${sandboxId} is not reachable: the sandbox has no network the daemon can reach (${why})`,
     );
   }
-  if (info.inbound.requireTrafficToken) {
+  // --e2b-private-traffic holds for every sandbox, the ones the forkd API spawned included.
+  if (info.inbound.requireTrafficToken || context.privateTraffic === true) {
     const token = header(headers, TRAFFIC_TOKEN_HEADER);
     if (token === undefined || token === "") {
       throw new ForkdError(
@@ -130,6 +131,5 @@ function admit(
       throw new ForkdError("forbidden", `invalid traffic access token: it is not sandbox ${sandboxId}'s`);
     }
   }
-  delete headers[TRAFFIC_TOKEN_HEADER];
-  stripDaemonTokens(headers, context.daemonTokens ?? context.tokens);
+  stripCredentialsForGuest(headers, context.daemonTokens ?? context.tokens);
 }

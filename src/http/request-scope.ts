@@ -13,6 +13,7 @@ import { responseGoneSignal } from "../common/client-signal.js";
 import { ForkdError } from "../common/errors.js";
 import { observeSpawns, type SpawnObserver } from "../controller/sandboxes/spawn-observer.js";
 import { type Principal, type Services, servicesFor } from "../controller/tenancy/tenant-view.js";
+import type { ConnectionBudget } from "./connection-budget.js";
 
 declare module "fastify" {
   interface FastifyRequest {
@@ -28,6 +29,7 @@ declare module "fastify" {
 interface Provided {
   services: Services;
   spawns: SpawnObserver | undefined;
+  connections: ConnectionBudget | undefined;
 }
 
 /** The daemon's services behind each request and upgrade of a listener that provideServices was given. */
@@ -37,10 +39,16 @@ const views = new WeakMap<IncomingMessage, { principal: Principal; services: Ser
 /**
  * Puts the daemon's services behind every request and upgrade of `app`'s listener. Called once per listener,
  * before any other hook, by the code that composes the daemon (src/api/app.ts). Every spawn made through a
- * caller's view is reported to `spawns` (controller/sandboxes/spawn-observer.ts), whichever face made it.
+ * caller's view is reported to `spawns` (controller/sandboxes/spawn-observer.ts), whichever face made it, and
+ * every connection a tenant's view serves counts against its bound in `connections` (connection-budget.ts).
  */
-export function provideServices(app: FastifyInstance, services: Services, spawns?: SpawnObserver): void {
-  const provided: Provided = { services, spawns };
+export function provideServices(
+  app: FastifyInstance,
+  services: Services,
+  spawns?: SpawnObserver,
+  connections?: ConnectionBudget,
+): void {
+  const provided: Provided = { services, spawns, connections };
   app.decorateRequest("principal", null);
   app.addHook("onRequest", async (request) => {
     daemonServices.set(request.raw, provided);
@@ -85,6 +93,8 @@ function viewOf(req: IncomingMessage, principal: Principal): Services {
   if (provided === undefined) {
     throw new ForkdError("internal", "request on a listener that was given no services (provideServices)");
   }
+  // A tenant's connection counts from the first request on it that reaches the services.
+  if (principal.tenant !== null) provided.connections?.admit(principal.tenant, req.socket);
   const view = servicesFor(provided.services, principal);
   const observed =
     provided.spawns === undefined

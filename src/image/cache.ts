@@ -137,8 +137,8 @@ export async function createStaging(cacheDir: string, hash: string): Promise<Sta
     cacheDir,
     `.staging-${hash.slice(0, 16)}-${process.pid}-${randomBytes(4).toString("hex")}`,
   );
-  // Traversable by all: apt downloads into it as the unprivileged _apt user.
-  await fs.mkdir(dir, { mode: 0o755 });
+  // Root's only: image trees are built in it (setuid files included), and no local user may reach them.
+  await fs.mkdir(dir, { mode: 0o700 });
   await fs.writeFile(path.join(dir, "owner.json"), identityJson(selfIdentity()));
   const staging = { dir, out: path.join(dir, "out"), work: path.join(dir, "work") };
   await fs.mkdir(staging.out, { mode: 0o755 });

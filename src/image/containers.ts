@@ -140,9 +140,19 @@ export async function umociInitLayout(dir: string, signal?: AbortSignal): Promis
   await run("umoci", ["new", "--image", `${dir}:image`], { signal, stdout: "ignore" });
 }
 
-/** Unpacks `<layout>:image` into the runtime bundle `bundle` (its tree is `bundle/rootfs`). */
-export async function umociUnpack(layout: string, bundle: string, signal?: AbortSignal): Promise<void> {
-  await run("umoci", ["unpack", "--image", `${layout}:image`, bundle], {
+/**
+ * Unpacks `<layout>:image` into the runtime bundle `bundle` (its tree is `bundle/rootfs`). With `idMap`
+ * (umoci's container:host:size) every owner is shifted by it on disk, as build steps need their trees
+ * (step-sandbox/identity.ts); umoci records the mapping in the bundle and `umociRepack` shifts back.
+ */
+export async function umociUnpack(
+  layout: string,
+  bundle: string,
+  signal?: AbortSignal,
+  idMap?: string,
+): Promise<void> {
+  const mapping = idMap === undefined ? [] : ["--uid-map", idMap, "--gid-map", idMap];
+  await run("umoci", ["unpack", ...mapping, "--image", `${layout}:image`, bundle], {
     signal,
     stdout: "ignore",
     label: "umoci unpack",

@@ -7,7 +7,11 @@
  *   base        Debian (mmdebstrap into an empty umoci bundle), or an image copied by skopeo from an OCI
  *               layout, an OCI/Docker archive or a registry, or a Dockerfile built by buildah; every layer
  *               from elsewhere is checked (layer-check.ts) before umoci unpacks it
- *   run, pip    in the image's own root, in bubblewrap (step-sandbox.ts)
+ *   run, pip    in the image's own root, in bubblewrap, as root of a user namespace mapped to an unprivileged
+ *               id range (step-sandbox/): the tree steps work on is unpacked with its owners shifted into that
+ *               range and repacked shifted back, and the image's tree with its own ids is unpacked again from
+ *               the last step's layout (so no setuid-root file a step made exists on the host before then,
+ *               and then only inside the build's root-only staging directory)
  *   copy        host files into the tree (tree-copy.ts)
  *   env, workdir, user   the image's settings (a workdir is also created)
  *
@@ -46,7 +50,19 @@ import type { Emit } from "./progress.js";
 import { addAccount, DEFAULT_USER, debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
-import { type Credentials, resolveCredentials, runInImage, SANDBOX_INPUTS } from "./step-sandbox.js";
+import {
+  assertConfiguredIndex,
+  assertReachableByBuildRange,
+  type BuildIdRange,
+  buildIdRange,
+  type Credentials,
+  hostId,
+  openToBuildRange,
+  resolveCredentials,
+  runInImage,
+  SANDBOX_INPUTS,
+  umociIdMap,
+} from "./step-sandbox/index.js";
 import { copyIntoTree } from "./tree-copy.js";
 
 export interface StepReport {
@@ -75,6 +91,8 @@ interface Context {
   total: number;
   /** Replace existing cache entries (a forced build) instead of keeping the first one published. */
   replace: boolean;
+  /** The ids steps run as; the working bundle's tree is owned by them (shifted) while steps run. */
+  range: BuildIdRange;
 }
 
 const seconds = (since: number) => Math.round((performance.now() - since) / 100) / 10;
@@ -101,6 +119,7 @@ export async function buildLayeredTree(opts: {
     signal: opts.signal,
     total: plan.steps.length,
     replace: opts.fresh === true,
+    range: buildIdRange(),
   };
   const links = [plan.base, ...plan.steps];
   let resumeAt = -1;
@@ -136,12 +155,29 @@ export async function buildLayeredTree(opts: {
       });
     }
   }
+  const toRun = plan.steps.slice(resumeAt);
+  if (unpacked && toRun.length > 0) {
+    // The Debian base was made with the image's own ids; steps need the tree with the shifted ones.
+    await fs.rm(ctx.bundle, { recursive: true, force: true });
+    unpacked = false;
+  }
   if (!unpacked) {
     ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the image (umoci)" });
-    await umociUnpack(entry.layout, ctx.bundle, ctx.signal);
+    await umociUnpack(
+      entry.layout,
+      ctx.bundle,
+      ctx.signal,
+      toRun.length > 0 ? umociIdMap(ctx.range) : undefined,
+    );
+  }
+  if (toRun.length > 0) {
+    // The steps' sandboxes (the range's first id) must reach the tree; no local user may.
+    await assertReachableByBuildRange(ctx.staging.dir, ctx.range, "the build's staging directory");
+    await openToBuildRange(ctx.staging.dir, ctx.range);
+    await openToBuildRange(ctx.bundle, ctx.range);
   }
   let settings = entry.record.settings;
-  for (const planned of plan.steps.slice(resumeAt)) {
+  for (const planned of toRun) {
     const started = performance.now();
     const label = stepLabel(ctx, planned.number, planned.description);
     ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...`, buildStep: planned.number });
@@ -158,7 +194,13 @@ export async function buildLayeredTree(opts: {
     });
     ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)`, buildStep: planned.number });
   }
-  return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
+  if (toRun.length === 0) return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
+  // The image's tree with its own ids (the payload and mkfs take it from here), from the last step's layout.
+  ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the built image (umoci)" });
+  const imageBundle = path.join(ctx.staging.work, "image-bundle");
+  await umociUnpack(entry.layout, imageBundle, ctx.signal);
+  await fs.rm(ctx.bundle, { recursive: true, force: true });
+  return { root: path.join(imageBundle, "rootfs"), settings, steps: reports };
 }
 
 // ---- the base ----
@@ -217,8 +259,6 @@ async function makeBase(
     if (source.kind === "debian") {
       await umociInitLayout(pending.layout, ctx.signal);
       await umociUnpack(pending.layout, ctx.bundle, ctx.signal);
-      // umoci makes the bundle 0700; apt downloads into the tree as its unprivileged _apt user.
-      await fs.chmod(ctx.bundle, 0o755);
       await debootstrap({
         suite: source.suite,
         packages: base.packages,
@@ -366,6 +406,7 @@ async function applyStep(
           cwd: settings.workdir,
           credentials,
           network: step.network,
+          scratchDir: ctx.staging.work,
           inputs: packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [],
           timeoutS: step.timeoutS,
           label,
@@ -387,7 +428,11 @@ async function applyStep(
         if (step.wheels) {
           inputs.push({ host: step.wheels, name: "wheels" });
           args.push("--no-index", "--find-links", `${SANDBOX_INPUTS}/wheels`);
-        } else if (step.index) args.push("--index-url", step.index);
+        } else if (step.index) {
+          // Only an index the machine is configured to use: a networked step reaches nothing else.
+          await assertConfiguredIndex(step.index, "the pip step's index");
+          args.push("--index-url", step.index);
+        }
         const network = step.wheels === undefined;
         const packages = network ? await packageEnvironment(ctx, root, planned, label) : undefined;
         // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
@@ -406,6 +451,7 @@ async function applyStep(
           credentials,
           network,
           inputs: [...inputs, ...(packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [])],
+          scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -432,6 +478,7 @@ async function applyStep(
           credentials: null,
           network: true,
           inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -462,6 +509,7 @@ async function applyStep(
           credentials,
           network: true,
           inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -470,21 +518,30 @@ async function applyStep(
         break;
       }
       case "adduser":
-        await addAccount(root, {
-          name: step.name,
-          uid: DEFAULT_USER.uid,
-          gid: DEFAULT_USER.gid,
-          home: step.name === DEFAULT_USER.name ? DEFAULT_USER.home : `/home/${step.name}`,
-        });
+        await addAccount(
+          root,
+          {
+            name: step.name,
+            uid: DEFAULT_USER.uid,
+            gid: DEFAULT_USER.gid,
+            home: step.name === DEFAULT_USER.name ? DEFAULT_USER.home : `/home/${step.name}`,
+          },
+          (id) => hostId(ctx.range, id),
+        );
         break;
       case "copy": {
         const owner = step.owner ? await credentialsFor(root, step.owner) : null;
+        const shifted = (uid: number, gid: number) => ({
+          uid: hostId(ctx.range, uid),
+          gid: hostId(ctx.range, gid),
+        });
         await copyIntoTree({
           root,
           src: step.src,
           dest: step.dest,
           mode: step.mode,
-          owner: owner ? { uid: owner.uid, gid: owner.gid } : { uid: 0, gid: 0 },
+          owner: owner ? shifted(owner.uid, owner.gid) : shifted(0, 0),
+          rootOwner: shifted(0, 0),
         });
         break;
       }
@@ -499,7 +556,14 @@ async function applyStep(
           throw new ForkdError("invalid_argument", `${step.path} exists in the image and is not a directory`);
         }
         changedTree = !existing;
-        if (!existing) await fs.mkdir(dir, { recursive: true, mode: 0o755 });
+        if (!existing) {
+          const made = await fs.mkdir(dir, { recursive: true, mode: 0o755 });
+          // Every directory made belongs to the image's root (shifted, as the whole tree is).
+          const root0 = hostId(ctx.range, 0);
+          for (let d = dir; made !== undefined && d.length >= made.length; d = path.dirname(d)) {
+            await fs.lchown(d, root0, root0);
+          }
+        }
         settings = { ...settings, workdir: step.path };
         break;
       }

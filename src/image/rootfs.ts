@@ -172,6 +172,7 @@ async function writeGuestFile(
   guestPath: string,
   data: string | Buffer,
   mode: number,
+  newOwner: { uid: number; gid: number } = { uid: 0, gid: 0 },
 ): Promise<void> {
   const dest = await resolveInRoot(root, guestPath);
   if (dest === root) throw new ForkdError("invalid_argument", `bad guest path ${guestPath}`);
@@ -182,6 +183,9 @@ async function writeGuestFile(
   if (existing) await fs.rm(dest);
   await fs.writeFile(dest, data, { flag: "wx", mode });
   await fs.chmod(dest, mode);
+  // A replaced file keeps its owner (/etc/shadow's group); a new one gets the tree's root.
+  const owner = existing ?? newOwner;
+  await fs.chown(dest, owner.uid, owner.gid);
 }
 
 export interface CustomizeOptions {
@@ -316,7 +320,10 @@ export function addDefaultUser(root: string): Promise<{ uid: number; gid: number
 export async function addAccount(
   root: string,
   account: { name: string; uid: number; gid: number; home: string },
+  /** The host id of an image id: a build step's tree is owned by the build range's shifted ids. */
+  hostIdOf: (id: number) => number = (id) => id,
 ): Promise<{ uid: number; gid: number }> {
+  const treeRoot = { uid: hostIdOf(0), gid: hostIdOf(0) };
   const read = async (guestPath: string) =>
     fs.readFile(await resolveInRoot(root, guestPath), "utf8").catch(() => "");
   const lines = (text: string) => text.split("\n").filter((l) => l !== "");
@@ -345,23 +352,25 @@ export async function addAccount(
     "/etc/passwd",
     append(passwd, `${account.name}:x:${uid}:${gid}::${account.home}:${shell}`),
     0o644,
+    treeRoot,
   );
   if (groupLine === undefined)
-    await writeGuestFile(root, "/etc/group", append(group, `${account.name}:x:${gid}:`), 0o644);
+    await writeGuestFile(root, "/etc/group", append(group, `${account.name}:x:${gid}:`), 0o644, treeRoot);
   // A locked password ("*"): E2B's user logs in through the agent, never with a password.
   await writeGuestFile(
     root,
     "/etc/shadow",
     append(await read("/etc/shadow"), `${account.name}:*::0:99999:7:::`),
     0o640,
+    treeRoot,
   );
   const gshadow = await read("/etc/gshadow");
   if (gshadow !== "" && groupLine === undefined) {
-    await writeGuestFile(root, "/etc/gshadow", append(gshadow, `${account.name}:!::`), 0o640);
+    await writeGuestFile(root, "/etc/gshadow", append(gshadow, `${account.name}:!::`), 0o640, treeRoot);
   }
   const home = await resolveInRoot(root, account.home);
   await fs.mkdir(home, { recursive: true, mode: 0o750 });
-  await fs.chown(home, uid, gid);
+  await fs.chown(home, hostIdOf(uid), hostIdOf(gid));
   return { uid, gid };
 }
 

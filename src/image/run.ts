@@ -3,7 +3,7 @@
  * cancelling a build also stops the grandchildren (apt, dpkg, gpg under mmdebstrap), and nothing is
  * left writing into a directory we are about to remove.
  */
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { abortError } from "../common/deadline.js";
 import { ForkdError } from "../common/errors.js";
 
@@ -14,6 +14,9 @@ const TOOL_PACKAGES: Record<string, string> = {
   "dpkg-deb": "dpkg",
   mmdebstrap: "mmdebstrap",
   unshare: "util-linux",
+  nsenter: "util-linux",
+  ip: "iproute2",
+  nft: "nftables",
   cpio: "cpio",
   depmod: "kmod",
   modprobe: "kmod",
@@ -52,6 +55,12 @@ export interface RunOptions {
   label?: string;
   /** Bytes of output a failure's message ends with (default 4 KiB; 0: none). */
   tailBytes?: number;
+  /** Run as this uid and gid, with no supplementary groups (and so no capabilities). */
+  credentials?: { uid: number; gid: number };
+  /** The tool's fds from 3 on: an open fd of ours to hand it, or "pipe" (child.stdio[3 + i]). */
+  extraFds?: readonly (number | "pipe")[];
+  /** Called once the tool is spawned, before any of its output (e.g. to talk over its extra pipes). */
+  onSpawn?: (child: ChildProcess) => void;
 }
 
 export interface RunResult {
@@ -70,8 +79,10 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
       cwd: options.cwd,
       env: options.env ?? process.env,
       detached: true,
-      stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"],
+      stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe", ...(options.extraFds ?? [])],
+      ...(options.credentials ? { uid: options.credentials.uid, gid: options.credentials.gid } : {}),
     });
+    options.onSpawn?.(child);
     const stdoutChunks: Buffer[] = [];
     let stdoutBytes = 0;
     let stdoutOverflow = false;

@@ -65,7 +65,16 @@ export interface IdentityStatus {
 }
 
 /** What /etc says about the range (read-only; for `forkd doctor` and before use). */
-export async function identityStatus(range: VmUidRange, etc = "/etc"): Promise<IdentityStatus> {
+export function identityStatus(range: VmUidRange, etc = "/etc"): Promise<IdentityStatus> {
+  return reservationStatus(VM_USER, range, etc);
+}
+
+/** What /etc says about `user`'s reservation of `range`: whether it is there, and what else uses those ids. */
+export async function reservationStatus(
+  user: string,
+  range: VmUidRange,
+  etc = "/etc",
+): Promise<IdentityStatus> {
   const [passwd, group, subuid, subgid] = await Promise.all(
     ["passwd", "group", "subuid", "subgid"].map((f) => readFile(`${etc}/${f}`, "utf8").catch(() => "")),
   );
@@ -94,7 +103,7 @@ export async function identityStatus(range: VmUidRange, etc = "/etc"): Promise<I
       if (!owner || !/^\d+$/.test(startText ?? "") || !/^\d+$/.test(countText ?? "")) continue;
       const start = Number(startText);
       const stop = start + Number(countText);
-      if (owner === VM_USER && start === range.base && stop === end) ours = true;
+      if (owner === user && start === range.base && stop === end) ours = true;
       else if (start < end && stop > range.base) {
         conflicts.push(
           `${file}: ${owner} has ${start}..${stop - 1}, which overlaps ${range.base}..${end - 1}`,
@@ -103,10 +112,8 @@ export async function identityStatus(range: VmUidRange, etc = "/etc"): Promise<I
     }
     reserved &&= ours;
   }
-  return { user: VM_USER, range, reserved, conflicts };
+  return { user, range, reserved, conflicts };
 }
-
-let ensured: Promise<IdentityStatus> | undefined;
 
 /**
  * Creates the `forkd-vm` system user and reserves the range for it, idempotently (scripts/install-deps.sh does
@@ -114,11 +121,35 @@ let ensured: Promise<IdentityStatus> | undefined;
  * ids could signal or ptrace a QEMU. Once per process.
  */
 export function ensureVmIdentity(range: VmUidRange): Promise<IdentityStatus> {
-  ensured ??= (async () => {
-    const before = await identityStatus(range);
-    if (before.conflicts.length > 0) throw rangeConflict(range, before.conflicts);
+  return ensureReservation(
+    VM_USER,
+    range,
+    "forkd reserves the uid range of sandboxed QEMUs",
+    "FORKD_VM_UID_BASE",
+  );
+}
+
+const ensured = new Map<string, Promise<IdentityStatus>>();
+
+/**
+ * Creates the system user `user` (no home, no shell, owning nothing) and reserves `range` for it in
+ * /etc/subuid and /etc/subgid, idempotently; refuses (`conflict`) a range some account or reservation already
+ * uses. Once per user and process. `setting` names the variable that moves the range, for the error.
+ */
+export function ensureReservation(
+  user: string,
+  range: VmUidRange,
+  comment: string,
+  setting: string,
+): Promise<IdentityStatus> {
+  const key = `${user}:${range.base}:${range.count}`;
+  let done = ensured.get(key);
+  if (done) return done;
+  done = (async () => {
+    const before = await reservationStatus(user, range);
+    if (before.conflicts.length > 0) throw rangeConflict(user, range, before.conflicts, setting);
     if (before.reserved) return before;
-    const exists = await execFileAsync("getent", ["passwd", VM_USER]).then(
+    const exists = await execFileAsync("getent", ["passwd", user]).then(
       () => true,
       () => false,
     );
@@ -132,32 +163,31 @@ export function ensureVmIdentity(range: VmUidRange): Promise<IdentityStatus> {
         "--shell",
         "/usr/sbin/nologin",
         "--comment",
-        "forkd reserves the uid range of sandboxed QEMUs",
-        VM_USER,
+        comment,
+        user,
       ]).catch((err: unknown) => {
-        throw new ForkdError("unavailable", `cannot create the ${VM_USER} user: ${String(err)}`);
+        throw new ForkdError("unavailable", `cannot create the ${user} user: ${String(err)}`);
       });
     }
     const span = `${range.base}-${range.base + range.count - 1}`;
-    await execFileAsync("usermod", ["--add-subuids", span, "--add-subgids", span, VM_USER]).catch(
+    await execFileAsync("usermod", ["--add-subuids", span, "--add-subgids", span, user]).catch(
       (err: unknown) => {
-        throw new ForkdError("unavailable", `cannot reserve uids ${span} for ${VM_USER}: ${String(err)}`);
+        throw new ForkdError("unavailable", `cannot reserve uids ${span} for ${user}: ${String(err)}`);
       },
     );
-    const after = await identityStatus(range);
-    if (after.conflicts.length > 0) throw rangeConflict(range, after.conflicts);
+    const after = await reservationStatus(user, range);
+    if (after.conflicts.length > 0) throw rangeConflict(user, range, after.conflicts, setting);
     return after;
   })();
-  ensured.catch(() => {
-    ensured = undefined;
-  });
-  return ensured;
+  ensured.set(key, done);
+  done.catch(() => ensured.delete(key));
+  return done;
 }
 
-function rangeConflict(range: VmUidRange, conflicts: string[]): ForkdError {
+function rangeConflict(user: string, range: VmUidRange, conflicts: string[], setting: string): ForkdError {
   return new ForkdError(
     "conflict",
-    `the uid range ${range.base}..${range.base + range.count - 1} for sandboxed QEMUs is already in use ` +
-      `(${conflicts.join("; ")}); choose another with FORKD_VM_UID_BASE`,
+    `the uid range ${range.base}..${range.base + range.count - 1} reserved for ${user} is already in use ` +
+      `(${conflicts.join("; ")}); choose another with ${setting}`,
   );
 }

@@ -190,6 +190,7 @@ export class Controller {
     }
     if (options.network !== undefined) body.network = policyToWire(options.network);
     if (options.onTimeout !== undefined) body.on_timeout = options.onTimeout;
+    if (options.publicPorts !== undefined) body.public_ports = options.publicPorts;
     if (options.perChildNetns !== undefined) body.per_child_netns = options.perChildNetns;
     if (options.prewarm !== undefined) body.prewarm = options.prewarm;
     if (options.liveFork !== undefined) body.live_fork = options.liveFork;

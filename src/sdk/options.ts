@@ -56,6 +56,11 @@ export interface SpawnOptions extends RequestOptions {
   network?: NetworkPolicy | "none";
   /** What the end of the lifetime does: kill the sandbox, or pause it to disk (resume it later). @default "kill" */
   onTimeout?: "kill" | "pause";
+  /**
+   * Whether its ports are public on the E2B data plane (E2B's allowPublicTraffic). false: requests there need
+   * its traffic access token; the forkd port route is unaffected. @default true
+   */
+  publicPorts?: boolean;
   /** forkd v0.5 flags, sent only when given; the daemon answers 501 for features it has not built. */
   perChildNetns?: boolean;
   prewarm?: boolean;

@@ -33,6 +33,8 @@ export interface SandboxInfo {
   accelerator?: "kvm" | "tcg" | (string & {});
   /** Spawned with live_fork: can be BRANCHed in live mode. */
   live_fork?: boolean;
+  /** Its ports are public on the E2B data plane (false: requests there need its traffic access token). */
+  public_ports?: boolean;
   /** forkd v0.5 fields: a BRANCH was taken of it, how many, and the latest one's memory file on the host. */
   has_branched?: boolean;
   branch_count?: number;

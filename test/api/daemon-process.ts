@@ -30,12 +30,21 @@ export function cliEntry(): string[] {
 export async function startDaemonProcess(
   home: string,
   extraArgs: string[] = [],
-  options: { env?: NodeJS.ProcessEnv } = {},
+  options: {
+    env?: NodeJS.ProcessEnv /** Start it under this umask (as a service manager's UMask= would). */;
+    umask?: number;
+  } = {},
 ): Promise<DaemonProcess> {
   const socketPath = path.join(home, "daemon", "forkd.sock");
+  const umask =
+    options.umask === undefined
+      ? []
+      : ["/bin/sh", "-c", `umask ${options.umask.toString(8).padStart(4, "0")}; exec "$@"`, "sh"];
   const child = spawn(
-    process.execPath,
+    umask.length > 0 ? (umask[0] as string) : process.execPath,
     [
+      ...umask.slice(1),
+      ...(umask.length > 0 ? [process.execPath] : []),
       ...cliEntry(),
       "daemon",
       "--socket",

@@ -14,6 +14,7 @@ import { after, before, describe, it } from "node:test";
 import pino from "pino";
 import WebSocket from "ws";
 import { type RunningDaemon, startDaemon } from "../../src/api/daemon.js";
+import { SOCKET_CSRF_HEADER } from "../../src/api/socket-browser.js";
 import { PORT_PROXY_HEADER } from "../../src/common/proxied-path.js";
 import { ConsoleAccess } from "../../src/console/access.js";
 import { consoleExtension } from "../../src/console/index.js";
@@ -374,6 +375,7 @@ describe("console access over real listeners", () => {
       headers: { origin: "http://localhost", [CSRF_HEADER]: csrf },
     });
     assert.equal(login.status, 409, "no login on the socket");
+    assert.equal(CSRF_HEADER, SOCKET_CSRF_HEADER, "the page sends the header the API checks");
   });
 
   it("on the Unix socket, keeps a sandbox's pages off the console's origin unless forkd port proxies them", async () => {
@@ -395,9 +397,32 @@ describe("console access over real listeners", () => {
     assert.notEqual(sdk.status, 403, "clients that are not browsers are unaffected");
   });
 
+  it("never passes the console's cookie or a sandbox credential on to a guest's port", async () => {
+    const spawned = await send(running.socket, "POST", "/v1/sandboxes", {
+      json: { snapshot_tag: "py", n: 1 },
+    });
+    assert.equal(spawned.status, 201, spawned.text);
+    const id = spawned.json<{ id: string }[]>()[0]?.id as string;
+    const { cookie } = await login(running);
+    const viaPort = await send(running.tcp, "GET", `/v1/sandboxes/${id}/ports/8080/page`, {
+      headers: {
+        authorization: `Bearer ${TOKEN}`,
+        cookie: `theme=dark; ${cookie}`,
+        "x-access-token": "the-sandbox-envd-token",
+        "x-app-header": "kept",
+      },
+    });
+    assert.equal(viaPort.status, 200, viaPort.text);
+    const echoed = viaPort.json<{ headers: Record<string, string> }>().headers;
+    assert.equal(echoed.cookie, "theme=dark", "the session cookie is the console's, never the guest's");
+    assert.equal(echoed["x-access-token"], undefined);
+    assert.equal(echoed.authorization, undefined);
+    assert.equal(echoed["x-app-header"], "kept");
+  });
+
   it("marks the cookie Secure and __Host- under TLS", () => {
     const access = new ConsoleAccess();
-    const listener = { transport: "tcp" as const, tls: true, tokens: [], snapshotsDir: "/s" };
+    const listener = { transport: "tcp" as const, tls: true, tokens: [], snapshotsDir: "/s", socketCsrf: "" };
     const cookie = access.setCookie(listener, "abc");
     assert.match(cookie, /^__Host-forkd-console=abc;/);
     assert.match(cookie, /; Secure/);

@@ -43,6 +43,7 @@ function sandbox(id: string, tag: string, fields: Partial<SandboxWire> = {}): Sa
     created_at_unix: clock++,
     pid: 1,
     memory_limit_mib: null,
+    public_ports: true,
     status: "running",
     expires_at_unix_ms: null,
     ready_ms: 1,

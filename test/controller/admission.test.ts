@@ -34,8 +34,33 @@ describe("admission", () => {
     assert.throws(() => admission.reserveSpawn(1), isCode("unavailable", /7 alive, 3 starting/));
     b.release();
     alive += 3;
-    assert.deepEqual(admission.reserved(), { spawns: 0, sandboxes: 0, memoryMiB: 0 });
+    assert.deepEqual(admission.reserved(), { spawns: 0, sandboxes: 0, memoryMiB: 0, parentBoots: 0 });
     assert.throws(() => admission.reserveSpawn(1), isCode("unavailable", /10 alive\)/));
+  });
+
+  it("bounds parent boots host-wide and per tenant; admins only host-wide", () => {
+    const admission = new Admission(
+      { ...limits, maxConcurrentParentBoots: 3, tenantMaxParentBoots: 1 },
+      () => 0,
+      () => 1_000_000,
+    );
+    const alice = admission.reserveParentBoot("alice");
+    assert.throws(
+      () => admission.reserveParentBoot("alice"),
+      isCode("too_many_requests", /tenant alice is already building 1 snapshot \(limit 1\)/),
+    );
+    const admin = admission.reserveParentBoot(null);
+    const bob = admission.reserveParentBoot("bob");
+    assert.throws(
+      () => admission.reserveParentBoot(null),
+      isCode("too_many_requests", /3 snapshots are already being built \(limit 3\)/),
+    );
+    alice.release();
+    alice.release();
+    assert.equal(admission.reserved().parentBoots, 2, "a release is counted once");
+    admission.reserveParentBoot("alice").release();
+    for (const r of [admin, bob]) r.release();
+    assert.equal(admission.reserved().parentBoots, 0);
   });
 
   it("memory promised to work in progress is not available to the next request", () => {

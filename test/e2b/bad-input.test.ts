@@ -155,6 +155,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.ok(pause instanceof SandboxError && pause.statusCode === 501, `pause: ${pause}`);
     assert.match((pause as SandboxError).message, /not supported/);
     assert.equal(await sbx.isRunning(), true);
+    const snapshot = await raw(`/sandboxes/${sbx.sandboxId}/snapshots`, {
+      method: "POST",
+      body: JSON.stringify({ memory: false }),
+    });
+    assert.equal(snapshot.status, 501, "a filesystem-only snapshot is refused, not taken with memory");
     const lifecycle = await Sandbox.create("py", {
       ...opts,
       lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
@@ -289,15 +294,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     });
 
     const offline = await created({ allowInternetAccess: false });
-    assert.deepEqual(offline.spawn?.network, { default: "deny", allowOut: [], denyOut: [] });
+    assert.deepEqual(offline.spawn?.network, { default: "deny" });
     const offlineInfo = await offline.sandbox.getInfo();
     assert.equal(offlineInfo.allowInternetAccess, false);
     assert.deepEqual(offlineInfo.network?.denyOut, [ALL_TRAFFIC]);
-    assert.deepEqual((await created({ allowInternetAccess: true })).spawn?.network, {
-      default: "allow",
-      allowOut: [],
-      denyOut: [],
-    });
+    assert.equal(
+      (await created({ allowInternetAccess: true })).spawn?.network,
+      undefined,
+      "allowInternetAccess: true (what older Python SDKs always send) is the default: it never widens --egress deny",
+    );
     const allowList = await created({
       network: {
         allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
@@ -309,6 +314,29 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
       allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
       denyOut: [ALL_TRAFFIC],
     });
+    // The newest SDKs' dnsServers: allowed with a domain in allowOut (E2B's rule); an IPv4 address only.
+    const withDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["192.0.2.53"] },
+      }),
+    });
+    assert.equal(withDns.status, 201);
+    assert.deepEqual(double.lastSpawn?.network, {
+      default: "deny",
+      allowOut: ["pypi.org", "192.0.2.53"],
+      denyOut: [ALL_TRAFFIC],
+    });
+    const badDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["dns.example"] },
+      }),
+    });
+    assert.equal(badDns.status, 400);
+    assert.match(((await badDns.json()) as { message: string }).message, /dnsServers.*IPv4/);
     assert.deepEqual((await allowList.sandbox.getInfo()).network?.allowOut, [
       "*.pythonhosted.org",
       "1.1.1.1",
@@ -316,11 +344,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     ]);
     assert.deepEqual(
       (await created({ allowInternetAccess: false, network: { allowOut: ["pypi.org"] } })).spawn?.network,
-      { default: "deny", allowOut: ["pypi.org"], denyOut: [] },
+      { default: "deny", allowOut: ["pypi.org"] },
       "allowInternetAccess: false denies what allowOut does not name, as ALL_TRAFFIC does",
     );
     const denyList = await created({ network: { denyOut: ["10.0.0.0/8"] } });
-    assert.deepEqual(denyList.spawn?.network, { default: "allow", allowOut: [], denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(
+      denyList.spawn?.network,
+      { denyOut: ["10.0.0.0/8"] },
+      "a deny list narrows the default (the template's, else the daemon's): it never turns egress on",
+    );
     assert.deepEqual((await denyList.sandbox.getInfo()).network?.denyOut, ["10.0.0.0/8"]);
 
     const inbound = await created({
@@ -360,10 +392,65 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.deepEqual(double.lastNetworkPolicy, { default: "deny", allowOut: [], denyOut: [] });
     await sbx.updateNetwork({});
     assert.deepEqual(double.lastNetworkPolicy, {}, "nothing said: the daemon's default");
+    await sbx.updateNetwork({ allowInternetAccess: false });
+    await sbx.updateNetwork({ allowInternetAccess: true });
+    assert.deepEqual(
+      double.lastNetworkPolicy,
+      {},
+      "allowInternetAccess: true is the default again, no wider",
+    );
+    await sbx.updateNetwork({ denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(double.lastNetworkPolicy, { allowOut: [], denyOut: ["10.0.0.0/8"] });
     assert.equal((await sbx.getInfo()).allowInternetAccess, true);
     const bad = await sbx.updateNetwork({ denyOut: ["not a host!"] }).catch((e: unknown) => e);
     assert.ok(bad instanceof SandboxError && bad.statusCode === 400, `${bad}`);
     await assert.rejects(Sandbox.updateNetwork(UNKNOWN, {}, opts), SandboxNotFoundError);
+  });
+
+  it("a sandbox the forkd API spawns with public_ports false needs its traffic token on the E2B data plane", async () => {
+    const spawn = async (body: Record<string, unknown>) => {
+      const answer = await send(
+        { host: "127.0.0.1", port: Number(new URL(url).port) },
+        "POST",
+        "/v1/sandboxes",
+        { json: { snapshot_tag: "py", ...body }, headers: { authorization: `Bearer ${TOKEN}` } },
+      );
+      assert.equal(answer.status, 201, answer.text);
+      return answer.json<{ id: string; public_ports: boolean }[]>()[0] as {
+        id: string;
+        public_ports: boolean;
+      };
+    };
+    const port = (id: string, extra: Record<string, string> = {}) =>
+      request(`${url}/`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "8080", ...extra } });
+    const closed = await spawn({ public_ports: false });
+    assert.equal(closed.public_ports, false);
+    const refused = await port(closed.id);
+    assert.equal(refused.status, 403, refused.body);
+    assert.match(refused.body, /does not allow public traffic/);
+    assert.equal((await port(closed.id, { "e2b-traffic-access-token": `traffic-${closed.id}` })).status, 200);
+    const open = await spawn({});
+    assert.equal(open.public_ports, true, "public by default, as E2B's");
+    assert.equal((await port(open.id)).status, 200);
+    // --e2b-private-traffic: every sandbox's ports, the forkd API's public ones included.
+    const strict = await buildApi({
+      services: double,
+      snapshotsDir: "/s",
+      transport: "tcp",
+      tokens: [tokenFromString(TOKEN)],
+      origin: { bindHost: "127.0.0.1" },
+      e2b: { privateTraffic: true },
+    });
+    try {
+      await strict.listen({ host: "127.0.0.1", port: 0 });
+      const address = strict.server.address() as { port: number };
+      const viaStrict = await request(`http://127.0.0.1:${address.port}/`, {
+        headers: { "e2b-sandbox-id": open.id, "e2b-sandbox-port": "8080" },
+      });
+      assert.equal(viaStrict.status, 403, viaStrict.body);
+    } finally {
+      await strict.close();
+    }
   });
 
   it("other ports are proxied to the guest: by header and by host name, no path reaches the daemon's API", async () => {
@@ -374,6 +461,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         authorization: `Bearer ${TOKEN}`,
         "x-api-key": TOKEN,
         "x-app-header": "kept",
+        "x-access-token": "the-sandbox-envd-token",
+        cookie: "forkd-console=a-console-session; app=kept; __Host-forkd-console=another",
       },
     });
     assert.equal(byHeader.status, 200, byHeader.body);
@@ -384,6 +473,8 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal(echoed.headers["x-app-header"], "kept");
     assert.equal(echoed.headers.authorization, undefined, "a daemon token never reaches a guest");
     assert.equal(echoed.headers["x-api-key"], undefined);
+    assert.equal(echoed.headers["x-access-token"], undefined, "nor the sandbox's envd token");
+    assert.equal(echoed.headers.cookie, "app=kept", "the console's session cookie never reaches a guest");
     const ownAuth = await request(`${url}/`, {
       headers: {
         "e2b-sandbox-id": sbx.sandboxId,

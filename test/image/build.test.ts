@@ -44,6 +44,8 @@ let built: BuiltImage;
 
 before(async () => {
   dir = await fs.mkdtemp(path.join(os.tmpdir(), "forkd-build-test-"));
+  // Build steps run as the unprivileged build range, which must pass through the image cache's parents.
+  await fs.chmod(dir, 0o711);
   cacheDir = path.join(dir, "cache");
   savedCacheEnv = process.env.FORKD_IMAGE_CACHE;
   process.env.FORKD_IMAGE_CACHE = cacheDir;

@@ -2,7 +2,8 @@
  * Another local user, for probes of what a local account that is not root (and not in forkd's groups) can do:
  * a system account `forkd-probe` with no home and no shell, created once per machine when a test first needs
  * it (tests run as root). Probes run as it through setpriv (util-linux): its uid and gid, no supplementary
- * groups, no_new_privs, nothing inherited but the arguments.
+ * groups, nothing inherited but the arguments (no_new_privs only when asked: it would also keep a setuid bit
+ * from working, which some probes are about).
  */
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
@@ -48,15 +49,22 @@ export async function probeUser(): Promise<LocalUser> {
 /** Runs `argv` as the probe user; resolves with its output and exit status (never rejects on a status). */
 export async function runAsProbeUser(
   argv: string[],
-  options: { timeoutMs?: number; cwd?: string } = {},
+  options: { timeoutMs?: number; cwd?: string; noNewPrivs?: boolean } = {},
 ): Promise<{ stdout: string; stderr: string; code: number }> {
   const user = await probeUser();
   const args = [
     `--reuid=${user.uid}`,
     `--regid=${user.gid}`,
     "--clear-groups",
-    "--no-new-privs",
+    "--inh-caps=-all",
+    ...(options.noNewPrivs ? ["--no-new-privs"] : []),
     "--",
+    // setpriv resolves and execs its program while it still holds root's capabilities: the user's own
+    // shell must look the program up, with the user's permissions only.
+    "/bin/sh",
+    "-c",
+    'exec "$@"',
+    "sh",
     ...argv,
   ];
   try {

@@ -2,9 +2,11 @@
  * A test "internet" the host routes to: a network namespace behind a veth (host side INTERNET_GATEWAY), with
  * several addresses, an HTTP server on each and a DNS server (test/support/internet-host.ts). Sandboxes reach
  * it the way they reach the real internet: out of their namespace, through the bridge, routed and masqueraded
- * by the host.
+ * by the host. Its addresses are fixed, so one test process on the machine holds it at a time: another waits
+ * (up to WAIT_MS) for the lock file the holder's pid is in.
  */
 import { type ChildProcess, execFile, spawn } from "node:child_process";
+import fs from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -36,15 +38,63 @@ export interface TestInternet {
   stop(): Promise<void>;
 }
 
+const LOCK = "/run/forkd-test-internet.lock";
+const WAIT_MS = 30 * 60_000;
+
+/** Takes the machine's test internet lock (waiting for another live holder; a dead one's is taken over). */
+async function lockInternet(): Promise<() => Promise<void>> {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const handle = await fs.open(LOCK, "wx").catch(() => undefined);
+    if (handle) {
+      await handle.writeFile(String(process.pid));
+      await handle.close();
+      return () => fs.rm(LOCK, { force: true });
+    }
+    const holder = Number(await fs.readFile(LOCK, "utf8").catch(() => "0"));
+    const alive =
+      holder > 0 &&
+      (await fs.stat(`/proc/${holder}`).then(
+        () => true,
+        () => false,
+      ));
+    if (!alive) await fs.rm(LOCK, { force: true });
+    else if (Date.now() > deadline) throw new Error(`the test internet is held by process ${holder}`);
+    else await new Promise((r) => setTimeout(r, 2000));
+  }
+}
+
 export async function startTestInternet(): Promise<TestInternet> {
+  const unlock = await lockInternet();
+  try {
+    const internet = await startLocked();
+    return {
+      ...internet,
+      stop: async () => {
+        await internet.stop();
+        await unlock();
+      },
+    };
+  } catch (err) {
+    await unlock();
+    throw err;
+  }
+}
+
+async function startLocked(): Promise<TestInternet> {
   const netns = `fkt-inet-${process.pid}`;
   const hostIf = `fkti${process.pid}`.slice(0, 15);
   const addresses = [INTERNET_DNS, ...Object.values(INTERNET_HOSTS)];
   await removeAbandonedTestInternets();
-  const routed = (await run("ip", ["route", "show", "to", "match", INTERNET_DNS])).stdout;
-  const specific = routed.split("\n").filter((line) => line.trim() !== "" && !line.startsWith("default "));
-  if (specific.length > 0) {
-    throw new Error(`the test internet's addresses are already routed on this host:\n${routed}`);
+  // Another test process (of a checkout without the lock) may hold the addresses: wait for it.
+  for (const deadline = Date.now() + WAIT_MS; ; ) {
+    const routed = (await run("ip", ["route", "show", "to", "match", INTERNET_DNS])).stdout;
+    const specific = routed.split("\n").filter((line) => line.trim() !== "" && !line.startsWith("default "));
+    if (specific.length === 0) break;
+    if (Date.now() > deadline) {
+      throw new Error(`the test internet's addresses are already routed on this host:\n${routed}`);
+    }
+    await new Promise((r) => setTimeout(r, 5000));
   }
   await run("ip", ["netns", "add", netns]);
   let server: ChildProcess | undefined;

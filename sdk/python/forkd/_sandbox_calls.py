@@ -43,6 +43,7 @@ class SandboxCalls(ControllerBase):
         lifetime: Optional[float] = None,
         on_timeout: Optional[str] = None,
         network: Optional[NetworkRequest] = None,
+        public_ports: Optional[bool] = None,
         request_timeout: Optional[float] = None,
         cancel: Optional[CancelToken] = None,
     ) -> List[Dict[str, Any]]:
@@ -54,7 +55,8 @@ class SandboxCalls(ControllerBase):
         (the default) or ``"pause"`` (to disk; :meth:`resume_sandbox` wakes it). ``live_fork=True`` makes ``mode="live"`` BRANCHes possible.
         ``network``: an egress policy, ``{"egress": "allow"|"deny", "allow_out": [...], "deny_out": [...]}`` (a
         field left out comes from the snapshot's template default, else the daemon's ``--egress``; docs/network.md),
-        or ``"none"`` (a NIC that leads nowhere). ``per_child_netns`` is accepted (every networked sandbox has a
+        or ``"none"`` (a NIC that leads nowhere). ``public_ports=False``: the sandboxes' ports are not public on
+        the E2B data plane (requests there need their traffic access token; E2B's allowPublicTraffic). ``per_child_netns`` is accepted (every networked sandbox has a
         namespace of its own); ``prewarm`` and ``hugepages`` are v0.5 flags this daemon answers 501 for when true.
         Limits (``memory_limit_mib``, ``cpu_limit_millicores``, ``pids_limit``, ``disk_limit_mib``): absent ones
         get the daemon's defaults; one the daemon's host cannot enforce is a 501 (docs/security.md, Limits).
@@ -85,6 +87,8 @@ class SandboxCalls(ControllerBase):
             body["on_timeout"] = on_timeout
         if network is not None:
             body["network"] = network_to_wire(network)
+        if public_ports is not None:
+            body["public_ports"] = public_ports
         base = self.settings(request_timeout=request_timeout).request_timeout
         count = n if isinstance(n, int) and n > 0 else 1
         return self._list(

@@ -13,7 +13,7 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import { SANDBOX_ID_PATTERN } from "../../common/limits.js";
 import { assertSandboxId, unanchored } from "../../common/names.js";
 import { PORT_PROXY_HEADER } from "../../common/proxied-path.js";
-import { stripDaemonTokens } from "../../common/tokens.js";
+import { stripCredentialsForGuest } from "../../common/tokens.js";
 import type { Principal } from "../../controller/tenancy/tenant-view.js";
 import { servicesOf, servicesOfUpgrade } from "../../http/request-scope.js";
 import type { ApiContext } from "../context.js";
@@ -124,7 +124,7 @@ export async function registerPortProxyRoutes(app: FastifyInstance, context: Api
         // Errors before this point (unknown sandbox, no network) still answer as JSON through Fastify.
         servicesOf(request).sandboxes.get(id);
         request.raw.url = target;
-        stripDaemonTokens(request.raw.headers, context.daemonTokens);
+        stripCredentialsForGuest(request.raw.headers, context.daemonTokens);
         reply.hijack();
         const res = reply.raw;
         const failure = await servicesOf(request)
@@ -168,7 +168,7 @@ export function portUpgradeHandler(
       .then((principal) => {
         assertSandboxId(id);
         req.url = `${rest ?? "/"}${query ?? ""}`;
-        stripDaemonTokens(req.headers, context.daemonTokens);
+        stripCredentialsForGuest(req.headers, context.daemonTokens);
         servicesOfUpgrade(req, principal).sandboxes.proxyUpgrade(id, Number(portText), req, socket, head);
       })
       .catch((err: unknown) => refuseUpgrade(socket, err));

@@ -103,6 +103,7 @@ async function spawnSandboxes(request: FastifyRequest<SpawnRoute>, reply: Fastif
     env: body.env,
     network: networkRequestFromWire(body.network),
     ownNamespace: body.per_child_netns,
+    ...(body.public_ports === false ? { inbound: { requireTrafficToken: true } } : {}),
     onTimeout: body.on_timeout,
     signal: clientSignal(request, reply),
   });

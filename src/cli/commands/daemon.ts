@@ -48,6 +48,7 @@ interface DaemonOptions {
   allowedHost: string[];
   allowedOrigin: string[];
   maxConnections?: number;
+  tenantMaxConnections?: number;
   tlsCert?: string;
   tlsKey?: string;
   auditLog: string | false;
@@ -56,8 +57,11 @@ interface DaemonOptions {
   maxSandboxes?: number;
   tenantMaxSandboxes?: number;
   maxConcurrentSpawns?: number;
+  maxParentBoots?: number;
+  tenantMaxParentBoots?: number;
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
+  metricsIntervalS: number;
   branchConcurrency?: number;
   warmPool: WarmPoolTarget[];
   state?: string;
@@ -147,6 +151,11 @@ function listenerOptions(command: Command): void {
       "connections each listener holds at once",
       parseIntOption("--max-connections", 1, 1_000_000),
     )
+    .option(
+      "--tenant-max-connections <n>",
+      "connections one tenant's callers and its sandboxes' public traffic hold at once, across listeners (more get 429; default 256)",
+      parseIntOption("--tenant-max-connections", 1, 1_000_000),
+    )
     .option("--tls-cert <file>", "PEM certificate: serve HTTPS on --bind")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
     .option("--no-console", "do not serve the web console at /console (docs/console.md)");
@@ -181,6 +190,16 @@ function admissionOptions(command: Command): void {
       parseIntOption("--max-concurrent-spawns", 1, 1000),
     )
     .option(
+      "--max-parent-boots <n>",
+      "snapshots built at once (POST /v1/snapshots: image build and parent boot; more get 429; default 2)",
+      parseIntOption("--max-parent-boots", 1, 100),
+    )
+    .option(
+      "--tenant-max-parent-boots <n>",
+      "snapshots one tenant's tokens may build at once (more get 429; default 1; admins: --max-parent-boots)",
+      parseIntOption("--tenant-max-parent-boots", 1, 100),
+    )
+    .option(
       "--memory-reserve-mib <mib>",
       "host memory that must stay available after a spawn",
       parseIntOption("--memory-reserve-mib", 0, 1 << 30),
@@ -189,6 +208,13 @@ function admissionOptions(command: Command): void {
       "--default-timeout-ms <ms>",
       "lifetime of sandboxes spawned without timeout_ms (default: none, they live until killed; 0 = none)",
       parseIntOption("--default-timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
+    )
+    .option(
+      "--metrics-interval-s <s>",
+      "sample every running sandbox's metrics this often into the series E2B's metrics route answers " +
+        "(bounded per sandbox; 0 = keep none, sample when asked)",
+      parseIntOption("--metrics-interval-s", 0, 3600),
+      5,
     )
     .option(
       "--branch-concurrency <n>",
@@ -330,6 +356,7 @@ function daemonConfig(opts: DaemonOptions, paths: ForkdPaths, logger: Logger): D
     allowedHosts: [...opts.allowedHost, ...(opts.e2bDomain ? [`*.${opts.e2bDomain}`] : [])],
     allowedOrigins: opts.allowedOrigin,
     maxConnections: opts.maxConnections,
+    tenantMaxConnections: opts.tenantMaxConnections,
     tlsCert: opts.tlsCert,
     tlsKey: opts.tlsKey,
     auditLog: opts.auditLog === false ? null : opts.auditLog,
@@ -360,6 +387,8 @@ async function openDaemonServices(
     ...(opts.maxSandboxes === undefined ? {} : { maxSandboxes: opts.maxSandboxes }),
     ...(opts.maxConcurrentSpawns === undefined ? {} : { maxConcurrentSpawns: opts.maxConcurrentSpawns }),
     ...(opts.memoryReserveMib === undefined ? {} : { reserveMiB: opts.memoryReserveMib }),
+    ...(opts.maxParentBoots === undefined ? {} : { maxConcurrentParentBoots: opts.maxParentBoots }),
+    ...(opts.tenantMaxParentBoots === undefined ? {} : { tenantMaxParentBoots: opts.tenantMaxParentBoots }),
   };
   const services = await openServices(paths, {
     limits,
@@ -369,6 +398,7 @@ async function openDaemonServices(
     consoleLogBytes: opts.consoleLogKib === undefined ? undefined : opts.consoleLogKib * 1024,
     allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
     defaultTimeoutMs: opts.defaultTimeoutMs,
+    metricsIntervalMs: opts.metricsIntervalS * 1000,
     branchConcurrency: opts.branchConcurrency,
     warmPools: opts.warmPool,
     extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),

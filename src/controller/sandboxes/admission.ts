@@ -5,6 +5,10 @@
  * RAM images being made, BRANCH copy buffers), so a burst cannot slip past a limit between a check and its
  * effect. A reservation is released when its work ends, once what it reserved shows in the host's own figures
  * (alive sandboxes, MemAvailable).
+ *
+ * Parent boots (`POST /v1/snapshots`, template builds: an image build, then a VM with the template's whole RAM)
+ * are admitted too: a bounded number at once host-wide and per tenant, and each boot's memory checked like a
+ * spawn's before its VM starts.
  */
 import { readFileSync } from "node:fs";
 import { ForkdError } from "../../common/errors.js";
@@ -21,6 +25,10 @@ export interface AdmissionLimits {
   perSandboxEstimateMiB: number;
   /** Host memory that must stay available after the spawn. */
   reserveMiB: number;
+  /** Parent boots (template builds included) running at once, host-wide; more get 429. */
+  maxConcurrentParentBoots: number;
+  /** Parent boots one tenant may run at once; more get 429 (admins: only the host-wide bound). */
+  tenantMaxParentBoots: number;
 }
 
 export const DEFAULT_ADMISSION_LIMITS: AdmissionLimits = {
@@ -28,6 +36,8 @@ export const DEFAULT_ADMISSION_LIMITS: AdmissionLimits = {
   maxConcurrentSpawns: 4,
   perSandboxEstimateMiB: 64,
   reserveMiB: 1024,
+  maxConcurrentParentBoots: 2,
+  tenantMaxParentBoots: 1,
 };
 
 /** The host's MemAvailable (synchronous: a read of /proc/meminfo, so a check and its reservation are one step). */
@@ -45,6 +55,8 @@ export class Admission {
   private spawnsInFlight = 0;
   private sandboxesReserved = 0;
   private memoryReservedMiB = 0;
+  private parentBoots = 0;
+  private readonly parentBootsByTenant = new Map<string, number>();
 
   constructor(
     readonly limits: AdmissionLimits,
@@ -94,9 +106,39 @@ export class Admission {
     });
   }
 
+  /**
+   * Reserves a slot for a parent boot by `tenant` (null: an admin), or throws `too_many_requests` saying which
+   * bound. Its memory is reserved separately (reserveMemory) once the template says how much.
+   */
+  reserveParentBoot(tenant: string | null): Reservation {
+    if (this.parentBoots >= this.limits.maxConcurrentParentBoots) {
+      throw new ForkdError(
+        "too_many_requests",
+        `${this.parentBoots} snapshots are already being built (limit ${this.limits.maxConcurrentParentBoots}); retry when one is done`,
+      );
+    }
+    const ofTenant = tenant === null ? 0 : (this.parentBootsByTenant.get(tenant) ?? 0);
+    if (tenant !== null && ofTenant >= this.limits.tenantMaxParentBoots) {
+      throw new ForkdError(
+        "too_many_requests",
+        `tenant ${tenant} is already building ${ofTenant} snapshot${ofTenant === 1 ? "" : "s"} (limit ${this.limits.tenantMaxParentBoots}); retry when it is done`,
+      );
+    }
+    this.parentBoots++;
+    if (tenant !== null) this.parentBootsByTenant.set(tenant, ofTenant + 1);
+    return once(() => {
+      this.parentBoots--;
+      if (tenant === null) return;
+      const left = (this.parentBootsByTenant.get(tenant) ?? 1) - 1;
+      if (left > 0) this.parentBootsByTenant.set(tenant, left);
+      else this.parentBootsByTenant.delete(tenant);
+    });
+  }
+
   /** What is reserved right now (for metrics and tests). */
-  reserved(): { spawns: number; sandboxes: number; memoryMiB: number } {
+  reserved(): { spawns: number; sandboxes: number; memoryMiB: number; parentBoots: number } {
     return {
+      parentBoots: this.parentBoots,
       spawns: this.spawnsInFlight,
       sandboxes: this.sandboxesReserved,
       memoryMiB: this.memoryReservedMiB,

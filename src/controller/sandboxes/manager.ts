@@ -109,6 +109,12 @@ export interface ManagerOptions {
   defaultTimeoutMs?: number;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /**
+   * Keep each running sandbox's metrics as a series, a sample every this many ms (`forkd daemon
+   * --metrics-interval-s`; E2B's metrics route answers the series). 0: none, metrics are sampled when asked.
+   * @default 0
+   */
+  metricsIntervalMs?: number;
   /** The snapshot default template names resolve to (default: pyagent when it exists). */
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
@@ -169,7 +175,7 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
   const collection = new SnapshotCollection(shared);
   const networkCalls = new NetworkCalls(shared);
   const guest = new GuestCalls(live);
-  const usage = new UsageReports({ ...shared, files: guest.files });
+  const usage = new UsageReports({ ...shared, guest });
   const teardown = new Teardown({
     ...shared,
     networkCalls,
@@ -249,6 +255,7 @@ export class SandboxManager implements SandboxService {
     });
     const snapshots = new DaemonSnapshots(paths, db, (tag) => sandboxesUsing(db, tag), {
       confinement,
+      admission,
       beforeDelete: (tag) => this.warmPool.drain(tag),
       defaultSnapshot: options.defaultSnapshot,
       imageDirs: [paths.images, ...(options.extraImageDirs ?? [])],
@@ -304,6 +311,7 @@ export class SandboxManager implements SandboxService {
     await manager.restart.reconcile();
     for (const target of options.warmPools ?? []) manager.warmPool.warm(target.tag, target.size);
     manager.lifetimes.start(options.sweepIntervalMs ?? SWEEP_INTERVAL_MS);
+    manager.verbs.usage.startSeries(options.metricsIntervalMs ?? 0);
     return manager;
   }
 
@@ -415,6 +423,13 @@ export class SandboxManager implements SandboxService {
     return this.verbs.usage.metrics(id, options);
   }
 
+  metricsHistory(
+    id: string,
+    range: { startMs?: number; endMs?: number; signal?: AbortSignal } = {},
+  ): Promise<SandboxMetrics[]> {
+    return this.verbs.usage.history(id, range);
+  }
+
   usage(filter: { ids?: readonly string[] } = {}): Promise<SandboxUsage[]> {
     return this.verbs.usage.usage(filter);
   }
@@ -488,6 +503,7 @@ export class SandboxManager implements SandboxService {
     await this.warmPool.close();
     this.closed = true;
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     // Re-attaches in flight let go of what they adopt once they see `closed`.
     await this.reattached.catch(() => {});
     this.live.releaseAll();
@@ -499,6 +515,7 @@ export class SandboxManager implements SandboxService {
   async closeAndKill(): Promise<void> {
     await this.warmPool.close();
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     await this.killAll();
     this.verbs.networkCalls.closeProxy();
     await this.networks.close();

@@ -31,6 +31,8 @@ export interface ProgressEvent {
   buildStep?: number;
 }
 
+/** Host memory a parent's QEMU is assumed to need beyond the guest's RAM, for memory admission. */
+const PARENT_QEMU_OVERHEAD_MIB = 64;
 /** Disk a parent's own layer is assumed to grow by during boot and warm-up, for disk admission. */
 const PARENT_DISK_SLACK_MIB = 256;
 
@@ -52,6 +54,11 @@ export interface CreateSnapshotOptions {
   network?: boolean;
   /** How the parent VM is confined (default: this process's). */
   confinement?: ConfinementConfig;
+  /**
+   * Admits the parent VM's memory (the template's RAM plus QEMU's own) before it boots, or throws (the daemon's
+   * admission control); what it returns is released when the parent is gone.
+   */
+  admitBoot?: (memoryMiB: number) => { release(): void };
   onProgress?: (event: ProgressEvent) => void;
   signal?: AbortSignal;
 }
@@ -118,8 +125,10 @@ export async function createSnapshot(
   });
   const runDir = path.join(paths.run, `parent-${newSandboxId()}`);
   let booted: BootedVm | undefined;
+  let admitted: { release(): void } | undefined;
   crashPoint("snapshot.staged");
   try {
+    admitted = options.admitBoot?.(template.memoryMib + PARENT_QEMU_OVERHEAD_MIB);
     await symlink(image.rootfs, writer.file(SNAPSHOT_FILES.baseDisk));
     await createOverlay({
       backing: SNAPSHOT_FILES.baseDisk,
@@ -155,6 +164,7 @@ export async function createSnapshot(
       booted.agent.close();
       await booted.vm.kill({ graceMs: 0 }).catch(() => {});
     }
+    admitted?.release();
     await writer.abort();
     await rm(runDir, { recursive: true, force: true });
   }

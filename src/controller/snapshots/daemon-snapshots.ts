@@ -25,6 +25,7 @@ import type {
   UnpackRequest,
   UnpackResult,
 } from "../sandbox-service.js";
+import type { Admission } from "../sandboxes/admission.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import {
   type CreateSnapshotOptions,
@@ -43,6 +44,7 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
+  private readonly admission: Pick<Admission, "reserveParentBoot" | "reserveMemory"> | undefined;
 
   constructor(
     private readonly paths: ForkdPaths,
@@ -60,9 +62,12 @@ export class DaemonSnapshots implements SnapshotService {
       imageDirs?: readonly string[];
       /** How parent VMs are confined (the daemon's). */
       confinement?: ConfinementConfig;
+      /** The daemon's admission control: parent boots take a slot (host-wide, per tenant) and their memory. */
+      admission?: Pick<Admission, "reserveParentBoot" | "reserveMemory">;
     } = {},
   ) {
     this.confinement = options.confinement;
+    this.admission = options.admission;
     this.store = new SnapshotStore(paths.snapshots);
     this.beforeDelete = options.beforeDelete;
     this.imageDirs = options.imageDirs ?? [paths.images];
@@ -218,12 +223,27 @@ export class DaemonSnapshots implements SnapshotService {
     if (request.image !== undefined && request.template !== undefined) {
       throw invalidArgument("give template, or kernel and rootfs, not both");
     }
+    // Taken before the first await: a burst of creates cannot slip past the bound (admission.ts).
+    const slot = this.admission?.reserveParentBoot(request.owner ?? null);
+    try {
+      return await this.createAdmitted(tag, request);
+    } finally {
+      slot?.release();
+    }
+  }
+
+  private async createAdmitted(tag: string, request: SnapshotCreateRequest): Promise<SnapshotInfo> {
     // Refused before a job row exists: a path outside the allowlist leaves no trace.
     const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
-    return this.write(tag, request.owner ?? null, {
-      ...(image ? { image } : { template: request.template ?? tag }),
-      signal: request.signal,
-    });
+    return this.write(
+      tag,
+      request.owner ?? null,
+      {
+        ...(image ? { image } : { template: request.template ?? tag }),
+        signal: request.signal,
+      },
+      true,
+    );
   }
 
   /**
@@ -244,19 +264,29 @@ export class DaemonSnapshots implements SnapshotService {
     if (relative.startsWith("..") || path.isAbsolute(relative)) {
       throw invalidArgument("a build's template file must be in the daemon's builds directory");
     }
-    return this.write(tag, request.owner, {
-      template: request.templateFile,
-      templateFiles: true,
-      force: request.force,
-      onProgress: request.onProgress,
-      signal: request.signal,
-    });
+    return this.write(
+      tag,
+      request.owner,
+      {
+        template: request.templateFile,
+        templateFiles: true,
+        force: request.force,
+        onProgress: request.onProgress,
+        signal: request.signal,
+      },
+      false,
+    );
   }
 
+  /**
+   * `admitParent`: the parent VM's memory is reserved through admission here; a template build reserves its own
+   * (controller/builds, which also queues builds instead of refusing them).
+   */
   private async write(
     tag: string,
     owner: string | null,
-    options: Omit<CreateSnapshotOptions, "tag" | "confinement">,
+    options: Omit<CreateSnapshotOptions, "tag" | "confinement" | "admitBoot">,
+    admitParent: boolean,
   ): Promise<SnapshotInfo> {
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
@@ -269,13 +299,29 @@ export class DaemonSnapshots implements SnapshotService {
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     crashPoint("snapshot.claimed");
+    const admission = admitParent ? this.admission : undefined;
+    let refusedByAdmission = false;
+    const admitBoot =
+      admission &&
+      ((mib: number) => {
+        try {
+          return admission.reserveMemory(mib, `the parent VM of ${tag}`);
+        } catch (err) {
+          refusedByAdmission = true;
+          throw err;
+        }
+      });
     try {
-      await createSnapshot(this.paths, { tag, ...options, confinement: this.confinement });
+      await createSnapshot(this.paths, { tag, ...options, confinement: this.confinement, admitBoot });
       crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {
-      // A request that was invalid from the start leaves no trace; a failed build is kept as "failed".
-      if (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code)) {
+      // A request that was invalid from the start, or that admission refused, leaves no trace; a failed build
+      // is kept as "failed".
+      if (
+        refusedByAdmission ||
+        (err instanceof ForkdError && ["invalid_argument", "not_found", "conflict"].includes(err.code))
+      ) {
         this.db.deleteSnapshotJob(tag);
       } else {
         this.db.upsertSnapshotJob({

@@ -258,6 +258,9 @@ class TenantScope {
         this.ownsSandbox(id) && inner.verifyAccessToken(id, kind, token),
       envVars: mine((id) => inner.envVars(id)),
       metrics: mine((id, options?: { signal?: AbortSignal }) => inner.metrics(id, options)),
+      metricsHistory: mine((id, range?: Parameters<SandboxService["metricsHistory"]>[1]) =>
+        inner.metricsHistory(id, range),
+      ),
       networkStatus: () => inner.networkStatus(),
       confinementStatus: () => inner.confinementStatus(),
       usage: (filter) => this.ownUsage(filter),
