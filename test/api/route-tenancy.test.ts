@@ -56,11 +56,6 @@ const UNKNOWN = {
 const NAME_CLAIMS: Record<string, string> = {
   // Names are one namespace per daemon: another tenant's alias is "taken" (409), and nothing else of it shows.
   "PUT /v1/template-aliases/:alias": "409",
-  // E2B's build request makes the caller's own template under a new name; each answer has a new build id.
-  "POST /v3/templates": "202",
-  // A template upload is authenticated by its signed URL alone: without this daemon's signature it is 403
-  // before any lookup, whatever the template.
-  "PUT /templates/:templateID/files/:hash": "403",
 };
 /**
  * Routes that make something new with ids of their own (E2B's POST /v3/templates: a template or build id per
@@ -458,9 +453,6 @@ function sample(field: string, names: Names, where: "path" | "query" | "body"): 
       return where === "path" ? names.workspace : where === "query" ? names.alias : "walk-new-workspace";
     case "port":
       return 8080;
-    case "hash":
-    case "signature":
-      return "0".repeat(64);
     case "*":
       return "walk";
     case "path":
