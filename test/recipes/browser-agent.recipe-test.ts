@@ -37,7 +37,14 @@ describe("recipe browser-agent", { timeout: 40 * 60_000 }, () => {
 
   it("children's agents browse with the browser started in the parent", async () => {
     const script = `echo '${JSON.stringify(PLAN)}' | browser-agent - && head -c 4 /tmp/catalogue.png | tail -c 3`;
-    const result = await forkChildren(home, { tag: TAG, n: 2, exec: ["sh", "-c", script] });
+    // Eight browser actions (two page loads, a screenshot) in each of two children at once under TCG: minutes, not
+    // the 60 s default of a fork's work.
+    const result = await forkChildren(home, {
+      tag: TAG,
+      n: 2,
+      exec: ["sh", "-c", script],
+      workTimeoutMs: 300_000,
+    });
     for (const child of result.children) {
       assert.equal(child.error, null, `child ${child.index}: ${child.error}`);
       assert.equal(child.exit_code, 0, `${child.stdout}\n${child.stderr}`);

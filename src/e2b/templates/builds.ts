@@ -5,7 +5,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import type { FastifyInstance } from "fastify";
-import { invalidArgument } from "../../common/errors.js";
+import { invalidArgument, notFound } from "../../common/errors.js";
 import { servicesOf } from "../../http/request-scope.js";
 import { errorResponses, TemplateIdParams } from "../control/schemas.js";
 import {
@@ -88,8 +88,10 @@ function registerStart(app: FastifyInstance): void {
     async (request, reply) => {
       const builds = buildsOf(servicesOf(request));
       const { templateID, buildID } = request.params;
-      // The template first: an unknown (or another tenant's) one is 404 whatever the body says.
-      await builds.get(templateID);
+      // The caller's template and build first (404 as if another tenant's did not exist), then the steps.
+      if (!(await builds.builds(templateID)).some((build) => build.id === buildID)) {
+        throw notFound(`build ${buildID} of template ${templateID} not found`);
+      }
       const base = request.body.fromTemplate ? await builds.recipe(request.body.fromTemplate) : undefined;
       await builds.start(templateID, buildID, recipeOf(request.body, base));
       request.auditIds.push(templateID);
