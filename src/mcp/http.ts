@@ -2,10 +2,12 @@
  * The MCP Streamable HTTP transport, served by node:http: one MCP session per client (`Mcp-Session-Id`), each with
  * its own server (tools, outputs, background commands). Every request needs `Authorization: Bearer <token>`; the
  * listener is on loopback unless told otherwise, and then Host and Origin must name the loopback address (a web
- * page cannot reach it through DNS rebinding).
+ * page cannot reach it through DNS rebinding). A session belongs to the token that opened it: a request with
+ * another token, even a valid one, does not reach it. The token file must be the process's own and unreadable to
+ * other users (as the daemon's token file).
  */
 import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
-import { readFile } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
@@ -37,6 +39,8 @@ export interface RunningHttp {
 }
 
 interface Session {
+  /** The token that opened it (its index in the configured tokens): only it reaches the session. */
+  token: number;
   transport: StreamableHTTPServerTransport;
   mcp: ForkdMcpSession;
   lastUsed: number;
@@ -48,6 +52,21 @@ export function isLoopback(host: string): boolean {
 
 /** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_BYTES without whitespace. */
 export async function loadTokens(file: string): Promise<string[]> {
+  const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
+    throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
+  });
+  // Anyone who can read or replace the file holds (or chooses) every credential of the listener.
+  const uid = process.getuid?.();
+  if (uid !== undefined && info.uid !== uid) {
+    throw new Error(
+      `the MCP token file ${file} is owned by uid ${info.uid}, not by this process's (uid ${uid}): chown it`,
+    );
+  }
+  if ((info.mode & 0o077) !== 0) {
+    throw new Error(
+      `the MCP token file ${file} is open to other users (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
+    );
+  }
   const text = await readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
   });
@@ -129,12 +148,15 @@ class McpListener {
       return jsonError(response, 404, `no such path; MCP is served at ${MCP_PATH}`);
     if (!this.allowedHost(request))
       return jsonError(response, 403, "Host/Origin must name the loopback address");
-    if (!this.authorized(request)) {
+    const token = this.tokenOf(request);
+    if (token < 0) {
       response.setHeader("WWW-Authenticate", 'Bearer realm="forkd-mcp"');
       return jsonError(response, 401, "missing or invalid bearer token (Authorization: Bearer <token>)");
     }
     const sessionId = headerValue(request.headers["mcp-session-id"]);
-    const existing = sessionId === undefined ? undefined : this.sessions.get(sessionId);
+    const found = sessionId === undefined ? undefined : this.sessions.get(sessionId);
+    // Another token's session is answered as an unknown one: its id alone opens nothing.
+    const existing = found?.token === token ? found : undefined;
     if (existing) {
       existing.lastUsed = Date.now();
       const body = request.method === "POST" ? await readJson(request, response) : undefined;
@@ -144,7 +166,7 @@ class McpListener {
     }
     if (sessionId !== undefined)
       return jsonError(response, 404, "unknown or expired MCP session; initialize again");
-    await this.open(request, response);
+    await this.open(request, response, token);
   }
 
   /** Closes sessions nobody used for SESSION_IDLE_MS (their background commands stop). */
@@ -168,7 +190,7 @@ class McpListener {
   }
 
   /** A request without a session: an initialize opens one (within MAX_SESSIONS); anything else is refused. */
-  private async open(request: IncomingMessage, response: ServerResponse): Promise<void> {
+  private async open(request: IncomingMessage, response: ServerResponse, token: number): Promise<void> {
     if (request.method !== "POST")
       return jsonError(response, 400, "no session: send an initialize request first");
     const body = await readJson(request, response);
@@ -181,7 +203,7 @@ class McpListener {
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
-        this.sessions.set(id, { transport, mcp, lastUsed: Date.now() });
+        this.sessions.set(id, { token, transport, mcp, lastUsed: Date.now() });
         this.log(`MCP session ${id} opened`);
       },
     });
@@ -196,13 +218,14 @@ class McpListener {
     await transport.handleRequest(request, response, body);
   }
 
-  private authorized(request: IncomingMessage): boolean {
+  /** The index of the configured token the request carries, or -1. */
+  private tokenOf(request: IncomingMessage): number {
     const header = request.headers.authorization ?? "";
     const match = /^Bearer ([^\s]+)$/.exec(header);
-    if (!match) return false;
+    if (!match) return -1;
     const presented = digest(match[1] as string);
     // Every configured token is compared, in constant time, whatever matched first.
-    return this.digests.map((d) => timingSafeEqual(d, presented)).includes(true);
+    return this.digests.map((d) => timingSafeEqual(d, presented)).indexOf(true);
   }
 
   private allowedHost(request: IncomingMessage): boolean {
