@@ -4,6 +4,8 @@
  *
  *   forkd-agent   the Go agent (src/agent/guest), static: CGO_ENABLED=0, standard library only
  *   worker.py     the warm Python worker
+ *   kernels.py    its bash (and other languages') contexts, loaded on first use
+ *   magics.py     IPython's `!cmd` and `%magic` lines in Python cells, loaded on first use
  *
  * Usage: node scripts/build-guest.mjs [--out <dir>]   (default dist/guest). The directory is built beside the
  * target and renamed into place, so a failed build never leaves a half-written payload behind.
@@ -41,7 +43,9 @@ export async function buildGuest(outDir) {
       ],
       { cwd: root, stdio: "inherit", env: { ...process.env, CGO_ENABLED: "0" } },
     );
-    await cp(path.join(root, "src/agent/guest/worker.py"), path.join(staging, "worker.py"));
+    for (const file of ["worker.py", "kernels.py", "magics.py"]) {
+      await cp(path.join(root, "src/agent/guest", file), path.join(staging, file));
+    }
     await rm(target, { recursive: true, force: true });
     await mkdir(path.dirname(target), { recursive: true });
     await rename(staging, target);

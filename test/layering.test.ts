@@ -116,6 +116,7 @@ const LAYERS: Record<string, Layer> = {
       "net",
       "isolation",
       "controller/snapshots",
+      "controller/builds",
       "controller/host",
       "controller/machines",
       "controller/networks",
@@ -123,9 +124,19 @@ const LAYERS: Record<string, Layer> = {
     ],
     packages: [],
   },
+  "controller/builds": {
+    readme: "controller/builds/README.md",
+    forkd: ["common", "controller/snapshots"],
+    packages: ["tar", "smol-toml"],
+  },
   "controller/tenancy": {
     readme: "controller/tenancy/README.md",
-    forkd: ["common", "controller/sandbox-service.ts", "controller/snapshots/template-aliases.ts"],
+    forkd: [
+      "common",
+      "controller/sandbox-service.ts",
+      "controller/snapshots/template-aliases.ts",
+      "controller/builds/contract.ts",
+    ],
     packages: [],
   },
   e2b: {
@@ -137,6 +148,7 @@ const LAYERS: Record<string, Layer> = {
       "controller/tenancy",
       "controller/sandboxes/settings.ts",
       "controller/snapshots/template-aliases.ts",
+      "controller/builds/contract.ts",
       "agent/host",
       "agent/protocol",
     ],

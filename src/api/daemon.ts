@@ -9,7 +9,7 @@ import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
-import type { E2bSettings } from "../e2b/index.js";
+import { defaultSandboxDomain, type E2bSettings } from "../e2b/index.js";
 import { ConnectionBudget } from "../http/connection-budget.js";
 import {
   type ApiOptions,
@@ -147,6 +147,8 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
     if (config.auditLog !== null) {
       audit = await AuditLog.open(config.auditLog, (err) => logger.error({ err }, "audit log write failed"));
     }
+    // Sandbox host names (getHost) are the daemon's own, never E2B's production domain.
+    const e2bDomain = config.e2b?.domain ?? defaultSandboxDomain(checked.tcp);
     const metrics = createMetrics(services, { version: FORKD_VERSION });
     extensions = (config.extensions ?? []).map((make) =>
       make({ services, metrics, snapshotsDir: config.snapshotsDir, logger }),
@@ -162,7 +164,7 @@ export async function startDaemon(config: DaemonConfig, services: ClosableServic
       maxConnections: config.maxConnections,
       connections: new ConnectionBudget(config.tenantMaxConnections),
       headersTimeoutMs: config.headersTimeoutMs,
-      e2b: config.e2b,
+      e2b: { ...config.e2b, domain: e2bDomain },
       daemonTokens: checked.tokens,
     };
     const urls = await startListeners(config, checked, common, apps);
@@ -223,7 +225,13 @@ async function startListeners(
       https: checked.https,
       origin: {
         bindHost: checked.tcp.host,
-        allowedHosts: config.allowedHosts,
+        // Without --e2b-domain the sandboxes' host names are under the daemon's own name (getHost).
+        allowedHosts: [
+          ...(config.allowedHosts ?? []),
+          ...(config.e2b?.domain === undefined && common.e2b?.domain !== undefined
+            ? [`*.${common.e2b.domain.split(":")[0]}`]
+            : []),
+        ],
         allowedOrigins: config.allowedOrigins,
       },
     });

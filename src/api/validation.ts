@@ -20,12 +20,17 @@ const PART_NAMES: Record<string, string> = {
 export const typeboxValidatorCompiler: FastifySchemaCompiler<TSchema> = ({ schema, httpPart }) => {
   if ((schema as { format?: string }).format === "binary") return (data) => ({ value: data });
   const check = TypeCompiler.Compile(schema);
+  const members = schema.anyOf as TSchema[] | undefined;
+  const objects = members?.filter((member) => member.type === "object") ?? [];
+  // An optional body (an object or nothing): an object that fails is described by the object's own errors.
+  const objectCheck = objects.length === 1 ? TypeCompiler.Compile(objects[0] as TSchema) : undefined;
   const part = PART_NAMES[httpPart ?? "body"] ?? String(httpPart);
   const converts = httpPart !== "body";
   return (data) => {
     const value = converts ? Value.Convert(schema, Value.Default(schema, Value.Clone(data))) : data;
     if (check.Check(value)) return { value };
-    const first = check.Errors(value).First();
+    const isObject = typeof value === "object" && value !== null && !Array.isArray(value);
+    const first = (isObject ? objectCheck?.Errors(value).First() : undefined) ?? check.Errors(value).First();
     return { error: validationError(part, first) };
   };
 };

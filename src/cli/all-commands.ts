@@ -12,6 +12,7 @@ import { registerSnapshotDiff } from "./commands/snapshot-diff.js";
 import { registerSnapshotInfo } from "./commands/snapshot-info.js";
 import { registerSnapshots } from "./commands/snapshots.js";
 import { registerTeardown } from "./commands/teardown.js";
+import { registerToken } from "./commands/token.js";
 import { registerUnpack } from "./commands/unpack.js";
 
 export function registerAll(program: Command): Command {
@@ -27,6 +28,7 @@ export function registerAll(program: Command): Command {
   registerRegistry(program);
   registerDoctor(program);
   registerTeardown(program);
+  registerToken(program);
   registerDaemonCommands(program);
   return program;
 }

@@ -144,6 +144,27 @@ export const MAX_RESPONSE_BYTES = 1024 * 1024 * 1024;
 /** A streamed record (an NDJSON line, an SSE event) longer than this is a broken or hostile stream. */
 export const MAX_STREAM_RECORD_BYTES = 16 * 1024 * 1024;
 
+// --- Template builds (E2B's Template.build; docs/e2b.md, Template builds) ------------------------------------------
+
+/** Instructions one build may send. */
+export const MAX_TEMPLATE_BUILD_STEPS = 1000;
+/** Arguments of one instruction, and characters of one argument (a RUN's command, a start or ready command). */
+export const MAX_TEMPLATE_STEP_ARGS = 64;
+export const MAX_TEMPLATE_STEP_ARG_CHARS = 64 * 1024;
+/** What a template's sandboxes (and its build's parent VM) may be given; the defaults when a build names none. */
+export const MAX_TEMPLATE_CPU_COUNT = 8;
+export const DEFAULT_TEMPLATE_CPU_COUNT = 1;
+export const MIN_TEMPLATE_MEMORY_MIB = 128;
+export const MAX_TEMPLATE_MEMORY_MIB = 16 * 1024;
+export const DEFAULT_TEMPLATE_MEMORY_MIB = 1024;
+/** The disk of a template's image: the default, and the largest `minFreeDiskMb` may make it. */
+export const DEFAULT_TEMPLATE_DISK_MIB = 4096;
+export const MAX_TEMPLATE_DISK_MIB = 64 * 1024;
+/** One uploaded archive of a build's files: bytes as sent, bytes unpacked, entries. */
+export const MAX_TEMPLATE_UPLOAD_BYTES = 1024 * 1024 * 1024;
+export const MAX_TEMPLATE_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024;
+export const MAX_TEMPLATE_UPLOAD_ENTRIES = 100_000;
+
 // --- Wire names --------------------------------------------------------------------------------------------------
 
 /** The streamed exec's request and answer (one JSON document per line). */

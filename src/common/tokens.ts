@@ -3,7 +3,7 @@
  * configured token without an early exit, so the time taken says nothing about which token (or which prefix)
  * matched. Shared by every surface that takes a daemon token (bearer on the forkd API, X-API-Key on the E2B API).
  */
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
 import { ForkdError } from "./errors.js";
 import { MIN_TOKEN_BYTES } from "./limits.js";
@@ -23,6 +23,19 @@ export interface Token {
    * admin token, which sees everything (every token of a file written before tenants existed).
    */
   tenant: string | null;
+}
+
+/**
+ * New API tokens are shaped like E2B's API keys, `e2b_` and 40 lower-case hex digits (160 random bits), so every
+ * E2B client takes them: some versions of E2B's Python SDK refuse, before sending anything, a key that does not
+ * match `^e2b_[0-9a-f]+$`. The daemon itself takes any token of at least MIN_TOKEN_BYTES.
+ */
+export const API_KEY_PREFIX = "e2b_";
+const API_KEY_RANDOM_BYTES = 20;
+export const API_KEY_PATTERN = /^e2b_[0-9a-f]+$/;
+
+export function newApiKey(): string {
+  return `${API_KEY_PREFIX}${randomBytes(API_KEY_RANDOM_BYTES).toString("hex")}`;
 }
 
 export function isValidTenant(name: unknown): name is string {

@@ -8,6 +8,7 @@ import type http from "node:http";
 import type net from "node:net";
 import type {
   ContextInfo,
+  ContextLanguage,
   EvalOptions,
   EvalOutcome,
   ExecOptions,
@@ -164,7 +165,7 @@ export interface SandboxMetrics {
   mem_total_bytes: number;
   mem_used_bytes: number;
   mem_cache_bytes: number;
-  /** Not measured yet (0): the guest reports no filesystem usage to the host. */
+  /** The root filesystem as the guest's statfs reports it (0 from an agent too old to say). */
   disk_total_bytes: number;
   disk_used_bytes: number;
 }
@@ -345,7 +346,10 @@ export interface SandboxProcesses {
 
 /** Namespaces of a sandbox's warm interpreter. */
 export interface SandboxContexts {
-  create(id: string, options?: { id?: string; cwd?: string; signal?: AbortSignal }): Promise<ContextInfo>;
+  create(
+    id: string,
+    options?: { id?: string; cwd?: string; language?: ContextLanguage; signal?: AbortSignal },
+  ): Promise<ContextInfo>;
   list(id: string, options?: { signal?: AbortSignal }): Promise<ContextInfo[]>;
   restart(id: string, context: string, options?: { signal?: AbortSignal }): Promise<ContextInfo>;
   remove(id: string, context: string, options?: { signal?: AbortSignal }): Promise<void>;
@@ -385,7 +389,16 @@ export interface SandboxService {
   verifyAccessToken(id: string, kind: keyof AccessTokens, token: string | undefined): boolean;
   /** The sandbox-level environment variables given at spawn. */
   envVars(id: string): Record<string, string>;
+  /** A sample of what the running sandbox uses now. */
   metrics(id: string, options?: { signal?: AbortSignal }): Promise<SandboxMetrics>;
+  /**
+   * The running sandbox's samples since it started, in [startMs, endMs] (either open), oldest first: bounded,
+   * coarser as it ages (controller/sandboxes/metrics-series.ts). One sample now on a daemon that keeps none.
+   */
+  metricsHistory(
+    id: string,
+    range?: { startMs?: number; endMs?: number; signal?: AbortSignal },
+  ): Promise<SandboxMetrics[]>;
   /** The end of the sandbox's serial console (at most `maxBytes`; the log itself is bounded per sandbox). */
   console(id: string, maxBytes?: number): Promise<string>;
   /** How this daemon confines its QEMUs and which limits its host can enforce. */

@@ -8,7 +8,7 @@ import type net from "node:net";
 import type { FastifyInstance, RouteOptions } from "fastify";
 import { createE2bContext, type E2bContext, type E2bOptions } from "./context.js";
 import { registerControlPlane } from "./control/index.js";
-import { registerEnvd } from "./envd/index.js";
+import { registerEnvd, registerSignedFiles } from "./envd/index.js";
 import { registerInterpreter } from "./interpreter/index.js";
 import { registerPorts, upgradeToSandboxPort } from "./ports.js";
 import { type SandboxSurface, SURFACE_CONSTRAINT } from "./routing.js";
@@ -16,7 +16,13 @@ import { autoResume } from "./session.js";
 
 export type { E2bOptions, E2bSettings } from "./context.js";
 export { E2B_ROUTE_TAG } from "./control/index.js";
-export { isSandboxOrigin, SURFACE_CONSTRAINT, sandboxAddressOf, surfaceConstraint } from "./routing.js";
+export {
+  defaultSandboxDomain,
+  isSandboxOrigin,
+  SURFACE_CONSTRAINT,
+  sandboxAddressOf,
+  surfaceConstraint,
+} from "./routing.js";
 
 export interface E2bRegistration {
   /** Routes of the control plane, for the E2B OpenAPI document. */
@@ -39,6 +45,7 @@ export async function registerE2b(app: FastifyInstance, options: E2bOptions): Pr
     if (route.method !== "HEAD") controlRoutes.push(route);
   });
   await registerSurface(app, context, "envd", registerEnvd);
+  await app.register(async (scope) => registerSignedFiles(scope, context));
   await registerSurface(app, context, "interpreter", registerInterpreter);
   await registerSurface(app, context, "port", registerPorts);
   app.addHook("onClose", async () => {

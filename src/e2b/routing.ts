@@ -5,6 +5,7 @@
  * mustMatchWhenDerived), so a request meant for a sandbox never reaches the control plane or the forkd API.
  */
 import type { IncomingHttpHeaders } from "node:http";
+import { hostname } from "node:os";
 import { SANDBOX_ID_PATTERN } from "../common/limits.js";
 import { unanchored } from "../common/names.js";
 
@@ -54,6 +55,20 @@ export function isSandboxOrigin(origin: string | undefined): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * The sandboxes' domain when the daemon has no `--e2b-domain`: its own name, so `getHost(port)` never names
+ * E2B's production domain (the SDKs' fallback when the API gives none). On a loopback listener
+ * `localhost:<port>`: `<port>-<id>.localhost:<port>` reaches the daemon from this machine wherever `*.localhost`
+ * resolves to loopback (RFC 6761: browsers, curl, systemd-resolved); elsewhere the machine's host name. Names
+ * other machines resolve need `--e2b-domain` and wildcard DNS.
+ */
+export function defaultSandboxDomain(tcp: { host: string; port: number } | undefined): string {
+  if (tcp === undefined) return "localhost";
+  const loopback = tcp.host === "localhost" || tcp.host === "::1" || tcp.host.startsWith("127.");
+  const name = loopback ? "localhost" : hostname().toLowerCase();
+  return `${name}:${tcp.port}`;
 }
 
 function parsePort(value: string | undefined): number {

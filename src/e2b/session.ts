@@ -8,6 +8,7 @@
  * then acts within that one sandbox (its principal: the owner's tenant, confined to the sandbox), and its routes
  * see only that (servicesOf(request); controller/tenancy/sandbox-view.ts).
  */
+import { timingSafeEqual } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
 import type { FastifyRequest } from "fastify";
 import { ForkdError } from "../common/errors.js";
@@ -15,7 +16,7 @@ import { isValidSandboxId } from "../common/names.js";
 import type { AccessTokens, SandboxService } from "../controller/sandbox-service.js";
 import type { Principal } from "../controller/tenancy/tenant-view.js";
 import { SandboxUnreachable } from "./errors.js";
-import { sandboxAddressOf } from "./routing.js";
+import { ENVD_PORT, sandboxAddressOf } from "./routing.js";
 
 export interface SandboxSession {
   sandboxId: string;
@@ -74,6 +75,35 @@ export class SandboxSessions {
     return { sandboxId, port, principal: { tenant: owner, sandbox: sandboxId } };
   }
 
+  /**
+   * The running sandbox whose envd access token made `signature`, for a signed file URL that names no sandbox
+   * (the SDKs build uploadUrl/downloadUrl on E2B_SANDBOX_URL, which carries no sandbox id; E2B routes them by
+   * host name). `signatureFor(token)` is the signature that token would make for the request's path, operation,
+   * user and expiration. A signature is a digest over the token, so it opens exactly what the token opens: the
+   * session is the one a request with that sandbox's id and token gets (confined to the sandbox, acting for its
+   * owner), never more. Every running sandbox's token is tried and each compared in constant time, so neither
+   * which sandbox matched nor how much of a signature did shows in the time taken. undefined: none matched.
+   */
+  sessionBySignature(
+    signature: string,
+    signatureFor: (envdToken: string) => string,
+  ): SandboxSession | undefined {
+    const presented = Buffer.from(signature);
+    let found: SandboxSession | undefined;
+    for (const sandbox of this.#sandboxes.list({ status: "running" })) {
+      const expected = Buffer.from(signatureFor(this.#sandboxes.accessTokens(sandbox.id).envd));
+      const matches = presented.length === expected.length && timingSafeEqual(presented, expected);
+      if (matches && found === undefined) {
+        found = {
+          sandboxId: sandbox.id,
+          port: ENVD_PORT,
+          principal: { tenant: sandbox.owner, sandbox: sandbox.id },
+        };
+      }
+    }
+    return found;
+  }
+
   /** Whether the headers carry one of sandbox `sandboxId`'s secrets of the kinds accepted. */
   holdsToken(
     headers: IncomingHttpHeaders,
@@ -100,12 +130,24 @@ export class SandboxSessions {
     if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
     if (!this.holdsToken(headers, address.sandboxId, ["envd", "traffic"])) return;
     try {
-      await this.#sandboxes.resume(address.sandboxId);
+      await this.#sandboxes.resume(address.sandboxId, { timeoutMs: autoResumeLifetimeMs(info.timeout_ms) });
     } catch (err) {
       // Someone else's resume finished first: it is running, which is all this request needs.
       if (!(err instanceof ForkdError && err.code === "conflict")) throw err;
     }
   }
+}
+
+/** The shortest lifetime an auto-resumed sandbox gets (E2B's: five minutes, or its own when longer). */
+export const AUTO_RESUME_MIN_LIFETIME_MS = 5 * 60_000;
+
+/**
+ * The lifetime of a sandbox auto-resumed by a request, from the resume on: its own (`timeout_ms`, null: none)
+ * but at least AUTO_RESUME_MIN_LIFETIME_MS, as on E2B, so the work that woke it is not cut off by a short
+ * lifetime ending again at once.
+ */
+export function autoResumeLifetimeMs(timeoutMs: number | null): number {
+  return timeoutMs === null ? 0 : Math.max(timeoutMs, AUTO_RESUME_MIN_LIFETIME_MS);
 }
 
 /** What the functions below need of an E2B context. */
@@ -121,6 +163,22 @@ export function resolveSandbox(request: FastifyRequest, context: WithSessions): 
   return session;
 }
 
+/** resolveSandbox for a signed file URL that names no sandbox: see SandboxSessions.sessionBySignature. */
+export function resolveSignedSandbox(
+  request: FastifyRequest,
+  context: WithSessions,
+  signature: string,
+  signatureFor: (envdToken: string) => string,
+): SandboxSession | undefined {
+  const session = context.sessions.sessionBySignature(signature, signatureFor);
+  if (session === undefined) return undefined;
+  request.e2bSandbox = session;
+  request.principal = session.principal;
+  request.caller = `sandbox:${session.sandboxId}`;
+  request.auditIds.push(session.sandboxId);
+  return session;
+}
+
 /** resolveSandbox for a request that never reaches a route (a WebSocket upgrade). */
 export function sandboxSession(headers: IncomingHttpHeaders, context: WithSessions): SandboxSession {
   return context.sessions.session(headers);
@@ -128,7 +186,7 @@ export function sandboxSession(headers: IncomingHttpHeaders, context: WithSessio
 
 /**
  * E2B's autoResume: a data-plane request to a paused sandbox created with it resumes the sandbox first (for its
- * own lifetime), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
+ * own lifetime, at least five minutes: autoResumeLifetimeMs), then is served. Only a request carrying one of the sandbox's access tokens wakes it: anyone
  * who can reach the listener could otherwise make paused sandboxes take host memory again. A request that
  * finds it being paused or resumed waits for that to finish (the per-sandbox lock).
  */

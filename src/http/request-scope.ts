@@ -99,7 +99,7 @@ function viewOf(req: IncomingMessage, principal: Principal): Services {
   const observed =
     provided.spawns === undefined
       ? view
-      : { sandboxes: observeSpawns(view.sandboxes, provided.spawns), snapshots: view.snapshots };
+      : { ...view, sandboxes: observeSpawns(view.sandboxes, provided.spawns) };
   views.set(req, { principal, services: observed });
   return observed;
 }

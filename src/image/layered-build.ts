@@ -45,8 +45,9 @@ import {
   settingsOf,
   withEnv,
 } from "./oci-layout.js";
+import { PACKAGE_INPUT, stepPackageEnvironment } from "./package-config.js";
 import type { Emit } from "./progress.js";
-import { debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
+import { addAccount, DEFAULT_USER, debootstrap, onGuestPath, resolveInRoot } from "./rootfs.js";
 import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
 import {
@@ -150,6 +151,7 @@ export async function buildLayeredTree(opts: {
         step: "rootfs",
         phase: "progress",
         message: `${stepLabel(ctx, number, link.description)} (cached)`,
+        buildStep: number,
       });
     }
   }
@@ -178,7 +180,7 @@ export async function buildLayeredTree(opts: {
   for (const planned of toRun) {
     const started = performance.now();
     const label = stepLabel(ctx, planned.number, planned.description);
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...`, buildStep: planned.number });
     const result = await applyStep(ctx, planned, entry, settings);
     entry = result.entry;
     settings = result.settings;
@@ -190,7 +192,7 @@ export async function buildLayeredTree(opts: {
       cached: false,
       seconds: s,
     });
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label} (${s} s)`, buildStep: planned.number });
   }
   if (toRun.length === 0) return { root: path.join(ctx.bundle, "rootfs"), settings, steps: reports };
   // The image's tree with its own ids (the payload and mkfs take it from here), from the last step's layout.
@@ -240,13 +242,18 @@ async function makeBase(
 ): Promise<{ entry: StepEntry; unpacked: boolean; seconds: number }> {
   const started = performance.now();
   const label = stepLabel(ctx, 0, base.description);
-  ctx.emit({ step: "rootfs", phase: "progress", message: `${label} ...` });
+  const emitBase = (message: string) =>
+    ctx.emit({ step: "rootfs", phase: "progress", message, buildStep: 0 });
+  emitBase(`${label} ...`);
   const pending = await beginStep(ctx.staging.work, base.key);
   const source = base.source;
   const fail = (err: unknown): never => {
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";
-    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, { cause: err });
+    throw new ForkdError(code, `${label} failed: ${errorMessage(err)}`, {
+      cause: err,
+      detail: { buildStep: 0 },
+    });
   };
   try {
     if (source.kind === "debian") {
@@ -258,8 +265,7 @@ async function makeBase(
         target: path.join(ctx.bundle, "rootfs"),
         tmpDir: path.join(ctx.staging.work, "tmp"),
         signal: ctx.signal,
-        onStatus: (message) =>
-          ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${message}` }),
+        onStatus: (message) => emitBase(`${label}: ${message}`),
       });
       await umociRepack(pending.layout, ctx.bundle, `forkd base: ${base.description}`, ctx.signal);
       const entry = await publishStep(
@@ -308,29 +314,17 @@ async function makeBase(
           signal: ctx.signal,
           noCache: ctx.replace,
           onLine: (line) => {
-            if (/^STEP \d+\/\d+:/.test(line)) {
-              ctx.emit({
-                step: "rootfs",
-                phase: "progress",
-                message: `${label}: ${line} (at ${seconds(started)} s)`,
-              });
-            }
+            if (/^STEP \d+\/\d+:/.test(line)) emitBase(`${label}: ${line} (at ${seconds(started)} s)`);
           },
         });
-        ctx.emit({
-          step: "rootfs",
-          phase: "progress",
-          message: `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
-        });
+        emitBase(
+          `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
+        );
         break;
       }
     }
     const image = await resolveImage(pending.layout, "image");
-    ctx.emit({
-      step: "rootfs",
-      phase: "progress",
-      message: `${label}: checking ${image.manifest.layers.length} layers`,
-    });
+    emitBase(`${label}: checking ${image.manifest.layers.length} layers`);
     await checkLayers(pending.layout, image.manifest.layers, ctx.signal);
     const entry = await publishStep(
       ctx.cacheDir,
@@ -361,6 +355,29 @@ function envFor(settings: ImageSettings, credentials: Credentials | null): strin
   return settings.env.some((e) => e.startsWith("HOME=")) ? settings.env : [...settings.env, `HOME=${home}`];
 }
 
+/** Refuses a step whose tool the image lacks, naming what the step needs. */
+async function requireTool(root: string, settings: ImageSettings, tool: string, why: string): Promise<void> {
+  const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
+  if (!(await onGuestPath(root, pathVar, tool))) {
+    throw new ForkdError("invalid_argument", `the image has no ${tool} on its PATH (${why})`);
+  }
+}
+
+/** The machine's package configuration for one networked step (package-config.ts), noted in the build log. */
+async function packageEnvironment(ctx: Context, root: string, planned: PlannedStep, label: string) {
+  const dir = path.join(ctx.staging.work, `packages-${planned.number}`);
+  await fs.rm(dir, { recursive: true, force: true });
+  const found = await stepPackageEnvironment(root, dir, `${SANDBOX_INPUTS}/${PACKAGE_INPUT}`);
+  if (found.notes.length > 0) {
+    ctx.emit({
+      step: "rootfs",
+      phase: "progress",
+      message: `${label}: package indexes: ${found.notes.join(", ")}`,
+    });
+  }
+  return found;
+}
+
 async function applyStep(
   ctx: Context,
   planned: PlannedStep,
@@ -376,19 +393,21 @@ async function applyStep(
   let changedTree = true;
   const started = performance.now();
   const output = (line: string) =>
-    ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${line}` });
+    ctx.emit({ step: "rootfs", phase: "progress", message: `${label}: ${line}`, buildStep: planned.number });
   try {
     switch (step.kind) {
       case "run": {
         const credentials = await credentialsFor(root, settings.user);
+        const packages = step.network ? await packageEnvironment(ctx, root, planned, label) : undefined;
         await runInImage({
           root,
           argv: step.argv,
-          env: envFor(settings, credentials),
+          env: withEnv(envFor(settings, credentials), packages?.env ?? {}),
           cwd: settings.workdir,
           credentials,
           network: step.network,
           scratchDir: ctx.staging.work,
+          inputs: packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [],
           timeoutS: step.timeoutS,
           label,
           signal: ctx.signal,
@@ -397,25 +416,28 @@ async function applyStep(
         break;
       }
       case "pip": {
-        const pathVar = settings.env.find((e) => e.startsWith("PATH="))?.slice(5);
-        if (!(await onGuestPath(root, pathVar, "python3"))) {
-          throw new ForkdError(
-            "invalid_argument",
-            "the image has no python3 on its PATH (pip steps use the image's own pip)",
-          );
-        }
+        await requireTool(root, settings, "python3", "pip steps use the image's own pip (python3 -m pip)");
         const credentials = await credentialsFor(root, settings.user);
-        const inputs = [{ host: step.requirements, name: "requirements.txt" }];
-        const args = ["python3", "-m", "pip", "install", "-r", `${SANDBOX_INPUTS}/requirements.txt`];
+        const inputs: { host: string; name: string }[] = [];
+        const args = ["python3", "-m", "pip", "install"];
+        if (step.requirements) {
+          inputs.push({ host: step.requirements, name: "requirements.txt" });
+          args.push("-r", `${SANDBOX_INPUTS}/requirements.txt`);
+        }
+        args.push(...step.packages);
         if (step.wheels) {
           inputs.push({ host: step.wheels, name: "wheels" });
           args.push("--no-index", "--find-links", `${SANDBOX_INPUTS}/wheels`);
-        } else {
-          await assertConfiguredIndex(step.index as string, "the pip step's index");
-          args.push("--index-url", step.index as string);
+        } else if (step.index) {
+          // Only an index the machine is configured to use: a networked step reaches nothing else.
+          await assertConfiguredIndex(step.index, "the pip step's index");
+          args.push("--index-url", step.index);
         }
+        const network = step.wheels === undefined;
+        const packages = network ? await packageEnvironment(ctx, root, planned, label) : undefined;
         // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
         const pipEnv = withEnv(envFor(settings, credentials), {
+          ...packages?.env,
           PIP_NO_CACHE_DIR: "1",
           PIP_DISABLE_PIP_VERSION_CHECK: "1",
           PIP_ROOT_USER_ACTION: "ignore",
@@ -427,8 +449,8 @@ async function applyStep(
           env: pipEnv,
           cwd: settings.workdir,
           credentials,
-          network: step.index !== undefined,
-          inputs,
+          network,
+          inputs: [...inputs, ...(packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [])],
           scratchDir: ctx.staging.work,
           timeoutS: step.timeoutS,
           label,
@@ -437,6 +459,76 @@ async function applyStep(
         });
         break;
       }
+      case "apt": {
+        await requireTool(root, settings, "apt-get", "apt steps use the image's own apt-get");
+        const packages = await packageEnvironment(ctx, root, planned, label);
+        // The names are argv ("$@"), never part of the script; lists and caches go with the step.
+        const script =
+          'apt-get update -q && apt-get install -y -q $FORKD_APT_RECOMMENDS "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*';
+        await runInImage({
+          root,
+          argv: ["/bin/sh", "-c", script, "forkd-apt", ...step.packages],
+          env: withEnv(envFor(settings, null), {
+            ...packages.env,
+            DEBIAN_FRONTEND: "noninteractive",
+            DEBCONF_NOWARNINGS: "yes",
+            FORKD_APT_RECOMMENDS: step.recommends ? "" : "--no-install-recommends",
+          }),
+          cwd: "/",
+          credentials: null,
+          network: true,
+          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          scratchDir: ctx.staging.work,
+          timeoutS: step.timeoutS,
+          label,
+          signal: ctx.signal,
+          onOutputLine: output,
+        });
+        break;
+      }
+      case "npm": {
+        await requireTool(root, settings, "npm", "npm steps use the image's own npm");
+        const credentials = await credentialsFor(root, settings.user);
+        const packages = await packageEnvironment(ctx, root, planned, label);
+        await runInImage({
+          root,
+          argv: [
+            "npm",
+            "install",
+            ...(step.global ? ["--global"] : []),
+            "--no-fund",
+            "--no-audit",
+            ...step.packages,
+          ],
+          env: withEnv(envFor(settings, credentials), {
+            ...packages.env,
+            NPM_CONFIG_UPDATE_NOTIFIER: "false",
+            NPM_CONFIG_CACHE: "/tmp/forkd-npm-cache",
+          }),
+          cwd: settings.workdir,
+          credentials,
+          network: true,
+          inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+          scratchDir: ctx.staging.work,
+          timeoutS: step.timeoutS,
+          label,
+          signal: ctx.signal,
+          onOutputLine: output,
+        });
+        break;
+      }
+      case "adduser":
+        await addAccount(
+          root,
+          {
+            name: step.name,
+            uid: DEFAULT_USER.uid,
+            gid: DEFAULT_USER.gid,
+            home: step.name === DEFAULT_USER.name ? DEFAULT_USER.home : `/home/${step.name}`,
+          },
+          (id) => hostId(ctx.range, id),
+        );
+        break;
       case "copy": {
         const owner = step.owner ? await credentialsFor(root, step.owner) : null;
         const shifted = (uid: number, gid: number) => ({
@@ -486,7 +578,10 @@ async function applyStep(
     if (ctx.signal?.aborted) throw err;
     const code = err instanceof ForkdError ? err.code : "internal";
     const message = errorMessage(err);
-    throw new ForkdError(code, message.startsWith(label) ? message : `${label}: ${message}`, { cause: err });
+    throw new ForkdError(code, message.startsWith(label) ? message : `${label}: ${message}`, {
+      cause: err,
+      detail: { buildStep: planned.number },
+    });
   }
   const entry = await publishStep(
     ctx.cacheDir,

@@ -22,6 +22,8 @@ export interface BuildProgressEvent {
   message: string;
   /** 0..1 within the step, when known. */
   fraction?: number;
+  /** A format-2 build's base (0) or step (1..n) the event is about (its start, output, end). */
+  buildStep?: number;
   /** Set on the rootfs step's "done" event of a format-2 build: each base/step, cached or how long it took. */
   steps?: StepTiming[];
 }

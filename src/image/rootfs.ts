@@ -62,6 +62,18 @@ export function rootfsPackages(
  * guests come from the same archive, mirror or proxy the host uses. No mirror is ever named by forkd.
  */
 export async function hostAptSources(): Promise<string[]> {
+  const out = await enabledAptSources();
+  if (out.length === 0) {
+    throw new ForkdError(
+      "unavailable",
+      "the host has no apt sources (/etc/apt/sources.list[.d]) to build images from",
+    );
+  }
+  return out;
+}
+
+/** The host's enabled apt sources files (sources.list, sources.list.d/*.list and *.sources); maybe none. */
+export async function enabledAptSources(): Promise<string[]> {
   const out: string[] = [];
   const main = "/etc/apt/sources.list";
   const mainText = await fs.readFile(main, "utf8").catch(() => "");
@@ -74,12 +86,6 @@ export async function hostAptSources(): Promise<string[]> {
     const text = await fs.readFile(file, "utf8").catch(() => "");
     const enabled = !/^\s*Enabled:\s*no\s*$/im.test(text);
     if (enabled && /^\s*(deb\s|Types:.*\bdeb\b)/m.test(text)) out.push(file);
-  }
-  if (out.length === 0) {
-    throw new ForkdError(
-      "unavailable",
-      "the host has no apt sources (/etc/apt/sources.list[.d]) to build images from",
-    );
   }
   return out;
 }
@@ -166,6 +172,7 @@ async function writeGuestFile(
   guestPath: string,
   data: string | Buffer,
   mode: number,
+  newOwner: { uid: number; gid: number } = { uid: 0, gid: 0 },
 ): Promise<void> {
   const dest = await resolveInRoot(root, guestPath);
   if (dest === root) throw new ForkdError("invalid_argument", `bad guest path ${guestPath}`);
@@ -176,6 +183,9 @@ async function writeGuestFile(
   if (existing) await fs.rm(dest);
   await fs.writeFile(dest, data, { flag: "wx", mode });
   await fs.chmod(dest, mode);
+  // A replaced file keeps its owner (/etc/shadow's group); a new one gets the tree's root.
+  const owner = existing ?? newOwner;
+  await fs.chown(dest, owner.uid, owner.gid);
 }
 
 export interface CustomizeOptions {
@@ -299,24 +309,38 @@ async function addRootIfMissing(
  * image has it, else /bin/sh. A tree that already has the user keeps its own entry; a taken uid or gid moves
  * to the next free number.
  */
-export async function addDefaultUser(root: string): Promise<{ uid: number; gid: number }> {
+export function addDefaultUser(root: string): Promise<{ uid: number; gid: number }> {
+  return addAccount(root, DEFAULT_USER);
+}
+
+/**
+ * Adds an account (`adduser` steps, E2B's default user) the same way: `name` with uid/gid `uid` or the next
+ * free number, home `home` (made, owned by it). An existing account of that name is left as it is.
+ */
+export async function addAccount(
+  root: string,
+  account: { name: string; uid: number; gid: number; home: string },
+  /** The host id of an image id: a build step's tree is owned by the build range's shifted ids. */
+  hostIdOf: (id: number) => number = (id) => id,
+): Promise<{ uid: number; gid: number }> {
+  const treeRoot = { uid: hostIdOf(0), gid: hostIdOf(0) };
   const read = async (guestPath: string) =>
     fs.readFile(await resolveInRoot(root, guestPath), "utf8").catch(() => "");
   const lines = (text: string) => text.split("\n").filter((l) => l !== "");
   await addRootIfMissing(root, read, lines);
   const passwd = await read("/etc/passwd");
   const group = await read("/etc/group");
-  const existing = lines(passwd).find((l) => l.split(":")[0] === DEFAULT_USER.name);
+  const existing = lines(passwd).find((l) => l.split(":")[0] === account.name);
   if (existing !== undefined) {
     const [, , uid, gid] = existing.split(":");
     return { uid: Number(uid), gid: Number(gid) };
   }
   const takenUids = new Set(lines(passwd).map((l) => Number(l.split(":")[2])));
   const takenGids = new Set(lines(group).map((l) => Number(l.split(":")[2])));
-  let uid: number = DEFAULT_USER.uid;
+  let uid: number = account.uid;
   while (takenUids.has(uid)) uid++;
-  const groupLine = lines(group).find((l) => l.split(":")[0] === DEFAULT_USER.name);
-  let gid: number = DEFAULT_USER.gid;
+  const groupLine = lines(group).find((l) => l.split(":")[0] === account.name);
+  let gid: number = account.gid;
   if (groupLine !== undefined) gid = Number(groupLine.split(":")[2]);
   else while (takenGids.has(gid)) gid++;
   const bash = await fs.lstat(await resolveInRoot(root, "/bin/bash", true)).catch(() => undefined);
@@ -326,25 +350,27 @@ export async function addDefaultUser(root: string): Promise<{ uid: number; gid: 
   await writeGuestFile(
     root,
     "/etc/passwd",
-    append(passwd, `${DEFAULT_USER.name}:x:${uid}:${gid}::${DEFAULT_USER.home}:${shell}`),
+    append(passwd, `${account.name}:x:${uid}:${gid}::${account.home}:${shell}`),
     0o644,
+    treeRoot,
   );
   if (groupLine === undefined)
-    await writeGuestFile(root, "/etc/group", append(group, `${DEFAULT_USER.name}:x:${gid}:`), 0o644);
+    await writeGuestFile(root, "/etc/group", append(group, `${account.name}:x:${gid}:`), 0o644, treeRoot);
   // A locked password ("*"): E2B's user logs in through the agent, never with a password.
   await writeGuestFile(
     root,
     "/etc/shadow",
-    append(await read("/etc/shadow"), `${DEFAULT_USER.name}:*::0:99999:7:::`),
+    append(await read("/etc/shadow"), `${account.name}:*::0:99999:7:::`),
     0o640,
+    treeRoot,
   );
   const gshadow = await read("/etc/gshadow");
   if (gshadow !== "" && groupLine === undefined) {
-    await writeGuestFile(root, "/etc/gshadow", append(gshadow, `${DEFAULT_USER.name}:!::`), 0o640);
+    await writeGuestFile(root, "/etc/gshadow", append(gshadow, `${account.name}:!::`), 0o640, treeRoot);
   }
-  const home = await resolveInRoot(root, DEFAULT_USER.home);
+  const home = await resolveInRoot(root, account.home);
   await fs.mkdir(home, { recursive: true, mode: 0o750 });
-  await fs.chown(home, uid, gid);
+  await fs.chown(home, hostIdOf(uid), hostIdOf(gid));
   return { uid, gid };
 }
 

@@ -6,7 +6,7 @@
  * What a key does not cover, like package versions in a Debian suite or what a registry tag points to now,
  * is re-fetched only by a forced build (`--force`), as for format-1 images.
  */
-import { createHash } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
 import { ForkdError } from "../common/errors.js";
 import { resolveImage } from "./oci-layout.js";
 import { canonicalJson, hashTree, sha256File } from "./recipe.js";
@@ -74,8 +74,23 @@ export function describeStep(step: TemplateStep): string {
       return `workdir ${step.path}`;
     case "user":
       return `user ${step.user}`;
-    case "pip":
-      return `pip install -r ${step.requirementsRelative} (${step.wheels ? `wheels ${step.wheelsRelative}` : `index ${step.index}`})`;
+    case "pip": {
+      const what = step.requirementsRelative
+        ? `-r ${step.requirementsRelative}`
+        : shorten(step.packages.join(" "));
+      const from = step.wheels
+        ? `wheels ${step.wheelsRelative}`
+        : step.index
+          ? `index ${step.index}`
+          : "the machine's indexes";
+      return `pip install ${what} (${from})`;
+    }
+    case "apt":
+      return `apt install ${shorten(step.packages.join(" "))}`;
+    case "npm":
+      return `npm install${step.global ? " -g" : ""} ${shorten(step.packages.join(" "))}`;
+    case "adduser":
+      return `adduser ${step.name}`;
   }
 }
 
@@ -102,6 +117,12 @@ async function sourceIdentity(source: ImageSource, packages: string[]): Promise<
 }
 
 async function stepIdentity(step: TemplateStep): Promise<unknown> {
+  const identity = await contentIdentity(step);
+  // `cache = false`: a key no earlier build had, so this step and every one after it run again.
+  return step.cache ? identity : { ...(identity as object), uncached: randomUUID() };
+}
+
+async function contentIdentity(step: TemplateStep): Promise<unknown> {
   switch (step.kind) {
     case "run":
       return { kind: step.kind, argv: step.argv, network: step.network };
@@ -122,10 +143,17 @@ async function stepIdentity(step: TemplateStep): Promise<unknown> {
     case "pip":
       return {
         kind: step.kind,
-        requirements: await sha256File(step.requirements),
+        requirements: step.requirements ? await sha256File(step.requirements) : null,
+        packages: step.packages,
         wheels: step.wheels ? await hashTree(step.wheels, "wheel directory") : null,
         index: step.index ?? null,
       };
+    case "apt":
+      return { kind: step.kind, packages: step.packages, recommends: step.recommends };
+    case "npm":
+      return { kind: step.kind, packages: step.packages, global: step.global };
+    case "adduser":
+      return { kind: step.kind, name: step.name };
   }
 }
 

@@ -34,28 +34,42 @@ export type ImageSource =
       network: boolean;
     };
 
-export type TemplateStep =
-  | { kind: "run"; argv: string[]; network: boolean; timeoutS: number }
-  | {
-      kind: "copy";
-      src: string;
-      srcRelative: string;
-      dest: string;
-      mode: number | undefined;
-      owner: string | undefined;
-    }
-  | { kind: "env"; env: Record<string, string> }
-  | { kind: "workdir"; path: string }
-  | { kind: "user"; user: string }
-  | {
-      kind: "pip";
-      requirements: string;
-      requirementsRelative: string;
-      wheels: string | undefined;
-      wheelsRelative: string | undefined;
-      index: string | undefined;
-      timeoutS: number;
-    };
+/** What every step may carry: `cache = false` runs it (and so every step after it) on every build. */
+interface StepCommon {
+  cache: boolean;
+}
+
+export type TemplateStep = StepCommon &
+  (
+    | { kind: "run"; argv: string[]; network: boolean; timeoutS: number }
+    | {
+        kind: "copy";
+        src: string;
+        srcRelative: string;
+        dest: string;
+        mode: number | undefined;
+        owner: string | undefined;
+      }
+    | { kind: "env"; env: Record<string, string> }
+    | { kind: "workdir"; path: string }
+    | { kind: "user"; user: string }
+    | {
+        kind: "pip";
+        /** A requirements file (host path), or undefined with `packages`. */
+        requirements: string | undefined;
+        requirementsRelative: string | undefined;
+        /** Requirement specifiers (`numpy`, `pandas==2.2.*`), or empty with `requirements`. */
+        packages: string[];
+        wheels: string | undefined;
+        wheelsRelative: string | undefined;
+        /** An index URL; neither this nor wheels: the machine's configured pip indexes (package-config.ts). */
+        index: string | undefined;
+        timeoutS: number;
+      }
+    | { kind: "apt"; packages: string[]; recommends: boolean; timeoutS: number }
+    | { kind: "npm"; packages: string[]; global: boolean; timeoutS: number }
+    | { kind: "adduser"; name: string }
+  );
 
 export type StepKind = TemplateStep["kind"];
 
@@ -84,6 +98,8 @@ export const V2_LIMITS = {
   readyTimeoutS: { min: 1, max: 3600, default: 300 },
   readyIntervalMs: { min: 50, max: 60_000, default: 500 },
   buildArgs: 128,
+  packages: 256,
+  packageChars: 256,
 };
 
 /** A Debian codename (the only suite the host's own apt sources serve is the host's). */
@@ -93,6 +109,22 @@ const LOCAL_REF_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$";
 /** A user as `user` steps and commands may name it: a name of the image's passwd, or uid[:gid]. */
 const USER_PATTERN =
   "^(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10})(?::(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10}))?$";
+
+/** A pip requirement specifier (PEP 508): starts with a letter or digit, so it can never be read as an option. */
+const PIP_REQUIREMENT = "^[A-Za-z0-9][^\\x00-\\x1f]{0,255}$";
+/** A Debian package name (Policy 5.6.1), optionally `=version` or `/suite`. */
+const APT_PACKAGE = "^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+|/[a-z0-9.-]+)?$";
+/** An npm registry package, optionally scoped and with `@version` or `@tag` (no URLs, paths or git specs). */
+const NPM_PACKAGE = "^(?:@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(?:@[A-Za-z0-9^~<>=.*+|_ -]{1,100})?$";
+/** A user name as `adduser` makes it (what useradd accepts by default). */
+const ACCOUNT_NAME = "^[a-z_][a-z0-9_-]{0,31}$";
+
+const packageList = (pattern: string, what: string) =>
+  Type.Array(Type.String({ pattern, rule: `must be one of ${what}` }), {
+    minItems: 1,
+    maxItems: V2_LIMITS.packages,
+    rule: `must be a non-empty list of at most ${V2_LIMITS.packages} ${what}`,
+  });
 
 const commandText = Type.String({
   minLength: 1,
@@ -161,7 +193,22 @@ export const StepSchema = Type.Object(
     user: Type.Optional(
       Type.String({ pattern: USER_PATTERN, rule: "must be user[:group] (names or numbers)" }),
     ),
-    pip: Type.Optional(relativePath("requirements file")),
+    pip: Type.Optional(
+      Type.Union(
+        [relativePath("requirements file"), packageList(PIP_REQUIREMENT, "requirement specifiers")],
+        {
+          rule: "must be a requirements file next to the template or a list of requirement specifiers",
+        },
+      ),
+    ),
+    apt: Type.Optional(packageList(APT_PACKAGE, "Debian package names (name, name=version or name/suite)")),
+    npm: Type.Optional(packageList(NPM_PACKAGE, "npm package names (name, @scope/name, name@version)")),
+    adduser: Type.Optional(
+      Type.String({ pattern: ACCOUNT_NAME, rule: "must be a user name ([a-z_][a-z0-9_-]{0,31})" }),
+    ),
+    recommends: Type.Optional(Type.Boolean({ rule: "must be true or false" })),
+    global: Type.Optional(Type.Boolean({ rule: "must be true or false" })),
+    cache: Type.Optional(Type.Boolean({ rule: "must be true or false" })),
     wheels: Type.Optional(relativePath("directory of wheels")),
     index: Type.Optional(
       Type.String({
@@ -200,14 +247,17 @@ export const CommandSchema = Type.Union([commandText, argvArray, CommandTableSch
 
 /** The keys each step kind may carry besides its own. */
 const STEP_MODIFIERS: Record<StepKind, string[]> = {
-  run: ["network", "timeout_s"],
-  copy: ["dest", "mode", "owner"],
-  env: [],
-  workdir: [],
-  user: [],
-  pip: ["wheels", "index", "timeout_s"],
+  run: ["network", "timeout_s", "cache"],
+  copy: ["dest", "mode", "owner", "cache"],
+  env: ["cache"],
+  workdir: ["cache"],
+  user: ["cache"],
+  pip: ["wheels", "index", "timeout_s", "cache"],
+  apt: ["recommends", "timeout_s", "cache"],
+  npm: ["global", "timeout_s", "cache"],
+  adduser: ["cache"],
 };
-const STEP_KINDS: StepKind[] = ["run", "copy", "env", "workdir", "user", "pip"];
+const STEP_KINDS: StepKind[] = ["run", "copy", "env", "workdir", "user", "pip", "apt", "npm", "adduser"];
 /** The key that names each step's kind in a template (`pip` steps are spelt `pip = "requirements.txt"`). */
 export const STEP_KEYS = STEP_KINDS;
 
@@ -220,7 +270,13 @@ type StepDoc = {
   env?: Record<string, string>;
   workdir?: string;
   user?: string;
-  pip?: string;
+  pip?: string | string[];
+  apt?: string[];
+  npm?: string[];
+  adduser?: string;
+  recommends?: boolean;
+  global?: boolean;
+  cache?: boolean;
   wheels?: string;
   index?: string;
   network?: boolean;
@@ -420,13 +476,16 @@ async function checkStep(
     );
     return undefined;
   }
+  const cache = step.cache ?? true;
+  const timeoutS = step.timeout_s ?? V2_LIMITS.stepTimeoutS.default;
   switch (kind) {
     case "run":
       return {
         kind,
+        cache,
         argv: commandArgv(step.run as string | string[]),
         network: step.network ?? false,
-        timeoutS: step.timeout_s ?? V2_LIMITS.stepTimeoutS.default,
+        timeoutS,
       };
     case "copy": {
       if (step.dest === undefined) {
@@ -444,6 +503,7 @@ async function checkStep(
       if (!src) return undefined;
       return {
         kind,
+        cache,
         src,
         srcRelative: step.copy as string,
         dest: step.dest,
@@ -453,42 +513,67 @@ async function checkStep(
     }
     case "env":
       if (!checkEnv(file, `${field}.env`, step.env ?? {}, problems)) return undefined;
-      return { kind, env: { ...step.env } };
+      return { kind, cache, env: { ...step.env } };
     case "workdir":
       if (!checkGuestPath(file, `${field}.workdir`, step.workdir as string, problems)) return undefined;
-      return { kind, path: step.workdir as string };
+      return { kind, cache, path: step.workdir as string };
     case "user":
-      return { kind, user: step.user as string };
-    case "pip": {
-      if ((step.wheels === undefined) === (step.index === undefined)) {
-        problems.push(
-          `${file}: field "${field}" needs exactly one of wheels (a local directory, no network) or index (a package index URL)`,
-        );
-        return undefined;
-      }
-      const requirements = await resolveTemplatePath(
-        file,
-        `${field}.pip`,
-        step.pip as string,
-        "file",
-        problems,
-      );
-      const wheels =
-        step.wheels === undefined
-          ? undefined
-          : await resolveTemplatePath(file, `${field}.wheels`, step.wheels, "directory", problems);
-      if (!requirements || (step.wheels !== undefined && !wheels)) return undefined;
+      return { kind, cache, user: step.user as string };
+    case "pip":
+      return checkPipStep(file, field, step, cache, timeoutS, problems);
+    case "apt":
       return {
         kind,
-        requirements,
-        requirementsRelative: step.pip as string,
-        wheels,
-        wheelsRelative: step.wheels,
-        index: step.index,
-        timeoutS: step.timeout_s ?? V2_LIMITS.stepTimeoutS.default,
+        cache,
+        packages: [...(step.apt as string[])],
+        recommends: step.recommends ?? false,
+        timeoutS,
       };
-    }
+    case "npm":
+      return { kind, cache, packages: [...(step.npm as string[])], global: step.global ?? false, timeoutS };
+    case "adduser":
+      return { kind, cache, name: step.adduser as string };
   }
+}
+
+async function checkPipStep(
+  file: string,
+  field: string,
+  step: StepDoc,
+  cache: boolean,
+  timeoutS: number,
+  problems: string[],
+): Promise<TemplateStep | undefined> {
+  if (step.wheels !== undefined && step.index !== undefined) {
+    problems.push(
+      `${file}: field "${field}" takes at most one of wheels (a local directory, no network) or index (a package index URL); with neither, pip uses the machine's configured indexes`,
+    );
+    return undefined;
+  }
+  const list = Array.isArray(step.pip) ? step.pip : undefined;
+  const requirementsRelative = typeof step.pip === "string" ? step.pip : undefined;
+  const requirements =
+    requirementsRelative === undefined
+      ? undefined
+      : await resolveTemplatePath(file, `${field}.pip`, requirementsRelative, "file", problems);
+  const wheels =
+    step.wheels === undefined
+      ? undefined
+      : await resolveTemplatePath(file, `${field}.wheels`, step.wheels, "directory", problems);
+  if ((requirementsRelative !== undefined && !requirements) || (step.wheels !== undefined && !wheels)) {
+    return undefined;
+  }
+  return {
+    kind: "pip",
+    cache,
+    requirements,
+    requirementsRelative,
+    packages: list ? [...list] : [],
+    wheels,
+    wheelsRelative: step.wheels,
+    index: step.index,
+    timeoutS,
+  };
 }
 
 function checkCommand(

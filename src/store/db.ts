@@ -7,9 +7,10 @@ import { mkdirSync } from "node:fs";
 import path from "node:path";
 import Database from "better-sqlite3";
 import { currentBootId, isAlive, selfIdentity } from "../common/processes.js";
+import { MIGRATIONS } from "./migrations.js";
 
-/** Bump when the schema changes; `migrate` brings older databases forward. */
-export const SCHEMA_VERSION = 8;
+/** The schema this forkd writes: one version per migration (migrations.ts brings older databases forward). */
+export const SCHEMA_VERSION = MIGRATIONS.length;
 
 export interface SandboxRow {
   id: string;
@@ -168,157 +169,8 @@ export class StateDb {
     if (version > SCHEMA_VERSION) {
       throw new Error(`state database schema ${version} is newer than this forkd (${SCHEMA_VERSION})`);
     }
-    if (version < 1) {
-      this.db.exec(`
-        CREATE TABLE sandboxes (
-          id TEXT PRIMARY KEY,
-          snapshot_tag TEXT NOT NULL,
-          status TEXT NOT NULL CHECK (status IN ('starting','running','stopping','dead')),
-          pid INTEGER,
-          pid_start_time INTEGER,
-          run_dir TEXT NOT NULL,
-          accelerator TEXT NOT NULL,
-          created_at_unix INTEGER NOT NULL,
-          expires_at_unix_ms INTEGER,
-          memory_limit_mib INTEGER,
-          memory_image TEXT,
-          layer_tags TEXT NOT NULL DEFAULT '[]',
-          last_branch_tag TEXT,
-          branch_blocked TEXT,
-          live_fork INTEGER NOT NULL DEFAULT 0,
-          cgroup TEXT,
-          ready_ms REAL,
-          error TEXT
-        );
-        CREATE INDEX sandboxes_by_tag ON sandboxes (snapshot_tag);
-        CREATE TABLE snapshot_jobs (
-          tag TEXT PRIMARY KEY,
-          status TEXT NOT NULL CHECK (status IN ('writing','failed')),
-          kind TEXT NOT NULL,
-          started_at_unix INTEGER NOT NULL,
-          writer_pid INTEGER NOT NULL,
-          error TEXT
-        );
-      `);
-    }
-    if (version < 2) {
-      // meta: facts about the state as a whole (the boot the recorded process identities belong to).
-      this.db.exec(`
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        ALTER TABLE snapshot_jobs ADD COLUMN writer_start_time INTEGER;
-      `);
-    }
-    if (version < 3) {
-      this.db.exec(`
-        ALTER TABLE sandboxes ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
-        ALTER TABLE sandboxes ADD COLUMN env_vars TEXT NOT NULL DEFAULT '{}';
-        ALTER TABLE sandboxes ADD COLUMN access_token TEXT;
-        ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
-        ALTER TABLE sandboxes ADD COLUMN template_alias TEXT;
-        CREATE TABLE template_aliases (
-          alias TEXT PRIMARY KEY,
-          tag TEXT NOT NULL,
-          created_at_unix INTEGER NOT NULL
-        );
-        CREATE TABLE ephemeral_snapshots (
-          tag TEXT PRIMARY KEY,
-          reason TEXT NOT NULL,
-          created_at_unix INTEGER NOT NULL
-        );
-      `);
-    }
-    if (version < 4) {
-      this.db.exec(`
-        ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT 'none';
-        CREATE TABLE sandbox_networks (
-          sandbox_id TEXT PRIMARY KEY,
-          state TEXT NOT NULL CHECK (state IN ('creating','ready','removing')),
-          netns TEXT NOT NULL UNIQUE,
-          veth TEXT NOT NULL UNIQUE,
-          address TEXT NOT NULL UNIQUE,
-          policy TEXT NOT NULL,
-          generation INTEGER NOT NULL
-        );
-      `);
-    }
-    if (version < 5) {
-      // Rows from before keep E2B's defaults: public traffic, the request's own Host, plain HTTP.
-      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN inbound TEXT NOT NULL DEFAULT '{}';`);
-    }
-    if (version < 6) this.migrateToPauses();
-    if (version < 7) {
-      this.db.exec(`ALTER TABLE sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '{}';`);
-    }
-    if (version < 8) {
-      // Tenancy: NULL owner = an admin's (every row from before). Snapshots have no table of their own (they
-      // live on disk): snapshot_owners holds a row for each tenant's snapshot, none for an admin's.
-      this.db.exec(`
-        ALTER TABLE sandboxes ADD COLUMN owner TEXT;
-        ALTER TABLE template_aliases ADD COLUMN owner TEXT;
-        CREATE TABLE snapshot_owners (tag TEXT PRIMARY KEY, owner TEXT NOT NULL);
-      `);
-    }
+    for (const migration of MIGRATIONS.slice(version)) migration(this.db);
     if (version < SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
-  }
-
-  /**
-   * Schema 6: sandboxes can be paused (new states, so the table is rebuilt: SQLite cannot change a CHECK), their
-   * lifetime and what its end does are kept for resumes, and forkd v0.5's workspaces name sandboxes.
-   */
-  private migrateToPauses(): void {
-    const columns = (this.db.prepare("PRAGMA table_info(sandboxes)").all() as { name: string }[])
-      .map((c) => c.name)
-      .join(", ");
-    this.db.transaction(() => {
-      this.db.exec(`
-        CREATE TABLE sandboxes_v6 (
-          id TEXT PRIMARY KEY,
-          snapshot_tag TEXT NOT NULL,
-          status TEXT NOT NULL CHECK (status IN
-            ('starting','running','pausing','paused','resuming','stopping','dead')),
-          pid INTEGER,
-          pid_start_time INTEGER,
-          run_dir TEXT NOT NULL,
-          accelerator TEXT NOT NULL,
-          created_at_unix INTEGER NOT NULL,
-          expires_at_unix_ms INTEGER,
-          memory_limit_mib INTEGER,
-          memory_image TEXT,
-          layer_tags TEXT NOT NULL DEFAULT '[]',
-          last_branch_tag TEXT,
-          branch_blocked TEXT,
-          live_fork INTEGER NOT NULL DEFAULT 0,
-          cgroup TEXT,
-          ready_ms REAL,
-          error TEXT,
-          metadata TEXT NOT NULL DEFAULT '{}',
-          env_vars TEXT NOT NULL DEFAULT '{}',
-          access_token TEXT,
-          traffic_token TEXT,
-          template_alias TEXT,
-          network TEXT NOT NULL DEFAULT 'none',
-          inbound TEXT NOT NULL DEFAULT '{}',
-          pause_tags TEXT NOT NULL DEFAULT '[]',
-          pending_pause_tag TEXT,
-          memory_tag TEXT,
-          timeout_ms INTEGER,
-          on_timeout TEXT NOT NULL DEFAULT 'kill' CHECK (on_timeout IN ('kill','pause')),
-          auto_resume INTEGER NOT NULL DEFAULT 0,
-          paused_at_unix_ms INTEGER
-        );
-        INSERT INTO sandboxes_v6 (${columns}) SELECT ${columns} FROM sandboxes;
-        DROP TABLE sandboxes;
-        ALTER TABLE sandboxes_v6 RENAME TO sandboxes;
-        CREATE INDEX sandboxes_by_tag ON sandboxes (snapshot_tag);
-        CREATE TABLE workspaces (
-          name TEXT PRIMARY KEY,
-          sandbox_id TEXT NOT NULL UNIQUE,
-          source_snapshot_tag TEXT NOT NULL,
-          created_at_unix INTEGER NOT NULL,
-          last_active_unix INTEGER NOT NULL
-        );
-      `);
-    })();
   }
 
   meta(key: string): string | undefined {

@@ -348,6 +348,20 @@ describe("watch", () => {
   });
 });
 
+describe("stats", () => {
+  it("reports memory and a filesystem's use as the guest sees them", async () => {
+    const stats = await agent.client.stats();
+    assert.ok(
+      stats.memTotalBytes > 0 && stats.memAvailableBytes <= stats.memTotalBytes,
+      JSON.stringify(stats),
+    );
+    assert.ok(stats.diskTotalBytes > 0 && stats.diskUsedBytes <= stats.diskTotalBytes, JSON.stringify(stats));
+    const tmp = await agent.client.stats({ path: "/tmp" });
+    assert.ok(tmp.diskTotalBytes > 0);
+    await assert.rejects(agent.client.stats({ path: "/no/such/dir" }), isForkdError("not_found"));
+  });
+});
+
 describe("contexts and eval v2", () => {
   it("starts new contexts from the warm-up's names, isolated from each other", async () => {
     await agent.client.warmup("import json\nWARM_NAME = 'warm'");
@@ -399,8 +413,121 @@ describe("contexts and eval v2", () => {
     );
     assert.equal(out.result, "'done'");
     assert.equal(out.stdout, "");
-    assert.equal(seen.map((s) => s.text).join(""), "line 0\nline 1\nline 2\n");
+    assert.deepEqual(
+      seen.map((s) => s.text),
+      ["line 0\n", "line 1\n", "line 2\n"],
+      "one event per line (print writes the text and the newline separately)",
+    );
     assert.ok((seen[0]?.at ?? 0) < out.durationMs - 400, JSON.stringify(seen));
+  });
+
+  it("streams lines as Jupyter does: several per write split, a partial line sent at a flush or the end", async () => {
+    const stdout: string[] = [];
+    const stderr: string[] = [];
+    const out = await agent.client.eval(
+      "import sys\nsys.stdout.write('a\\nb\\nc')\nsys.stdout.flush()\nprint('d', file=sys.stderr)\nprint('e', end='')",
+      { onStdout: (t) => stdout.push(t), onStderr: (t) => stderr.push(t) },
+    );
+    assert.equal(out.error, null);
+    assert.deepEqual(stdout, ["a\n", "b\n", "c", "e"]);
+    assert.deepEqual(stderr, ["d\n"]);
+    const failed: string[] = [];
+    const error = await agent.client.eval("print('before', end='')\n1/0", {
+      onStdout: (t) => failed.push(t),
+    });
+    assert.equal(error.error?.type, "ZeroDivisionError");
+    assert.deepEqual(failed, ["before"], "what a failing cell printed still arrives");
+  });
+
+  it("streams display() outputs in order with the prints, each with its formats; unstreamed, display prints", async () => {
+    const seen: string[] = [];
+    const out = await agent.client.eval(
+      "class Pretty:\n    def __repr__(self): return 'Pretty()'\n    def _repr_html_(self): return '<i>p</i>'\n" +
+        "print('first')\ndisplay(Pretty(), 'two')\nprint('last')\n3",
+      {
+        onStdout: (t) => seen.push(`out ${t}`),
+        onDisplay: (d) => seen.push(`display ${JSON.stringify(d)}`),
+      },
+    );
+    assert.equal(out.result, "3");
+    assert.deepEqual(seen, [
+      "out first\n",
+      'display {"html":"<i>p</i>","text":"Pretty()"}',
+      `display {"text":"'two'"}`,
+      "out last\n",
+    ]);
+    const plain = await agent.client.eval("display('shown'); 4");
+    assert.equal(plain.stdout, "'shown'\n");
+    assert.equal(plain.result, "4");
+  });
+
+  it("runs bash contexts: state kept between cells, per-cell env, exit status as the error, interrupt", async () => {
+    const ctx = await agent.client.contexts.create({ id: "sh", cwd: "/tmp", language: "bash" });
+    assert.deepEqual(ctx, { id: "sh", cwd: "/tmp", language: "bash" });
+    const lines: string[] = [];
+    const first = await agent.client.eval("X=41; echo start; pwd; echo oops >&2; printf 'no newline'", {
+      context: "sh",
+      onStdout: (t) => lines.push(t),
+    });
+    assert.equal(first.error, null);
+    assert.deepEqual(lines, ["start\n", "/tmp\n", "no newline"]);
+    const second = await agent.client.eval("echo $((X + 1)) $CELL_ONLY; cd /", {
+      context: "sh",
+      env: { CELL_ONLY: "here" },
+    });
+    assert.equal(second.stdout, "42 here\n");
+    assert.equal(second.executionCount, 2);
+    const third = await agent.client.eval(
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: bash's parameter expansion, not a template
+      "echo ${CELL_ONLY-gone} $PWD; exit_with() { return $1; }; exit_with 3",
+      {
+        context: "sh",
+      },
+    );
+    assert.equal(third.stdout, "gone /\n");
+    assert.deepEqual(third.error, { type: "", message: "3", traceback: "" });
+    const slow = await agent.client.eval("sleep 30; echo never", { context: "sh", timeoutMs: 1000 });
+    assert.equal(slow.timedOut, true);
+    assert.equal(
+      (await agent.client.eval("echo $X", { context: "sh" })).stdout,
+      "41\n",
+      "the shell survived",
+    );
+    assert.ok((await agent.client.contexts.list()).some((c) => c.id === "sh" && c.language === "bash"));
+    await agent.client.contexts.restart("sh");
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: bash's parameter expansion, not a template
+    assert.equal((await agent.client.eval("echo ${X-unset}", { context: "sh" })).stdout, "unset\n");
+    await agent.client.contexts.remove("sh");
+    await assert.rejects(
+      agent.client.contexts.create({ language: "javascript" }),
+      isForkdError("not_implemented", /javascript/),
+    );
+  });
+
+  it("reads IPython's shell escapes and magics in Python cells, as E2B's Jupyter kernel does", async () => {
+    const lines: string[] = [];
+    const ran = await agent.client.eval(
+      "word = 'sandbox'\n!echo hello {word.upper()} $word; echo to-stderr >&2\nstatus = _exit_code\n" +
+        "listing = !printf 'a\\nb\\n'\n!exit 3\n(status, listing, _exit_code)",
+      { onStdout: (t) => lines.push(t) },
+    );
+    assert.equal(ran.error, null);
+    assert.deepEqual(lines, ["hello SANDBOX sandbox\n", "to-stderr\n"]);
+    assert.equal(ran.result, "(0, ['a', 'b'], 3)");
+    const cd = await agent.client.eval("%cd /tmp\nimport os\nos.getcwd()");
+    assert.equal(cd.stdout, "/tmp\n");
+    assert.equal(cd.result, "'/tmp'");
+    assert.equal((await agent.client.eval("os.getcwd()")).result, "'/tmp'", "the context stays there");
+    const script = await agent.client.eval("%%bash\nX=4\necho $((X * 10 + 2))");
+    assert.equal(script.stdout, "42\n");
+    const unknown = await agent.client.eval("%nosuchmagic 1");
+    assert.equal(unknown.error?.type, "UsageError");
+    assert.match(unknown.error?.message ?? "", /Line magic function `%nosuchmagic` not found/);
+    assert.equal((await agent.client.eval("%matplotlib inline\n1")).result, "1");
+    const text = await agent.client.eval("s = '''\n!not a command\n'''\ns.strip()");
+    assert.equal(text.result, "'!not a command'", "a cell that is Python is never rewritten");
+    const broken = await agent.client.eval("def broken(:\n!echo hi");
+    assert.equal(broken.error?.type, "SyntaxError", "Python's own error when the cell is neither");
   });
 
   it("returns rich formats from the display protocol, and per-cell cwd and env", async () => {

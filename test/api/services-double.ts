@@ -576,6 +576,7 @@ export class ServicesDouble {
       return {};
     },
     metrics: async () => notInDouble("metrics"),
+    metricsHistory: async () => notInDouble("metricsHistory"),
     // Made-up numbers (the double has no processes): the shape is what HTTP tests check.
     usage: async (filter = {}) =>
       [...this.sandboxesById.values()]

@@ -6,10 +6,9 @@
  * refused before anything is downloaded.
  */
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs/promises";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -21,87 +20,11 @@ import { checkReference, pullSnapshot, pushSnapshot } from "../../src/controller
 import { buildImage, loadTemplate } from "../../src/image/index.js";
 import { debugfsCat } from "../image/helpers.js";
 import { makeBusyboxLayout, saveArchive } from "../image/oci-fixtures.js";
-import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
+import { entries, qemusMentioning, tempHome } from "../support/host.js";
+import { freePort, Registry } from "../support/registry.js";
 
 type Home = Awaited<ReturnType<typeof tempHome>>;
 const isRoot = process.geteuid?.() === 0;
-
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
-
-/** A docker-registry on 127.0.0.1 with its own storage, logging every request as JSON. */
-class Registry {
-  process: ChildProcess | undefined;
-  constructor(
-    readonly dir: string,
-    readonly port: number,
-  ) {}
-
-  get log(): string {
-    return path.join(this.dir, "registry.log");
-  }
-
-  async start(): Promise<void> {
-    const config = `version: 0.1
-log:
-  level: info
-  formatter: json
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: ${path.join(this.dir, "data")}
-http:
-  addr: 127.0.0.1:${this.port}
-`;
-    await fs.writeFile(path.join(this.dir, "config.yml"), config);
-    const out = await fs.open(this.log, "w");
-    this.process = spawn("docker-registry", ["serve", path.join(this.dir, "config.yml")], {
-      stdio: ["ignore", out.fd, out.fd],
-    });
-    await out.close();
-    await waitFor("the registry to answer", 30_000, async () => {
-      const res = await fetch(`http://127.0.0.1:${this.port}/v2/`).catch(() => undefined);
-      return res?.ok ? true : undefined;
-    });
-  }
-
-  async stop(): Promise<void> {
-    const child = this.process;
-    if (!child || child.exitCode !== null) return;
-    const exited = new Promise((resolve) => child.once("exit", resolve));
-    child.kill("SIGTERM");
-    await exited;
-  }
-
-  /** [method, path] of every request the registry has answered, in order. */
-  async requests(): Promise<[string, string][]> {
-    const out: [string, string][] = [];
-    for (const line of (await fs.readFile(this.log, "utf8")).split("\n")) {
-      if (!line.startsWith("{")) continue;
-      const entry = JSON.parse(line) as Record<string, string>;
-      if (entry.msg === "response completed" && entry["http.request.method"]) {
-        out.push([entry["http.request.method"], (entry["http.request.uri"] ?? "").split("?")[0] as string]);
-      }
-    }
-    return out;
-  }
-
-  /** Blobs the registry stores (its filesystem driver keeps one data file per blob). */
-  async blobs(): Promise<Set<string>> {
-    const root = path.join(this.dir, "data", "docker", "registry", "v2", "blobs", "sha256");
-    const found = new Set<string>();
-    for (const prefix of await entries(root)) {
-      for (const hex of await entries(path.join(root, prefix))) found.add(`sha256:${hex}`);
-    }
-    return found;
-  }
-}
 
 /** Digests whose upload was completed (the final PUT of an upload carries ?digest=, as the log's URI does). */
 async function completedUploads(registry: Registry): Promise<string[]> {

@@ -155,6 +155,11 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.ok(pause instanceof SandboxError && pause.statusCode === 501, `pause: ${pause}`);
     assert.match((pause as SandboxError).message, /not supported/);
     assert.equal(await sbx.isRunning(), true);
+    const snapshot = await raw(`/sandboxes/${sbx.sandboxId}/snapshots`, {
+      method: "POST",
+      body: JSON.stringify({ memory: false }),
+    });
+    assert.equal(snapshot.status, 501, "a filesystem-only snapshot is refused, not taken with memory");
     const lifecycle = await Sandbox.create("py", {
       ...opts,
       lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
@@ -177,8 +182,12 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
         .catch((e: unknown) => (e as SandboxError).statusCode),
       501,
     );
+    const secrets = await raw("/secrets", { method: "GET" });
+    assert.equal(secrets.status, 501);
+    // Template builds are served: a build request without a name is E2B's 400, not 501.
     const build = await raw("/v3/templates", { method: "POST", body: "{}" });
-    assert.equal(build.status, 501);
+    assert.equal(build.status, 400);
+    assert.match(((await build.json()) as { message: string }).message, /name is required/);
   });
 
   it("the data plane refuses another sandbox's access token (AuthenticationError) and a missing one", async () => {
@@ -285,15 +294,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     });
 
     const offline = await created({ allowInternetAccess: false });
-    assert.deepEqual(offline.spawn?.network, { default: "deny", allowOut: [], denyOut: [] });
+    assert.deepEqual(offline.spawn?.network, { default: "deny" });
     const offlineInfo = await offline.sandbox.getInfo();
     assert.equal(offlineInfo.allowInternetAccess, false);
     assert.deepEqual(offlineInfo.network?.denyOut, [ALL_TRAFFIC]);
-    assert.deepEqual((await created({ allowInternetAccess: true })).spawn?.network, {
-      default: "allow",
-      allowOut: [],
-      denyOut: [],
-    });
+    assert.equal(
+      (await created({ allowInternetAccess: true })).spawn?.network,
+      undefined,
+      "allowInternetAccess: true (what older Python SDKs always send) is the default: it never widens --egress deny",
+    );
     const allowList = await created({
       network: {
         allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
@@ -305,6 +314,29 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
       allowOut: ["pypi.org", "*.pythonhosted.org", "1.1.1.1"],
       denyOut: [ALL_TRAFFIC],
     });
+    // The newest SDKs' dnsServers: allowed with a domain in allowOut (E2B's rule); an IPv4 address only.
+    const withDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["192.0.2.53"] },
+      }),
+    });
+    assert.equal(withDns.status, 201);
+    assert.deepEqual(double.lastSpawn?.network, {
+      default: "deny",
+      allowOut: ["pypi.org", "192.0.2.53"],
+      denyOut: [ALL_TRAFFIC],
+    });
+    const badDns = await raw("/v2/sandboxes", {
+      method: "POST",
+      body: JSON.stringify({
+        templateID: "py",
+        network: { allowOut: ["pypi.org"], denyOut: [ALL_TRAFFIC], dnsServers: ["dns.example"] },
+      }),
+    });
+    assert.equal(badDns.status, 400);
+    assert.match(((await badDns.json()) as { message: string }).message, /dnsServers.*IPv4/);
     assert.deepEqual((await allowList.sandbox.getInfo()).network?.allowOut, [
       "*.pythonhosted.org",
       "1.1.1.1",
@@ -312,11 +344,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     ]);
     assert.deepEqual(
       (await created({ allowInternetAccess: false, network: { allowOut: ["pypi.org"] } })).spawn?.network,
-      { default: "deny", allowOut: ["pypi.org"], denyOut: [] },
+      { default: "deny", allowOut: ["pypi.org"] },
       "allowInternetAccess: false denies what allowOut does not name, as ALL_TRAFFIC does",
     );
     const denyList = await created({ network: { denyOut: ["10.0.0.0/8"] } });
-    assert.deepEqual(denyList.spawn?.network, { default: "allow", allowOut: [], denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(
+      denyList.spawn?.network,
+      { denyOut: ["10.0.0.0/8"] },
+      "a deny list narrows the default (the template's, else the daemon's): it never turns egress on",
+    );
     assert.deepEqual((await denyList.sandbox.getInfo()).network?.denyOut, ["10.0.0.0/8"]);
 
     const inbound = await created({
@@ -356,6 +392,15 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.deepEqual(double.lastNetworkPolicy, { default: "deny", allowOut: [], denyOut: [] });
     await sbx.updateNetwork({});
     assert.deepEqual(double.lastNetworkPolicy, {}, "nothing said: the daemon's default");
+    await sbx.updateNetwork({ allowInternetAccess: false });
+    await sbx.updateNetwork({ allowInternetAccess: true });
+    assert.deepEqual(
+      double.lastNetworkPolicy,
+      {},
+      "allowInternetAccess: true is the default again, no wider",
+    );
+    await sbx.updateNetwork({ denyOut: ["10.0.0.0/8"] });
+    assert.deepEqual(double.lastNetworkPolicy, { allowOut: [], denyOut: ["10.0.0.0/8"] });
     assert.equal((await sbx.getInfo()).allowInternetAccess, true);
     const bad = await sbx.updateNetwork({ denyOut: ["not a host!"] }).catch((e: unknown) => e);
     assert.ok(bad instanceof SandboxError && bad.statusCode === 400, `${bad}`);

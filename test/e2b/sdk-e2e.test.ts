@@ -137,15 +137,18 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     assert.equal((await sbx.runCode("counter + 1")).text, "42");
 
     const printed: string[] = [];
-    const run = await sbx.runCode("print('line one'); import sys; print('to stderr', file=sys.stderr); 7", {
-      onStdout: (m) => {
-        printed.push(m.line);
+    const run = await sbx.runCode(
+      "print('line one'); print('line', 'two'); import sys; print('to stderr', file=sys.stderr); 7",
+      {
+        onStdout: (m) => {
+          printed.push(m.line);
+        },
       },
-    });
+    );
     assert.equal(run.text, "7");
-    assert.equal(run.logs.stdout.join(""), "line one\n");
-    assert.equal(run.logs.stderr.join(""), "to stderr\n");
-    assert.equal(printed.join(""), "line one\n");
+    assert.deepEqual(run.logs.stdout, ["line one\n", "line two\n"], "one event per line, as Jupyter streams");
+    assert.deepEqual(run.logs.stderr, ["to stderr\n"]);
+    assert.deepEqual(printed, ["line one\n", "line two\n"]);
     assert.ok((run.executionCount ?? 0) >= 1, "the execution count is reported");
 
     const failed = await sbx.runCode("1 / 0");
@@ -158,19 +161,29 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     );
     assert.equal(html.text, "Bold()");
     assert.equal(html.results[0]?.html, "<b>bold</b>");
+    const shown = await sbx.runCode("display(Bold()); display('two'); 3");
+    assert.deepEqual(
+      shown.results.map((r) => [r.isMainResult, r.text, r.html]),
+      [
+        [false, "Bold()", "<b>bold</b>"],
+        [false, "two", undefined],
+        [true, "3", undefined],
+      ],
+      "display() outputs, then the cell's value",
+    );
 
     // Sandbox-level envVars reach the interpreter; runCode's own envs lie over them for one cell.
-    assert.equal((await sbx.runCode("import os; os.environ['GREETING']")).text, "'from-create'");
+    assert.equal((await sbx.runCode("import os; os.environ['GREETING']")).text, "from-create");
     const envs = await sbx.runCode("os.environ['GREETING'] + ' ' + os.environ['ONLY_HERE']", {
       envs: { GREETING: "per-cell", ONLY_HERE: "yes" },
     });
-    assert.equal(envs.text, "'per-cell yes'");
+    assert.equal(envs.text, "per-cell yes");
 
     const context = await sbx.createCodeContext({ cwd: "/tmp" });
     assert.equal(context.language, "python");
     const isolated = await sbx.runCode("counter", { context });
     assert.equal(isolated.error?.name, "NameError", "a new context does not see the default one's names");
-    assert.equal((await sbx.runCode("import os; os.getcwd()", { context })).text, "'/tmp'");
+    assert.equal((await sbx.runCode("import os; os.getcwd()", { context })).text, "/tmp");
     assert.equal(
       (await sbx.runCode("numpy.arange(3).sum()", { context })).text,
       "3",
@@ -420,9 +433,23 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
     await sbx.setTimeout(LIFETIME_MS + 60_000);
     assert.ok((await sbx.getInfo()).endAt.getTime() > before, "setTimeout moved the end");
 
-    const metrics = await sbx.getMetrics();
-    assert.equal(metrics.length, 1);
-    assert.ok((metrics[0]?.memTotal ?? 0) > 100 * 1024 * 1024, "guest memory is reported");
+    // A series since the sandbox started (a sample every 5 s), memory and disk from the guest.
+    const metrics = await waitFor("a second metrics sample", 30_000, async () => {
+      const series = await sbx.getMetrics();
+      return series.length >= 2 ? series : undefined;
+    });
+    const times = metrics.map((m) => m.timestamp.getTime());
+    assert.deepEqual(
+      times,
+      [...times].sort((a, b) => a - b),
+      "oldest first",
+    );
+    const latest = metrics.at(-1) as (typeof metrics)[number];
+    assert.ok(latest.memTotal > 100 * 1024 * 1024 && latest.memUsed > 0, "guest memory is reported");
+    assert.ok(latest.diskTotal > 100 * 1024 * 1024, `the root filesystem's size: ${latest.diskTotal}`);
+    assert.ok(latest.diskUsed > 0 && latest.diskUsed < latest.diskTotal, "its use");
+    const recent = await sbx.getMetrics({ start: latest.timestamp });
+    assert.ok(recent.length >= 1 && recent.length < metrics.length, "start narrows the series");
 
     // connect() from elsewhere: same sandbox, a working handle (the e2b package's own class).
     const connected = await BaseSandbox.connect(sbx.sandboxId);

@@ -96,6 +96,44 @@ describe("tenancy on a real daemon", { timeout: 15 * 60_000 }, () => {
     assert.equal((await Sandbox.getInfo(id, opts(ALICE))).sandboxId, id);
   });
 
+  it("a signed URL on the shared sandbox URL reaches only the sandbox whose token signed it", async () => {
+    // The SDK builds uploadUrl/downloadUrl on sandboxUrl: no sandbox id in them, the signature picks the sandbox.
+    await bob.files.write("/tmp/secret", "bob's");
+    const aliceUrl = await alice.downloadUrl("/tmp/secret", { useSignatureExpiration: 120 });
+    const bobUrl = await bob.downloadUrl("/tmp/secret");
+    for (const url of [aliceUrl, bobUrl]) {
+      assert.ok(url.startsWith(daemon.tcpUrl) && url.includes("signature="), url);
+      assert.ok(!url.includes(alice.sandboxId) && !url.includes(bob.sandboxId), url);
+    }
+    const read = async (url: string, headers: Record<string, string> = {}) => {
+      const response = await fetch(url, { headers });
+      return { status: response.status, text: await response.text() };
+    };
+    assert.deepEqual(await read(aliceUrl), { status: 200, text: "alice's" });
+    assert.deepEqual(await read(bobUrl), { status: 200, text: "bob's" });
+
+    // Alice's signature aimed at Bob's sandbox by name, or with Bob's key beside it: refused, nothing read.
+    const aimed = await read(aliceUrl, { "e2b-sandbox-id": bob.sandboxId, "e2b-sandbox-port": "49983" });
+    assert.equal(aimed.status, 401, aimed.text);
+    assert.ok(!aimed.text.includes("bob's"), aimed.text);
+    const withBobsKey = await read(aliceUrl, { "x-api-key": BOB });
+    assert.deepEqual(withBobsKey, { status: 200, text: "alice's" });
+    // A signature for one path does not open another.
+    const other = new URL(aliceUrl);
+    other.searchParams.set("path", "/etc/hostname");
+    assert.equal((await read(other.toString())).status, 401);
+
+    // Alice's signed upload lands in Alice's sandbox alone.
+    const upload = await alice.uploadUrl("/tmp/signed-upload");
+    const form = new FormData();
+    form.append("file", new Blob(["uploaded by alice"]), "/tmp/signed-upload");
+    const uploaded = await fetch(upload, { method: "POST", body: form });
+    assert.equal(uploaded.status, 200, await uploaded.text());
+    assert.equal(await alice.files.read("/tmp/signed-upload"), "uploaded by alice");
+    assert.equal(await bob.files.exists("/tmp/signed-upload"), false);
+    assert.equal((await bob.commands.run("cat /tmp/secret")).stdout, "bob's");
+  });
+
   it("a fork of Alice's sandbox and its fork point are Alice's; the admin sees every tenant's", async () => {
     const forked = await fetch(`${daemon.tcpUrl}/sandboxes/${alice.sandboxId}/fork`, {
       method: "POST",

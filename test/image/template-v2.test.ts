@@ -89,12 +89,14 @@ interval_ms = 200
     );
     assert.deepEqual(t.steps[3], {
       kind: "run",
+      cache: true,
       argv: ["/bin/sh", "-c", "echo hi"],
       network: true,
       timeoutS: 60,
     });
     assert.deepEqual(t.steps[4], {
       kind: "run",
+      cache: true,
       argv: ["/bin/echo", "argv", "form"],
       network: false,
       timeoutS: 3600,
@@ -141,6 +143,70 @@ interval_ms = 200
     await rejects('format = 2\nname = "r"\n[from]\nimage = "Upper/Case"\n', "from.image");
   });
 
+  test("package steps: pip from the machine's indexes, apt, npm, adduser, cache = false", async () => {
+    const t = await parseTemplate(
+      `format = 2
+name = "packages"
+[from]
+image = "127.0.0.1:5000/debian:12"
+[[steps]]
+adduser = "user"
+[[steps]]
+apt = ["curl", "git=1:2.39.5-0+deb12u1", "python3-pip/bookworm"]
+recommends = true
+[[steps]]
+pip = ["numpy", "pandas==2.2.*", "requests[socks]>=2"]
+[[steps]]
+pip = "requirements.txt"
+cache = false
+[[steps]]
+npm = ["@scope/tool@^1.2", "lodash"]
+global = true
+`,
+      file(),
+    );
+    assert.deepEqual(
+      t.steps.map((s) => [s.kind, s.cache]),
+      [
+        ["adduser", true],
+        ["apt", true],
+        ["pip", true],
+        ["pip", false],
+        ["npm", true],
+      ],
+    );
+    assert.deepEqual(t.steps[1], {
+      kind: "apt",
+      cache: true,
+      packages: ["curl", "git=1:2.39.5-0+deb12u1", "python3-pip/bookworm"],
+      recommends: true,
+      timeoutS: 3600,
+    });
+    const pip = t.steps[2];
+    assert.ok(pip?.kind === "pip");
+    assert.deepEqual(pip.packages, ["numpy", "pandas==2.2.*", "requests[socks]>=2"]);
+    assert.equal(pip.requirements, undefined);
+    assert.equal(pip.index, undefined, "no index: the machine's configured ones");
+    const fromFile = t.steps[3];
+    assert.ok(fromFile?.kind === "pip" && fromFile.requirementsRelative === "requirements.txt");
+    assert.deepEqual(fromFile.packages, []);
+    assert.deepEqual(t.steps[4], {
+      kind: "npm",
+      cache: true,
+      packages: ["@scope/tool@^1.2", "lodash"],
+      global: true,
+      timeoutS: 3600,
+    });
+    await rejects(
+      'format = 2\nname = "x"\n[from]\nimage = "127.0.0.1:5000/a:1"\n[[steps]]\nadduser = "Bad Name"\n',
+      'field "steps[0].adduser" must be a user name',
+    );
+    await rejects(
+      'format = 2\nname = "x"\n[from]\nimage = "127.0.0.1:5000/a:1"\n[[steps]]\napt = ["curl"]\nglobal = true\n',
+      "global does not go with a apt step",
+    );
+  });
+
   test("a Dockerfile with its context and build arguments", async () => {
     const t = await parseTemplate(
       'format = 2\nname = "df"\n[dockerfile]\nargs = { VERSION = "1.2" }\ntarget = "final"\n',
@@ -170,17 +236,26 @@ env = { "BAD NAME" = "x" }
 workdir = "relative"
 [[steps]]
 pip = "requirements.txt"
+wheels = "wheels"
+index = "https://pypi.example/simple"
 [[steps]]
 run = "x"
 dest = "/y"
 `,
       'field "from.archive" must not contain ".."',
-      'field "steps[0]" must have exactly one of run, copy, env, workdir, user, pip (got run, copy)',
+      'field "steps[0]" must have exactly one of run, copy, env, workdir, user, pip, apt, npm, adduser (got run, copy)',
       'field "steps[1].dest" is required for a copy step',
       'field "steps[2].env.BAD NAME" is not a valid variable name',
       'field "steps[3].workdir" must be a normalized absolute guest path',
-      'field "steps[4]" needs exactly one of wheels',
-      'field "steps[5]": dest does not go with a run step (it takes network, timeout_s)',
+      'field "steps[4]" takes at most one of wheels',
+      'field "steps[5]": dest does not go with a run step (it takes network, timeout_s, cache)',
+    );
+    // Package names are argv, never options or locations of their own.
+    await rejects(
+      'format = 2\nname = "x"\n[[steps]]\napt = ["-oAPT::Get::Option=1"]\n[[steps]]\nnpm = ["git+https://example.com/x.git"]\n[[steps]]\npip = ["--index-url=https://elsewhere"]\n',
+      'field "steps[0].apt[0]" must be one of Debian package names',
+      'field "steps[1].npm[0]" must be one of npm package names',
+      'field "steps[2].pip" must be a requirements file next to the template or a list of requirement specifiers',
     );
     await rejects(
       'format = 2\nname = "x"\n[from]\ndebian = "bookworm"\noci = "app"\n',
@@ -225,5 +300,21 @@ dest = "/y"
       planBuild(await parseTemplate(text("one"), file()), "trixie", []),
       /from.debian" is bookworm, but this host's apt sources serve trixie/,
     );
+  });
+
+  test("cache = false: that step and every later one get a key no other build had", async () => {
+    const text = (cache: string) =>
+      `format = 2\nname = "k"\n[from]\ndebian = "bookworm"\n[[steps]]\nrun = "one"\n[[steps]]\nrun = "two"\n${cache}\n[[steps]]\nrun = "three"\n`;
+    const cached = await planBuild(await parseTemplate(text(""), file()), "bookworm", []);
+    const again = await planBuild(await parseTemplate(text(""), file()), "bookworm", []);
+    assert.deepEqual(
+      again.steps.map((s) => s.key),
+      cached.steps.map((s) => s.key),
+    );
+    const a = await planBuild(await parseTemplate(text("cache = false"), file()), "bookworm", []);
+    const b = await planBuild(await parseTemplate(text("cache = false"), file()), "bookworm", []);
+    assert.equal(a.steps[0]?.key, cached.steps[0]?.key, "steps before it keep their keys");
+    assert.notEqual(a.steps[1]?.key, b.steps[1]?.key);
+    assert.notEqual(a.steps[2]?.key, b.steps[2]?.key, "and every step after it runs again");
   });
 });

@@ -49,7 +49,7 @@ describe("built-in templates", () => {
     const t = await loadTemplate("pyagent");
     assert.equal(t.name, "pyagent");
     assert.equal(t.builtin, true);
-    assert.deepEqual(t.packages, ["python3", "python3-numpy"]);
+    assert.deepEqual(t.packages, ["python3", "python3-numpy", "python3-pil"]);
     assert.equal(t.memoryMib, 512);
     assert.equal(t.vcpus, 1);
     assert.equal(t.interpreter, "python");

@@ -1,7 +1,7 @@
 /**
  * The python-data recipe (npm run test:recipes: a large Debian build and a ~30 s warm-up under TCG): numpy,
- * pandas and scikit-learn from Debian and a wheel from the recipe's local wheel directory (pip, no network)
- * are imported in the parent, so children use them without importing.
+ * pandas and scikit-learn from Debian and tabulate from the machine's configured package index (the pip step
+ * has no wheels and no index of its own) are imported in the parent, so children use them without importing.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
@@ -24,19 +24,20 @@ describe("recipe python-data", { timeout: 40 * 60_000 }, () => {
     await home.cleanup();
   });
 
-  it("children start with numpy, pandas, scikit-learn and the local wheel imported", async () => {
+  it("children start with numpy, pandas, scikit-learn and tabulate (from the index) imported", async () => {
     const result = await forkChildren(home, {
       tag: "python-data",
       n: 2,
       eval:
         "import sys\n" +
-        "warm = all(m in sys.modules for m in ('numpy', 'pandas', 'sklearn', 'forkd_demo'))\n" +
+        "warm = all(m in sys.modules for m in ('numpy', 'pandas', 'sklearn', 'tabulate'))\n" +
         "model = sklearn.linear_model.LinearRegression().fit([[0], [1], [2]], [1, 3, 5])\n" +
-        "(FORKD_WARM_MARKER, warm, forkd_demo.describe(pandas.DataFrame({'a': [1, 2]})), round(float(model.coef_[0]), 3))",
+        "table = tabulate.tabulate(pandas.DataFrame({'a': [1, 2]}), headers='keys', tablefmt='plain', showindex=False)\n" +
+        "(FORKD_WARM_MARKER, warm, tabulate.__version__, table.split(), round(float(model.coef_[0]), 3))",
     });
     for (const child of result.children) {
       assert.equal(child.error, null, `child ${child.index}: ${child.error}`);
-      assert.equal(child.result, "('warm', True, \"2 rows, columns ['a']\", 2.0)");
+      assert.equal(child.result, "('warm', True, '0.9.0', ['a', '1', '2'], 2.0)");
     }
   });
 

@@ -4,11 +4,11 @@
  * same build the test runs from (src/ through tsx, or dist/), stopped with every sandbox killed and no QEMU left.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import { writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { newApiKey } from "../../src/common/tokens.js";
 import { Controller } from "../../src/sdk/index.js";
 import { qemusMentioning, tempHome } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
@@ -43,7 +43,7 @@ export async function startDaemon(
   let stderr = "";
   try {
     const tag = await linkSharedSnapshot(home.home, "pyagent");
-    const token = randomBytes(24).toString("hex");
+    const token = newApiKey();
     const tokenFile = path.join(home.home, "tokens");
     await writeFile(tokenFile, [token, ...extraTokenLines, ""].join("\n"), { mode: 0o600 });
     const socketPath = path.join(home.home, "forkd.sock");

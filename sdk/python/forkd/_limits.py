@@ -62,6 +62,19 @@ __all__ = [
     "HEALTH_CHECK_TIMEOUT_MS",
     "MAX_RESPONSE_BYTES",
     "MAX_STREAM_RECORD_BYTES",
+    "MAX_TEMPLATE_BUILD_STEPS",
+    "MAX_TEMPLATE_STEP_ARGS",
+    "MAX_TEMPLATE_STEP_ARG_CHARS",
+    "MAX_TEMPLATE_CPU_COUNT",
+    "DEFAULT_TEMPLATE_CPU_COUNT",
+    "MIN_TEMPLATE_MEMORY_MIB",
+    "MAX_TEMPLATE_MEMORY_MIB",
+    "DEFAULT_TEMPLATE_MEMORY_MIB",
+    "DEFAULT_TEMPLATE_DISK_MIB",
+    "MAX_TEMPLATE_DISK_MIB",
+    "MAX_TEMPLATE_UPLOAD_BYTES",
+    "MAX_TEMPLATE_UNPACKED_BYTES",
+    "MAX_TEMPLATE_UPLOAD_ENTRIES",
     "NDJSON_CONTENT_TYPE",
     "PACK_CONTENT_TYPE",
     "PACK_CHAIN_HEADER",
@@ -235,6 +248,39 @@ MAX_RESPONSE_BYTES: Final[int] = 1073741824
 
 #: A streamed record (an NDJSON line, an SSE event) longer than this is a broken or hostile stream.
 MAX_STREAM_RECORD_BYTES: Final[int] = 16777216
+
+# --- Template builds (E2B's Template.build; docs/e2b.md, Template builds)
+
+#: Instructions one build may send.
+MAX_TEMPLATE_BUILD_STEPS: Final[int] = 1000
+
+#: Arguments of one instruction, and characters of one argument (a RUN's command, a start or ready command).
+MAX_TEMPLATE_STEP_ARGS: Final[int] = 64
+
+MAX_TEMPLATE_STEP_ARG_CHARS: Final[int] = 65536
+
+#: What a template's sandboxes (and its build's parent VM) may be given; the defaults when a build names none.
+MAX_TEMPLATE_CPU_COUNT: Final[int] = 8
+
+DEFAULT_TEMPLATE_CPU_COUNT: Final[int] = 1
+
+MIN_TEMPLATE_MEMORY_MIB: Final[int] = 128
+
+MAX_TEMPLATE_MEMORY_MIB: Final[int] = 16384
+
+DEFAULT_TEMPLATE_MEMORY_MIB: Final[int] = 1024
+
+#: The disk of a template's image: the default, and the largest `minFreeDiskMb` may make it.
+DEFAULT_TEMPLATE_DISK_MIB: Final[int] = 4096
+
+MAX_TEMPLATE_DISK_MIB: Final[int] = 65536
+
+#: One uploaded archive of a build's files: bytes as sent, bytes unpacked, entries.
+MAX_TEMPLATE_UPLOAD_BYTES: Final[int] = 1073741824
+
+MAX_TEMPLATE_UNPACKED_BYTES: Final[int] = 4294967296
+
+MAX_TEMPLATE_UPLOAD_ENTRIES: Final[int] = 100000
 
 # --- Wire names
 

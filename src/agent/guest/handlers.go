@@ -195,6 +195,9 @@ func (a *Agent) ContextCreate(c *Call, args *protocol.ContextCreateArgs, body []
 		}
 		fields["cwd"] = *args.Cwd
 	}
+	if args.Language != nil {
+		fields["language"] = *args.Language
+	}
 	reply, err := a.python.ContextOp(c, "context.create", fields)
 	if err != nil {
 		return nil, nil, err

@@ -207,9 +207,10 @@ func (p *Python) onReply(pid int, reply *workerReply) {
 		return
 	}
 	if reply.Stream != "" {
-		// Streamed output of a running cell; waiting for room pauses the worker (its writes block).
+		// Streamed output of a running cell (a line of stdout or stderr, or a display output's JSON); waiting for
+		// room pauses the worker (its writes block).
 		p.mu.Unlock()
-		if j.stream && j.call != nil && (reply.Stream == "stdout" || reply.Stream == "stderr") {
+		if j.stream && j.call != nil && (reply.Stream == "stdout" || reply.Stream == "stderr" || reply.Stream == "display") {
 			j.call.Emit(reply.Stream, []byte(reply.Text))
 			j.call.WaitForRoom()
 		}

@@ -7,27 +7,36 @@ fd 3 (a socketpair): each message is a 4-byte big-endian length and UTF-8 JSON.
 agent -> worker:
   {"id", "op": "cell", "code", "context"?, "cwd"?, "env"?, "stream", "warmup", "max_chars", "max_traceback",
    "reseed"}
-  {"id", "op": "context.create", "context"?, "cwd"?} | {"id", "op": "context.list"}
+  {"id", "op": "context.create", "context"?, "cwd"?, "language"?} | {"id", "op": "context.list"}
   {"id", "op": "context.restart" | "context.remove", "context"}
 worker -> agent:
   {"ready": true, "pid", "python"} once at start;
-  {"id", "stream": "stdout" | "stderr", "text"} while a streaming cell runs;
+  {"id", "stream": "stdout" | "stderr", "text"} while a streaming cell runs: one line each (with its newline),
+   as Jupyter streams; a line without one goes out when the cell flushes, displays something or ends;
+  {"id", "stream": "display", "text": JSON of {text?, html?, png?, ..., chart?}} for display(value) and for a
+   matplotlib figure still open at the end of the cell (Jupyter's display_data);
   {"id", "result", "result_truncated", "formats"?, "stdout", "stderr", "stdout_truncated", "stderr_truncated",
    "error": {type, message, traceback} | null, "execution_count"} when a cell ends;
   {"id", "context": {id, cwd, language}} | {"id", "contexts": [...]} | {"id"} for context ops;
   {"id", "fail": {"code", "message"}} when a request cannot be served (e.g. an unknown context).
 
 Contexts are namespaces: `default` is the warm namespace the template's warm-up ran in; a new context starts
-as a shallow copy of the namespace as it was right after the warm-up, so nothing is imported again.
+as a shallow copy of the namespace as it was right after the warm-up, so nothing is imported again. A bash or
+javascript context is a process of that language instead (kernels.py, loaded on first use).
+
+`display(value, ...)` is a builtin, as in a Jupyter kernel: in a streaming cell each value becomes a display
+output; otherwise its repr is printed.
 
 The request path is kept lean on purpose (a restored child pays for every step under TCG): no imports, no
 process spawn, one read and one write per cell (plus one write per streamed print). A cell runs like a notebook
-cell: statements execute in the context's namespace and the repr of a trailing expression is the result.
+cell: statements execute in the context's namespace and the repr of a trailing expression is the result; a
+directory it changes to stays its context's; IPython's `!cmd` and `%magic` lines work as in Jupyter (magics.py).
 SIGINT interrupts a running cell (KeyboardInterrupt) and is ignored between cells.
 """
 
 import ast
 import base64
+import builtins
 import io
 import json
 import linecache
@@ -42,6 +51,10 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_REMEMBERED_CELLS = 200
 MAX_CONTEXTS = 1024
 DEFAULT = "default"
+# A streamed line longer than this goes out in pieces (a print without newlines must not grow without bound).
+MAX_STREAM_LINE = 64 * 1024
+# Display outputs of one cell; more are dropped (each is bounded by max_chars per format).
+MAX_DISPLAYS = 256
 
 # IPython's display protocol: method -> key of the result's formats; binary ones are base64.
 REPR_METHODS = (
@@ -58,14 +71,17 @@ REPR_METHODS = (
 
 
 class Context:
-    def __init__(self, cid, namespace, cwd):
+    def __init__(self, cid, namespace, cwd, language="python", kernel=None):
         self.id = cid
         self.namespace = namespace
         self.cwd = cwd
         self.count = 0
+        self.language = language
+        # The process of a bash or javascript context (kernels.py); None for Python.
+        self.kernel = kernel
 
     def info(self):
-        return {"id": self.id, "cwd": self.cwd, "language": "python"}
+        return {"id": self.id, "cwd": self.cwd, "language": self.language}
 
 
 def fresh_namespace():
@@ -81,6 +97,8 @@ class State:
     warm_names = fresh_namespace()
     contexts = {DEFAULT: Context(DEFAULT, fresh_namespace(), "/")}
     next_context = 0
+    # The running cell's display sink (display() while no cell runs prints the repr).
+    cell = None
 
 
 def on_sigint(signum, frame):
@@ -99,6 +117,8 @@ class Capture(io.TextIOBase):
         self.truncated = False
         self.stream = stream
         self.request_id = request_id
+        # Streaming: the line written so far, sent once it is complete (or flushed).
+        self.pending = ""
 
     @property
     def encoding(self):
@@ -115,17 +135,11 @@ class Capture(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if self.stream is not None:
             if text:
-                # An interrupt must not cut a message to the agent in half: it is held until the write is done.
-                was_running = State.running
-                State.running = False
-                State.pending_interrupt = False
-                try:
-                    send({"id": self.request_id, "stream": self.stream, "text": text})
-                finally:
-                    State.running = was_running
-                if was_running and State.pending_interrupt:
-                    State.pending_interrupt = False
-                    raise KeyboardInterrupt
+                self.pending += text
+                if "\n" in text or len(self.pending) >= MAX_STREAM_LINE:
+                    cut = self.pending.rfind("\n") + 1 or len(self.pending)
+                    ready, self.pending = self.pending[:cut], self.pending[cut:]
+                    stream_out(self.request_id, self.stream, ready.splitlines(True))
             return len(text)
         room = self.limit - self.size
         if room > 0:
@@ -136,8 +150,29 @@ class Capture(io.TextIOBase):
             self.truncated = True
         return len(text)
 
+    def flush(self):
+        if self.stream is not None and self.pending:
+            line, self.pending = self.pending, ""
+            stream_out(self.request_id, self.stream, [line])
+
     def getvalue(self):
         return "".join(self.parts)
+
+
+def stream_out(request_id, stream, texts):
+    """Sends streamed output to the agent, one message per text (a line, or a display's JSON)."""
+    # An interrupt must not cut a message to the agent in half: it is held until the writes are done.
+    was_running = State.running
+    State.running = False
+    State.pending_interrupt = False
+    try:
+        for text in texts:
+            send({"id": request_id, "stream": stream, "text": text})
+    finally:
+        State.running = was_running
+    if was_running and State.pending_interrupt:
+        State.pending_interrupt = False
+        raise KeyboardInterrupt
 
 
 def read_exact(count):
@@ -221,6 +256,90 @@ def rich_formats(value, limit):
     return formats
 
 
+class CellOutput:
+    """Where a streaming cell's display outputs go (and the captures they must not overtake)."""
+
+    def __init__(self, request, out, err):
+        self.request_id = request["id"]
+        self.limit = request["max_chars"]
+        self.out = out
+        self.err = err
+        self.streaming = out.stream is not None
+        self.count = 0
+
+    def show(self, data):
+        if not self.streaming:
+            print(data.get("text", ""))
+            return
+        if self.count >= MAX_DISPLAYS:
+            return
+        self.count += 1
+        self.out.flush()
+        self.err.flush()
+        stream_out(self.request_id, "display", [json.dumps(data)])
+
+    def value(self, value):
+        data = rich_formats(value, self.limit)
+        text = bounded_repr(value, self.limit)
+        if text is not None:
+            data["text"] = text
+        self.show(data)
+
+
+def bounded_repr(value, limit):
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken repr must not fail the display
+        return None
+    return text[:limit]
+
+
+def display(*values, **_options):
+    """Jupyter's display(): each value becomes a display output of the running cell."""
+    cell = State.cell
+    for value in values:
+        if cell is None:
+            print(bounded_repr(value, 4096))
+        else:
+            cell.value(value)
+
+
+def show_figures(cell):
+    """Like Jupyter's inline backend: every matplotlib figure still open at the end of a cell is displayed once
+    (PNG, its repr as text, E2B's chart data where the image has e2b_charts) and closed."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        data = {"text": bounded_repr(figure, cell.limit) or "<Figure>"}
+        try:
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", bbox_inches="tight")
+            png = base64.b64encode(buffer.getvalue()).decode("ascii")
+            if len(png) <= cell.limit:
+                data["png"] = png
+        except Exception:  # noqa: BLE001 - a figure that cannot render is shown as text only
+            pass
+        chart = figure_chart(figure)
+        if chart is not None and len(chart) <= cell.limit:
+            data["chart"] = chart
+        cell.show(data)
+    pyplot.close("all")
+
+
+def figure_chart(figure):
+    """E2B's chart data for a figure (what its code interpreter adds), when the image has the e2b_charts package."""
+    try:
+        from e2b_charts import chart_figure_to_dict  # noqa: PLC0415 - only in images that have it
+    except ImportError:
+        return None
+    try:
+        return json.dumps(chart_figure_to_dict(figure), default=str)
+    except Exception:  # noqa: BLE001 - E2B's own server sends no chart when extraction fails
+        return None
+
+
 def with_cwd_env(request, context, run):
     """Runs `run` in the context's working directory with the request's extra environment laid over it."""
     cwd = request.get("cwd")
@@ -236,11 +355,37 @@ def with_cwd_env(request, context, run):
     try:
         return run()
     finally:
+        # A cell that changed directory (os.chdir, %cd) leaves its context there, as a kernel's process is.
+        try:
+            context.cwd = os.getcwd()
+        except OSError:
+            pass
         for key, old in saved.items():
             if old is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+def parse_cell(code, name):
+    """The cell's syntax tree; a cell that is not Python but has IPython's `!cmd` or `%magic` lines is read as
+    IPython reads it (magics.py, loaded only then). Its own SyntaxError otherwise."""
+    try:
+        return ast.parse(code, name, "exec")
+    except SyntaxError:
+        if "!" not in code and "%" not in code:
+            raise
+        import magics  # noqa: PLC0415 - only cells with IPython syntax pay for it
+
+        rewritten = magics.transform(code)
+        if rewritten is None:
+            raise
+        magics.install()
+        try:
+            return ast.parse(rewritten, name, "exec")
+        except SyntaxError:
+            pass
+        raise
 
 
 def run_cell(request, context):
@@ -256,9 +401,10 @@ def run_cell(request, context):
     reply = {"id": request["id"], "result": None, "result_truncated": False, "error": None}
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
+    State.cell = CellOutput(request, out, err)
     try:
         try:
-            tree = ast.parse(code, name, "exec")
+            tree = parse_cell(code, name)
             tail = None
             if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
                 tail = compile(ast.Expression(tree.body.pop().value), name, "eval")
@@ -272,6 +418,10 @@ def run_cell(request, context):
             State.running = True
             exec(body, namespace)
             value = eval(tail, namespace) if tail is not None else None
+            if State.cell.streaming:
+                show_figures(State.cell)
+            out.flush()
+            err.flush()
             State.running = False
             if value is not None:
                 namespace["_"] = value
@@ -286,8 +436,10 @@ def run_cell(request, context):
         except BaseException as error:  # noqa: BLE001 - user code may raise anything, SystemExit included
             State.running = False
             reply["error"] = describe(error, error.__traceback__, request["max_traceback"])
+            flush_quietly(out, err)
     finally:
         State.running = False
+        State.cell = None
         sys.stdout, sys.stderr = saved
         reply["stdout"] = out.getvalue()
         reply["stderr"] = err.getvalue()
@@ -295,6 +447,15 @@ def run_cell(request, context):
         reply["stderr_truncated"] = err.truncated
         reply["execution_count"] = context.count
     return reply
+
+
+def flush_quietly(*captures):
+    # What a failed cell printed before its error still goes out (an interrupt now is one too many: dropped).
+    for capture in captures:
+        try:
+            capture.flush()
+        except BaseException:  # noqa: BLE001
+            capture.pending = ""
 
 
 def failure(request, code, message):
@@ -312,6 +473,8 @@ def serve_cell(request):
         return failure(request, "not_found", f"no context {cid!r} (create it with context.create)")
     if request.get("reseed"):
         reseed()
+    if context.kernel is not None:
+        return context.kernel.run_cell(request, context)
     reply = with_cwd_env(request, context, lambda: run_cell(request, context))
     if request.get("warmup") and reply["error"] is None:
         State.warm_names = dict(context.namespace)
@@ -334,7 +497,16 @@ def serve_context(request):
             return failure(request, "conflict", f"context {cid!r} already exists")
         if len(State.contexts) >= MAX_CONTEXTS:
             return failure(request, "too_many_requests", f"at most {MAX_CONTEXTS} contexts")
-        context = Context(cid, dict(State.warm_names), request.get("cwd") or "/")
+        language = request.get("language") or "python"
+        cwd = request.get("cwd") or "/"
+        kernel = None
+        if language != "python":
+            import kernels  # noqa: PLC0415 - only cells of other languages pay for it
+
+            kernel, problem = kernels.start(language, cwd)
+            if kernel is None:
+                return failure(request, "not_implemented", problem)
+        context = Context(cid, dict(State.warm_names), cwd, language, kernel)
         State.contexts[cid] = context
         return {"id": request["id"], "context": context.info()}
     context, cid = context_of(request)
@@ -343,10 +515,20 @@ def serve_context(request):
     if op == "context.restart":
         context.namespace = dict(State.warm_names)
         context.count = 0
+        if context.kernel is not None:
+            import kernels  # noqa: PLC0415
+
+            context.kernel.stop()
+            context.kernel, problem = kernels.start(context.language, context.cwd)
+            if context.kernel is None:
+                del State.contexts[cid]
+                return failure(request, "unavailable", problem)
         return {"id": request["id"], "context": context.info()}
     if op == "context.remove":
         if cid == DEFAULT:
             return failure(request, "invalid_argument", "the default context cannot be removed")
+        if context.kernel is not None:
+            context.kernel.stop()
         del State.contexts[cid]
         return {"id": request["id"]}
     return failure(request, "not_implemented", f"unknown worker op {op!r}")
@@ -367,6 +549,9 @@ def prime():
 
 def main():
     os.set_inheritable(CHANNEL, False)  # processes the cells spawn must not see the agent's channel
+    builtins.display = display
+    # Figures render off-screen and are shown at the end of their cell, as Jupyter's inline backend does.
+    os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, on_sigint)
     prime()
     send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})

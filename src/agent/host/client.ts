@@ -8,6 +8,7 @@ import { abortError } from "../../common/deadline.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
 import { assertSandboxId } from "../../common/names.js";
 import {
+  DisplayData,
   type EventHeader,
   encodeFrame,
   type Frame,
@@ -30,6 +31,7 @@ import {
   STDIN_CHUNK_BYTES,
   STDIN_INLINE_BYTES,
   STDIN_WINDOW_BYTES,
+  validator,
   wireErrorCode,
 } from "../protocol/index.js";
 import { AsyncQueue } from "./async-queue.js";
@@ -46,6 +48,7 @@ import type {
   FileInfo,
   FileWriteOptions,
   FsEvent,
+  GuestStats,
   Hello,
   PingInfo,
   ProcAttachOptions,
@@ -193,6 +196,17 @@ function selectorArgs(selector: ProcSelector, op: string): { pid?: number; tag?:
 }
 
 const utf8Strict = new TextDecoder("utf-8", { fatal: true });
+const displayData = validator(DisplayData);
+
+/** A display event's body, checked like every other guest message; undefined when it is not DisplayData. */
+function parseDisplay(text: string): DisplayData | undefined {
+  try {
+    const value: unknown = JSON.parse(text);
+    return displayData.check(value) ? value : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 function toEvalOutcome(r: OpResult<"eval">): EvalOutcome {
   const out: EvalOutcome = {
@@ -324,6 +338,7 @@ export class AgentClient {
         const args: OpArgs<"context.create"> = {};
         if (options.id !== undefined) args.id = options.id;
         if (options.cwd !== undefined) args.cwd = options.cwd;
+        if (options.language !== undefined) args.language = options.language;
         return (await this.call("context.create", args, undefined, options.signal)).result;
       },
       list: async (options = {}) =>
@@ -428,6 +443,19 @@ export class AgentClient {
     };
   }
 
+  /** Memory and disk use as the guest sees them (the filesystem of `path`, default `/`). */
+  async stats(options: CallOptions & { path?: string } = {}): Promise<GuestStats> {
+    const args: OpArgs<"stats"> = options.path === undefined ? {} : { path: options.path };
+    const { result: r } = await this.call("stats", args, undefined, options.signal);
+    return {
+      memTotalBytes: r.mem_total_bytes,
+      memAvailableBytes: r.mem_available_bytes,
+      memCacheBytes: r.mem_cache_bytes,
+      diskTotalBytes: r.disk_total_bytes,
+      diskUsedBytes: r.disk_used_bytes,
+    };
+  }
+
   /** The post-restore fix-up: send it to every new child before anything else. Resolves once applied. */
   async restore(request: RestoreRequest, options: CallOptions = {}): Promise<RestoreInfo> {
     if (typeof request.timeNs !== "bigint" || request.timeNs < 0n || request.timeNs >= 2n ** 63n) {
@@ -479,11 +507,12 @@ export class AgentClient {
     if (options.context !== undefined) args.context = options.context;
     if (options.cwd !== undefined) args.cwd = options.cwd;
     if (options.env !== undefined) args.env = options.env;
-    const streaming = options.onStdout !== undefined || options.onStderr !== undefined;
+    const streaming =
+      options.onStdout !== undefined || options.onStderr !== undefined || options.onDisplay !== undefined;
     if (streaming) args.stream = true;
     let failure: ForkdError | undefined;
     const onEvent = (event: EventHeader, body: Buffer) => {
-      if (!streaming || (event.ev !== "stdout" && event.ev !== "stderr")) {
+      if (!streaming || (event.ev !== "stdout" && event.ev !== "stderr" && event.ev !== "display")) {
         this.violation("unexpected event for an eval call", { ev: event.ev });
         return;
       }
@@ -495,7 +524,12 @@ export class AgentClient {
         return;
       }
       if (event.ev === "stdout") options.onStdout?.(text);
-      else options.onStderr?.(text);
+      else if (event.ev === "stderr") options.onStderr?.(text);
+      else {
+        const data = parseDisplay(text);
+        if (data === undefined) this.violation("eval: a display event that is not DisplayData", {});
+        else options.onDisplay?.(data);
+      }
     };
     const { result } = await this.call("eval", args, Buffer.from(code, "utf8"), options.signal, {
       deadlineMs: timeoutMs + this.graceMs,

@@ -1,5 +1,7 @@
 /** The host-side view of agent results: camelCase, Buffers for bytes, no wire details. */
 import type {
+  ContextLanguage,
+  DisplayData,
   FsOp,
   Interpreter,
   ProcSignalName,
@@ -8,7 +10,16 @@ import type {
   WarmState,
 } from "../protocol/index.js";
 
-export type { FsOp, Interpreter, ProcSignalName, PtySize, RichFormats, WarmState };
+export type {
+  ContextLanguage,
+  DisplayData,
+  FsOp,
+  Interpreter,
+  ProcSignalName,
+  PtySize,
+  RichFormats,
+  WarmState,
+};
 
 export interface Hello {
   protocol: number;
@@ -22,6 +33,18 @@ export interface Hello {
 export interface PingInfo extends Hello {
   hostname: string;
   uptimeMs: number;
+}
+
+/** What the guest uses now, as it sees it (the agent's `stats`). */
+export interface GuestStats {
+  memTotalBytes: number;
+  /** MemAvailable. */
+  memAvailableBytes: number;
+  /** Page cache (Cached + Buffers). */
+  memCacheBytes: number;
+  diskTotalBytes: number;
+  /** Blocks in use, as df counts them. */
+  diskUsedBytes: number;
 }
 
 export interface RestoreRequest {
@@ -91,6 +114,11 @@ export interface EvalOptions extends CallOptions {
    */
   onStdout?: (text: string) => void;
   onStderr?: (text: string) => void;
+  /**
+   * Display outputs (`display(value)`, matplotlib figures open at the end of the cell) as they happen; with it
+   * the cell streams (its prints too, one line per callback). Without streaming `display` prints the repr.
+   */
+  onDisplay?: (data: DisplayData) => void;
 }
 
 export interface PythonError {
@@ -216,12 +244,17 @@ export interface WatchHandle {
 export interface ContextInfo {
   id: string;
   cwd: string;
-  language: "python";
+  language: ContextLanguage;
 }
 
 export interface AgentContexts {
-  /** A fresh namespace starting from the template's warm-up names. */
-  create(options?: CallOptions & { id?: string; cwd?: string }): Promise<ContextInfo>;
+  /**
+   * A fresh namespace starting from the template's warm-up names; for bash or javascript a process of that
+   * language (not_implemented where the image lacks it).
+   */
+  create(
+    options?: CallOptions & { id?: string; cwd?: string; language?: ContextLanguage },
+  ): Promise<ContextInfo>;
   list(options?: CallOptions): Promise<ContextInfo[]>;
   /** The namespace starts again from the warm-up's names. */
   restart(id: string, options?: CallOptions): Promise<ContextInfo>;

@@ -67,6 +67,7 @@ export const EventKind = Type.Union([
   Type.Literal("pty"),
   Type.Literal("started"),
   Type.Literal("fs"),
+  Type.Literal("display"),
 ]);
 export type EventKind = Static<typeof EventKind>;
 
@@ -87,7 +88,9 @@ export const FsEvent = Type.Object({
  * - `stdout`/`stderr`/`pty`: output bytes in the body (eval: UTF-8 text);
  * - `stdin_ack`: `bytes` of stdin the process consumed (the host's send window);
  * - `started`: a proc.start/proc.connect call's process, `pid`;
- * - `fs`: a watch's change, `fs`.
+ * - `fs`: a watch's change, `fs`;
+ * - `display`: a streaming eval's display output (`display(value)`, a figure at the end of the cell): the
+ *   body is a UTF-8 JSON DisplayData (protocol/ops.ts).
  */
 export const EventHeader = Type.Object({
   t: Type.Literal("evt"),

@@ -60,6 +60,26 @@ export const PingResult = Type.Object({
   uptime_ms: Count,
 });
 
+// ---- stats: what the guest uses now (E2B's metrics): memory from /proc/meminfo, a filesystem's statfs
+
+export const StatsArgs = Type.Object(
+  {
+    /** The filesystem to measure, by a path on it; default `/`. */
+    path: Type.Optional(GuestPath),
+  },
+  strict,
+);
+export const StatsResult = Type.Object({
+  mem_total_bytes: Count,
+  /** MemAvailable: what the guest could still use without swapping. */
+  mem_available_bytes: Count,
+  /** Page cache: Cached + Buffers. */
+  mem_cache_bytes: Count,
+  disk_total_bytes: Count,
+  /** Blocks in use (total - free), as df counts them. */
+  disk_used_bytes: Count,
+});
+
 // ---- restore: request body = entropy bytes (MIN_ENTROPY_BYTES..MAX_ENTROPY_BYTES of limits.ts)
 
 export const HOSTNAME_PATTERN =
@@ -99,8 +119,9 @@ export const EvalArgs = Type.Object(
     /** Namespace to run in (default `default`); not_found if it was never created. */
     context: Type.Optional(ContextId),
     /**
-     * Stream what the cell prints as `stdout`/`stderr` events (UTF-8 text in the body) while it runs; the
-     * result's `stdout`/`stderr` are then empty.
+     * Stream what the cell prints as `stdout`/`stderr` events (UTF-8 text in the body, one line per event, as
+     * Jupyter's streams: a line without its newline is sent when the cell flushes or ends) and its display
+     * outputs as `display` events while it runs; the result's `stdout`/`stderr` are then empty.
      */
     stream: Type.Optional(Type.Boolean()),
     /** Working directory for the cell (os.chdir before it runs; the context keeps it). */
@@ -119,6 +140,13 @@ export const PythonError = Type.Object({
  * Richer representations of the result value, from IPython's display protocol (`_repr_html_`, `_repr_png_`,
  * ...) where the value offers them. Binary formats (png, jpeg, pdf) are base64; json is a JSON text.
  */
+/** The languages a context runs: Python in the warm interpreter, bash and JavaScript where the image has them. */
+export const ContextLanguage = Type.Union([
+  Type.Literal("python"),
+  Type.Literal("bash"),
+  Type.Literal("javascript"),
+]);
+
 export const RichFormats = Type.Object({
   html: Type.Optional(Type.String()),
   markdown: Type.Optional(Type.String()),
@@ -129,7 +157,14 @@ export const RichFormats = Type.Object({
   latex: Type.Optional(Type.String()),
   json: Type.Optional(Type.String()),
   javascript: Type.Optional(Type.String()),
+  /** E2B's chart data of a matplotlib figure (the e2b_charts package's dict, where the image has it): JSON text. */
+  chart: Type.Optional(Type.String()),
 });
+/**
+ * One display output of a streaming cell (Jupyter's display_data): `display(value)`, or a matplotlib figure
+ * still open when the cell ends. `text` is the value's repr; the formats as for a result.
+ */
+export const DisplayData = Type.Composite([RichFormats, Type.Object({ text: Type.Optional(Type.String()) })]);
 export const EvalResult = Type.Object({
   /** repr() of the cell's last expression, or null when it was not an expression or was None. */
   result: Type.Union([Type.String(), Type.Null()]),
@@ -155,14 +190,22 @@ export const ContextInfo = Type.Object({
   id: ContextId,
   /** Working directory cells of this context start in. */
   cwd: Type.String(),
-  language: Type.Literal("python"),
+  language: ContextLanguage,
 });
 /**
  * A new context starts with the names the template's warm-up defined (a shallow copy of the warm namespace
  * as it was after warm-up), so `numpy` is bound and nothing is imported again.
  */
 export const ContextCreateArgs = Type.Object(
-  { id: Type.Optional(ContextId), cwd: Type.Optional(GuestPath) },
+  {
+    id: Type.Optional(ContextId),
+    cwd: Type.Optional(GuestPath),
+    /**
+     * Default python. A bash context is a bash process of its own (variables, functions, cwd kept between
+     * cells); a javascript context a Node.js process (where the image has `node`); not_implemented otherwise.
+     */
+    language: Type.Optional(ContextLanguage),
+  },
   strict,
 );
 export const ContextListArgs = Type.Object({}, strict);
@@ -436,6 +479,7 @@ const plain = { requestBody: "none", responseBody: "none", input: false } as con
 
 export const OPS = {
   ping: op({ args: PingArgs, result: PingResult, requestBody: "none", responseBody: "none", input: false }),
+  stats: op({ args: StatsArgs, result: StatsResult, ...plain }),
   restore: op({
     args: RestoreArgs,
     result: RestoreResult,
@@ -507,6 +551,7 @@ export type OpArgs<O extends OpName> = Static<(typeof OPS)[O]["args"]>;
 export type OpResult<O extends OpName> = Static<(typeof OPS)[O]["result"]>;
 
 export type PingResult = Static<typeof PingResult>;
+export type StatsResult = Static<typeof StatsResult>;
 export type RestoreArgs = Static<typeof RestoreArgs>;
 export type RestoreResult = Static<typeof RestoreResult>;
 export type EvalArgs = Static<typeof EvalArgs>;
@@ -521,6 +566,8 @@ export type FileReadResult = Static<typeof FileReadResult>;
 export type FileMkdirResult = Static<typeof FileMkdirResult>;
 export type ContextInfo = Static<typeof ContextInfo>;
 export type RichFormats = Static<typeof RichFormats>;
+export type DisplayData = Static<typeof DisplayData>;
+export type ContextLanguage = Static<typeof ContextLanguage>;
 export type FsOp = Static<typeof FsOp>;
 export type WatchResult = Static<typeof WatchResult>;
 export type ProcStartArgs = Static<typeof ProcStartArgs>;

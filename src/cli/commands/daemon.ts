@@ -61,6 +61,7 @@ interface DaemonOptions {
   tenantMaxParentBoots?: number;
   memoryReserveMib?: number;
   defaultTimeoutMs?: number;
+  metricsIntervalS: number;
   branchConcurrency?: number;
   warmPool: WarmPoolTarget[];
   state?: string;
@@ -207,6 +208,13 @@ function admissionOptions(command: Command): void {
       "--default-timeout-ms <ms>",
       "lifetime of sandboxes spawned without timeout_ms (default: none, they live until killed; 0 = none)",
       parseIntOption("--default-timeout-ms", 0, MAX_SANDBOX_TIMEOUT_MS),
+    )
+    .option(
+      "--metrics-interval-s <s>",
+      "sample every running sandbox's metrics this often into the series E2B's metrics route answers " +
+        "(bounded per sandbox; 0 = keep none, sample when asked)",
+      parseIntOption("--metrics-interval-s", 0, 3600),
+      5,
     )
     .option(
       "--branch-concurrency <n>",
@@ -390,6 +398,7 @@ async function openDaemonServices(
     consoleLogBytes: opts.consoleLogKib === undefined ? undefined : opts.consoleLogKib * 1024,
     allowUnprivilegedUserfaultfd: opts.unprivilegedUserfaultfd,
     defaultTimeoutMs: opts.defaultTimeoutMs,
+    metricsIntervalMs: opts.metricsIntervalS * 1000,
     branchConcurrency: opts.branchConcurrency,
     warmPools: opts.warmPool,
     extraImageDirs: opts.allowImageDir.map((dir) => path.resolve(dir)),

@@ -8,7 +8,14 @@ import { oneLine, printJson, printTable } from "../output.js";
 
 export function registerFiles(program: Command): void {
   const files = program.command("files").description("files inside a sandbox (daemon)");
+  registerPut(files);
+  registerGet(files);
+  registerList(files);
+  registerStat(files);
+  registerRemove(files);
+}
 
+function registerPut(files: Command): void {
   addDaemonOptions(
     files
       .command("put")
@@ -28,7 +35,9 @@ export function registerFiles(program: Command): void {
       return undefined;
     }),
   );
+}
 
+function registerGet(files: Command): void {
   addDaemonOptions(
     files
       .command("get")
@@ -54,7 +63,9 @@ export function registerFiles(program: Command): void {
       return undefined;
     }),
   );
+}
 
+function registerList(files: Command): void {
   addDaemonOptions(
     files
       .command("ls")
@@ -81,7 +92,9 @@ export function registerFiles(program: Command): void {
       return undefined;
     }),
   );
+}
 
+function registerStat(files: Command): void {
   addDaemonOptions(
     files
       .command("stat")
@@ -101,7 +114,9 @@ export function registerFiles(program: Command): void {
       return undefined;
     }),
   );
+}
 
+function registerRemove(files: Command): void {
   addDaemonOptions(
     files
       .command("rm")

@@ -11,6 +11,11 @@ import { runCommand } from "../run-command.js";
 
 export function registerImage(program: Command): void {
   const image = program.command("image").description("guest images built from templates");
+  registerImageBuild(image);
+  registerImageList(image);
+}
+
+function registerImageBuild(image: Command): void {
   image
     .command("build")
     .description("build (or reuse from cache) the guest image of a template")
@@ -46,6 +51,9 @@ export function registerImage(program: Command): void {
         return undefined;
       }),
     );
+}
+
+function registerImageList(image: Command): void {
   image
     .command("ls")
     .alias("list")

@@ -32,7 +32,14 @@ export function registerWorkspace(program: Command): void {
   const workspace = program
     .command("workspace")
     .description("named sandboxes that are suspended to disk and resumed by name (daemon; forkd v0.5)");
+  registerWorkspaceCreate(workspace);
+  registerWorkspaceSuspend(workspace);
+  registerWorkspaceResume(workspace);
+  registerWorkspaceList(workspace);
+  registerWorkspaceDelete(workspace);
+}
 
+function registerWorkspaceCreate(workspace: Command): void {
   addDaemonOptions(
     workspace
       .command("create")
@@ -56,7 +63,9 @@ export function registerWorkspace(program: Command): void {
       return show(created, opts.json);
     }),
   );
+}
 
+function registerWorkspaceSuspend(workspace: Command): void {
   addDaemonOptions(
     workspace
       .command("suspend")
@@ -70,7 +79,9 @@ export function registerWorkspace(program: Command): void {
       return show(suspended, opts.json);
     }),
   );
+}
 
+function registerWorkspaceResume(workspace: Command): void {
   addDaemonOptions(
     workspace
       .command("resume")
@@ -83,7 +94,9 @@ export function registerWorkspace(program: Command): void {
       return show(resumed, opts.json);
     }),
   );
+}
 
+function registerWorkspaceList(workspace: Command): void {
   addDaemonOptions(
     workspace.command("list").alias("ls").description("list workspaces").option("--json", "print JSON"),
   ).action((opts, command: Command) =>
@@ -94,7 +107,9 @@ export function registerWorkspace(program: Command): void {
       return undefined;
     }),
   );
+}
 
+function registerWorkspaceDelete(workspace: Command): void {
   addDaemonOptions(
     workspace
       .command("delete")

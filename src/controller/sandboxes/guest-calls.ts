@@ -23,6 +23,11 @@ export class GuestCalls implements Calls {
     return this.live.call(id, (agent) => agent.ping(options));
   }
 
+  /** Memory and disk use as the sandbox's guest sees them (metrics). */
+  stats(id: string, options: { signal?: AbortSignal } = {}) {
+    return this.live.call(id, (agent) => agent.stats(options));
+  }
+
   async exec(id: string, argv: string[], options: ExecOptions = {}) {
     if (!Array.isArray(argv) || argv.length === 0)
       throw invalidArgument("args must be a non-empty array of strings");

@@ -35,6 +35,7 @@ import type { EgressPolicyInput } from "../../net/policy.js";
 import { type SandboxRow, StateDb } from "../../store/db.js";
 import type { SnapshotStore } from "../../store/snapshot-store.js";
 import { DEFAULT_CONSOLE_LOG_BYTES } from "../../vmm/console-log.js";
+import { type BuildLimits, DaemonTemplateBuilds } from "../builds/template-builds.js";
 import { homeKey } from "../machines/restore-plan.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
 import { SandboxNetworks, type SandboxNetworksOptions } from "../networks/sandbox-networks.js";
@@ -98,6 +99,8 @@ export interface ManagerLog {
 
 export interface ManagerOptions {
   limits?: Partial<AdmissionLimits>;
+  /** Template builds (controller/builds): how many at once, upload and machine bounds. */
+  buildLimits?: Partial<BuildLimits>;
   /** Image caches besides FORKD_IMAGE_CACHE whose images v0.5 clients may name by path (`--allow-image-dir`). */
   extraImageDirs?: readonly string[];
   /** Host-wide cap on BRANCHes in flight (`--branch-concurrency`). @default MAX_CONCURRENT_BRANCHES */
@@ -106,6 +109,12 @@ export interface ManagerOptions {
   defaultTimeoutMs?: number;
   log?: ManagerLog;
   sweepIntervalMs?: number;
+  /**
+   * Keep each running sandbox's metrics as a series, a sample every this many ms (`forkd daemon
+   * --metrics-interval-s`; E2B's metrics route answers the series). 0: none, metrics are sampled when asked.
+   * @default 0
+   */
+  metricsIntervalMs?: number;
   /** The snapshot default template names resolve to (default: pyagent when it exists). */
   defaultSnapshot?: string;
   /** Bridge, subnet, DNS and the default egress of sandboxes (see SandboxNetworks). */
@@ -166,7 +175,7 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
   const collection = new SnapshotCollection(shared);
   const networkCalls = new NetworkCalls(shared);
   const guest = new GuestCalls(live);
-  const usage = new UsageReports({ ...shared, files: guest.files });
+  const usage = new UsageReports({ ...shared, guest });
   const teardown = new Teardown({
     ...shared,
     networkCalls,
@@ -199,6 +208,8 @@ function wireVerbs(shared: Shared, warmPool: WarmPool, options: ManagerOptions):
 
 export class SandboxManager implements SandboxService {
   readonly snapshots: DaemonSnapshots;
+  /** What every spawn, BRANCH, pause and template build is admitted by. */
+  readonly admission: Admission;
   readonly workspaces: Workspaces;
   readonly files: SandboxService["files"];
   readonly procs: SandboxService["procs"];
@@ -236,6 +247,7 @@ export class SandboxManager implements SandboxService {
       { ...DEFAULT_ADMISSION_LIMITS, ...options.limits },
       () => live.size + this.warmPool.count(),
     );
+    this.admission = admission;
     this.warmPool = new WarmPool(paths, {
       admit: () => admission.reserveMemory(admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
       log: options.log,
@@ -299,6 +311,7 @@ export class SandboxManager implements SandboxService {
     await manager.restart.reconcile();
     for (const target of options.warmPools ?? []) manager.warmPool.warm(target.tag, target.size);
     manager.lifetimes.start(options.sweepIntervalMs ?? SWEEP_INTERVAL_MS);
+    manager.verbs.usage.startSeries(options.metricsIntervalMs ?? 0);
     return manager;
   }
 
@@ -410,6 +423,13 @@ export class SandboxManager implements SandboxService {
     return this.verbs.usage.metrics(id, options);
   }
 
+  metricsHistory(
+    id: string,
+    range: { startMs?: number; endMs?: number; signal?: AbortSignal } = {},
+  ): Promise<SandboxMetrics[]> {
+    return this.verbs.usage.history(id, range);
+  }
+
   usage(filter: { ids?: readonly string[] } = {}): Promise<SandboxUsage[]> {
     return this.verbs.usage.usage(filter);
   }
@@ -483,6 +503,7 @@ export class SandboxManager implements SandboxService {
     await this.warmPool.close();
     this.closed = true;
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     // Re-attaches in flight let go of what they adopt once they see `closed`.
     await this.reattached.catch(() => {});
     this.live.releaseAll();
@@ -494,6 +515,7 @@ export class SandboxManager implements SandboxService {
   async closeAndKill(): Promise<void> {
     await this.warmPool.close();
     this.lifetimes.stop();
+    this.verbs.usage.stopSeries();
     await this.killAll();
     this.verbs.networkCalls.closeProxy();
     await this.networks.close();
@@ -532,10 +554,18 @@ export async function openServices(paths: ForkdPaths, options: ManagerOptions = 
     db = new StateDb(path.join(paths.home, "state.db"));
     const sandboxes = await SandboxManager.open(paths, db, options);
     const opened = db;
+    const builds = await DaemonTemplateBuilds.open({
+      home: paths.home,
+      snapshots: sandboxes.snapshots,
+      admission: sandboxes.admission,
+      limits: options.buildLimits,
+    });
     return {
       sandboxes,
       snapshots: sandboxes.snapshots,
+      builds,
       close: async (opts: { killSandboxes?: boolean } = {}) => {
+        await builds.close();
         if (opts.killSandboxes) await sandboxes.closeAndKill();
         else await sandboxes.close();
         opened.close();

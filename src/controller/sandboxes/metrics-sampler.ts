@@ -1,8 +1,11 @@
 /**
  * Point-in-time usage of a sandbox: CPU from the host's view of its QEMU process (utime + stime between two
- * samples), memory from the guest's /proc/meminfo. The guest reports no filesystem usage, so disk is 0.
+ * samples), memory and disk as the guest sees them (the agent's `stats`: /proc/meminfo and statfs of `/`). An
+ * agent older than that op is read for memory only (its /proc/meminfo), disk then 0.
  */
+import type { GuestStats } from "../../agent/host/types.js";
 import { sleep } from "../../common/deadline.js";
+import { ForkdError } from "../../common/errors.js";
 import { procStatFields } from "../host/processes.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
 import type { SandboxMetrics } from "../sandbox-service.js";
@@ -18,26 +21,37 @@ interface CpuSample {
   atMs: number;
 }
 
+/** What a sample reads of the guest. */
+export interface GuestReader {
+  stats(): Promise<GuestStats>;
+  /** A guest file (its /proc/meminfo, for an agent without `stats`). */
+  readFile(path: string): Promise<{ data: Buffer }>;
+}
+
 export class MetricsSampler {
   private readonly lastCpu = new Map<string, CpuSample>();
 
+  /**
+   * `windowMs`: how old the previous CPU sample may be to measure from (a series measures from its previous
+   * sample, however far back; a one-off sample from one of the last MAX_WINDOW_MS, else a fresh window).
+   */
   async sample(
     handle: SandboxHandle,
-    context: { vcpus: number; readGuestFile: (path: string) => Promise<{ data: Buffer }> },
+    context: { vcpus: number; guest: GuestReader; windowMs?: number },
   ): Promise<SandboxMetrics> {
-    const [cpuPct, memory] = await Promise.all([
-      this.cpuPercent(handle),
-      context.readGuestFile("/proc/meminfo").then((file) => parseMeminfo(file.data.toString("utf8"))),
+    const [cpuPct, guest] = await Promise.all([
+      this.cpuPercent(handle, context.windowMs ?? MAX_WINDOW_MS),
+      guestStats(context.guest),
     ]);
     return {
       timestamp_unix_ms: Date.now(),
       cpu_count: context.vcpus,
       cpu_used_pct: Math.round((cpuPct / context.vcpus) * 100) / 100,
-      mem_total_bytes: memory.total,
-      mem_used_bytes: memory.total - memory.available,
-      mem_cache_bytes: memory.cache,
-      disk_total_bytes: 0,
-      disk_used_bytes: 0,
+      mem_total_bytes: guest.memTotalBytes,
+      mem_used_bytes: guest.memTotalBytes - guest.memAvailableBytes,
+      mem_cache_bytes: guest.memCacheBytes,
+      disk_total_bytes: guest.diskTotalBytes,
+      disk_used_bytes: guest.diskUsedBytes,
     };
   }
 
@@ -46,9 +60,9 @@ export class MetricsSampler {
   }
 
   /** CPU seconds per second used by the VM since the previous sample (x100), all vCPUs together. */
-  private async cpuPercent(handle: SandboxHandle): Promise<number> {
+  private async cpuPercent(handle: SandboxHandle, windowMs: number): Promise<number> {
     let previous = this.lastCpu.get(handle.id);
-    if (previous === undefined || Date.now() - previous.atMs > MAX_WINDOW_MS) {
+    if (previous === undefined || Date.now() - previous.atMs > windowMs) {
       previous = await cpuSample(handle.pid);
       await sleep(FIRST_WINDOW_MS);
     }
@@ -57,6 +71,22 @@ export class MetricsSampler {
     const seconds = (current.atMs - previous.atMs) / 1000;
     if (seconds <= 0) return 0;
     return (((current.ticks - previous.ticks) / TICKS_PER_SECOND) * 100) / seconds;
+  }
+}
+
+async function guestStats(guest: GuestReader): Promise<GuestStats> {
+  try {
+    return await guest.stats();
+  } catch (err) {
+    if (!(err instanceof ForkdError && err.code === "not_implemented")) throw err;
+    const memory = parseMeminfo((await guest.readFile("/proc/meminfo")).data.toString("utf8"));
+    return {
+      memTotalBytes: memory.total,
+      memAvailableBytes: memory.available,
+      memCacheBytes: memory.cache,
+      diskTotalBytes: 0,
+      diskUsedBytes: 0,
+    };
   }
 }
 

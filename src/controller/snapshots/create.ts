@@ -27,6 +27,8 @@ import { trustFreshImage, verifyImage } from "../machines/restore-plan.js";
 export interface ProgressEvent {
   step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
   message: string;
+  /** An image event of a format-2 build's base (0) or step (1..n). */
+  buildStep?: number;
 }
 
 /** Host memory a parent's QEMU is assumed to need beyond the guest's RAM, for memory admission. */
@@ -46,6 +48,8 @@ export interface CreateSnapshotOptions {
   /** Whether `template` may name a file (the CLI: yes; the daemon, for API callers: no). */
   templateFiles?: boolean;
   replace?: boolean;
+  /** Build the image again: no cached image or build step (`forkd image build --force`). */
+  force?: boolean;
   /** Give the parent (and so every child) a NIC; default: the template's `network`. */
   network?: boolean;
   /** How the parent VM is confined (default: this process's). */
@@ -85,7 +89,13 @@ async function imageToBoot(
   progress({ step: "image", message: `image for template ${template.name}` });
   const image = await buildImage(template, {
     signal: options.signal,
-    onProgress: (e) => progress({ step: "image", message: e.message }),
+    force: options.force,
+    onProgress: (e) =>
+      progress({
+        step: "image",
+        message: e.message,
+        ...(e.buildStep === undefined ? {} : { buildStep: e.buildStep }),
+      }),
   });
   return { template, image };
 }

@@ -27,7 +27,12 @@ import type {
 } from "../sandbox-service.js";
 import type { Admission } from "../sandboxes/admission.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
-import { createSnapshot, sweepStaleSnapshotFiles } from "./create.js";
+import {
+  type CreateSnapshotOptions,
+  createSnapshot,
+  type ProgressEvent,
+  sweepStaleSnapshotFiles,
+} from "./create.js";
 import { packSnapshot } from "./pack.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
@@ -230,6 +235,59 @@ export class DaemonSnapshots implements SnapshotService {
   private async createAdmitted(tag: string, request: SnapshotCreateRequest): Promise<SnapshotInfo> {
     // Refused before a job row exists: a path outside the allowlist leaves no trace.
     const image = request.image === undefined ? undefined : await imageOfFiles(request.image, this.imageDirs);
+    return this.write(
+      tag,
+      request.owner ?? null,
+      {
+        ...(image ? { image } : { template: request.template ?? tag }),
+        signal: request.signal,
+      },
+      true,
+    );
+  }
+
+  /**
+   * A snapshot of a template file the daemon wrote itself (a template build's, controller/builds/), never one a
+   * caller named: the file must be under `buildsDir`. `force` builds every step again.
+   */
+  async createFromBuild(request: {
+    tag: string;
+    templateFile: string;
+    buildsDir: string;
+    owner: string | null;
+    force?: boolean;
+    onProgress?: (event: ProgressEvent) => void;
+    signal?: AbortSignal;
+  }): Promise<SnapshotInfo> {
+    const tag = assertTag(request.tag);
+    const relative = path.relative(request.buildsDir, request.templateFile);
+    if (relative.startsWith("..") || path.isAbsolute(relative)) {
+      throw invalidArgument("a build's template file must be in the daemon's builds directory");
+    }
+    return this.write(
+      tag,
+      request.owner,
+      {
+        template: request.templateFile,
+        templateFiles: true,
+        force: request.force,
+        onProgress: request.onProgress,
+        signal: request.signal,
+      },
+      false,
+    );
+  }
+
+  /**
+   * `admitParent`: the parent VM's memory is reserved through admission here; a template build reserves its own
+   * (controller/builds, which also queues builds instead of refusing them).
+   */
+  private async write(
+    tag: string,
+    owner: string | null,
+    options: Omit<CreateSnapshotOptions, "tag" | "confinement" | "admitBoot">,
+    admitParent: boolean,
+  ): Promise<SnapshotInfo> {
     if (await this.store.exists(tag)) throw conflict(`snapshot ${JSON.stringify(tag)} already exists`);
     const claimed = this.db.claimSnapshotJob({
       tag,
@@ -237,11 +295,11 @@ export class DaemonSnapshots implements SnapshotService {
       kind: "template",
       started_at_unix: Math.floor(Date.now() / 1000),
       error: null,
-      owner: request.owner ?? null,
+      owner,
     });
     if (!claimed) throw conflict(`snapshot ${JSON.stringify(tag)} is already being written`);
     crashPoint("snapshot.claimed");
-    const admission = this.admission;
+    const admission = admitParent ? this.admission : undefined;
     let refusedByAdmission = false;
     const admitBoot =
       admission &&
@@ -254,13 +312,7 @@ export class DaemonSnapshots implements SnapshotService {
         }
       });
     try {
-      await createSnapshot(this.paths, {
-        tag,
-        ...(image ? { image } : { template: request.template ?? tag }),
-        confinement: this.confinement,
-        signal: request.signal,
-        admitBoot,
-      });
+      await createSnapshot(this.paths, { tag, ...options, confinement: this.confinement, admitBoot });
       crashPoint("snapshot.committed");
       this.db.deleteSnapshotJob(tag);
     } catch (err) {

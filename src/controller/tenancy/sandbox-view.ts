@@ -82,6 +82,9 @@ function oneSandbox(inner: SandboxService, id: string): SandboxService {
       sandbox === id && inner.verifyAccessToken(sandbox, kind, token),
     envVars: mine((sandbox) => inner.envVars(sandbox)),
     metrics: mine((sandbox, options?: { signal?: AbortSignal }) => inner.metrics(sandbox, options)),
+    metricsHistory: mine((sandbox, range?: Parameters<SandboxService["metricsHistory"]>[1]) =>
+      inner.metricsHistory(sandbox, range),
+    ),
     console: mine((sandbox, maxBytes?: number) => inner.console(sandbox, maxBytes)),
     confinementStatus: () => inner.confinementStatus(),
     usage: async () => inner.usage({ ids: [id] }),

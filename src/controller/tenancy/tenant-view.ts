@@ -16,6 +16,7 @@
  */
 import { conflict, ForkdError, notFound } from "../../common/errors.js";
 import { isValidTag } from "../../common/names.js";
+import type { TemplateBuildService } from "../builds/contract.js";
 import type {
   SandboxInfo,
   SandboxService,
@@ -25,6 +26,7 @@ import type {
   SnapshotService,
 } from "../sandbox-service.js";
 import { assertAlias, type TemplateAlias } from "../snapshots/template-aliases.js";
+import { tenantBuilds } from "./build-view.js";
 import { oneSandboxView } from "./sandbox-view.js";
 
 /** Who a request acts for, resolved once when it is authenticated. */
@@ -61,6 +63,8 @@ export function limitTenants(sandboxes: SandboxService, limits: TenantLimits): v
 export interface Services {
   sandboxes: SandboxService;
   snapshots: SnapshotService;
+  /** Template builds (absent where no daemon composes them: the E2B template routes then answer 501). */
+  builds?: TemplateBuildService;
 }
 
 /**
@@ -74,7 +78,11 @@ export function servicesFor(services: Services, principal: Principal): Services 
 
 function tenantScope(services: Services, tenant: string): Services {
   const scope = new TenantScope(services, tenant);
-  return { sandboxes: scope.sandboxes(), snapshots: scope.snapshots() };
+  return {
+    sandboxes: scope.sandboxes(),
+    snapshots: scope.snapshots(),
+    ...(services.builds ? { builds: tenantBuilds(services.builds, tenant) } : {}),
+  };
 }
 
 /** A snapshot an admin made as a template: every tenant may see it and spawn from it. */
@@ -250,6 +258,9 @@ class TenantScope {
         this.ownsSandbox(id) && inner.verifyAccessToken(id, kind, token),
       envVars: mine((id) => inner.envVars(id)),
       metrics: mine((id, options?: { signal?: AbortSignal }) => inner.metrics(id, options)),
+      metricsHistory: mine((id, range?: Parameters<SandboxService["metricsHistory"]>[1]) =>
+        inner.metricsHistory(id, range),
+      ),
       networkStatus: () => inner.networkStatus(),
       confinementStatus: () => inner.confinementStatus(),
       usage: (filter) => this.ownUsage(filter),

@@ -7,6 +7,7 @@ import { randomBytes } from "node:crypto";
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { ForkdError } from "../../common/errors.js";
 import type { SnapshotInfo as ForkdSnapshot } from "../../controller/sandbox-service.js";
 import { clientSignal, servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
@@ -84,6 +85,13 @@ const snapshotSchema = {
 async function snapshotSandbox(request: FastifyRequest<SnapshotRoute>, reply: FastifyReply) {
   const services = servicesOf(request);
   const source = knownSandbox(services, request.params.sandboxID);
+  if (request.body?.memory === false) {
+    throw new ForkdError(
+      "not_implemented",
+      "a snapshot with memory: false (filesystem only) is not supported by forkd: its snapshots keep the " +
+        "whole sandbox, memory included; omit memory or send true",
+    );
+  }
   const outcome = await services.sandboxes.branch(source.id, {
     tag: `snap-${randomBytes(6).toString("hex")}`,
     mode: source.live_fork && source.status === "running" ? "live" : "diff",

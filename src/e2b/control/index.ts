@@ -9,11 +9,12 @@ import { matchToken } from "../../common/tokens.js";
 import { ADMIN } from "../../controller/tenancy/tenant-view.js";
 import type { E2bContext } from "../context.js";
 import { sendE2bError } from "../errors.js";
+import { registerTemplateBuildRoutes } from "../templates/index.js";
 import { registerForkRoutes } from "./forks.js";
 import { registerSandboxRoutes } from "./sandboxes.js";
 import { registerTemplateRoutes } from "./templates.js";
 
-/** Route families of E2B's API that forkd does not serve (template builds, secrets, volumes, teams, logs). */
+/** Route families of E2B's API that forkd does not serve (secrets, volumes, teams, logs, unknown versions). */
 const UNSERVED_FAMILIES = [
   "/v2/*",
   "/v3/*",
@@ -42,6 +43,8 @@ export async function registerControlPlane(
       if (!route.url.endsWith("*")) onRoute(route);
     });
     scope.addHook("onRequest", async (request) => {
+      // A signed upload URL authenticates itself (templates/files.ts): the SDK sends it no API key.
+      if (request.routeOptions.config?.e2bSignedUpload) return;
       request.caller = apiKeyCaller(request, context);
       // The audit log names the sandbox a mutation touched (E2B calls the path parameter sandboxID).
       const sandboxId = (request.params as { sandboxID?: unknown } | undefined)?.sandboxID;
@@ -56,6 +59,7 @@ export async function registerControlPlane(
     registerSandboxRoutes(scope, context);
     registerForkRoutes(scope, context);
     registerTemplateRoutes(scope, context);
+    await registerTemplateBuildRoutes(scope);
     for (const url of UNSERVED_FAMILIES) {
       scope.all(url, async (request) => {
         throw new ForkdError(

@@ -6,7 +6,7 @@
 import type { Static } from "@sinclair/typebox";
 import { Type } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import { ForkdError, notFound } from "../../common/errors.js";
+import { errorMessage, ForkdError, notFound } from "../../common/errors.js";
 import { isValidSandboxId } from "../../common/names.js";
 import type { SandboxInfo } from "../../controller/sandbox-service.js";
 import type { Services } from "../../controller/tenancy/tenant-view.js";
@@ -92,6 +92,22 @@ function refuseMemoryless(memory: boolean | undefined, what: string): void {
 }
 
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);
+
+/** How long a pause with requireHealthyGuest waits for the guest agent's answer. */
+const HEALTHY_GUEST_TIMEOUT_MS = 5000;
+
+/** E2B's requireHealthyGuest: the sandbox's agent answers a ping, else 503 (ServiceBusyError) and no pause. */
+async function requireAnsweringAgent(services: Services, id: string): Promise<void> {
+  try {
+    await services.sandboxes.ping(id, { signal: AbortSignal.timeout(HEALTHY_GUEST_TIMEOUT_MS) });
+  } catch (err) {
+    throw new ForkdError(
+      "unavailable",
+      `sandbox ${id}'s guest agent did not answer within ${HEALTHY_GUEST_TIMEOUT_MS} ms ` +
+        `(${errorMessage(err)}): not paused (requireHealthyGuest)`,
+    );
+  }
+}
 
 /** Create-time options forkd cannot honour: refused by name instead of silently dropped. */
 function refuseUnsupported(body: Static<typeof NewSandbox>): void {
@@ -352,6 +368,7 @@ async function pauseSandbox(request: FastifyRequest<PauseRoute>, reply: FastifyR
   const info = knownSandbox(services, id);
   if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
   refuseMemoryless(request.body?.memory, "pause");
+  if (request.body?.requireHealthyGuest === true) await requireAnsweringAgent(services, id);
   await services.sandboxes.pause(id, { signal: clientSignal(request, reply) });
   return reply.status(204).send();
 }
@@ -395,7 +412,9 @@ async function updateNetwork(request: FastifyRequest<NetworkRoute>, reply: Fasti
 }
 
 const metricsSchema = {
-  summary: "What the sandbox uses now (one sample: forkd keeps no history)",
+  summary:
+    "The sandbox's metrics since it started (a sample every --metrics-interval-s, bounded and coarser as " +
+    "it ages), in [start, end] (unix seconds) when given",
   params: SandboxIdParams,
   querystring: MetricsQuery,
   response: { 200: Type.Array(SandboxMetric), ...errorResponses },
@@ -404,10 +423,13 @@ const metricsSchema = {
 async function sandboxMetrics(request: FastifyRequest<MetricsRoute>, reply: FastifyReply) {
   const services = servicesOf(request);
   runningSandbox(services, request.params.sandboxID);
-  const sample = await services.sandboxes.metrics(request.params.sandboxID, {
+  const { start, end } = request.query;
+  const samples = await services.sandboxes.metricsHistory(request.params.sandboxID, {
+    ...(start === undefined ? {} : { startMs: start * 1000 }),
+    ...(end === undefined ? {} : { endMs: end * 1000 + 999 }),
     signal: clientSignal(request, reply),
   });
-  return [metricToWire(sample)];
+  return samples.map(metricToWire);
 }
 
 const manyMetricsSchema = {
@@ -430,7 +452,8 @@ async function manySandboxMetrics(request: FastifyRequest<ManyMetricsRoute>, rep
         return null;
       }
     })();
-    if (info) out[id] = metricToWire(await services.sandboxes.metrics(id, { signal }));
+    const latest = info && (await services.sandboxes.metricsHistory(id, { signal })).at(-1);
+    if (latest) out[id] = metricToWire(latest);
   }
   return { sandboxes: out };
 }

@@ -14,7 +14,8 @@ import {
 } from "../../common/limits.js";
 import { PORT_PLACEHOLDER } from "../../controller/sandboxes/settings.js";
 
-const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+/** A field E2B's server models also take as null (meaning: not given). */
+export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 const open = { additionalProperties: true } as const;
 
 /** E2B sandbox lifetimes are whole seconds; forkd allows up to its own maximum. */
@@ -65,6 +66,14 @@ const EgressFields = {
   egressProxy: Type.Optional(
     Nullable(Type.Object({}, { ...open, description: "SOCKS5 egress proxy: not supported (501)." })),
   ),
+  dnsServers: Type.Optional(
+    Type.Array(Type.String({ maxLength: 64 }), {
+      maxItems: 64,
+      description:
+        "IPv4 DNS servers the sandbox may reach when allowOut names a domain (added to allowOut then). Names " +
+        "resolve through the sandbox's own DNS forwarder, so none is needed; E2B's default 8.8.8.8 is not added.",
+    }),
+  ),
 };
 const HttpsPorts = Type.Array(Type.Integer({ minimum: 1, maximum: 65535 }), {
   maxItems: 64,
@@ -76,9 +85,12 @@ export const NetworkConfig = Type.Object(
   {
     ...EgressFields,
     allowPublicTraffic: Type.Optional(
-      Type.Boolean({
-        description: "false: requests to the sandbox's ports need E2B-Traffic-Access-Token. Default true.",
-      }),
+      Nullable(
+        Type.Boolean({
+          description:
+            "false: requests to the sandbox's ports need E2B-Traffic-Access-Token. Default (absent or null) true.",
+        }),
+      ),
     ),
     maskRequestHost: Type.Optional(
       Type.String({
@@ -212,7 +224,16 @@ export const ConnectBody = Type.Object(
   open,
 );
 export const PauseBody = Type.Object(
-  { memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })) },
+  {
+    memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })),
+    requireHealthyGuest: Type.Optional(
+      Type.Boolean({
+        description:
+          "true: refuse the pause (503, the sandbox keeps running) when the guest agent does not answer a ping. " +
+          "forkd's pause saves the VM whole, so it never needs the agent otherwise.",
+      }),
+    ),
+  },
   open,
 );
 /** E2B's declared default lifetime of a sandbox resumed through the v1 resume route (ResumedSandbox.timeout). */
@@ -249,8 +270,8 @@ export const SandboxMetric = Type.Object({
   memUsed: Type.Integer(),
   memTotal: Type.Integer(),
   memCache: Type.Integer(),
-  diskUsed: Type.Integer({ description: "Not measured by forkd yet: 0." }),
-  diskTotal: Type.Integer({ description: "Not measured by forkd yet: 0." }),
+  diskUsed: Type.Integer({ description: "Bytes in use on the sandbox's root filesystem (its statfs)." }),
+  diskTotal: Type.Integer({ description: "Size of the sandbox's root filesystem." }),
 });
 export const ManyMetricsQuery = Type.Object({
   sandbox_ids: Type.Union([
@@ -266,6 +287,11 @@ export const SnapshotRequest = Type.Object(
       Type.String({
         pattern: TEMPLATE_ALIAS_PATTERN,
         description: "A template name for the snapshot; naming it again moves the name to the new one.",
+      }),
+    ),
+    memory: Type.Optional(
+      Type.Boolean({
+        description: "false (a filesystem-only snapshot) is refused: 501; snapshots keep memory.",
       }),
     ),
   },

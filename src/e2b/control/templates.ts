@@ -48,8 +48,11 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request) => {
-      const resolved = await resolveTemplateName(servicesOf(request), request.params.alias);
-      return { templateID: resolved.tag, public: false };
+      const services = servicesOf(request);
+      const resolved = await resolveTemplateName(services, request.params.alias);
+      // A template built through the template API answers with its own id (the one its builds name).
+      const built = await services.builds?.get(request.params.alias).catch(() => undefined);
+      return { templateID: built?.id ?? resolved.tag, public: false };
     },
   );
 
@@ -81,8 +84,16 @@ export function registerTemplateRoutes(app: FastifyInstance, context: E2bContext
       },
     },
     async (request, reply) => {
-      const resolved = await resolveTemplateName(servicesOf(request), request.params.templateID, false);
-      await servicesOf(request).snapshots.retire(resolved.tag);
+      const services = servicesOf(request);
+      // A template built through the template API goes whole: its builds, names and snapshots.
+      const built = await services.builds?.get(request.params.templateID).catch(() => undefined);
+      if (built && services.builds) {
+        await services.builds.delete(built.id);
+        request.auditIds.push(built.id);
+        return reply.status(204).send();
+      }
+      const resolved = await resolveTemplateName(services, request.params.templateID, false);
+      await services.snapshots.retire(resolved.tag);
       request.auditIds.push(resolved.tag);
       return reply.status(204).send();
     },

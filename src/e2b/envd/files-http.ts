@@ -3,9 +3,10 @@
  * (application/octet-stream, optionally gzip) or many (multipart/form-data, each part's filename its path).
  * Both move data through the agent in bounded chunks, so neither side buffers a whole file; an upload goes to
  * a temporary name beside its target and is renamed into place only when complete, and removed when it fails.
- * Access: the sandbox's X-Access-Token, or a signature made from it (the SDK's uploadUrl/downloadUrl).
+ * Access: the sandbox's X-Access-Token, or a signature made from it (the SDK's uploadUrl/downloadUrl); a signed
+ * URL that names no sandbox (built on E2B_SANDBOX_URL) reaches the sandbox whose token signed it.
  */
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, timingSafeEqual } from "node:crypto";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { createGunzip, createGzip } from "node:zlib";
@@ -15,9 +16,10 @@ import { ForkdError, invalidArgument } from "../../common/errors.js";
 import type { SandboxService } from "../../controller/sandbox-service.js";
 import { servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
-import { hasAccessToken, type SandboxSession } from "../session.js";
+import { hasAccessToken, resolveSignedSandbox, type SandboxSession } from "../session.js";
 import type { GuestUser } from "./guest-users.js";
 import { checkRequestedPath, resolveGuestPath } from "./paths.js";
+import { uploadTemporary } from "./upload-names.js";
 import { DEFAULT_USER } from "./version.js";
 
 /** Bytes written to the guest per agent call. */
@@ -73,10 +75,7 @@ function authorizeFiles(
       "send X-Access-Token, or use a signed URL (signature query parameter)",
     );
   }
-  const expiration = exp === undefined ? undefined : Number(exp);
-  if (expiration !== undefined && !Number.isInteger(expiration)) {
-    throw invalidArgument("signature_expiration must be a unix time in seconds");
-  }
+  const expiration = signatureExpiration(exp);
   const token = servicesOf(request).sandboxes.accessTokens(session.sandboxId).envd;
   const expected = Buffer.from(fileSignature(filePath, operation, username, token, expiration));
   const presented = Buffer.from(signature);
@@ -86,6 +85,41 @@ function authorizeFiles(
   if (expiration !== undefined && expiration < Date.now() / 1000) {
     throw new ForkdError("unauthorized", "signature is already expired");
   }
+}
+
+/**
+ * The running sandbox a signed URL was made for, when the URL reaches the daemon without naming one: the SDKs
+ * build `uploadUrl`/`downloadUrl` on E2B_SANDBOX_URL, which carries no sandbox id (E2B routes them by host
+ * name). The sandbox whose envd token verifies the signature is the one meant (session.ts); the request then
+ * acts within that sandbox alone, as one carrying its id and token does. authorizeFiles still checks the
+ * signature's expiration.
+ */
+export function resolveSignedFiles(
+  request: FastifyRequest<{ Querystring: FilesQuery }>,
+  context: E2bContext,
+): SandboxSession {
+  const { signature, signature_expiration: exp, path: filePath = "", username = "" } = request.query;
+  if (typeof signature !== "string") {
+    throw new ForkdError(
+      "unauthorized",
+      "no sandbox named: send E2b-Sandbox-Id with X-Access-Token, or use a signed URL (signature query parameter)",
+    );
+  }
+  const expiration = signatureExpiration(exp);
+  const operation = request.method === "GET" ? "read" : "write";
+  const session = resolveSignedSandbox(request, context, signature, (token) =>
+    fileSignature(filePath, operation, username, token, expiration),
+  );
+  if (session === undefined) throw new ForkdError("unauthorized", "invalid signature");
+  return session;
+}
+
+function signatureExpiration(exp: string | undefined): number | undefined {
+  const expiration = exp === undefined ? undefined : Number(exp);
+  if (expiration !== undefined && !Number.isInteger(expiration)) {
+    throw invalidArgument("signature_expiration must be a unix time in seconds");
+  }
+  return expiration;
 }
 
 /** A sandbox's files, as the caller's view of the services (that one sandbox) reaches them. */
@@ -224,10 +258,7 @@ class Upload {
     }
     const existing = await files.stat(this.id, target).catch(() => null);
     if (existing?.type === "dir") throw invalidArgument(`path is a directory: ${target}`);
-    const temporary = path.posix.join(
-      path.posix.dirname(target),
-      `.${path.posix.basename(target)}.forkd-upload-${randomBytes(6).toString("hex")}`,
-    );
+    const temporary = uploadTemporary(target);
     const options = { user: this.user.name, mode: 0o644, parents: true };
     let pending: Buffer[] = [];
     let pendingBytes = 0;
@@ -237,7 +268,9 @@ class Upload {
       pending = [];
       pendingBytes = 0;
       this.temporaries.add(temporary);
-      await files.write(this.id, temporary, data, { ...options, append: started });
+      // Appending from the first chunk on: the temporary is a fresh random name, so the agent's own atomic
+      // write (another temporary, renamed over this one) would only add names that watchers then see.
+      await files.write(this.id, temporary, data, { ...options, append: true });
       started = true;
     };
     for await (const chunk of stream as AsyncIterable<Buffer>) {

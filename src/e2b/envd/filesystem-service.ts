@@ -17,6 +17,7 @@ import type { GuestUser } from "./guest-users.js";
 import { KEEPALIVE, keepaliveIntervalMs, withKeepalives } from "./keepalive.js";
 import { resolveGuestPath } from "./paths.js";
 import { callUser, servicesOfCall, sessionOf } from "./rpc-session.js";
+import { uploadEventFilter } from "./upload-names.js";
 
 type SandboxFiles = SandboxService["files"];
 
@@ -162,6 +163,7 @@ async function* watchDir(context: E2bContext, request: RequestOf<"watchDir">, ct
   const { id, path, files } = await target(context, ctx, request.path);
   await watchable(id, path, ctx);
   const handle = files.watch(id, path, { recursive: request.recursive, signal: ctx.signal });
+  const visible = uploadEventFilter();
   yield { event: { case: "start" as const, value: {} } };
   try {
     for await (const item of withKeepalives(handle.events, keepaliveIntervalMs(ctx.requestHeader))) {
@@ -169,8 +171,10 @@ async function* watchDir(context: E2bContext, request: RequestOf<"watchDir">, ct
         yield { event: { case: "keepalive" as const, value: {} } };
         continue;
       }
-      const event = await fsEvent(files, id, path, item, request.includeEntry);
-      yield { event: { case: "filesystem" as const, value: event } };
+      for (const shown of visible(item)) {
+        const event = await fsEvent(files, id, path, shown, request.includeEntry);
+        yield { event: { case: "filesystem" as const, value: event } };
+      }
     }
   } catch (err) {
     throw toConnectError(err);

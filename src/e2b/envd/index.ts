@@ -13,7 +13,7 @@ import { servicesOf } from "../../http/request-scope.js";
 import type { E2bContext } from "../context.js";
 import { sendConnectError, sendE2bError } from "../errors.js";
 import { requireAccessToken, resolveSandbox } from "../session.js";
-import { registerFileRoutes } from "./files-http.js";
+import { registerFileRoutes, resolveSignedFiles } from "./files-http.js";
 import { filesystemService } from "./filesystem-service.js";
 import { Filesystem } from "./gen/filesystem/filesystem_pb.js";
 import { Process } from "./gen/process/process_pb.js";
@@ -27,6 +27,23 @@ const OPEN_ROUTES = new Set(["GET /health", "GET /files", "POST /files", "HEAD /
 const MAX_CONNECT_MESSAGE_BYTES = MAX_FILE_BYTES;
 
 const CONNECT_PATH = /^\/[A-Za-z_][\w.]*\.[A-Za-z_]\w*\/[A-Za-z_]\w*$/;
+
+/**
+ * `GET/POST /files` with a signature and no sandbox named (the SDKs' uploadUrl/downloadUrl on E2B_SANDBOX_URL):
+ * envd's file routes for the sandbox whose envd token made the signature. Registered outside the data plane's
+ * router constraint, since such a request addresses no sandbox.
+ */
+export async function registerSignedFiles(scope: FastifyInstance, context: E2bContext): Promise<void> {
+  scope.addHook("onRoute", (route) => {
+    route.config = { ...(route.config as object), e2b: true };
+    route.schema = { ...route.schema, hide: true };
+  });
+  scope.addHook("onRequest", async (request) => {
+    resolveSignedFiles(request as Parameters<typeof resolveSignedFiles>[0], context);
+  });
+  scope.setErrorHandler((err, _request, reply) => sendE2bError(reply, err));
+  await registerFileRoutes(scope, context);
+}
 
 export async function registerEnvd(scope: FastifyInstance, context: E2bContext): Promise<void> {
   scope.addHook("onRequest", async (request) => {

@@ -152,7 +152,16 @@ async function* startProcess(
   }
   let cwd: string;
   try {
-    cwd = resolveGuestPath(config.cwd, user);
+    // No cwd: the template's working directory (setWorkdir / WORKDIR), else the user's home, as E2B's envd.
+    const requested =
+      config.cwd === undefined || config.cwd === ""
+        ? await context.users.templateWorkdir(
+            servicesOfCall(ctx).sandboxes.files,
+            session.sandboxId,
+            ctx.signal,
+          )
+        : config.cwd;
+    cwd = resolveGuestPath(requested, user);
   } catch (err) {
     throw toConnectError(err);
   }

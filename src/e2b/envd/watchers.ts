@@ -3,10 +3,12 @@
  * holds for a client that cannot keep a stream open, with its events kept (bounded) until polled. A watcher
  * belongs to one sandbox; its id is random and only that sandbox's calls can read or remove it.
  */
+
 import { randomUUID } from "node:crypto";
 import type { FsEvent, WatchHandle } from "../../agent/host/types.js";
 import { errorMessage, ForkdError, notFound } from "../../common/errors.js";
 import type { SandboxService } from "../../controller/sandbox-service.js";
+import { uploadEventFilter } from "./upload-names.js";
 
 /** Events kept per watcher between polls; older ones are dropped beyond this (and counted). */
 export const MAX_KEPT_EVENTS = 4096;
@@ -44,6 +46,7 @@ export class Watchers {
       );
     }
     const id = randomUUID();
+    const visible = uploadEventFilter();
     const watcher: Watcher = {
       sandboxId,
       path,
@@ -53,12 +56,14 @@ export class Watchers {
       ended: undefined,
       handle: files.watch(sandboxId, path, {
         recursive: options.recursive,
-        onEvent: (event) => {
-          if (watcher.events.length >= MAX_KEPT_EVENTS) {
-            watcher.events.shift();
-            watcher.dropped++;
+        onEvent: (reported) => {
+          for (const event of visible(reported)) {
+            if (watcher.events.length >= MAX_KEPT_EVENTS) {
+              watcher.events.shift();
+              watcher.dropped++;
+            }
+            watcher.events.push(event);
           }
-          watcher.events.push(event);
         },
       }),
     };

@@ -56,11 +56,11 @@ const (
 )
 
 var (
-	pattern0 = regexp.MustCompile("^[0-9]{1,19}$")
-	pattern1 = regexp.MustCompile("^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-	pattern2 = regexp.MustCompile("^[^\\x00]*$")
-	pattern3 = regexp.MustCompile("^[A-Za-z_][A-Za-z0-9_]{0,255}$")
-	pattern4 = regexp.MustCompile("^/[^\\x00]*$")
+	pattern0 = regexp.MustCompile("^/[^\\x00]*$")
+	pattern1 = regexp.MustCompile("^[0-9]{1,19}$")
+	pattern2 = regexp.MustCompile("^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+	pattern3 = regexp.MustCompile("^[^\\x00]*$")
+	pattern4 = regexp.MustCompile("^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 	pattern5 = regexp.MustCompile("^[a-z_][a-z0-9_-]*\\$?$")
 	pattern6 = regexp.MustCompile("^[A-Za-z0-9][A-Za-z0-9._-]*$")
 )
@@ -122,8 +122,9 @@ func (x *CancelHeader) validate(path string) error {
 }
 
 type ContextCreateArgs struct {
-	ID  *string `json:"id,omitempty"`
-	Cwd *string `json:"cwd,omitempty"`
+	ID       *string `json:"id,omitempty"`
+	Cwd      *string `json:"cwd,omitempty"`
+	Language *string `json:"language,omitempty"`
 }
 
 func (x *ContextCreateArgs) decodeFields(m map[string]json.RawMessage, path string) error {
@@ -147,7 +148,17 @@ func (x *ContextCreateArgs) decodeFields(m map[string]json.RawMessage, path stri
 		}
 		x.Cwd = &v
 	}
-	if err := rejectUnknown(m, path, 2, "id", "cwd"); err != nil {
+	if raw, ok := m["language"]; ok {
+		if isNull(raw) {
+			return schemaError(path+"/language", "Expected union value", "")
+		}
+		var v string
+		if err := decodeString(raw, path+"/language", &v); err != nil {
+			return err
+		}
+		x.Language = &v
+	}
+	if err := rejectUnknown(m, path, 3, "id", "cwd", "language"); err != nil {
 		return err
 	}
 	return nil
@@ -186,8 +197,15 @@ func (x *ContextCreateArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
+		}
+	}
+	if x.Language != nil {
+		switch *x.Language {
+		case "python", "bash", "javascript":
+		default:
+			return schemaError(path+"/language", "Expected union value", "")
 		}
 	}
 	return nil
@@ -403,16 +421,16 @@ func (x *EvalArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -561,16 +579,16 @@ func (x *ExecArgs) validate(path string) error {
 		if utf16Len(x.Argv[i]) > 131072 {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string length less or equal to 131072", "")
 		}
-		if !pattern2.MatchString(x.Argv[i]) {
+		if !pattern3.MatchString(x.Argv[i]) {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -581,7 +599,7 @@ func (x *ExecArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
@@ -697,7 +715,7 @@ func (x *FileListArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.MaxEntries != nil {
@@ -799,7 +817,7 @@ func (x *FileMkdirArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Mode != nil {
@@ -893,7 +911,7 @@ func (x *FileMoveArgs) validate(path string) error {
 	if utf16Len(x.Source) > 4096 {
 		return schemaError(path+"/source", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Source) {
+	if !pattern0.MatchString(x.Source) {
 		return schemaError(path+"/source", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if utf16Len(x.Destination) < 1 {
@@ -902,7 +920,7 @@ func (x *FileMoveArgs) validate(path string) error {
 	if utf16Len(x.Destination) > 4096 {
 		return schemaError(path+"/destination", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Destination) {
+	if !pattern0.MatchString(x.Destination) {
 		return schemaError(path+"/destination", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.User != nil {
@@ -983,7 +1001,7 @@ func (x *FileReadArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Offset != nil {
@@ -1061,7 +1079,7 @@ func (x *FileRemoveArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -1112,7 +1130,7 @@ func (x *FileStatArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -1204,7 +1222,7 @@ func (x *FileWriteArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	if x.Mode != nil {
@@ -1449,7 +1467,7 @@ func (x *ProcInputArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1573,7 +1591,7 @@ func (x *ProcResizeArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1654,7 +1672,7 @@ func (x *ProcSelector) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1734,7 +1752,7 @@ func (x *ProcSignalArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1893,16 +1911,16 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len(x.Argv[i]) > 131072 {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string length less or equal to 131072", "")
 		}
-		if !pattern2.MatchString(x.Argv[i]) {
+		if !pattern3.MatchString(x.Argv[i]) {
 			return schemaError(path+"/argv"+"/"+strconv.Itoa(i), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
 	for k, v := range x.Env {
 		_ = v
-		if !pattern3.MatchString(k) {
+		if !pattern4.MatchString(k) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected property name to match '^[A-Za-z_][A-Za-z0-9_]{0,255}$'", "")
 		}
-		if !pattern2.MatchString(v) {
+		if !pattern3.MatchString(v) {
 			return schemaError(path+"/env"+"/"+pointerEscape(k), "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -1913,7 +1931,7 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len((*x.Cwd)) > 4096 {
 			return schemaError(path+"/cwd", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 		}
-		if !pattern4.MatchString((*x.Cwd)) {
+		if !pattern0.MatchString((*x.Cwd)) {
 			return schemaError(path+"/cwd", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 		}
 	}
@@ -1935,7 +1953,7 @@ func (x *ProcStartArgs) validate(path string) error {
 		if utf16Len((*x.Tag)) > 256 {
 			return schemaError(path+"/tag", "Expected string length less or equal to 256", "")
 		}
-		if !pattern2.MatchString((*x.Tag)) {
+		if !pattern3.MatchString((*x.Tag)) {
 			return schemaError(path+"/tag", "Expected string to match '^[^\\x00]*$'", "")
 		}
 	}
@@ -2158,7 +2176,7 @@ func (x *RestoreArgs) Validate() error {
 }
 
 func (x *RestoreArgs) validate(path string) error {
-	if !pattern0.MatchString(x.TimeNs) {
+	if !pattern1.MatchString(x.TimeNs) {
 		return schemaError(path+"/time_ns", "Expected string to match '^[0-9]{1,19}$'", "")
 	}
 	if utf16Len(x.Hostname) < 1 {
@@ -2167,7 +2185,7 @@ func (x *RestoreArgs) validate(path string) error {
 	if utf16Len(x.Hostname) > 64 {
 		return schemaError(path+"/hostname", "Expected string length less or equal to 64", "")
 	}
-	if !pattern1.MatchString(x.Hostname) {
+	if !pattern2.MatchString(x.Hostname) {
 		return schemaError(path+"/hostname", "Expected string to match '^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$'", "")
 	}
 	if utf16Len(x.SandboxID) < 1 {
@@ -2205,6 +2223,65 @@ type RichFormats struct {
 	Latex      *string `json:"latex,omitempty"`
 	Json       *string `json:"json,omitempty"`
 	Javascript *string `json:"javascript,omitempty"`
+	Chart      *string `json:"chart,omitempty"`
+}
+
+type StatsArgs struct {
+	Path *string `json:"path,omitempty"`
+}
+
+func (x *StatsArgs) decodeFields(m map[string]json.RawMessage, path string) error {
+	if raw, ok := m["path"]; ok {
+		if isNull(raw) {
+			return schemaError(path+"/path", "Expected string", "an absolute path without NUL bytes")
+		}
+		var v string
+		if err := decodeString(raw, path+"/path", &v); err != nil {
+			return err
+		}
+		x.Path = &v
+	}
+	if err := rejectUnknown(m, path, 1, "path"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// UnmarshalJSON decodes with the schema's structural rules; Validate checks the rest.
+func (x *StatsArgs) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := decodeObject(b, "", &m); err != nil {
+		return err
+	}
+	return x.decodeFields(m, "")
+}
+
+// Validate checks StatsArgs against its schema's constraints; errors name the field.
+func (x *StatsArgs) Validate() error {
+	return x.validate("")
+}
+
+func (x *StatsArgs) validate(path string) error {
+	if x.Path != nil {
+		if utf16Len((*x.Path)) < 1 {
+			return schemaError(path+"/path", "Expected string length greater or equal to 1", "an absolute path without NUL bytes")
+		}
+		if utf16Len((*x.Path)) > 4096 {
+			return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
+		}
+		if !pattern0.MatchString((*x.Path)) {
+			return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
+		}
+	}
+	return nil
+}
+
+type StatsResult struct {
+	MemTotalBytes     int64 `json:"mem_total_bytes"`
+	MemAvailableBytes int64 `json:"mem_available_bytes"`
+	MemCacheBytes     int64 `json:"mem_cache_bytes"`
+	DiskTotalBytes    int64 `json:"disk_total_bytes"`
+	DiskUsedBytes     int64 `json:"disk_used_bytes"`
 }
 
 type WarmupArgs struct {
@@ -2320,7 +2397,7 @@ func (x *WatchArgs) validate(path string) error {
 	if utf16Len(x.Path) > 4096 {
 		return schemaError(path+"/path", "Expected string length less or equal to 4096", "an absolute path without NUL bytes")
 	}
-	if !pattern4.MatchString(x.Path) {
+	if !pattern0.MatchString(x.Path) {
 		return schemaError(path+"/path", "Expected string to match '^/[^\\x00]*$'", "an absolute path without NUL bytes")
 	}
 	return nil
@@ -2370,6 +2447,13 @@ func ParseHostMessage(m map[string]json.RawMessage) (any, error) {
 var Ops = map[string]*OpSpec{
 	"ping": {Name: "ping", RequestBody: "none", ResponseBody: "none", Input: false, decode: func(b []byte) (any, error) {
 		var a PingArgs
+		if err := decodeArgs(b, &a); err != nil {
+			return nil, err
+		}
+		return &a, a.Validate()
+	}},
+	"stats": {Name: "stats", RequestBody: "none", ResponseBody: "none", Input: false, decode: func(b []byte) (any, error) {
+		var a StatsArgs
 		if err := decodeArgs(b, &a); err != nil {
 			return nil, err
 		}
@@ -2534,6 +2618,7 @@ var Ops = map[string]*OpSpec{
 // Handlers serves every op: the result (nil with an error), and the response body for byte-bodied ops.
 type Handlers[C any] interface {
 	Ping(call C, args *PingArgs, body []byte) (*PingResult, []byte, error)
+	Stats(call C, args *StatsArgs, body []byte) (*StatsResult, []byte, error)
 	Restore(call C, args *RestoreArgs, body []byte) (*RestoreResult, []byte, error)
 	Warmup(call C, args *WarmupArgs, body []byte) (*WarmupResult, []byte, error)
 	Exec(call C, args *ExecArgs, body []byte) (*ExecResult, []byte, error)
@@ -2563,6 +2648,12 @@ func Dispatch[C any](h Handlers[C], call C, op string, args any, body []byte) (a
 	switch op {
 	case "ping":
 		result, out, err := h.Ping(call, args.(*PingArgs), body)
+		if result == nil || err != nil {
+			return nil, out, err
+		}
+		return result, out, nil
+	case "stats":
+		result, out, err := h.Stats(call, args.(*StatsArgs), body)
 		if result == nil || err != nil {
 			return nil, out, err
 		}

@@ -1,0 +1,188 @@
+/**
+ * E2B's template build (what `Template.build` sends to POST /v2/templates/{id}/builds/{buildID}: a base, a list
+ * of RUN / COPY / ENV / WORKDIR / USER instructions, a start and a ready command) as a format-2 recipe
+ * (docs/templates.md) for the daemon's template builds. The SDKs turn every builder method into one of those five
+ * instructions (aptInstall, pipInstall, npmInstall, gitClone, makeDir, remove, rename, makeSymlink are RUN; a
+ * Dockerfile is parsed into them on the client), so five mappings cover them all (docs/e2b.md has the table):
+ *
+ *   base       fromImage -> from.image (pulled with skopeo), then `adduser user` and `user root`: E2B's builds
+ *              run steps as root, with its default account `user` already there
+ *   RUN        run (network: the machine's package indexes only), as args[1] when given (user steps around it)
+ *   COPY       copy of the uploaded archive `filesHash` (the source with its glob part stripped, as E2B's
+ *              builder does), owner args[2] or the current user, mode args[3]; a relative dest is the
+ *              working directory's (or the user's home when none was set)
+ *   ENV        env;  WORKDIR  workdir (relative: against the current one);  USER  user
+ *   startCmd   start (as the last user, in the last working directory); readyCmd  ready
+ *
+ * Every format-2 step carries the E2B step it came from (stepLabels): "base", "1".."n" (the SDK's step index,
+ * which it maps back to the caller's source line), "finalize" for the start/ready commands.
+ */
+import path from "node:path/posix";
+import { ForkdError, invalidArgument } from "../../common/errors.js";
+import type { BuildRecipe, RecipeCopy } from "../../controller/builds/contract.js";
+
+export interface E2bTemplateStep {
+  type: string;
+  args?: string[] | null;
+  filesHash?: string | null;
+  force?: boolean | null;
+}
+
+export interface E2bBuildStart {
+  fromImage?: string | null;
+  fromTemplate?: string | null;
+  fromImageRegistry?: Record<string, unknown> | null;
+  force?: boolean | null;
+  steps?: E2bTemplateStep[] | null;
+  startCmd?: string | null;
+  readyCmd?: string | null;
+}
+
+/** E2B's default account, made in every image before the steps run. */
+export const E2B_USER = "user";
+const BUILD_USER = "root";
+export const FINALIZE = "finalize";
+/** How long a ready command may take to succeed (E2B gives none; forkd's ready needs one). */
+const READY_TIMEOUT_S = 600;
+const GLOB = /[*?[{]/;
+
+function homeOf(user: string): string {
+  return user === "root" || user === "0" ? "/root" : `/home/${user.split(":")[0]}`;
+}
+
+/** The part of a COPY source before its first glob segment (E2B's builder copies from there). */
+export function stripGlob(source: string): { path: string; glob: boolean } {
+  const parts = source.replace(/\\/g, "/").split("/");
+  const at = parts.findIndex((p) => GLOB.test(p));
+  if (at < 0) return { path: path.normalize(source).replace(/\/+$/, ""), glob: false };
+  const prefix = parts.slice(0, at).join("/");
+  return { path: prefix === "" ? "" : path.normalize(prefix), glob: true };
+}
+
+function args(step: E2bTemplateStep, index: number, min: number): string[] {
+  const list = step.args ?? [];
+  if (!Array.isArray(list) || list.some((a) => typeof a !== "string") || list.length < min) {
+    throw invalidArgument(`step ${index} (${step.type}) needs at least ${min} string argument(s)`);
+  }
+  return list;
+}
+
+interface State {
+  user: string;
+  workdir: string | undefined;
+}
+
+function absolute(state: State, dest: string): string {
+  if (dest.startsWith("/")) return path.normalize(dest);
+  return path.join(state.workdir ?? homeOf(state.user), dest);
+}
+
+function trimDest(dest: string): string {
+  const clean = path.normalize(dest).replace(/\/+$/, "");
+  return clean === "" ? "/" : clean;
+}
+
+/**
+ * The recipe of `start`. `base`, when the build is fromTemplate, is the recipe of the template it names: its base
+ * and steps come first (cached), labelled "base".
+ */
+export function recipeOf(start: E2bBuildStart, base?: BuildRecipe): BuildRecipe {
+  if (start.fromImageRegistry) {
+    throw new ForkdError(
+      "not_implemented",
+      "fromImageRegistry (registry credentials) is not supported: forkd pulls with skopeo's own auth files (docs/e2b.md)",
+    );
+  }
+  if (start.fromImage && start.fromTemplate)
+    throw invalidArgument("give fromImage or fromTemplate, not both");
+  const steps: Record<string, unknown>[] = [];
+  const labels: string[] = ["base"];
+  const copies: RecipeCopy[] = [];
+  const push = (step: Record<string, unknown>, label: string) => {
+    steps.push(step);
+    labels.push(label);
+  };
+  let template: Record<string, unknown>;
+  if (base) {
+    template = { ...base.template };
+    for (const step of (base.template.steps ?? []) as Record<string, unknown>[]) push({ ...step }, "base");
+    copies.push(...base.copies);
+  } else {
+    if (!start.fromImage) throw invalidArgument("fromImage or fromTemplate is required");
+    template = { format: 2, from: { image: start.fromImage }, disk_mib: 4096 };
+    push({ adduser: E2B_USER }, "base");
+  }
+  // Every E2B build starts its steps as root (fromTemplate too: the base's last user is not carried).
+  const state: State = { user: BUILD_USER, workdir: undefined };
+  push({ user: BUILD_USER }, "base");
+  for (const [i, step] of (start.steps ?? []).entries()) {
+    const label = String(i + 1);
+    const cache = step.force ? { cache: false } : {};
+    switch (String(step.type).toUpperCase()) {
+      case "RUN": {
+        const [command, runAs] = args(step, i + 1, 1);
+        const as = runAs && runAs !== state.user ? runAs : undefined;
+        if (as) push({ user: as }, label);
+        push({ run: command, network: true, ...cache }, label);
+        if (as) push({ user: state.user }, label);
+        break;
+      }
+      case "COPY": {
+        const [src = "", dest = "", owner, mode] = args(step, i + 1, 2);
+        if (!step.filesHash) throw invalidArgument(`step ${i + 1} (COPY ${src}) has no filesHash`);
+        const source = stripGlob(src);
+        if (source.path.startsWith("..") || source.path.startsWith("/")) {
+          throw invalidArgument(`step ${i + 1} (COPY ${src}): the source must stay inside the context`);
+        }
+        const into = dest.endsWith("/") || dest === "." || source.glob;
+        copies.push({ step: steps.length, files: step.filesHash, source: source.path, into });
+        push(
+          {
+            dest: trimDest(absolute(state, dest === "" ? "." : dest)),
+            owner: owner && owner !== "" ? owner : state.user,
+            ...(mode && mode !== "" ? { mode } : {}),
+            ...cache,
+          },
+          label,
+        );
+        break;
+      }
+      case "ENV": {
+        const list = args(step, i + 1, 2);
+        const env: Record<string, string> = {};
+        for (let k = 0; k + 1 < list.length; k += 2) env[list[k] as string] = list[k + 1] as string;
+        push({ env, ...cache }, label);
+        break;
+      }
+      case "WORKDIR": {
+        const [dir = ""] = args(step, i + 1, 1);
+        state.workdir = trimDest(absolute(state, dir));
+        push({ workdir: state.workdir, ...cache }, label);
+        break;
+      }
+      case "USER": {
+        const [user = ""] = args(step, i + 1, 1);
+        state.user = user;
+        push({ user, ...cache }, label);
+        break;
+      }
+      default:
+        throw invalidArgument(`step ${i + 1}: unknown step type ${JSON.stringify(step.type)}`);
+    }
+  }
+  template.steps = steps;
+  const named = /^[A-Za-z_][A-Za-z0-9_.-]{0,31}$/.test(state.user) ? { user: state.user } : {};
+  const where = state.workdir ? { cwd: state.workdir } : {};
+  if (start.startCmd) template.start = { command: start.startCmd, ...named, ...where };
+  else if (!base) delete template.start;
+  if (start.readyCmd) {
+    template.ready = { command: start.readyCmd, timeout_s: READY_TIMEOUT_S, ...named, ...where };
+  } else if (start.startCmd) delete template.ready;
+  return {
+    template,
+    copies,
+    stepLabels: labels,
+    finishLabel: FINALIZE,
+    force: start.force === true,
+  };
+}
