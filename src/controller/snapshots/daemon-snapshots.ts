@@ -25,7 +25,6 @@ import type {
   UnpackRequest,
   UnpackResult,
 } from "../sandbox-service.js";
-import type { Admission } from "../sandboxes/admission.js";
 import { chainDetail, compactSnapshot, emptyChainDetail, originFacts, removeSnapshot } from "./chains.js";
 import {
   type CreateSnapshotOptions,
@@ -37,6 +36,15 @@ import { packSnapshot } from "./pack.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
 
+/**
+ * What the daemon's admission control (sandboxes/admission.ts, which the manager hands in) does for a snapshot
+ * build: a slot, host-wide and per tenant (null: an admin), and the parent VM's memory. Each throws to refuse.
+ */
+export interface BuildAdmission {
+  reserveParentBoot(tenant: string | null): { release(): void };
+  reserveMemory(mib: number, what: string): { release(): void };
+}
+
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
   private readonly templateAliases: TemplateAliases;
@@ -44,7 +52,7 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
-  private readonly admission: Pick<Admission, "reserveParentBoot" | "reserveMemory"> | undefined;
+  private readonly admission: BuildAdmission | undefined;
 
   constructor(
     private readonly paths: ForkdPaths,
@@ -63,7 +71,7 @@ export class DaemonSnapshots implements SnapshotService {
       /** How parent VMs are confined (the daemon's). */
       confinement?: ConfinementConfig;
       /** The daemon's admission control: parent boots take a slot (host-wide, per tenant) and their memory. */
-      admission?: Pick<Admission, "reserveParentBoot" | "reserveMemory">;
+      admission?: BuildAdmission;
     } = {},
   ) {
     this.confinement = options.confinement;
