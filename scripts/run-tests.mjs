@@ -3,7 +3,8 @@
 // also run every other .js file under a test/ directory (fixtures, helper programs) as if it were a test.
 // Extra arguments filter by substring: `node scripts/run-tests.mjs agent vmm`. `--recipes` runs the heavy recipe
 // tests instead (test/recipes/*.recipe-test.ts: large Debian builds, long warm-ups; `npm run test:recipes`), and
-// `--install` the install tests (test/install/*.install-test.ts: pack, npm and .deb installs; `npm run test:install`).
+// `--install` the install tests (test/install/*.install-test.ts: pack, npm and .deb installs; `npm run test:install`),
+// `--cluster` the cluster suite (test/cluster/*.cluster-test.ts: a local cluster of 3 nodes; `npm run test:cluster`).
 import { spawnSync } from "node:child_process";
 import { readdirSync } from "node:fs";
 import path from "node:path";
@@ -11,7 +12,11 @@ import { fileURLToPath } from "node:url";
 
 const root = fileURLToPath(new URL("../dist/test/", import.meta.url));
 const args = process.argv.slice(2);
-const SUITES = { "--recipes": ".recipe-test.js", "--install": ".install-test.js" };
+const SUITES = {
+  "--recipes": ".recipe-test.js",
+  "--install": ".install-test.js",
+  "--cluster": ".cluster-test.js",
+};
 const suite = args.find((a) => a in SUITES);
 const needles = args.filter((a) => !(a in SUITES));
 const files = readdirSync(root, { recursive: true })

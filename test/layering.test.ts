@@ -205,6 +205,41 @@ const LAYERS: Record<string, Layer> = {
     forkd: ["sdk/index.ts", "common/limits.ts"],
     packages: ["@modelcontextprotocol/sdk", "zod"],
   },
+  kube: {
+    readme: "kube/README.md",
+    forkd: ["common", "cluster"],
+    packages: ["@kubernetes/client-node"],
+  },
+  "cluster-node": {
+    readme: "cluster-node/README.md",
+    forkd: [
+      "common",
+      "cluster",
+      "kube",
+      "api/extensions.ts",
+      "api/front.ts",
+      "api/ndjson.ts",
+      "http",
+      "controller/sandbox-service.ts",
+      "controller/tenancy",
+    ],
+    packages: ["@sinclair/typebox", "fastify", "pino"],
+  },
+  gateway: {
+    readme: "gateway/README.md",
+    forkd: ["common", "cluster", "kube", "api", "e2b", "mcp/http.ts", "sdk/index.ts"],
+    packages: ["@sinclair/typebox", "fastify", "http-proxy-3", "pino"],
+  },
+  "cluster-controller": {
+    readme: "cluster-controller/README.md",
+    forkd: ["common", "cluster", "kube", "api/listen.ts", "sdk/index.ts"],
+    packages: ["@kubernetes/client-node", "pino"],
+  },
+  "local-cluster": {
+    readme: "local-cluster/README.md",
+    forkd: ["common", "cluster"],
+    packages: ["@kubernetes/client-node"],
+  },
   cli: {
     readme: "cli/README.md",
     forkd: [
@@ -217,6 +252,11 @@ const LAYERS: Record<string, Layer> = {
       "image/index.ts",
       "isolation/confinement.ts",
       "vmm/console-log.ts",
+      "cluster/api-group.ts",
+      "cluster-node",
+      "gateway",
+      "cluster-controller",
+      "kube/config.ts",
     ],
     packages: ["commander", "ora", "pino", "http-proxy-3", "@sinclair/typebox"],
   },

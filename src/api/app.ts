@@ -37,6 +37,7 @@ import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
 import { type ApiExtension, CONSOLE_SESSION_CALLER, type ListenerInfo } from "./extensions.js";
+import { type FrontAdmission, isProbe, type TrustedFront } from "./front.js";
 import { createMetrics, type DaemonMetrics } from "./metrics.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "./origin-policy.js";
 import { peerCredentials } from "./peer-cred.js";
@@ -114,6 +115,11 @@ export interface ApiOptions {
   e2b?: E2bSettings;
   /** Surfaces of layers above the API mounted on this listener (the web console); see extensions.ts. */
   extensions?: readonly ApiExtension[];
+  /**
+   * TCP only: the front every request must come through (front.ts; a node daemon's cluster gateway). Its
+   * credential is checked before the Host/Origin policy, which the front has applied to the caller already.
+   */
+  front?: TrustedFront;
 }
 
 declare module "fastify" {
@@ -155,7 +161,12 @@ export async function buildApi(options: ApiOptions): Promise<FastifyInstance> {
   app.addHook("onRequest", async (request, reply) => {
     reply.header("x-request-id", request.id);
     request.caller = `${options.transport}:${request.ip}`;
-    checkOrigin(request.headers);
+    const admitted = admitThroughFront(options.front, request.raw);
+    if (admitted) {
+      request.viaFront = true;
+      request.principal = admitted.principal;
+      request.caller = admitted.caller;
+    } else checkOrigin(request.headers);
     checkPortProxied(request.headers, request.routeOptions.url);
     if (listener.transport === "unix") screenSocketBrowser(request, listener.socketCsrf);
     for (const extension of extensions) extension.screen?.(request, listener);
@@ -225,7 +236,11 @@ function installUpgrades(
   },
 ): void {
   const { context, extensions, listener, checkOrigin, e2bUpgrade } = wiring;
+  // The front's admission of an upgrade, for the port route's principal below.
+  const frontUpgrades = new WeakMap<IncomingMessage, FrontAdmission>();
   const forkdUpgrade = portUpgradeHandler(context, async (req) => {
+    const admitted = frontUpgrades.get(req);
+    if (admitted) return admitted.principal;
     if (options.transport === "tcp" && options.tokens && options.tokens.length > 0) {
       return principalOf(authenticate(req.headers.authorization, options.tokens));
     }
@@ -234,7 +249,9 @@ function installUpgrades(
   app.server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on("error", () => {});
     try {
-      checkOrigin(req.headers);
+      const admitted = admitThroughFront(options.front, req);
+      if (admitted) frontUpgrades.set(req, admitted);
+      else checkOrigin(req.headers);
       if (listener.transport === "unix") {
         screenSocketBrowser(
           { method: "GET", url: req.url ?? "", headers: req.headers },
@@ -509,6 +526,8 @@ async function identifyCaller(
     }
     return caller;
   }
+  // The front authenticated the caller and named its principal (onRequest).
+  if (request.viaFront) return request.caller;
   const address = `${options.transport}:${request.ip}`;
   // E2B routes check their own credentials (an API key, or a sandbox's access token).
   if (request.routeOptions.config.e2b) return address;
@@ -533,6 +552,18 @@ async function identifyCaller(
   }
   request.principal = ADMIN;
   return address;
+}
+
+/**
+ * The front's admission of a request (a ForkdError when it is refused), or undefined on a listener without a
+ * front and for the probes' /healthz.
+ */
+function admitThroughFront(
+  front: TrustedFront | undefined,
+  req: IncomingMessage,
+): FrontAdmission | undefined {
+  if (front === undefined || isProbe(req.url)) return undefined;
+  return front.admit(req);
 }
 
 /** The catalogue code of an error reply, for the errors-by-route counter (the body is already serialized). */

@@ -3,82 +3,16 @@
  * the old one is removed); each is at least MIN_TOKEN_BYTES and is compared in constant time. A token is never
  * logged: the audit log names it by a short hash (`token:<8 hex>`, then `:<tenant>` for a tenant's token).
  */
-import { readFile, stat } from "node:fs/promises";
 import { ForkdError } from "../common/errors.js";
-import { matchToken, type Token, tokenFromString } from "../common/tokens.js";
+import { matchToken, type Token } from "../common/tokens.js";
 
-export { MIN_TOKEN_BYTES, type Token, tokenFromString } from "../common/tokens.js";
-
-/** More would only be a mistake (a binary or a key file given as the token file). */
-const MAX_TOKEN_FILE_BYTES = 64 * 1024;
-
-/**
- * Reads a token file: one token per line, optionally followed by ` tenant=<name>` (a tenant's token; without it
- * an admin token); blank lines and `#` comments skipped. The file must be the daemon's own and private (no group
- * or other permission bits): a token readable or replaceable by another local user hands that user root.
- */
-export async function loadTokenFile(file: string): Promise<Token[]> {
-  const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
-    throw new ForkdError("invalid_argument", `cannot read token file ${file}: ${err.code ?? err.message}`);
-  });
-  if (!info.isFile()) throw new ForkdError("invalid_argument", `token file ${file} is not a regular file`);
-  if (info.size > MAX_TOKEN_FILE_BYTES) {
-    throw new ForkdError(
-      "invalid_argument",
-      `token file ${file} is larger than ${MAX_TOKEN_FILE_BYTES} bytes`,
-    );
-  }
-  const uid = process.getuid?.();
-  if (uid !== undefined && info.uid !== uid) {
-    throw new ForkdError(
-      "invalid_argument",
-      `token file ${file} is owned by uid ${info.uid}, not by the daemon's user (uid ${uid}): chown it`,
-    );
-  }
-  if (info.mode & 0o077) {
-    const what = info.mode & 0o022 ? "writable" : "readable";
-    throw new ForkdError(
-      "invalid_argument",
-      `token file ${file} is ${what} by other users (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
-    );
-  }
-  const text = await readFile(file, "utf8");
-  const tokens: Token[] = [];
-  for (const [i, raw] of text.split(/\r?\n/).entries()) {
-    const line = raw.trim();
-    if (line === "" || line.startsWith("#")) continue;
-    tokens.push(tokenLine(line, `token on line ${i + 1} of ${file}`));
-  }
-  if (tokens.length === 0) throw new ForkdError("invalid_argument", `token file ${file} holds no token`);
-  // One token listed for two tenants would make its scope depend on line order.
-  const tenantOf = new Map<string, string | null>();
-  for (const token of tokens) {
-    const digest = token.digest.toString("hex");
-    const earlier = tenantOf.get(digest);
-    if (earlier !== undefined && earlier !== token.tenant) {
-      throw new ForkdError(
-        "invalid_argument",
-        `token file ${file} lists one token (${token.id.split(":").slice(0, 2).join(":")}) with two different scopes`,
-      );
-    }
-    tenantOf.set(digest, token.tenant);
-  }
-  return tokens;
-}
-
-/** `<token>` or `<token> tenant=<name>`; anything else on the line is refused, never ignored. */
-function tokenLine(line: string, what: string): Token {
-  const [secret, ...rest] = line.split(/[ \t]+/);
-  if (rest.length === 0) return tokenFromString(secret as string, what);
-  const tenant = rest.length === 1 ? /^tenant=(.*)$/.exec(rest[0] as string)?.[1] : undefined;
-  if (tenant === undefined) {
-    throw new ForkdError(
-      "invalid_argument",
-      `${what}: expected "<token>" or "<token> tenant=<name>" (after the token: ${JSON.stringify(rest.join(" ").slice(0, 80))})`,
-    );
-  }
-  return tokenFromString(secret as string, what, tenant);
-}
+export {
+  checkTokenFileAccess,
+  loadTokenFile,
+  MIN_TOKEN_BYTES,
+  type Token,
+  tokenFromString,
+} from "../common/tokens.js";
 
 /**
  * The token a request presents, checked against every configured token without an early exit, so the time taken

@@ -22,6 +22,7 @@ import { AuditLog } from "./audit.js";
 import { loadTokenFile, type Token } from "./auth.js";
 import type { HostPathRedaction } from "./errors.js";
 import type { ApiExtension, ApiExtensionFactory } from "./extensions.js";
+import type { TrustedFront } from "./front.js";
 import {
   checkBindPolicy,
   isLoopbackHost,
@@ -72,6 +73,8 @@ export interface DaemonConfig {
   e2b?: E2bSettings;
   /** Surfaces mounted on every listener (the web console), made once over the opened services. */
   extensions?: readonly ApiExtensionFactory[];
+  /** The TCP listener takes calls only through this front (front.ts; a cluster node's gateway). */
+  front?: TrustedFront;
   logger?: Logger;
 }
 
@@ -223,6 +226,7 @@ async function startListeners(
       transport: "tcp",
       tokens: checked.tokens,
       https: checked.https,
+      front: config.front,
       origin: {
         bindHost: checked.tcp.host,
         // Without --e2b-domain the sandboxes' host names are under the daemon's own name (getHost).

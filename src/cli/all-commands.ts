@@ -1,8 +1,10 @@
 /** Every command of the `forkd` CLI, registered on one program (src/cli/main.ts loads this unless one lazy command is invoked). */
 import type { Command } from "commander";
+import { registerClusterController } from "./commands/cluster-controller.js";
 import { registerDaemonCommands } from "./commands/daemon-commands.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerFork } from "./commands/fork.js";
+import { registerGateway } from "./commands/gateway.js";
 import { registerImage } from "./commands/image.js";
 import { registerPack } from "./commands/pack.js";
 import { registerRegistry } from "./commands/registry.js";
@@ -30,5 +32,7 @@ export function registerAll(program: Command): Command {
   registerTeardown(program);
   registerToken(program);
   registerDaemonCommands(program);
+  registerGateway(program);
+  registerClusterController(program);
   return program;
 }

@@ -4,6 +4,7 @@
  * matched. Shared by every surface that takes a daemon token (bearer on the forkd API, X-API-Key on the E2B API).
  */
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { readFile, stat } from "node:fs/promises";
 import type { IncomingHttpHeaders } from "node:http";
 import { ForkdError } from "./errors.js";
 import { MIN_TOKEN_BYTES } from "./limits.js";
@@ -106,4 +107,105 @@ export function stripCredentialsForGuest(headers: IncomingHttpHeaders, tokens: r
     });
   if (kept.length === 0) delete headers.cookie;
   else headers.cookie = kept.join("; ");
+}
+
+/** More would only be a mistake (a binary or a key file given as the token file). */
+const MAX_TOKEN_FILE_BYTES = 64 * 1024;
+
+/**
+ * Reads a token file: one token per line, optionally followed by ` tenant=<name>` (a tenant's token; without it
+ * an admin token); blank lines and `#` comments skipped. The file must be private (checkTokenFileAccess): a
+ * token readable or replaceable by another local user hands that user the daemon.
+ */
+export async function loadTokenFile(file: string): Promise<Token[]> {
+  const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
+    throw new ForkdError("invalid_argument", `cannot read token file ${file}: ${err.code ?? err.message}`);
+  });
+  if (!info.isFile()) throw new ForkdError("invalid_argument", `token file ${file} is not a regular file`);
+  if (info.size > MAX_TOKEN_FILE_BYTES) {
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is larger than ${MAX_TOKEN_FILE_BYTES} bytes`,
+    );
+  }
+  checkTokenFileAccess(file, info);
+  const text = await readFile(file, "utf8");
+  const tokens: Token[] = [];
+  for (const [i, raw] of text.split(/\r?\n/).entries()) {
+    const line = raw.trim();
+    if (line === "" || line.startsWith("#")) continue;
+    tokens.push(tokenLine(line, `token on line ${i + 1} of ${file}`));
+  }
+  if (tokens.length === 0) throw new ForkdError("invalid_argument", `token file ${file} holds no token`);
+  // One token listed for two tenants would make its scope depend on line order.
+  const tenantOf = new Map<string, string | null>();
+  for (const token of tokens) {
+    const digest = token.digest.toString("hex");
+    const earlier = tenantOf.get(digest);
+    if (earlier !== undefined && earlier !== token.tenant) {
+      throw new ForkdError(
+        "invalid_argument",
+        `token file ${file} lists one token (${token.id.split(":").slice(0, 2).join(":")}) with two different scopes`,
+      );
+    }
+    tenantOf.set(digest, token.tenant);
+  }
+  return tokens;
+}
+
+/**
+ * Who may read or replace a token file, as its owner and mode say. It is private when it is the reader's own
+ * with no group or other bits. A process that is not root may also read one that root owns and its own group
+ * may only read (no write bit but root's, no other bit): what a kubelet-mounted Secret is with the pod's
+ * fsGroup (root, mode 0440, the fsGroup's gid), since no other user can write that file and only the pod's own
+ * processes hold that group. A root process (the node daemon) takes only its own private files.
+ */
+export function checkTokenFileAccess(
+  file: string,
+  info: { uid: number; gid: number; mode: number },
+  reader: { uid?: number; groups?: readonly number[] } = {
+    uid: process.getuid?.(),
+    groups: [...new Set([process.getgid?.(), ...(process.getgroups?.() ?? [])])].filter(
+      (g): g is number => g !== undefined,
+    ),
+  },
+): void {
+  const uid = reader.uid;
+  if (uid === undefined) return;
+  const mode = info.mode & 0o777;
+  const groupReadable = (mode & 0o070) !== 0;
+  const fsGroupSecret =
+    uid !== 0 &&
+    info.uid === 0 &&
+    (mode & 0o037) === 0 &&
+    groupReadable &&
+    (reader.groups ?? []).includes(info.gid);
+  if (fsGroupSecret) return;
+  if (info.uid !== uid) {
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is owned by uid ${info.uid}, not by the daemon's user (uid ${uid}): chown it`,
+    );
+  }
+  if (mode & 0o077) {
+    const what = mode & 0o022 ? "writable" : "readable";
+    throw new ForkdError(
+      "invalid_argument",
+      `token file ${file} is ${what} by other users (mode ${mode.toString(8)}): chmod 600 it`,
+    );
+  }
+}
+
+/** `<token>` or `<token> tenant=<name>`; anything else on the line is refused, never ignored. */
+function tokenLine(line: string, what: string): Token {
+  const [secret, ...rest] = line.split(/[ \t]+/);
+  if (rest.length === 0) return tokenFromString(secret as string, what);
+  const tenant = rest.length === 1 ? /^tenant=(.*)$/.exec(rest[0] as string)?.[1] : undefined;
+  if (tenant === undefined) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${what}: expected "<token>" or "<token> tenant=<name>" (after the token: ${JSON.stringify(rest.join(" ").slice(0, 80))})`,
+    );
+  }
+  return tokenFromString(secret as string, what, tenant);
 }

@@ -634,6 +634,10 @@ export interface SnapshotService {
   pack(request: PackRequest): Promise<{ file: string; result: PackResult; dispose(): Promise<void> }>;
   /** Receives a pack and installs it, all or nothing. */
   unpack(request: UnpackRequest): Promise<UnpackResult>;
+  /** Pulls a chain from an OCI registry and installs it, with every check unpack makes (snapshots/registry.ts). */
+  pull(request: RegistryPullRequest): Promise<RegistryPullResult>;
+  /** Pushes the chain ending at `tag` to an OCI registry; blobs the registry has are not sent again. */
+  push(request: RegistryPushRequest): Promise<RegistryPushResult>;
   /**
    * Removes the snapshot's aliases at once, and the snapshot as soon as nothing needs it any more (at once when
    * nothing does). not_found if unknown.
@@ -675,6 +679,43 @@ export interface UnpackRequest {
   /** Replace existing snapshots of the same tags that differ. */
   force?: boolean;
   signal?: AbortSignal;
+}
+
+export interface RegistryPullRequest {
+  /** host[:port]/name[:tag][@sha256:...] */
+  reference: string;
+  /** Refuse the pull unless the registry's manifest has this digest. */
+  digest?: string;
+  /** Install the head under this tag. */
+  tag?: string;
+  /** Plain HTTP or unverified TLS to a registry that is not on a loopback address. */
+  insecure?: boolean;
+  /** The tenant what it installs belongs to; absent: an admin's. */
+  owner?: string | null;
+  signal?: AbortSignal;
+}
+
+export interface RegistryPullResult extends UnpackResult {
+  reference: string;
+  /** The pulled manifest's digest. */
+  digest: string;
+}
+
+export interface RegistryPushRequest {
+  tag: string;
+  reference: string;
+  insecure?: boolean;
+  withoutImage?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface RegistryPushResult {
+  reference: string;
+  digest: string;
+  /** Root first. */
+  chain: string[];
+  uploaded_bytes: number;
+  ms: number;
 }
 
 /** What a pack of a chain holds (snapshots/pack.ts). */

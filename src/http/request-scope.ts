@@ -22,6 +22,11 @@ declare module "fastify" {
      * control plane's API key and for the one sandbox a data-plane request addresses).
      */
     principal: Principal | null;
+    /**
+     * The request came through the listener's trusted front (src/api/front.ts: the cluster gateway), which
+     * authenticated its caller and set `principal`: no face authenticates it again.
+     */
+    viaFront: boolean;
   }
 }
 
@@ -50,6 +55,7 @@ export function provideServices(
 ): void {
   const provided: Provided = { services, spawns, connections };
   app.decorateRequest("principal", null);
+  app.decorateRequest("viaFront", false);
   app.addHook("onRequest", async (request) => {
     daemonServices.set(request.raw, provided);
   });

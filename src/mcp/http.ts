@@ -2,9 +2,8 @@
  * The MCP Streamable HTTP transport, served by node:http: one MCP session per client (`Mcp-Session-Id`), each with
  * its own server (tools, outputs, background commands). Every request needs `Authorization: Bearer <token>`; the
  * listener is on loopback unless told otherwise, and then Host and Origin must name the loopback address (a web
- * page cannot reach it through DNS rebinding). A session belongs to the token that opened it: a request with
- * another token, even a valid one, does not reach it. The token file must be the process's own and unreadable to
- * other users (as the daemon's token file).
+ * page cannot reach it through DNS rebinding). The token file must be the process's own and unreadable to other
+ * users (as the daemon's token file).
  */
 import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
 import { readFile, stat } from "node:fs/promises";
@@ -39,12 +38,18 @@ export interface RunningHttp {
 }
 
 interface Session {
-  /** The token that opened it (its index in the configured tokens): only it reaches the session. */
-  token: number;
   transport: StreamableHTTPServerTransport;
   mcp: ForkdMcpSession;
   lastUsed: number;
+  /** The digest of the token that opened it: a session is used only with that token. */
+  token: Buffer;
 }
+
+/**
+ * Who an MCP session acts as: the client its tools call the daemon (or the cluster gateway) through, for the
+ * bearer token the caller presented, or undefined when the token is not accepted.
+ */
+export type SessionClients = (token: string) => Controller | undefined;
 
 export function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
@@ -91,7 +96,12 @@ export async function serveHttp(options: HttpOptions): Promise<RunningHttp> {
   if (options.tokens.length === 0) throw new Error("the MCP HTTP transport needs a token");
   for (const token of options.tokens) checkToken(token, "the token option");
   const log = options.log ?? (() => {});
-  const listener = new McpListener(options, log);
+  const digests = options.tokens.map(digest);
+  const listener = new McpListener(
+    (token) => (matches(digests, digest(token)) ? options.controller : undefined),
+    options.host,
+    log,
+  );
   const server = http.createServer((request, response) => {
     listener.handle(request, response).catch((err: unknown) => {
       log(`MCP request failed: ${err instanceof Error ? err.message : String(err)}`);
@@ -125,21 +135,24 @@ export async function serveHttp(options: HttpOptions): Promise<RunningHttp> {
   };
 }
 
-/** One listener's requests: the path, Host/Origin and token checks, and its sessions. */
-class McpListener {
+/**
+ * MCP sessions over the Streamable HTTP transport: the path and token checks, one session per client, each
+ * acting through the client `clients` gives for the token that opened it. Served by `serveHttp` on a listener
+ * of its own, and by the cluster gateway on its listener (src/gateway/mcp.ts).
+ */
+export class McpListener {
   private readonly sessions = new Map<string, Session>();
-  private readonly digests: Buffer[];
   private readonly loopback: boolean;
-  /** The bound port (the option's, until listening on port 0 tells the real one). */
-  port: number;
+  /** The bound port (0 until listening tells the real one). */
+  port = 0;
 
+  /** `host`: the listener's bind address; on loopback, Host and Origin must name it. Undefined: not checked. */
   constructor(
-    private readonly options: HttpOptions,
+    private readonly clients: SessionClients,
+    private readonly host: string | undefined,
     private readonly log: (line: string) => void,
   ) {
-    this.digests = options.tokens.map(digest);
-    this.loopback = isLoopback(options.host);
-    this.port = options.port;
+    this.loopback = host !== undefined && isLoopback(host);
   }
 
   async handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
@@ -148,15 +161,17 @@ class McpListener {
       return jsonError(response, 404, `no such path; MCP is served at ${MCP_PATH}`);
     if (!this.allowedHost(request))
       return jsonError(response, 403, "Host/Origin must name the loopback address");
-    const token = this.tokenOf(request);
-    if (token < 0) {
+    const token = bearerToken(request);
+    const controller = token === undefined ? undefined : this.clients(token);
+    if (token === undefined || controller === undefined) {
       response.setHeader("WWW-Authenticate", 'Bearer realm="forkd-mcp"');
       return jsonError(response, 401, "missing or invalid bearer token (Authorization: Bearer <token>)");
     }
     const sessionId = headerValue(request.headers["mcp-session-id"]);
-    const found = sessionId === undefined ? undefined : this.sessions.get(sessionId);
-    // Another token's session is answered as an unknown one: its id alone opens nothing.
-    const existing = found?.token === token ? found : undefined;
+    const existing = sessionId === undefined ? undefined : this.sessions.get(sessionId);
+    if (existing && !timingSafeEqual(existing.token, digest(token))) {
+      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
+    }
     if (existing) {
       existing.lastUsed = Date.now();
       const body = request.method === "POST" ? await readJson(request, response) : undefined;
@@ -166,7 +181,7 @@ class McpListener {
     }
     if (sessionId !== undefined)
       return jsonError(response, 404, "unknown or expired MCP session; initialize again");
-    await this.open(request, response, token);
+    await this.open(request, response, controller, digest(token));
   }
 
   /** Closes sessions nobody used for SESSION_IDLE_MS (their background commands stop). */
@@ -190,7 +205,12 @@ class McpListener {
   }
 
   /** A request without a session: an initialize opens one (within MAX_SESSIONS); anything else is refused. */
-  private async open(request: IncomingMessage, response: ServerResponse, token: number): Promise<void> {
+  private async open(
+    request: IncomingMessage,
+    response: ServerResponse,
+    controller: Controller,
+    token: Buffer,
+  ): Promise<void> {
     if (request.method !== "POST")
       return jsonError(response, 400, "no session: send an initialize request first");
     const body = await readJson(request, response);
@@ -199,11 +219,11 @@ class McpListener {
       return jsonError(response, 400, "no session: send an initialize request first");
     if (this.sessions.size >= MAX_SESSIONS)
       return jsonError(response, 503, `${MAX_SESSIONS} MCP sessions are open; retry later`);
-    const mcp = createMcpSession(this.options.controller);
+    const mcp = createMcpSession(controller);
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
-        this.sessions.set(id, { token, transport, mcp, lastUsed: Date.now() });
+        this.sessions.set(id, { transport, mcp, lastUsed: Date.now(), token });
         this.log(`MCP session ${id} opened`);
       },
     });
@@ -218,20 +238,10 @@ class McpListener {
     await transport.handleRequest(request, response, body);
   }
 
-  /** The index of the configured token the request carries, or -1. */
-  private tokenOf(request: IncomingMessage): number {
-    const header = request.headers.authorization ?? "";
-    const match = /^Bearer ([^\s]+)$/.exec(header);
-    if (!match) return -1;
-    const presented = digest(match[1] as string);
-    // Every configured token is compared, in constant time, whatever matched first.
-    return this.digests.map((d) => timingSafeEqual(d, presented)).indexOf(true);
-  }
-
   private allowedHost(request: IncomingMessage): boolean {
     if (!this.loopback) return true;
     const port = this.port;
-    const names = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `${this.options.host}:${port}`];
+    const names = [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `${this.host}:${port}`];
     const origin = request.headers.origin;
     const originOk = origin === undefined || names.some((n) => origin === `http://${n}`);
     return names.includes(request.headers.host ?? "") && originOk;
@@ -271,6 +281,16 @@ function jsonError(response: ServerResponse, status: number, message: string): v
 
 function headerValue(value: string | string[] | undefined): string | undefined {
   return Array.isArray(value) ? value[0] : value;
+}
+
+function bearerToken(request: IncomingMessage): string | undefined {
+  const match = /^Bearer ([^\s]+)$/.exec(request.headers.authorization ?? "");
+  return match?.[1];
+}
+
+/** Whether `presented` is one of `digests`: every one compared, in constant time, whatever matched first. */
+function matches(digests: readonly Buffer[], presented: Buffer): boolean {
+  return digests.map((d) => timingSafeEqual(d, presented)).includes(true);
 }
 
 function digest(token: string): Buffer {

@@ -3,6 +3,7 @@
  * the wire's JSON documents out). The Sandbox class builds on it. Every method takes per-call options
  * (`requestTimeoutMs`, `signal`, `token`, `headers`) that override the client's.
  */
+import type { IncomingMessage } from "node:http";
 import {
   DEFAULT_SNAPSHOT_CREATE_TIMEOUT_MS,
   GUEST_WORK_GRACE_MS,
@@ -620,6 +621,31 @@ export class Controller {
       return await exchange(settings, request, scope);
     } finally {
       scope.dispose();
+    }
+  }
+
+  /**
+   * Sends a request and returns the open response once its headers arrived (a non-2xx answer throws), for
+   * streamed routes this SDK has no method for; read it with `parseNdjson`/`parseSse` or as bytes. The
+   * request timeout bounds the wait for the headers only; `call.signal` ends the stream.
+   */
+  async stream(request: HttpRequest, call: RequestOptions = {}): Promise<IncomingMessage> {
+    const settings = this.settings(call);
+    const scope = new CallScope(call.signal);
+    const clear = scope.deadline(
+      request.deadlineMs ?? settings.requestTimeoutMs,
+      request.deadlineSetting ?? "requestTimeoutMs",
+      request.deadlineWhat ?? `${request.method} ${request.path}`,
+    );
+    try {
+      const response = await openStream(settings, request, scope);
+      response.once("close", () => scope.dispose());
+      return response;
+    } catch (err) {
+      scope.dispose();
+      throw err;
+    } finally {
+      clear();
     }
   }
 

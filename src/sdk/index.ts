@@ -22,6 +22,7 @@ export {
   TimeoutError,
   UnavailableError,
 } from "./errors.js";
+export { parseNdjson, parseSse, type StreamEvent } from "./event-stream.js";
 export type { ExecEvent } from "./exec-stream.js";
 export type {
   BranchOptions,

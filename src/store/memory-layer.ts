@@ -60,11 +60,14 @@ export async function writeMemoryLayerHashed(
   header.writeUInt32LE(pages.length, 12);
   header.writeBigUInt64LE(BigInt(ramBytes), 16);
   const index = Buffer.from(pages.buffer, pages.byteOffset, pages.byteLength);
-  const sha256 = createHash("sha256").update(header).update(index).update(data).digest("hex");
   const handle = await open(file, "wx", 0o600);
+  let sha256: string;
   try {
-    await handle.writev([header, index, data]);
-    await handle.sync();
+    // The write runs on libuv's threads while this one hashes the same bytes (the buffers are not changed).
+    const written = handle.writev([header, index, data]);
+    sha256 = createHash("sha256").update(header).update(index).update(data).digest("hex");
+    await written;
+    await handle.datasync();
   } finally {
     await handle.close();
   }

@@ -104,8 +104,15 @@ export class FileVerifier {
 
   /** Records a file just written with a known hash, so its first use does not hash it again. */
   async remember(file: string, sha256: string): Promise<void> {
+    await this.rememberAll([{ file, sha256 }]);
+  }
+
+  /** `remember` for several files, saved once. */
+  async rememberAll(files: readonly { file: string; sha256: string }[]): Promise<void> {
     const records = await this.load();
-    records.set(file, { ...(await identityOf(file)), sha256, bootId: await bootId() });
+    const boot = await bootId();
+    for (const { file, sha256 } of files)
+      records.set(file, { ...(await identityOf(file)), sha256, bootId: boot });
     await this.save();
   }
 

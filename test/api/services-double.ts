@@ -184,6 +184,12 @@ export class ServicesDouble {
         },
       };
     },
+    pull: async () => {
+      throw new ForkdError("not_implemented", "the services double has no registry");
+    },
+    push: async () => {
+      throw new ForkdError("not_implemented", "the services double has no registry");
+    },
     unpack: async ({ body, maxBytes, tag }) => {
       const parts: Buffer[] = [];
       let size = 0;

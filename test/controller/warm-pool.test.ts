@@ -1,12 +1,16 @@
 /**
  * The daemon's warm pool on real VMs: a spawn takes a prestarted QEMU (the sandbox runs in a process that
  * existed before the spawn) and it answers; the pool is drained on daemon stop and on snapshot delete, a
- * refused delete warms it again, and no QEMU is left behind.
+ * refused delete warms it again, and no QEMU is left behind. On a confined daemon a pooled QEMU is in its
+ * sandbox's cgroups from the start, and a spawn asking for other limits starts cold.
  */
 import assert from "node:assert/strict";
+import { readFile } from "node:fs/promises";
 import { after, before, describe, it } from "node:test";
+import { homeKey } from "../../src/controller/machines/restore-plan.js";
 import { openServices } from "../../src/controller/sandboxes/manager.js";
 import { parseWarmPoolTarget } from "../../src/controller/sandboxes/warm-pool.js";
+import { type CgroupLayout, detectCgroupLayout, readCgroupLimits } from "../../src/isolation/cgroup.js";
 import { entries, qemusMentioning, tempHome, waitFor } from "../support/host.js";
 import { linkSharedSnapshot } from "../support/snapshots.js";
 
@@ -69,18 +73,58 @@ describe("warm pool (real VMs)", { timeout: 15 * 60_000 }, () => {
       await services.close({ killSandboxes: true });
     }
   });
-  it("is refused, naming why, on a daemon whose sandboxes have cgroups", async (t) => {
-    const refused = await openServices(home, { warmPools: [{ tag, size: 1 }], confinement: "on" }).then(
-      async (services) => {
-        await services.close({ killSandboxes: true });
-        return null;
-      },
-      (err: unknown) => err as Error,
-    );
-    if (refused === null) {
-      t.skip("this host gives sandboxes no cgroups (not root or no controllers): nothing to refuse");
+  it("on a confined daemon, a pooled VM runs in its sandbox's cgroups under the default limits", async (t) => {
+    if (process.getuid?.() !== 0) {
+      t.skip("needs root (sandbox cgroups)");
       return;
     }
-    assert.match(refused.message, /--warm-pool needs sandboxes without cgroups/);
+    // Read before any daemon runs: on cgroup v2 the daemon may move its cgroup's processes into a leaf.
+    const layout = await detectCgroupLayout(homeKey(home.home));
+    const services = await openServices(home, { warmPools: [{ tag, size: 2 }], confinement: "on" });
+    try {
+      const ready = () => services.sandboxes.warmPoolStats().find((s) => s.tag === tag)?.ready ?? 0;
+      await waitFor("a full pool", 180_000, async () => (ready() >= 2 ? true : undefined));
+      const prestarted = new Set(await qemusMentioning(home.home));
+      assert.equal(prestarted.size, 2);
+      // Confined from the start, before any spawn: each pooled QEMU is in cgroups of its own, limited.
+      const pooledLeaves = await sandboxCgroupsLeft(layout);
+      assert.equal(pooledLeaves.length, 2 * Object.keys(layout.hierarchies).length, pooledLeaves.join(", "));
+      const [info] = await services.sandboxes.spawn({ snapshotTag: tag, n: 1, network: "none" });
+      assert.ok(info?.pid && prestarted.has(info.pid), "the sandbox runs in a QEMU started before its spawn");
+      const procCgroup = await readFile(`/proc/${info.pid}/cgroup`, "utf8");
+      assert.ok(
+        procCgroup.includes(`/${info.id}`),
+        `the pooled QEMU is in its sandbox's cgroups: ${procCgroup}`,
+      );
+      // The limits a spawn that asks for none gets (RAM + 256 MiB, one CPU per vCPU, 128 pids), in place.
+      const limits = await readCgroupLimits(layout, info.id);
+      if (layout.hierarchies.memory) assert.equal(limits.memoryBytes, 768 * 2 ** 20);
+      if (layout.hierarchies.pids) assert.equal(limits.pids, 128);
+      assert.equal(info.limits?.memory_mib, layout.hierarchies.memory ? 768 : null);
+      assert.equal((await services.sandboxes.eval(info.id, "numpy.arange(4).sum()")).result, "6");
+      // Other limits than the pool's: started cold, under what it asked for.
+      const [limited] = await services.sandboxes.spawn({
+        snapshotTag: tag,
+        n: 1,
+        network: "none",
+        pidsLimit: 100,
+      });
+      assert.ok(limited?.pid && !prestarted.has(limited.pid), "a spawn with other limits does not take one");
+      assert.equal((await readCgroupLimits(layout, limited.id)).pids, 100);
+      await services.sandboxes.kill(info.id);
+      await services.sandboxes.kill(limited.id);
+    } finally {
+      await services.close({ killSandboxes: true });
+    }
+    assert.deepEqual(await qemusMentioning(home.home), [], "close drained the pool");
+    assert.deepEqual(await sandboxCgroupsLeft(layout), [], "and removed the pooled VMs' cgroups");
   });
 });
+
+async function sandboxCgroupsLeft(layout: CgroupLayout): Promise<string[]> {
+  const left: string[] = [];
+  for (const h of Object.values(layout.hierarchies)) {
+    for (const name of await entries(h.parent)) if (name.startsWith("sb-")) left.push(`${h.parent}/${name}`);
+  }
+  return left;
+}

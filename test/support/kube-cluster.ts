@@ -10,17 +10,22 @@
  * process that exits without calling it still kills them on its way out.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { generateKeyPairSync } from "node:crypto";
 import { once } from "node:events";
 import { createWriteStream } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import https from "node:https";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { CoreV1Api, KubeConfig } from "@kubernetes/client-node";
+import { CoreV1Api, type KubeConfig } from "@kubernetes/client-node";
+import {
+  adminKubeConfig,
+  apiServerArgs,
+  etcdArgs,
+  kubeConfigFor,
+  makeControlPlaneFiles,
+  waitApiServerReady,
+} from "../../src/local-cluster/control-plane.js";
 import { type KubeTools, kubeTools } from "./kube-tools.js";
-import { createTestCa } from "./test-ca.js";
 
 export interface KubeTestCluster {
   /** https://127.0.0.1:<port> */
@@ -55,10 +60,7 @@ export interface StartOptions {
 }
 
 const STOP_GRACE_MS = 10_000;
-const READY_POLL_MS = 100;
 const DEFAULT_READY_TIMEOUT_MS = 120_000;
-/** A range no test traffic ever reaches: Services get addresses from it, but nothing routes there. */
-const SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16";
 
 export async function startKubeCluster(options: StartOptions = {}): Promise<KubeTestCluster> {
   const tools = await kubeTools();
@@ -79,58 +81,27 @@ export async function startKubeCluster(options: StartOptions = {}): Promise<Kube
     return stopped;
   };
   try {
-    const files = await makeCredentials(dir);
-    const [etcdClientPort, etcdPeerPort, apiPort] = await freePorts(3);
-    const etcdUrl = `https://127.0.0.1:${etcdClientPort}`;
-    const peerUrl = `https://127.0.0.1:${etcdPeerPort}`;
-    const server = `https://127.0.0.1:${apiPort}`;
-    const tls = { ca: files.ca, cert: files.serving.cert, key: files.serving.key };
-    processes.push(
-      await startLogged(dir, "etcd", tools.etcd, [
-        ...["--name=forkd-test", `--data-dir=${path.join(dir, "etcd")}`, "--log-level=warn"],
-        ...[`--listen-client-urls=${etcdUrl}`, `--advertise-client-urls=${etcdUrl}`],
-        ...[`--listen-peer-urls=${peerUrl}`, `--initial-advertise-peer-urls=${peerUrl}`],
-        ...[`--initial-cluster=forkd-test=${peerUrl}`, "--initial-cluster-state=new"],
-        ...[
-          "--client-cert-auth",
-          `--trusted-ca-file=${tls.ca}`,
-          `--cert-file=${tls.cert}`,
-          `--key-file=${tls.key}`,
-        ],
-        ...["--peer-client-cert-auth", `--peer-trusted-ca-file=${tls.ca}`],
-        ...[`--peer-cert-file=${tls.cert}`, `--peer-key-file=${tls.key}`],
-        // A test's data need not survive a power cut; fsync would make every write wait for the disk.
-        "--unsafe-no-fsync",
-      ]),
-    );
+    const files = await makeControlPlaneFiles(dir);
+    const [etcdClient, etcdPeer, apiServer] = (await freePorts(3)) as [number, number, number];
+    const ports = { etcdClient, etcdPeer, apiServer };
+    const server = `https://127.0.0.1:${apiServer}`;
+    processes.push(await startLogged(dir, "etcd", tools.etcd, etcdArgs(dir, files, ports)));
     const serviceAccountIssuer = server;
     processes.push(
-      await startLogged(dir, "kube-apiserver", tools["kube-apiserver"], [
-        ...[`--etcd-servers=${etcdUrl}`, `--etcd-cafile=${tls.ca}`, `--etcd-certfile=${tls.cert}`],
-        `--etcd-keyfile=${tls.key}`,
-        ...["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", `--secure-port=${apiPort}`],
-        ...[`--tls-cert-file=${tls.cert}`, `--tls-private-key-file=${tls.key}`, `--client-ca-file=${tls.ca}`],
-        `--cert-dir=${path.join(dir, "apiserver-certs")}`,
-        "--authorization-mode=RBAC",
-        "--anonymous-auth=false",
-        `--service-account-issuer=${serviceAccountIssuer}`,
-        `--service-account-key-file=${files.serviceAccountPublicKey}`,
-        `--service-account-signing-key-file=${files.serviceAccountPrivateKey}`,
-        `--service-cluster-ip-range=${SERVICE_CLUSTER_IP_RANGE}`,
-        // The node DaemonSet is privileged; the API server refuses such pods without this.
-        "--allow-privileged=true",
-        "--profiling=false",
-        // The "kubernetes" Service's endpoints would be this loopback address, which the API server refuses.
-        "--endpoint-reconciler-type=none",
-        ...(options.apiServerArgs ?? []),
-      ]),
+      await startLogged(
+        dir,
+        "kube-apiserver",
+        tools["kube-apiserver"],
+        apiServerArgs(dir, files, ports, "127.0.0.1", options.apiServerArgs ?? []),
+      ),
     );
-    const admin = kubeConfig(server, files.caPem, {
-      name: "forkd-test-admin",
-      certData: (await readFile(files.admin.cert)).toString("base64"),
-      keyData: (await readFile(files.admin.key)).toString("base64"),
+    const admin = await adminKubeConfig(server, files);
+    await waitApiServerReady(server, files, options.readyTimeoutMs ?? DEFAULT_READY_TIMEOUT_MS, async () => {
+      const dead = processes.find((p) => hasExited(p.child));
+      if (!dead) return undefined;
+      const how = dead.child.exitCode ?? dead.child.signalCode;
+      return `${dead.name} exited during start (${how}); its log ends:\n${await logTail(dead)}`;
     });
-    await waitReady(server, files, processes, options.readyTimeoutMs ?? DEFAULT_READY_TIMEOUT_MS);
     const kubeconfigPath = path.join(dir, "admin.kubeconfig");
     await writeFile(kubeconfigPath, admin.exportConfig(), { mode: 0o600 });
     const core = admin.makeApiClient(CoreV1Api);
@@ -141,7 +112,7 @@ export async function startKubeCluster(options: StartOptions = {}): Promise<Kube
       admin,
       kubeconfigPath,
       serviceAccountIssuer,
-      configForToken: (token) => kubeConfig(server, files.caPem, { name: "forkd-test-token", token }),
+      configForToken: (token) => kubeConfigFor(server, files.caPem, { name: "forkd-test-token", token }),
       async tokenFor(namespace, serviceAccount, tokenOptions = {}) {
         const answer = await core.createNamespacedServiceAccountToken({
           name: serviceAccount,
@@ -166,68 +137,6 @@ export async function startKubeCluster(options: StartOptions = {}): Promise<Kube
     await stop();
     throw err;
   }
-}
-
-interface CredentialFiles {
-  ca: string;
-  caPem: string;
-  serving: { cert: string; key: string };
-  admin: { cert: string; key: string };
-  serviceAccountPublicKey: string;
-  serviceAccountPrivateKey: string;
-}
-
-async function makeCredentials(dir: string): Promise<CredentialFiles> {
-  const pki = path.join(dir, "pki");
-  await mkdir(pki, { mode: 0o700 });
-  const ca = await createTestCa(pki, "forkd-test-kubernetes-ca");
-  // etcd and the API server both serve on loopback with this one; the API server also presents it to etcd.
-  const serving = await ca.issue({
-    name: "loopback",
-    subject: "/CN=forkd-test-loopback",
-    usage: "server",
-    altNames: ["IP:127.0.0.1", "DNS:localhost"],
-  });
-  const admin = await ca.issue({
-    name: "admin",
-    subject: "/O=system:masters/CN=forkd-test-admin",
-    usage: "client",
-  });
-  const { publicKey, privateKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
-  const serviceAccountPublicKey = path.join(pki, "service-account.pub");
-  const serviceAccountPrivateKey = path.join(pki, "service-account.key");
-  await writeFile(serviceAccountPublicKey, publicKey.export({ type: "spki", format: "pem" }), {
-    mode: 0o600,
-  });
-  await writeFile(serviceAccountPrivateKey, privateKey.export({ type: "pkcs8", format: "pem" }), {
-    mode: 0o600,
-  });
-  return {
-    ca: ca.cert,
-    caPem: await readFile(ca.cert, "utf8"),
-    serving,
-    admin,
-    serviceAccountPublicKey,
-    serviceAccountPrivateKey,
-  };
-}
-
-function kubeConfig(
-  server: string,
-  caPem: string,
-  user: { name: string; certData?: string; keyData?: string; token?: string },
-): KubeConfig {
-  const config = new KubeConfig();
-  const cluster = "forkd-test";
-  config.loadFromOptions({
-    clusters: [
-      { name: cluster, server, caData: Buffer.from(caPem).toString("base64"), skipTLSVerify: false },
-    ],
-    users: [user],
-    contexts: [{ name: cluster, cluster, user: user.name }],
-    currentContext: cluster,
-  });
-  return config;
 }
 
 /** Free loopback ports (another process may take one before we bind it: a start then fails and says so). */
@@ -278,51 +187,7 @@ async function stopProcess({ child }: Started): Promise<void> {
   clearTimeout(timer);
 }
 
-/** Polls /readyz as the admin until it answers 200; a process that exits first fails the start with its log. */
-async function waitReady(
-  server: string,
-  files: CredentialFiles,
-  processes: Started[],
-  timeoutMs: number,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  const [ca, cert, key] = await Promise.all([
-    readFile(files.ca),
-    readFile(files.admin.cert),
-    readFile(files.admin.key),
-  ]);
-  let last = "no answer yet";
-  while (Date.now() < deadline) {
-    const dead = processes.find((p) => hasExited(p.child));
-    if (dead) {
-      const how = dead.child.exitCode ?? dead.child.signalCode;
-      throw new Error(`${dead.name} exited during start (${how}); its log ends:\n${await logTail(dead)}`);
-    }
-    last = await readyz(server, { ca, cert, key }).catch((err: Error) => err.message);
-    if (last === "ok") return;
-    await new Promise((resolve) => setTimeout(resolve, READY_POLL_MS));
-  }
-  throw new Error(`kube-apiserver was not ready after ${timeoutMs} ms (last answer: ${last})`);
-}
-
 async function logTail(started: Started): Promise<string> {
   const text = await readFile(started.log, "utf8").catch(() => "");
   return text.trim().split("\n").slice(-20).join("\n");
-}
-
-function readyz(server: string, tls: { ca: Buffer; cert: Buffer; key: Buffer }): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const request = https.get(`${server}/readyz`, { ...tls, timeout: 2_000 }, (response) => {
-      let body = "";
-      response.setEncoding("utf8");
-      response.on("data", (chunk: string) => {
-        body += chunk;
-      });
-      response.on("end", () =>
-        resolve(response.statusCode === 200 ? "ok" : `${response.statusCode}: ${body.slice(0, 500)}`),
-      );
-    });
-    request.on("timeout", () => request.destroy(new Error("timed out")));
-    request.on("error", reject);
-  });
 }

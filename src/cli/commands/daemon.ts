@@ -11,6 +11,7 @@ import {
   describeStartupError,
   runDaemon,
 } from "../../api/daemon.js";
+import { ClusterNode } from "../../cluster-node/index.js";
 import { armCrashPoints, CRASH_AT_ENV } from "../../common/crash-points.js";
 import { errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
 import {
@@ -22,13 +23,16 @@ import {
 } from "../../common/limits.js";
 import { assertTag } from "../../common/names.js";
 import { type ForkdPaths, resolvePaths } from "../../common/paths.js";
+import { loadTokenFile } from "../../common/tokens.js";
 import { consoleExtension } from "../../console/index.js";
 import { cacheDirs } from "../../controller/machines/restore-plan.js";
-import { openServices } from "../../controller/sandboxes/manager.js";
+import { DEFAULT_ADMISSION_LIMITS } from "../../controller/sandboxes/admission.js";
+import { openServices, SandboxManager } from "../../controller/sandboxes/manager.js";
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
 import { limitTenants } from "../../controller/tenancy/tenant-view.js";
 import { confinementMode } from "../../isolation/confinement.js";
+import { checkNamespace, checkObjectName } from "../../kube/config.js";
 import {
   DEFAULT_CONSOLE_LOG_BYTES,
   MAX_CONSOLE_LOG_BYTES,
@@ -81,6 +85,10 @@ interface DaemonOptions {
   consoleLogKib?: number;
   unprivilegedUserfaultfd: boolean;
   console: boolean;
+  clusterNamespace?: string;
+  clusterNodeName?: string;
+  clusterUrl?: string;
+  kubeconfig?: string;
 }
 
 export function registerDaemon(program: Command): void {
@@ -98,6 +106,7 @@ export function registerDaemon(program: Command): void {
     e2bOptions,
     networkOptions,
     confinementOptions,
+    clusterOptions,
   ]) {
     add(command);
   }
@@ -318,6 +327,24 @@ function confinementOptions(command: Command): void {
     );
 }
 
+/** Membership of a cluster (docs/kubernetes.md): all three flags, or none. */
+function clusterOptions(command: Command): void {
+  command
+    .option(
+      "--cluster-namespace <ns>",
+      "join the forkd cluster in this Kubernetes namespace (with --cluster-node-name and --cluster-url)",
+    )
+    .option("--cluster-node-name <name>", "this node's name (its ForkdNode and Lease are named so)")
+    .option(
+      "--cluster-url <url>",
+      "where the gateway reaches this daemon's --bind listener, e.g. http://10.0.0.5:8889",
+    )
+    .option(
+      "--kubeconfig <file>",
+      "Kubernetes client configuration (default: KUBECONFIG, then the pod's ServiceAccount)",
+    );
+}
+
 /** Checks the flags, then runs the daemon until SIGTERM/SIGINT. */
 async function serve(opts: DaemonOptions): Promise<void> {
   if (!Object.hasOwn(pino.levels.values, opts.logLevel)) {
@@ -342,7 +369,88 @@ async function serve(opts: DaemonOptions): Promise<void> {
   if (opts.e2bDomain !== undefined && !DOMAIN.test(opts.e2bDomain)) {
     throw invalidArgument(`invalid --e2b-domain ${JSON.stringify(opts.e2bDomain)}: expected a DNS name`);
   }
-  await runDaemon(daemonConfig(opts, paths, logger), () => openDaemonServices(opts, paths, logger));
+  const config = daemonConfig(opts, paths, logger);
+  const cluster = await clusterNodeOf(opts, paths, logger, config);
+  await runDaemon(config, async () => {
+    const services = await openDaemonServices(opts, paths, logger);
+    const manager = services.sandboxes;
+    if (cluster && manager instanceof SandboxManager) {
+      cluster.usePools({
+        set: (tag, size) => manager.setWarmPool(tag, size),
+        stats: () => manager.warmPoolStats().map((p) => ({ tag: p.tag, ready: p.ready, target: p.size })),
+      });
+    }
+    return services;
+  });
+}
+
+/**
+ * In cluster mode (docs/kubernetes.md): the TCP listener takes calls only through the gateway (the token file
+ * holds the cluster credential, the node token), and the daemon joins the cluster once its services are open.
+ * A kubelet mounts the node token only once the controller has filled the Secret: the start waits for it.
+ */
+async function clusterNodeOf(
+  opts: DaemonOptions,
+  paths: ForkdPaths,
+  logger: Logger,
+  config: DaemonConfig,
+): Promise<ClusterNode | undefined> {
+  const flags = [opts.clusterNamespace, opts.clusterNodeName, opts.clusterUrl];
+  if (flags.every((f) => f === undefined)) {
+    if (opts.kubeconfig !== undefined)
+      throw invalidArgument("--kubeconfig is for cluster mode (--cluster-*)");
+    return undefined;
+  }
+  if (flags.some((f) => f === undefined)) {
+    throw invalidArgument("--cluster-namespace, --cluster-node-name and --cluster-url go together");
+  }
+  if (opts.bind === undefined || opts.tokenFile === undefined) {
+    throw invalidArgument(
+      "a cluster node needs --bind (the listener the gateway calls) and --token-file (the node token)",
+    );
+  }
+  const namespace = checkNamespace(opts.clusterNamespace as string);
+  const nodeName = checkObjectName(opts.clusterNodeName as string, "--cluster-node-name");
+  const url = checkClusterUrl(opts.clusterUrl as string);
+  await waitForFile(opts.tokenFile, logger);
+  const cluster = await ClusterNode.open({
+    namespace,
+    nodeName,
+    url,
+    kubeconfig: opts.kubeconfig,
+    home: paths.home,
+    tokens: await loadTokenFile(opts.tokenFile),
+    limits: {
+      maxSandboxes: opts.maxSandboxes ?? DEFAULT_ADMISSION_LIMITS.maxSandboxes,
+      reserveMiB: opts.memoryReserveMib ?? DEFAULT_ADMISSION_LIMITS.reserveMiB,
+    },
+    logger,
+  });
+  config.front = cluster.front;
+  config.extensions = [...(config.extensions ?? []), cluster.extension()];
+  return cluster;
+}
+
+function checkClusterUrl(text: string): string {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw invalidArgument(`--cluster-url ${JSON.stringify(text)} is not a URL`);
+  }
+  if ((url.protocol !== "http:" && url.protocol !== "https:") || url.search || url.hash || url.username) {
+    throw invalidArgument(`--cluster-url must be http(s)://host:port, got ${JSON.stringify(text)}`);
+  }
+  return text.replace(/\/+$/, "");
+}
+
+/** Waits for `file` to appear (a Secret key a kubelet mounts once it is filled), saying so every 10 s. */
+async function waitForFile(file: string, logger: Logger): Promise<void> {
+  for (let waited = 0; ; waited += 1000) {
+    if (statSync(file, { throwIfNoEntry: false })) return;
+    if (waited % 10_000 === 0) logger.info({ file }, "waiting for the node token to be mounted");
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
 }
 
 /** The listeners, logs and API settings the flags describe. */

@@ -194,6 +194,20 @@ export async function trustFreshImage(paths: ForkdPaths, image: BuiltImage): Pro
   }
 }
 
+/**
+ * Records that a just-published layer's files have the digests its writer computed, so the resume right after a
+ * pause does not hash its 100 MiB again (the files are read-only from now on; a change would show in their stat).
+ */
+export async function trustPauseLayer(paths: ForkdPaths, layer: StoredSnapshot): Promise<void> {
+  const verifier = new FileVerifier(cacheDirs(paths).verifiedDir);
+  await verifier.rememberAll(
+    Object.entries(layer.manifest.files).map(([name, f]) => ({
+      file: path.join(layer.dir, name),
+      sha256: f.sha256,
+    })),
+  );
+}
+
 /** Restore plans of this process not yet disposed. */
 let plansInProgress = 0;
 

@@ -96,6 +96,8 @@ export interface PrestartedChild {
   id: string;
   runDir: string;
   vm: VmHandle;
+  /** The cgroups it was started in (its sandbox's, under its id; empty on a daemon without cgroups). */
+  cgroups: readonly string[];
 }
 
 export interface LaunchChildOptions

@@ -10,6 +10,7 @@ import { assertTag } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { prepareRestore } from "../machines/restore-plan.js";
 import { Sandbox } from "../machines/sandbox-vm.js";
+import { NO_LIMITS } from "./limits.js";
 import type { WarmPool } from "./warm-pool.js";
 
 /**
@@ -114,7 +115,8 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     };
     let sandbox: Sandbox | undefined;
     try {
-      const pooled = options.pool?.take(tag, 1);
+      // In-process forks run without cgroups or limits, like the pool that serves them.
+      const pooled = options.pool?.take(tag, 1, NO_LIMITS);
       sandbox = await Sandbox.restore(paths, pooled?.plan ?? plan, {
         signal,
         prestarted: pooled?.children[0],

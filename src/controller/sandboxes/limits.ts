@@ -119,10 +119,17 @@ export function cgroupLimits(limits: SandboxLimits): CgroupLimits {
   };
 }
 
+/** No limit of any kind (a daemon without cgroups or confinement, in-process forks). */
+export const NO_LIMITS: Readonly<SandboxLimits> = {
+  memory_mib: null,
+  cpu_millicores: null,
+  pids: null,
+  disk_mib: null,
+};
+
 /** The limits recorded for a sandbox (rows from before they were recorded: none known). */
 export function parseLimits(row: Pick<SandboxRow, "limits">): SandboxLimits {
-  const none: SandboxLimits = { memory_mib: null, cpu_millicores: null, pids: null, disk_mib: null };
-  return { ...none, ...(JSON.parse(row.limits || "{}") as Partial<SandboxLimits>) };
+  return { ...NO_LIMITS, ...(JSON.parse(row.limits || "{}") as Partial<SandboxLimits>) };
 }
 
 /** The cgroup directories recorded for a sandbox: a JSON array (rows before confinement: one path, or none). */

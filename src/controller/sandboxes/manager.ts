@@ -65,7 +65,7 @@ import { type ForkRequest, forkSandbox } from "./fork.js";
 import { GuestCalls } from "./guest-calls.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { Lifetimes, SWEEP_INTERVAL_MS } from "./lifetimes.js";
-import { validateLimitsRequest } from "./limits.js";
+import { resolveLimits, validateLimitsRequest } from "./limits.js";
 import { LiveSandboxes } from "./live-sandboxes.js";
 import { NetworkCalls } from "./network-calls.js";
 import { PauseResume } from "./pause-resume.js";
@@ -236,7 +236,7 @@ export class SandboxManager implements SandboxService {
     readonly cgroups: CgroupLayout | null,
     options: ManagerOptions,
   ) {
-    const settings = checkedSettings(options, cgroups);
+    const settings = checkedSettings(options);
     this.diskLimitMiB = settings.diskLimitMiB;
     this.consoleLogBytes = settings.consoleLogBytes;
     this.log = options.log ?? { info: () => {}, warn: () => {} };
@@ -252,6 +252,18 @@ export class SandboxManager implements SandboxService {
       admit: () => admission.reserveMemory(admission.limits.perSandboxEstimateMiB, "a warm pool VM"),
       log: options.log,
       confinement,
+      cgroups,
+      defaultLimits: (snapshot) =>
+        resolveLimits(
+          {},
+          {
+            layout: cgroups,
+            diskCap: confinement.mode === "on",
+            defaultDiskMiB: settings.diskLimitMiB,
+            ramMiB: snapshot.manifest.machine.memoryMiB,
+            vcpus: snapshot.manifest.machine.vcpus,
+          },
+        ),
     });
     const snapshots = new DaemonSnapshots(paths, db, (tag) => sandboxesUsing(db, tag), {
       confinement,
@@ -372,6 +384,20 @@ export class SandboxManager implements SandboxService {
   /** The warm pools' state (metrics, tests). */
   warmPoolStats(): WarmPoolStats[] {
     return this.warmPool.stats();
+  }
+
+  /** Pids of the warm pools' ready VMs (benchmarks read their CPU time). */
+  warmPoolPids(): number[] {
+    return this.warmPool.pids();
+  }
+
+  /**
+   * Keeps `size` VMs of `tag` warm from now on (0 drains its pool): a cluster controller's target. A confined
+   * daemon's pooled QEMUs start in the cgroups of the sandbox each will become (warm-pool.ts).
+   */
+  async setWarmPool(tag: string, size: number): Promise<void> {
+    if (size === 0) await this.warmPool.drain(tag);
+    else this.warmPool.warm(tag, size);
   }
 
   // ---- lifecycle ----
@@ -501,6 +527,7 @@ export class SandboxManager implements SandboxService {
   /** Stops the sweeper and lets go of the agents. VMs keep running: the next daemon re-attaches to them. */
   async close(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.closed = true;
     this.lifetimes.stop();
     this.verbs.usage.stopSeries();
@@ -514,6 +541,7 @@ export class SandboxManager implements SandboxService {
   /** Kills every sandbox (tests, `forkd daemon --kill-on-exit`). */
   async closeAndKill(): Promise<void> {
     await this.warmPool.close();
+    await this.verbs.pauseResume.settled();
     this.lifetimes.stop();
     this.verbs.usage.stopSeries();
     await this.killAll();
@@ -523,17 +551,10 @@ export class SandboxManager implements SandboxService {
 }
 
 /** The manager's own settings from `options`, checked (a refused option opens nothing). */
-function checkedSettings(options: ManagerOptions, cgroups: CgroupLayout | null) {
+function checkedSettings(options: ManagerOptions) {
   const diskLimitMiB = options.diskLimitMiB ?? DEFAULT_DISK_LIMIT_MIB;
   validateLimitsRequest({ diskLimitMiB });
   const consoleLogBytes = options.consoleLogBytes ?? DEFAULT_CONSOLE_LOG_BYTES;
-  if ((options.warmPools?.length ?? 0) > 0 && cgroups !== null) {
-    // A pooled QEMU starts before its sandbox exists: it could not be in that sandbox's cgroups.
-    throw invalidArgument(
-      "--warm-pool needs sandboxes without cgroups (--confinement off): a pooled QEMU starts before its " +
-        "sandbox exists, so it cannot be put under that sandbox's cgroups and limits",
-    );
-  }
   const defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS;
   if (!isIntIn(defaultTimeoutMs, 0, MAX_SANDBOX_TIMEOUT_MS)) {
     throw invalidArgument(

@@ -32,7 +32,7 @@ import { crashPoint } from "../../common/crash-points.js";
 import { conflict, ForkdError } from "../../common/errors.js";
 import { MAX_CHAIN_DEPTH, manifestDigest, resolveChain } from "../../store/chain.js";
 import type { SnapshotManifest } from "../../store/manifest.js";
-import { PAGE_SIZE, writeMemoryLayerHashed } from "../../store/memory-layer.js";
+import { PAGE_SIZE, readLayerIndex, writeMemoryLayerHashed } from "../../store/memory-layer.js";
 import { readQcow2Header } from "../../store/qcow2-header.js";
 import type { SnapshotStore, SnapshotWriter, StoredSnapshot } from "../../store/snapshot-store.js";
 import { diskTop } from "../../vmm/disk-layers.js";
@@ -41,7 +41,7 @@ import type { QmpClient } from "../../vmm/qmp.js";
 import { captureStopped } from "../../vmm/stopped-capture.js";
 import { SNAPSHOT_FILES } from "../machines/machine.js";
 import type { SandboxHandle } from "../machines/sandbox-vm.js";
-import { changedAgainstChain } from "../snapshots/chain-ram.js";
+import { changedIndices, packInPlace } from "../snapshots/chain-ram.js";
 import { writeDiskOnLayer } from "../snapshots/flat-disk.js";
 
 /** Own pause layers a sandbox's chain may hold before its next pause merges them. */
@@ -129,13 +129,21 @@ export async function writePauseLayer(
       policy: options.merge,
     });
     const memoryFile = writer.file(SNAPSHOT_FILES.memoryLayer);
-    const hashed = await writeMemoryLayerHashed(memoryFile, ramBytes, memory.pages, memory.data);
-    await writeLayerDisk(writer, {
+    // The disk layer (a fold runs child processes) and the memory layer's write-out overlap; the disk's starts
+    // first, since hashing the memory layer holds this thread. Both settle before anything is aborted.
+    const disk = writeLayerDisk(writer, {
       topFile: top.file,
       mergeOnto: merge ? layerParent.tag : null,
       handle,
       signal,
     });
+    const [diskDone, memoryDone] = await Promise.allSettled([
+      disk,
+      writeMemoryLayerHashed(memoryFile, ramBytes, memory.pages, memory.data),
+    ]);
+    if (diskDone.status === "rejected") throw diskDone.reason;
+    if (memoryDone.status === "rejected") throw memoryDone.reason;
+    const hashed = memoryDone.value;
     crashPoint("pause.captured");
     const pauseMs = captured.pauseMs;
     await writer.commit(
@@ -238,8 +246,13 @@ async function captureLeavingStopped(
 
 /**
  * What the new layer sits on and holds: the sandbox's parent and the pages that differ from it, or, merging,
- * the layer below its own pause layers and every page that differs from that (when asked to, when the chain
+ * the layer below its own pause layers and every page that may differ from that (when asked to, when the chain
  * is too deep, when it has MAX_OWN_PAUSE_LAYERS, or when its own layers repeat pages: MERGE_SLACK).
+ *
+ * One comparison pass, against the parent. A merged layer needs no second pass against the layer below: where
+ * no own layer holds a page, the parent's content of it is that layer's, so the pages that differ from the parent
+ * are exactly the ones that differ from it; a page an own layer holds is kept as the VM has it (its content is
+ * then right whether or not it still differs from the layer below: a page too many, never one too few).
  */
 async function planPauseLayer(
   store: SnapshotStore,
@@ -255,24 +268,45 @@ async function planPauseLayer(
 ): Promise<{ merge: boolean; layerParent: StoredSnapshot; memory: { pages: Uint32Array; data: Buffer } }> {
   const { chain, ownManifests, base, handle, captured } = state;
   const parent = chain[chain.length - 1] as StoredSnapshot;
-  const delta = await changedAgainstChain(chain, handle.snapshotTag, handle.memoryImage, captured);
+  const changed = await changedIndices(chain, handle.snapshotTag, handle.memoryImage, captured);
   const ownPages = ownManifests.reduce((n, s) => n + s.manifest.memory.pages, 0);
   const merge =
     base !== null &&
     (state.policy === "always" ||
       state.tooDeep ||
       ownManifests.length >= MAX_OWN_PAUSE_LAYERS ||
-      ownPages + delta.pages.length > MERGE_SLACK * captured.pages.length);
-  const layerParent = merge && base ? await store.get(base) : parent;
-  const memory = merge
-    ? await changedAgainstChain(
-        await resolveChain(store, layerParent.tag),
-        handle.snapshotTag,
-        handle.memoryImage,
-        captured,
-      )
-    : delta;
-  return { merge, layerParent, memory };
+      ownPages + changed.length > MERGE_SLACK * captured.pages.length);
+  if (!merge || !base) return { merge: false, layerParent: parent, memory: packInPlace(captured, changed) };
+  const keep = keptForMerge(captured.pages, changed, await ownLayerPages(ownManifests));
+  return { merge, layerParent: await store.get(base), memory: packInPlace(captured, keep) };
+}
+
+/** Every page the sandbox's own pause layers hold (sorted, without repeats). */
+async function ownLayerPages(own: StoredSnapshot[]): Promise<Uint32Array> {
+  const all = new Set<number>();
+  for (const layer of own) {
+    const { pages } = await readLayerIndex(path.join(layer.dir, SNAPSHOT_FILES.memoryLayer));
+    for (const page of pages) all.add(page);
+  }
+  return Uint32Array.from(all).sort();
+}
+
+/**
+ * Indices of the captured pages (ascending page numbers) to keep in a merged layer: those in `changed` (indices,
+ * ascending) and those whose page is in `held` (page numbers, ascending).
+ */
+export function keptForMerge(pages: Uint32Array, changed: Uint32Array, held: Uint32Array): Uint32Array {
+  const keep = new Uint32Array(pages.length);
+  let count = 0;
+  let c = 0;
+  let h = 0;
+  for (let i = 0; i < pages.length; i++) {
+    const page = pages[i] as number;
+    while (c < changed.length && (changed[c] as number) < i) c++;
+    while (h < held.length && (held[h] as number) < page) h++;
+    if (changed[c] === i || held[h] === page) keep[count++] = i;
+  }
+  return keep.subarray(0, count);
 }
 
 /**

@@ -18,7 +18,7 @@ import {
 import type { ConfinementConfig } from "../../isolation/confinement.js";
 import type { SandboxRow, StateDb } from "../../store/db.js";
 import type { StoredSnapshot } from "../../store/snapshot-store.js";
-import { prepareRestore, type RestorePlan } from "../machines/restore-plan.js";
+import { prepareRestore, type RestorePlan, trustPauseLayer } from "../machines/restore-plan.js";
 import { Sandbox } from "../machines/sandbox-vm.js";
 import type { SandboxNetworks } from "../networks/sandbox-networks.js";
 import type { PauseOutcome, PauseRequest, ResumeRequest, SandboxInfo } from "../sandbox-service.js";
@@ -58,6 +58,9 @@ export interface PauseResumeContext {
 }
 
 export class PauseResume {
+  /** Stops of paused sandboxes' VMs (and collections after merges) still running after their pause answered. */
+  private readonly background = new Set<Promise<void>>();
+
   constructor(private readonly ctx: PauseResumeContext) {}
 
   /** See SandboxService.pause; pause-layer.ts writes the layer. */
@@ -104,10 +107,20 @@ export class PauseResume {
     }
     this.recordPaused(row, layer.tag, layer.replaced);
     crashPoint("pause.recorded");
-    await this.stopPausedVm(id, running);
+    await trustPauseLayer(this.ctx.paths, await snapshots.store.get(tag));
+    // The call is answered now: the state is durable. The stopped VM goes next, under the sandbox's lock (a
+    // resume or kill waits for it); a restart kills what is left of it (settlePaused).
+    this.leaveLive(id, running);
+    this.inBackground(
+      this.ctx.locks
+        .run(id, () => this.stopPausedVm(id, running))
+        .then(async () => {
+          // Layers merged into this one go next (unless a snapshot depends on them), outside the lock: a resume
+          // does not need them.
+          if (layer.replaced.length > 0) await this.ctx.collection.now();
+        }),
+    );
     log.info({ id, tag, pause_ms: layer.pause_ms, merged: layer.replaced.length > 0 }, "sandbox paused");
-    // Layers merged into this one go now, unless a snapshot depends on them.
-    if (layer.replaced.length > 0) await this.ctx.collection.now();
     return {
       sandbox: this.ctx.get(id),
       tag,
@@ -129,12 +142,30 @@ export class PauseResume {
     this.ctx.db.updateSandbox(row.id, pausedRowUpdate(row, tag, replaced));
   }
 
+  /** Resolves once the VMs of paused sandboxes are gone (the daemon closing waits for them). */
+  async settled(): Promise<void> {
+    while (this.background.size > 0) await Promise.allSettled([...this.background]);
+  }
+
+  private inBackground(work: Promise<void>): void {
+    const tracked = work
+      .catch((err: unknown) =>
+        this.ctx.log.warn({ err: errorMessage(err) }, "could not finish stopping a paused sandbox's VM"),
+      )
+      .finally(() => this.background.delete(tracked));
+    this.background.add(tracked);
+  }
+
+  /** A paused sandbox takes no more calls into its guest, and its VM's end is not a death. */
+  private leaveLive(id: string, running: Live): void {
+    running.killing = true;
+    this.ctx.live.delete(id);
+  }
+
   /** The VM of a sandbox whose state is safe in its pause layer goes, and with it its RAM and cgroup. */
   private async stopPausedVm(id: string, running: Live): Promise<void> {
     const { db, log } = this.ctx;
-    running.killing = true;
     await running.handle.destroy();
-    this.ctx.live.delete(id);
     const row = db.sandbox(id);
     if (row) {
       await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>

@@ -188,8 +188,8 @@ async function restoreChild(
   const child = run.prestarted.get(row.id);
   run.prestarted.delete(row.id);
   const { limits } = run.spawn;
-  // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited (a pooled child has
-  // none: pools exist only on daemons without sandbox cgroups).
+  // In place before QEMU starts: the launcher joins them, so the guest never runs unlimited (a pooled child
+  // started in them: the pool made them under this id).
   const cgroups =
     ctx.cgroups && !child ? await createSandboxCgroups(ctx.cgroups, row.id, cgroupLimits(limits)) : undefined;
   crashPoint("spawn.limited");

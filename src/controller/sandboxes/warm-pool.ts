@@ -9,6 +9,11 @@
  * background, one at a time. Pooled VMs count as sandboxes for admission (the `admit` callback reserves host
  * memory for each before it starts) and are killed on `drain` (snapshot delete) and `close` (daemon stop).
  * A pooled VM is an ordinary child of the host program until taken: if the program dies, so does it.
+ *
+ * On a daemon with sandbox cgroups, a pooled VM starts in the cgroups of the sandbox it will become (its id is
+ * that sandbox's), under the limits a spawn of its snapshot gets by default, and confined like any sandbox: it
+ * never runs unlimited. A spawn that asks for other limits is not served from the pool (it starts cold).
+ * Cgroups a crashed daemon left behind are swept at its restart (they hold no process: the VM died with it).
  */
 import { rm } from "node:fs/promises";
 import path from "node:path";
@@ -16,10 +21,14 @@ import { errorMessage } from "../../common/errors.js";
 import { TAG_PATTERN } from "../../common/limits.js";
 import { unanchored } from "../../common/names.js";
 import type { ForkdPaths } from "../../common/paths.js";
+import { type CgroupLayout, createSandboxCgroups, removeCgroups } from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
+import type { StoredSnapshot } from "../../store/snapshot-store.js";
+import type { VmHandle } from "../../vmm/launch.js";
 import { newSandboxId } from "../machines/ids.js";
 import { prepareRestore, type RestorePlan } from "../machines/restore-plan.js";
 import { launchChild, type PrestartedChild } from "../machines/sandbox-vm.js";
+import { cgroupLimits, NO_LIMITS, type SandboxLimits } from "./limits.js";
 
 /** Upper bound of one snapshot's pool: each VM holds QEMU's own memory (~10-15 MiB before it runs). */
 export const MAX_WARM_POOL_SIZE = 256;
@@ -42,14 +51,17 @@ export interface WarmPoolOptions {
   /** Reserves room for one more pooled VM or throws (admission); released when the VM leaves the pool. */
   admit?: () => { release(): void };
   log?: { warn(obj: object, msg?: string): void };
-  /**
-   * How pooled QEMUs are launched: the daemon's confinement, which must be off (a pooled QEMU starts before its
-   * sandbox exists, so it cannot join that sandbox's cgroups; SandboxManager refuses pools otherwise).
-   */
+  /** How pooled QEMUs are launched: the daemon's confinement. */
   confinement?: ConfinementConfig;
+  /** Where sandbox cgroups go (null or absent: pooled VMs get none, like the daemon's sandboxes). */
+  cgroups?: CgroupLayout | null;
+  /** The limits a spawn of `snapshot` gets when it asks for none: what pooled VMs start under. */
+  defaultLimits?: (snapshot: StoredSnapshot) => SandboxLimits;
 }
 
 interface PooledChild extends PrestartedChild {
+  /** Its limits (JSON): a spawn takes it only if they are the spawn's. */
+  limits: string;
   release(): void;
 }
 
@@ -150,18 +162,24 @@ export class WarmPool {
    * Up to `n` ready VMs of `tag` with the plan they were started on (the caller restores them with it), or
    * none. Synchronous, so concurrent spawns never share a VM. Triggers a refill.
    */
-  take(tag: string, n: number): { plan: RestorePlan; children: PrestartedChild[] } | undefined {
+  take(
+    tag: string,
+    n: number,
+    limits: SandboxLimits,
+  ): { plan: RestorePlan; children: PrestartedChild[] } | undefined {
     const pool = this.pools.get(tag);
     if (!pool || pool.closed || pool.ready.length === 0 || !pool.plan) return undefined;
     const plan = settledPlans.get(pool.plan);
     if (!plan) return undefined;
+    // Pooled VMs run under their snapshot's default limits; a spawn asking for others starts cold.
+    if (pool.ready[0]?.limits !== JSON.stringify(limits)) return undefined;
     const taken = pool.ready.splice(0, n);
     for (const child of taken) child.release();
     this.takenTotal += taken.length;
     clearTimeout(pool.idleTimer);
     pool.idleTimer = setTimeout(() => this.refill(tag), REFILL_IDLE_MS);
     pool.idleTimer.unref();
-    return { plan, children: taken.map(({ id, runDir, vm }) => ({ id, runDir, vm })) };
+    return { plan, children: taken.map(({ id, runDir, vm, cgroups }) => ({ id, runDir, vm, cgroups })) };
   }
 
   /** Resolves once `tag`'s pool holds `size` ready VMs (benchmarks, tests); rejects after `timeoutMs`. */
@@ -228,8 +246,15 @@ export class WarmPool {
     });
   }
 
+  /** The limits pooled VMs of `plan` start under (none without cgroups). */
+  private limitsOf(plan: RestorePlan): SandboxLimits {
+    return this.options.defaultLimits?.(plan.snapshot) ?? { ...NO_LIMITS };
+  }
+
   private async startOne(tag: string, pool: SnapshotPool): Promise<void> {
     let reservation: { release(): void } | undefined;
+    let cgroups: string[] = [];
+    let launched: VmHandle | undefined;
     try {
       reservation = this.options.admit?.();
       pool.plan ??= trackPlan(prepareRestore(this.paths, tag));
@@ -241,15 +266,29 @@ export class WarmPool {
         reservation?.release();
         return;
       }
+      const limits = this.limitsOf(plan);
+      const { cgroups: layout } = this.options;
+      // Made before QEMU starts, as for a cold spawn: the launcher joins them before it execs QEMU.
+      cgroups = layout ? await createSandboxCgroups(layout, id, cgroupLimits(limits)) : [];
       const { vm } = await launchChild(plan, {
         runDir,
         deferred: true,
         confinement: this.options.confinement,
+        cgroups: cgroups.length > 0 ? cgroups : undefined,
+        diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
       });
+      launched = vm;
       // Ready means QEMU is up: its agent chardev connected and QMP answering.
       await vm.agentConnection;
       await vm.qmp();
-      const child: PooledChild = { id, runDir, vm, release: once(() => reservation?.release()) };
+      const child: PooledChild = {
+        id,
+        runDir,
+        vm,
+        cgroups,
+        limits: JSON.stringify(limits),
+        release: once(() => reservation?.release()),
+      };
       if (pool.closed) {
         await discard(child);
         return;
@@ -264,6 +303,9 @@ export class WarmPool {
       });
     } catch (err) {
       reservation?.release();
+      // A VM that started but never became ready goes, and then its cgroups.
+      await launched?.kill({ graceMs: 0 }).catch(() => {});
+      await removeCgroups(cgroups).catch(() => {});
       if (pool.plan && !settledPlans.has(pool.plan)) pool.plan = undefined;
       this.options.log?.warn({ tag, err: errorMessage(err) }, "warm pool: could not start a VM");
       if (!pool.closed) {
@@ -302,12 +344,12 @@ async function disposePlan(pool: SnapshotPool): Promise<void> {
 export async function discardPrestarted(child: PrestartedChild): Promise<void> {
   await child.vm.kill({ graceMs: 0 }).catch(() => {});
   await rm(child.runDir, { recursive: true, force: true });
+  await removeCgroups(child.cgroups).catch(() => {});
 }
 
 async function discard(child: PooledChild): Promise<void> {
   child.release();
-  await child.vm.kill({ graceMs: 0 }).catch(() => {});
-  await rm(child.runDir, { recursive: true, force: true });
+  await discardPrestarted(child);
 }
 
 function once(fn: () => void): () => void {

@@ -86,45 +86,77 @@ export class ChainRam {
   }
 }
 
-/**
- * The pages of `data` (packed in the order of `pages`) whose content differs from `parent` (the same pages'
- * content in the parent, same packing), packed again.
- */
-export function changedPages(
-  pages: Uint32Array,
-  data: Buffer,
-  parent: Buffer,
-): { pages: Uint32Array; data: Buffer } {
-  const keep: number[] = [];
-  for (let i = 0; i < pages.length; i++) {
-    const from = i * PAGE_SIZE;
-    if (data.compare(parent, from, from + PAGE_SIZE, from, from + PAGE_SIZE) !== 0) keep.push(i);
-  }
-  if (keep.length === pages.length) return { pages, data };
-  const keptPages = new Uint32Array(keep.length);
-  const keptData = Buffer.allocUnsafe(keep.length * PAGE_SIZE);
-  keep.forEach((from, to) => {
-    keptPages[to] = pages[from] as number;
-    data.copy(keptData, to * PAGE_SIZE, from * PAGE_SIZE, (from + 1) * PAGE_SIZE);
-  });
-  return { pages: keptPages, data: keptData };
-}
+/** Pages compared per read of the chain (4 MiB): a bounded scratch buffer instead of a copy of every page. */
+const COMPARE_BATCH_PAGES = 1024;
 
-/** Keeps the pages that differ from the chain's RAM (read in one pass into a scratch buffer). */
+/**
+ * Keeps the pages that differ from the chain's RAM, packed in place: `captured.data` is consumed (the result's
+ * data is a view of its start).
+ */
 export async function changedAgainstChain(
   chain: StoredSnapshot[],
   memoryTag: string,
   memoryImage: string,
   captured: { pages: Uint32Array; data: Buffer },
 ): Promise<{ pages: Uint32Array; data: Buffer }> {
+  return packInPlace(captured, await changedIndices(chain, memoryTag, memoryImage, captured));
+}
+
+/**
+ * Which of the captured pages (indices into `captured.pages`, ascending) differ from the chain's RAM. The chain's
+ * content is read batch by batch into one reused scratch buffer (a buffer the size of the capture would cost a
+ * page fault per page on top of the copy).
+ */
+export async function changedIndices(
+  chain: StoredSnapshot[],
+  memoryTag: string,
+  memoryImage: string,
+  captured: { pages: Uint32Array; data: Buffer },
+): Promise<Uint32Array> {
   const ram = await ChainRam.open(chain, memoryTag, memoryImage);
   try {
-    const parent = Buffer.allocUnsafe(captured.pages.length * PAGE_SIZE);
-    ram.read(captured.pages, parent);
-    return changedPages(captured.pages, captured.data, parent);
+    const { pages, data } = captured;
+    const scratch = Buffer.allocUnsafe(Math.min(pages.length, COMPARE_BATCH_PAGES) * PAGE_SIZE);
+    const changed = new Uint32Array(pages.length);
+    let count = 0;
+    for (let first = 0; first < pages.length; first += COMPARE_BATCH_PAGES) {
+      const batch = pages.subarray(first, Math.min(pages.length, first + COMPARE_BATCH_PAGES));
+      ram.read(batch, scratch);
+      for (let k = 0; k < batch.length; k++) {
+        const from = (first + k) * PAGE_SIZE;
+        if (data.compare(scratch, k * PAGE_SIZE, (k + 1) * PAGE_SIZE, from, from + PAGE_SIZE) !== 0) {
+          changed[count++] = first + k;
+        }
+      }
+    }
+    return changed.subarray(0, count);
   } finally {
     ram.close();
   }
+}
+
+/**
+ * The pages of `captured` at the indices `keep` (ascending), packed at the start of its own buffer (one move per
+ * run of kept pages; nothing is allocated). `captured.data` is consumed.
+ */
+export function packInPlace(
+  captured: { pages: Uint32Array; data: Buffer },
+  keep: Uint32Array,
+): { pages: Uint32Array; data: Buffer } {
+  const { pages, data } = captured;
+  if (keep.length === pages.length) return { pages, data };
+  const keptPages = new Uint32Array(keep.length);
+  let i = 0;
+  while (i < keep.length) {
+    // A run of consecutive kept indices moves with one copyWithin (memmove: the regions may overlap).
+    let j = i + 1;
+    while (j < keep.length && keep[j] === (keep[j - 1] as number) + 1) j++;
+    const from = keep[i] as number;
+    if (from !== i) data.copyWithin(i * PAGE_SIZE, from * PAGE_SIZE, (from + j - i) * PAGE_SIZE);
+    for (let k = i; k < j; k++) keptPages[k] = pages[keep[k] as number] as number;
+    i = j;
+  }
+  return { pages: keptPages, data: data.subarray(0, keep.length * PAGE_SIZE) };
 }
 
 function slotOf(pages: Uint32Array, page: number): number {

@@ -1,3 +1,13 @@
+/**
+ * What snapshot creation needs of the daemon's admission (sandboxes/admission.ts implements it): a slot per
+ * parent boot (host-wide and per tenant) and the parent VM's memory. Declared here so snapshots do not depend on
+ * the sandboxes folder.
+ */
+export interface ParentBootAdmission {
+  reserveParentBoot(tenant: string | null): { release(): void };
+  reserveMemory(mib: number, what: string): { release(): void };
+}
+
 /** Snapshots as the daemon serves them: the ready ones on disk plus the ones being written or failed. */
 
 import { createWriteStream } from "node:fs";
@@ -17,6 +27,10 @@ import { snapshotIsBootable } from "../machines/restore-plan.js";
 import type {
   PackRequest,
   PackResult,
+  RegistryPullRequest,
+  RegistryPullResult,
+  RegistryPushRequest,
+  RegistryPushResult,
   SnapshotCreateRequest,
   SnapshotDeleteOptions,
   SnapshotDetail,
@@ -33,17 +47,9 @@ import {
   sweepStaleSnapshotFiles,
 } from "./create.js";
 import { packSnapshot } from "./pack.js";
+import { pullSnapshot, pushSnapshot } from "./registry.js";
 import { type ResolvedTemplate, TemplateAliases } from "./template-aliases.js";
 import { unpackSnapshot } from "./unpack.js";
-
-/**
- * What the daemon's admission control (sandboxes/admission.ts, which the manager hands in) does for a snapshot
- * build: a slot, host-wide and per tenant (null: an admin), and the parent VM's memory. Each throws to refuse.
- */
-export interface BuildAdmission {
-  reserveParentBoot(tenant: string | null): { release(): void };
-  reserveMemory(mib: number, what: string): { release(): void };
-}
 
 export class DaemonSnapshots implements SnapshotService {
   readonly store: SnapshotStore;
@@ -52,7 +58,7 @@ export class DaemonSnapshots implements SnapshotService {
   private readonly beforeDelete: ((tag: string) => Promise<() => void>) | undefined;
 
   private readonly confinement: ConfinementConfig | undefined;
-  private readonly admission: BuildAdmission | undefined;
+  private readonly admission: ParentBootAdmission | undefined;
 
   constructor(
     private readonly paths: ForkdPaths,
@@ -71,7 +77,7 @@ export class DaemonSnapshots implements SnapshotService {
       /** How parent VMs are confined (the daemon's). */
       confinement?: ConfinementConfig;
       /** The daemon's admission control: parent boots take a slot (host-wide, per tenant) and their memory. */
-      admission?: BuildAdmission;
+      admission?: ParentBootAdmission;
     } = {},
   ) {
     this.confinement = options.confinement;
@@ -453,6 +459,43 @@ export class DaemonSnapshots implements SnapshotService {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Pulls a chain from a registry (registry.ts: the unpack checks, then installed all or nothing); with
+   * `digest`, a registry manifest of another digest is refused before anything is downloaded.
+   */
+  async pull(request: RegistryPullRequest): Promise<RegistryPullResult> {
+    const result = await pullSnapshot(this.paths, {
+      reference: request.reference,
+      expectDigest: request.digest,
+      tag: request.tag,
+      insecure: request.insecure,
+      sandboxesOf: this.usersOf,
+      signal: request.signal,
+    });
+    // Only admins pull (tenancy/tenant-view.ts): what it wrote is an admin's unless the admin names its owner
+    // (the cluster gateway does, for a tenant's fork moved to another node).
+    for (const tag of [...result.installed, ...result.replaced])
+      this.db.setSnapshotOwner(tag, request.owner ?? null);
+    return result;
+  }
+
+  async push(request: RegistryPushRequest): Promise<RegistryPushResult> {
+    const pushed = await pushSnapshot(this.paths, {
+      tag: assertTag(request.tag),
+      reference: request.reference,
+      insecure: request.insecure,
+      withoutImage: request.withoutImage,
+      signal: request.signal,
+    });
+    return {
+      reference: pushed.reference,
+      digest: pushed.digest,
+      chain: pushed.chain,
+      uploaded_bytes: pushed.uploaded_bytes,
+      ms: pushed.ms,
+    };
   }
 
   private async transferDir(prefix: string): Promise<string> {

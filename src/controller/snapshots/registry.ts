@@ -236,6 +236,8 @@ export interface PullOptions
   extends Pick<UnpackOptions, "tag" | "force" | "sandboxesOf" | "signal" | "onProgress"> {
   reference: string;
   insecure?: boolean;
+  /** Refuse the pull (conflict, before any part is downloaded) unless the registry's manifest has this digest. */
+  expectDigest?: string;
 }
 
 export interface PullResult extends UnpackResult {
@@ -290,6 +292,12 @@ export async function pullSnapshot(paths: ForkdPaths, options: PullOptions): Pro
   });
   const manifest = parseRegistryManifest(reference, manifestText);
   const digest = `sha256:${createHash("sha256").update(manifestText).digest("hex")}`;
+  if (options.expectDigest !== undefined && options.expectDigest !== digest) {
+    throw new ForkdError(
+      "conflict",
+      `${reference} is ${digest} in the registry, not the expected ${options.expectDigest} (pushed over?)`,
+    );
+  }
   // Pinned by digest from here on: what is downloaded is the manifest just checked, whatever the tag does.
   const pinned = `docker://${repositoryOf(reference)}@${digest}`;
   const configText = await skopeoInspectRaw(pinned, "config", {

@@ -130,6 +130,8 @@ function noSnapshots(): SnapshotService {
     compact: refuse("snapshots"),
     pack: refuse("snapshots"),
     unpack: refuse("snapshots"),
+    pull: refuse("snapshots"),
+    push: refuse("snapshots"),
     retire: refuse("snapshots"),
     aliases: {
       list: async () => [],

@@ -332,6 +332,16 @@ class TenantScope {
           "unpack is for admins: a pack installs snapshots and guest images every tenant's sandboxes could use",
         );
       },
+      pull: async () => {
+        throw new ForkdError(
+          "forbidden",
+          "pull is for admins: it installs snapshots and guest images every tenant's sandboxes could use",
+        );
+      },
+      push: async (request) => {
+        await this.snapshot(request.tag);
+        return inner.push(request);
+      },
       retire: async (tag) => {
         await this.ownSnapshot(tag);
         return inner.retire(tag);

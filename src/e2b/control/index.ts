@@ -77,6 +77,8 @@ export async function registerControlPlane(
  * is needed and the caller is an admin, as on the forkd API.
  */
 function apiKeyCaller(request: FastifyRequest, context: E2bContext): string {
+  // A trusted front (the cluster gateway) checked the caller's key and set the principal (src/api/front.ts).
+  if (request.viaFront) return request.caller;
   const address = `tcp:${request.ip}`;
   if (context.tokens.length === 0) {
     request.principal = ADMIN;

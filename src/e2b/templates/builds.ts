@@ -25,6 +25,15 @@ import { buildsOf, logToWire, namesOf, templateToWire } from "./wire.js";
 type Params = Static<typeof BuildParams>;
 
 export function registerBuildRoutes(app: FastifyInstance): void {
+  registerCreate(app);
+  registerStart(app);
+  registerStatus(app);
+  registerLogs(app);
+  registerTemplate(app);
+}
+
+/** POST /v3/templates: a template (or a new build of one) and its build id. */
+function registerCreate(app: FastifyInstance): void {
   app.post<{ Body: Static<typeof BuildRequestV3> }>(
     "/v3/templates",
     {
@@ -59,7 +68,10 @@ export function registerBuildRoutes(app: FastifyInstance): void {
       });
     },
   );
+}
 
+/** POST /v2/templates/:templateID/builds/:buildID: the build's steps, run in the background. */
+function registerStart(app: FastifyInstance): void {
   app.post<{ Params: Params; Body: Static<typeof BuildStartV2> }>(
     "/v2/templates/:templateID/builds/:buildID",
     {
@@ -76,13 +88,18 @@ export function registerBuildRoutes(app: FastifyInstance): void {
     async (request, reply) => {
       const builds = buildsOf(servicesOf(request));
       const { templateID, buildID } = request.params;
+      // The template first: an unknown (or another tenant's) one is 404 whatever the body says.
+      await builds.get(templateID);
       const base = request.body.fromTemplate ? await builds.recipe(request.body.fromTemplate) : undefined;
       await builds.start(templateID, buildID, recipeOf(request.body, base));
       request.auditIds.push(templateID);
       return reply.status(202).send();
     },
   );
+}
 
+/** A build's status with its log from an offset. */
+function registerStatus(app: FastifyInstance): void {
   app.get<{ Params: Params; Querystring: Static<typeof StatusQuery> }>(
     "/templates/:templateID/builds/:buildID/status",
     {
@@ -120,7 +137,10 @@ export function registerBuildRoutes(app: FastifyInstance): void {
       };
     },
   );
+}
 
+/** A build's log. */
+function registerLogs(app: FastifyInstance): void {
   app.get<{ Params: Params; Querystring: Static<typeof LogsQuery> }>(
     "/templates/:templateID/builds/:buildID/logs",
     {
@@ -142,7 +162,10 @@ export function registerBuildRoutes(app: FastifyInstance): void {
       };
     },
   );
+}
 
+/** A template with its builds. */
+function registerTemplate(app: FastifyInstance): void {
   app.get<{ Params: { templateID: string } }>(
     "/templates/:templateID",
     {

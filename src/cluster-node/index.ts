@@ -1,0 +1,130 @@
+/**
+ * `forkd daemon --cluster-*`: a node daemon of a cluster. What it adds to a single daemon: the front door on its
+ * TCP listener (front.ts: only the gateway's credential, only under its epoch), its membership (membership.ts:
+ * ForkdNode, Lease, fencing) and its cluster routes (routes.ts: the event stream, pull, push, pools). The API
+ * gets the front and the routes as a TrustedFront and an API extension; nothing in src/api knows of clusters.
+ */
+import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { Logger } from "pino";
+import type { ApiExtensionFactory } from "../api/extensions.js";
+import type { TrustedFront } from "../api/front.js";
+import { errorMessage } from "../common/errors.js";
+import type { Token } from "../common/tokens.js";
+import type { Services } from "../controller/tenancy/tenant-view.js";
+import { loadKubeConfig } from "../kube/config.js";
+import { Leases } from "../kube/leases.js";
+import { forkdObjects } from "../kube/objects.js";
+import { HeldDigests } from "./digests.js";
+import { ClusterFront } from "./front.js";
+import { NodeMembership } from "./membership.js";
+import { clusterRoutesExtension } from "./routes.js";
+import { type CapacityLimits, nodeStatusSource, type PoolReport } from "./status.js";
+
+export interface ClusterNodeOptions {
+  namespace: string;
+  nodeName: string;
+  url: string;
+  /** A kubeconfig file; default: KUBECONFIG, then the pod's ServiceAccount. */
+  kubeconfig?: string;
+  /** FORKD_HOME: digest records go under it, free disk is measured on it. */
+  home: string;
+  /** The cluster credential (the node token). */
+  tokens: readonly Token[];
+  limits: CapacityLimits;
+  logger: Logger;
+}
+
+/** What the daemon's warm pools offer the cluster (SandboxManager), when it can pool at all. */
+export interface NodePools {
+  set(tag: string, size: number): Promise<void>;
+  stats(): PoolReport[];
+}
+
+const START_RETRY_MS = 2_000;
+
+export class ClusterNode {
+  readonly front: TrustedFront;
+  private readonly membership: NodeMembership;
+  private starting: Promise<void> | undefined;
+  private stopped = false;
+
+  private constructor(
+    private readonly options: ClusterNodeOptions,
+    private readonly digests: HeldDigests,
+    private pools: NodePools | undefined,
+  ) {
+    const config = loadKubeConfig(options.kubeconfig);
+    this.membership = new NodeMembership({
+      objects: forkdObjects(config, options.namespace),
+      leases: new Leases(config, options.namespace),
+      nodeName: options.nodeName,
+      url: options.url,
+      status: nodeStatusSource({
+        limits: options.limits,
+        home: options.home,
+        digests,
+        pools: () => this.pools?.stats() ?? [],
+      }),
+      logger: options.logger.child({ component: "cluster" }),
+    });
+    this.front = new ClusterFront(options.tokens, this.membership);
+  }
+
+  static async open(options: ClusterNodeOptions): Promise<ClusterNode> {
+    const digests = await HeldDigests.open(path.join(options.home, "cluster"));
+    return new ClusterNode(options, digests, undefined);
+  }
+
+  /** The daemon's pools, once its services are open. */
+  usePools(pools: NodePools | undefined): void {
+    this.pools = pools;
+  }
+
+  /**
+   * The extension that mounts the cluster routes and, once the services are open, joins the cluster (retrying
+   * while the API server cannot be reached: calls are refused meanwhile).
+   */
+  extension(): ApiExtensionFactory {
+    return (context) => {
+      this.starting = this.join(context.services);
+      const routes = clusterRoutesExtension({
+        membership: this.membership,
+        digests: this.digests,
+        setPool: this.pools ? (tag, size) => void this.setPool(tag, size) : undefined,
+      });
+      return {
+        ...routes,
+        close: async () => {
+          this.stopped = true;
+          await routes.close?.();
+          await this.starting?.catch(() => {});
+          await this.membership.stop();
+        },
+      };
+    };
+  }
+
+  private async setPool(tag: string, size: number): Promise<void> {
+    await this.pools
+      ?.set(tag, size)
+      .catch((err: unknown) =>
+        this.options.logger.warn({ tag, size, err: errorMessage(err) }, "could not set a warm pool"),
+      );
+  }
+
+  private async join(services: Services): Promise<void> {
+    for (let attempt = 1; !this.stopped; attempt++) {
+      try {
+        await this.membership.start(services);
+        return;
+      } catch (err) {
+        this.options.logger.warn(
+          { attempt, err: errorMessage(err) },
+          "joining the cluster failed; retrying (cluster calls are refused meanwhile)",
+        );
+        await sleep(START_RETRY_MS);
+      }
+    }
+  }
+}

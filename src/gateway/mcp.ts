@@ -1,0 +1,48 @@
+/**
+ * MCP over HTTP at the gateway (/mcp): forkd's MCP server (src/mcp), one session per client, whose tools call
+ * this gateway's own REST API with the token the client presented: a tenant's session sees and places only that
+ * tenant's sandboxes, across the cluster, exactly as the forkd API through the gateway does.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { matchToken } from "../common/tokens.js";
+import { MCP_PATH, McpListener } from "../mcp/http.js";
+import { Controller } from "../sdk/index.js";
+import type { GatewayContext } from "./context.js";
+
+export class GatewayMcp {
+  private readonly listener: McpListener;
+  private readonly clients = new Map<string, Controller>();
+  private readonly sweeper: NodeJS.Timeout;
+
+  constructor(context: GatewayContext, ownUrl: () => string) {
+    this.listener = new McpListener(
+      (token) => {
+        const known = matchToken(token, context.auth.tokens);
+        if (!known) return undefined;
+        let client = this.clients.get(known.digest.toString("hex"));
+        if (!client) {
+          client = new Controller({ url: ownUrl(), token, env: {} });
+          this.clients.set(known.digest.toString("hex"), client);
+        }
+        return client;
+      },
+      undefined,
+      (line) => context.logger.info(line),
+    );
+    this.sweeper = setInterval(() => this.listener.closeIdle(), 60_000);
+    this.sweeper.unref();
+  }
+
+  handles(url: string): boolean {
+    return url.split("?")[0] === MCP_PATH;
+  }
+
+  handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    return this.listener.handle(req, res);
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.sweeper);
+    await this.listener.closeAll();
+  }
+}

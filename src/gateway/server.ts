@@ -1,0 +1,347 @@
+/**
+ * `forkd gateway`: the cluster's front door. Every request is first checked against the listener's Host/Origin
+ * policy, then routed:
+ *
+ * - E2B's data plane (E2b-Sandbox-Id/-Port headers, or `<port>-<id>.<domain>` host names) and calls for one
+ *   sandbox (/v1/sandboxes/<id>/..., /sandboxes/<id>/...) are relayed to that sandbox's node as they are
+ *   (proxy.ts), after the caller is authenticated (the data plane is the node's to authenticate, by the
+ *   sandbox's own tokens) and the sandbox located (locate.ts: "lost" and "unknown" answer at once);
+ * - MCP (/mcp) is served here, its tools calling this gateway's own REST API with the caller's token;
+ * - everything else is a route of the gateway's own (forkd-routes.ts, e2b-routes.ts) on Fastify.
+ *
+ * Nothing here holds state that a restart loses: the directory is rebuilt from the nodes' event streams.
+ */
+import http, { type IncomingMessage, type ServerResponse } from "node:http";
+import https from "node:https";
+import type net from "node:net";
+import Fastify, { type FastifyInstance, LogController } from "fastify";
+import type { Logger } from "pino";
+import { toHttpError } from "../api/errors.js";
+import { isLoopbackHost, type TcpAddress } from "../api/listen.js";
+import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "../api/origin-policy.js";
+import { typeboxValidatorCompiler } from "../api/validation.js";
+import { errorMessage, ForkdError } from "../common/errors.js";
+import type { Token } from "../common/tokens.js";
+import { toE2bError } from "../e2b/errors.js";
+import { isSandboxOrigin, sandboxAddressOf } from "../e2b/routing.js";
+import { loadKubeConfig } from "../kube/config.js";
+import { Leases } from "../kube/leases.js";
+import { forkdObjects } from "../kube/objects.js";
+import { TenantAdmission } from "./admission.js";
+import { type Caller, GatewayAuth } from "./auth.js";
+import { ClusterView } from "./cluster-view.js";
+import type { GatewayContext } from "./context.js";
+import { Directory } from "./directory.js";
+import { registerE2bRoutes } from "./e2b-routes.js";
+import { registerForkdRoutes } from "./forkd-routes.js";
+import { SandboxLocator } from "./locate.js";
+import { GatewayMcp } from "./mcp.js";
+import { NodeCaller } from "./node-calls.js";
+import { NodeLinks } from "./node-links.js";
+import { Placer } from "./placement.js";
+import { NodeProxy } from "./proxy.js";
+import { Spawner } from "./spawn.js";
+
+export interface GatewayOptions {
+  listen: TcpAddress;
+  tls?: { key: Buffer; cert: Buffer };
+  namespace: string;
+  kubeconfig?: string;
+  /** The cluster credential nodes take (the node token). */
+  nodeToken: string;
+  /** The admin token and users' tokens (with their tenants). */
+  tokens: readonly Token[];
+  e2bDomain?: string;
+  allowedHosts?: string[];
+  allowedOrigins?: string[];
+  defaultSnapshot: string;
+  tenantMaxSandboxes?: number;
+  insecureRegistry?: boolean;
+  perSandboxMiB?: number;
+  logger: Logger;
+}
+
+export interface RunningGateway {
+  url: string;
+  context: GatewayContext;
+  stop(): Promise<void>;
+}
+
+type Surface = "forkd" | "e2b" | "data";
+
+/** `/v1/sandboxes/<id>[/...]` and `/[v2/]sandboxes/<id>[/...]`: calls for one sandbox. */
+const FORKD_SANDBOX = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)?$/;
+const E2B_SANDBOX = /^\/(?:v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/[^?]*)?(?:\?.*)?$/;
+
+export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {
+  const { logger } = options;
+  const config = loadKubeConfig(options.kubeconfig);
+  const view = new ClusterView(
+    forkdObjects(config, options.namespace),
+    new Leases(config, options.namespace),
+    logger,
+  );
+  const directory = new Directory();
+  const links = new NodeLinks(view, options.nodeToken, directory, logger);
+  const calls = new NodeCaller(links);
+  const placer = new Placer(view, links, directory, calls, {
+    perSandboxMiB: options.perSandboxMiB,
+    insecureRegistry: options.insecureRegistry,
+  });
+  const admission = new TenantAdmission(directory, view, options.tenantMaxSandboxes);
+  const proxy = new NodeProxy(options.tokens, (err) =>
+    logger.debug({ err: errorMessage(err) }, "relay error"),
+  );
+  const context: GatewayContext = {
+    view,
+    directory,
+    links,
+    calls,
+    placer,
+    locator: new SandboxLocator(view, links, directory, calls),
+    admission,
+    spawner: new Spawner(placer, calls, directory, admission, logger),
+    proxy,
+    auth: new GatewayAuth(options.tokens),
+    nodeToken: options.nodeToken,
+    registry: { insecure: options.insecureRegistry === true },
+    defaultSnapshot: options.defaultSnapshot,
+    logger,
+  };
+  // Calls in flight to a node seen lost are cut: none waits on a dead link.
+  view.onChange(() => {
+    for (const node of view.allNodes()) {
+      if (!node.leaseHeld && proxy.cut(node.name) > 0)
+        logger.warn({ node: node.name }, "cut calls to a lost node");
+    }
+  });
+  view.start();
+  await view.ready;
+
+  let policy: OriginPolicy | undefined;
+  const scheme = options.tls ? "https" : "http";
+  const policyOf = (port: number) => {
+    policy ??= originPolicyFor(options.listen.host, port, {
+      hosts: [...(options.allowedHosts ?? []), ...(options.e2bDomain ? [`*.${options.e2bDomain}`] : [])],
+      origins: options.allowedOrigins,
+    });
+    return policy;
+  };
+  const mcp = new GatewayMcp(context, () => ownUrl);
+  let ownUrl = "";
+  const app = Fastify({
+    logController: new LogController({ disableRequestLogging: true }),
+    loggerInstance: logger,
+    bodyLimit: 2 * 1024 * 1024,
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 1024 },
+    serverFactory: (handler) => {
+      const onRequest = (req: IncomingMessage, res: ServerResponse) =>
+        void dispatch(context, mcp, req, res, () => handler(req, res), policyOf(port()), scheme);
+      return options.tls ? https.createServer(options.tls, onRequest) : http.createServer(onRequest);
+    },
+  }) as unknown as FastifyInstance;
+  const port = () => {
+    const address = app.server.address();
+    return typeof address === "object" && address ? address.port : options.listen.port;
+  };
+  configureApp(app, context);
+  app.server.on(
+    "upgrade",
+    (req: IncomingMessage, socket: net.Socket, head: Buffer) =>
+      void upgrade(context, req, socket, head, policyOf(port()), scheme),
+  );
+  await app.listen({ host: options.listen.host, port: options.listen.port });
+  const wildcard = options.listen.host === "0.0.0.0" || options.listen.host === "::";
+  const host = options.listen.host.includes(":") ? `[${options.listen.host}]` : options.listen.host;
+  // The gateway's own address for its MCP sessions' calls: loopback when it listens everywhere.
+  ownUrl = `${scheme}://${wildcard ? "127.0.0.1" : host}:${port()}`;
+  if (!options.tls && !wildcard && !isLoopbackHost(options.listen.host)) {
+    logger.warn("the gateway listens without TLS: tokens cross the network in clear text");
+  }
+  await links.settled(5_000);
+  logger.info({ url: ownUrl, nodes: view.allNodes().length }, "forkd gateway listening");
+  return {
+    url: ownUrl,
+    context,
+    stop: async () => {
+      view.stop();
+      links.close();
+      await mcp.close();
+      proxy.close();
+      await app.close();
+    },
+  };
+}
+
+function configureApp(app: FastifyInstance, context: GatewayContext): void {
+  app.setValidatorCompiler(typeboxValidatorCompiler);
+  app.decorateRequest("tenant", null);
+  app.decorateRequest("callerId", "");
+  app.addHook("onRequest", async (request) => {
+    const surface = request.routeOptions.config.surface;
+    if (surface === undefined || surface === "public") return;
+    const caller: Caller =
+      surface === "e2b" ? context.auth.apiKey(request.headers) : context.auth.bearer(request.headers);
+    request.tenant = caller.tenant;
+    request.callerId = caller.id;
+  });
+  app.setErrorHandler((err, request, reply) => {
+    const surface = request.routeOptions.config?.surface === "e2b" ? "e2b" : "forkd";
+    if (!(err instanceof ForkdError) || err.httpStatus >= 500) {
+      request.log.warn({ err: errorMessage(err), url: request.url }, "gateway call failed");
+    }
+    sendIn(surface, reply.raw, err);
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split("?")[0] as string;
+    const surface = path.startsWith("/v1/") || path === "/v1" ? "forkd" : "e2b";
+    sendIn(
+      surface,
+      reply.raw,
+      new ForkdError("not_found", `no route ${request.method} ${path} on the cluster gateway`),
+    );
+  });
+  registerForkdRoutes(app, context);
+  registerE2bRoutes(app, context);
+}
+
+/** Routes one request (see the module comment); errors answer in the shape of the API the request is for. */
+async function dispatch(
+  context: GatewayContext,
+  mcp: GatewayMcp,
+  req: IncomingMessage,
+  res: ServerResponse,
+  toFastify: () => void,
+  policy: OriginPolicy,
+  scheme: "http" | "https",
+): Promise<void> {
+  let surface: Surface = "forkd";
+  try {
+    const url = req.url ?? "/";
+    if (url === "/healthz" || url === "/healthz/") return toFastify();
+    checkHostAndOrigin(policy, req.headers, scheme);
+    const address = sandboxAddressOf(req.headers);
+    if (address) {
+      surface = "data";
+      return await relay(context, req, res, surface, address.sandboxId, undefined);
+    }
+    if (isSandboxOrigin(req.headers.origin)) {
+      throw new ForkdError("forbidden", "a sandbox's page may call sandboxes only, never the cluster's API");
+    }
+    if (mcp.handles(url)) return await mcp.handle(req, res);
+    const forkdCall = FORKD_SANDBOX.exec(url);
+    if (forkdCall && !(req.method === "POST" && forkdCall[2] === "fork")) {
+      const caller = context.auth.bearer(req.headers);
+      return await relay(context, req, res, surface, forkdCall[1] as string, caller.tenant);
+    }
+    const e2bCall = E2B_SANDBOX.exec(url);
+    if (e2bCall) {
+      surface = "e2b";
+      const caller = context.auth.apiKey(req.headers);
+      return await relay(context, req, res, surface, e2bCall[1] as string, caller.tenant);
+    }
+    toFastify();
+  } catch (err) {
+    if (!(err instanceof ForkdError))
+      context.logger.warn({ err: errorMessage(err) }, "gateway dispatch failed");
+    if (!res.headersSent) sendIn(surface, res, err);
+    else res.destroy();
+  }
+}
+
+/** Relays a call for sandbox `id` to its node; `tenant` undefined: the data plane (any owner). */
+async function relay(
+  context: GatewayContext,
+  req: IncomingMessage,
+  res: ServerResponse,
+  surface: Surface,
+  id: string,
+  tenant: string | null | undefined,
+): Promise<void> {
+  const placement = await context.locator.locate(id, tenant);
+  const node = context.view.node(placement.node);
+  const epoch = context.calls.epochOf(placement.node);
+  if (!node || epoch === undefined) {
+    throw new ForkdError(
+      "unavailable",
+      `node ${placement.node} of sandbox ${id} is not reachable from this gateway`,
+    );
+  }
+  const failed = await context.proxy.web(req, res, {
+    node: node.name,
+    url: node.url,
+    epoch,
+    nodeToken: context.nodeToken,
+    tenant: tenant ?? null,
+  });
+  if (failed !== null && !res.headersSent) sendIn(surface, res, new ForkdError("unavailable", failed));
+}
+
+/** An HTTP upgrade: a data-plane WebSocket, or forkd's port route; anything else is refused. */
+async function upgrade(
+  context: GatewayContext,
+  req: IncomingMessage,
+  socket: net.Socket,
+  head: Buffer,
+  policy: OriginPolicy,
+  scheme: "http" | "https",
+): Promise<void> {
+  socket.on("error", () => {});
+  try {
+    checkHostAndOrigin(policy, req.headers, scheme);
+    const address = sandboxAddressOf(req.headers);
+    let id: string;
+    let tenant: string | null | undefined;
+    if (address) {
+      id = address.sandboxId;
+      tenant = undefined;
+    } else {
+      const forkdCall = FORKD_SANDBOX.exec(req.url ?? "/");
+      if (!forkdCall) throw new ForkdError("not_found", "no WebSocket route here");
+      id = forkdCall[1] as string;
+      tenant = context.auth.bearer(req.headers).tenant;
+    }
+    const placement = await context.locator.locate(id, tenant);
+    const node = context.view.node(placement.node);
+    const epoch = context.calls.epochOf(placement.node);
+    if (!node || epoch === undefined)
+      throw new ForkdError("unavailable", `node ${placement.node} is not reachable`);
+    context.proxy.upgrade(req, socket, head, {
+      node: node.name,
+      url: node.url,
+      epoch,
+      nodeToken: context.nodeToken,
+      tenant: tenant ?? null,
+    });
+  } catch (err) {
+    const status = err instanceof ForkdError ? err.httpStatus : 500;
+    const body = JSON.stringify({ error: errorMessage(err) });
+    if (socket.writable) {
+      socket.end(
+        `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? "Error"}\r\ncontent-type: application/json\r\n` +
+          `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
+    }
+    socket.destroy();
+  }
+}
+
+/** An error in the shape of the API the request was for: forkd's {error, code}, E2B's {code, message}. */
+function sendIn(surface: Surface | "e2b", res: ServerResponse, err: unknown): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  if (surface === "forkd") {
+    const e = toHttpError(err);
+    const detail = err instanceof ForkdError && err.detail ? { detail: err.detail } : {};
+    res.writeHead(e.status, { "content-type": "application/json" });
+    res.end(JSON.stringify({ error: e.message, code: e.code, ...detail }));
+    return;
+  }
+  // The data plane answers an unreachable sandbox 502, as E2B's proxy does (the SDK reads it as "gone").
+  const body = toE2bError(err);
+  const status = surface === "data" && (body.code === 404 || body.code === 503) ? 502 : body.code;
+  res.writeHead(status, { "content-type": "application/json" });
+  res.end(JSON.stringify({ ...body, code: status }));
+}

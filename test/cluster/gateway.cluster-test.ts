@@ -1,0 +1,381 @@
+/**
+ * The cluster suite (`npm run test:cluster`, not in `npm test`: it takes minutes): scripts/local-cluster.sh up
+ * with 3 node daemons (each in its own network namespace and home, at most 2 sandboxes each so a fork of a few
+ * spans nodes), 2 gateway replicas behind the Service's stand-in, the loopback registry and the real
+ * kube-apiserver. Everything through the gateway with real clients: the forkd TypeScript SDK and the E2B JS SDK;
+ * a snapshot only one node holds; a spawn that makes another node pull; a fork of N across nodes; tenants
+ * isolated across nodes; faults: a registry outage (503 naming it, local work goes on), a gateway replica
+ * killed and restarted (its directory rebuilt), a node daemon killed with -9 (detected, its sandboxes answered
+ * "lost" at once, no call hangs, no create fails after detection, fenced when it returns). `down` leaves nothing.
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import { KubeConfig } from "@kubernetes/client-node";
+import { Sandbox as E2bSandbox } from "e2b";
+import { CLUSTER_HEADERS, NODE_ROUTES, type PushAnswer } from "../../src/cluster/protocol.js";
+import { forkdObjects } from "../../src/kube/objects.js";
+import {
+  type ClusterState,
+  listForkdNodes,
+  loadState,
+  NAMESPACE,
+  startGateway,
+  startNode,
+} from "../../src/local-cluster/cluster.js";
+import { leftovers } from "../../src/local-cluster/network.js";
+import { signalRecorded, waitGone } from "../../src/local-cluster/processes.js";
+import { Controller } from "../../src/sdk/index.js";
+import { REPO_ROOT } from "../support/examples.js";
+import { waitFor } from "../support/host.js";
+import { linkSharedSnapshot } from "../support/snapshots.js";
+
+const run = promisify(execFile);
+const root = process.getuid?.() === 0;
+const SCRIPT = path.join(REPO_ROOT, "scripts", "local-cluster.sh");
+
+interface Spawned {
+  id: string;
+  node?: string;
+}
+
+describe("a forkd cluster through its gateway", { skip: !root && "needs root", timeout: 40 * 60_000 }, () => {
+  let dir: string;
+  let seed: string;
+  let state: ClusterState;
+  let admin: Controller;
+  let kube: KubeConfig;
+  const env: Record<string, string> = {};
+  const saved = { ...process.env };
+  const alive: string[] = [];
+
+  const tenant = (name: string) => new Controller({ url: state.url, token: state.tokens.tenants[name] });
+  const spawn = async (c: Controller, tag: string, count = 1): Promise<Spawned[]> => {
+    const kids = (await c.spawnSandboxes({ snapshotTag: tag, n: count })) as unknown as Spawned[];
+    alive.push(...kids.map((k) => k.id));
+    return kids;
+  };
+  const sh = async (c: Controller, id: string, script: string) => {
+    const r = await c.execCommand(id, ["sh", "-c", script]);
+    assert.equal(r.exit_code, 0, r.stderr);
+    return r.stdout.trim();
+  };
+
+  /** A call through the gateway this SDK has no method for: its status and JSON body. */
+  const api = async (method: string, route: string, body?: unknown) => {
+    const answer = await fetch(`${state.url}${route}`, {
+      method,
+      headers: { authorization: `Bearer ${env.FORKD_TOKEN}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    return { status: answer.status, json: (await answer.json()) as Record<string, unknown> };
+  };
+
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), "forkd-lc-"));
+    seed = path.join(dir, "seed");
+    // The seed home: the machine's shared warm pyagent, tagged pyagent (built once per machine).
+    await linkSharedSnapshot(seed, "pyagent", "pyagent");
+    const { stdout } = await run(
+      SCRIPT,
+      [
+        "up",
+        "--nodes",
+        "3",
+        "--gateways",
+        "2",
+        "--dir",
+        path.join(dir, "cluster"),
+        "--seed-home",
+        seed,
+        "--node-max-sandboxes",
+        "2",
+      ],
+      { encoding: "utf8", maxBuffer: 1 << 24 },
+    );
+    for (const line of stdout.split("\n")) {
+      const m = /^export ([A-Z0-9_]+)=(.*)$/.exec(line);
+      if (m) env[m[1] as string] = m[2] as string;
+    }
+    state = (await loadState(path.join(dir, "cluster"))) as ClusterState;
+    Object.assign(process.env, {
+      E2B_API_URL: env.E2B_API_URL,
+      E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+      E2B_API_KEY: env.E2B_API_KEY,
+    });
+    admin = new Controller({ url: env.FORKD_URL, token: env.FORKD_TOKEN });
+    kube = new KubeConfig();
+    kube.loadFromFile(env.KUBECONFIG as string);
+  });
+
+  after(async () => {
+    process.env = saved;
+    if (state) {
+      const down = await run(SCRIPT, ["down", "--dir", state.dir], { encoding: "utf8" }).catch(
+        (err: { stderr?: string }) => err,
+      );
+      assert.equal((down as { stderr?: string }).stderr ?? "", "", "down leaves nothing");
+      assert.deepEqual(await leftovers(state.network), []);
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it("prints the shell assignments, and kubectl's view shows the cluster", async () => {
+    for (const name of [
+      "FORKD_URL",
+      "FORKD_TOKEN",
+      "E2B_API_URL",
+      "E2B_SANDBOX_URL",
+      "E2B_API_KEY",
+      "KUBECONFIG",
+    ]) {
+      assert.ok(env[name], `${name} printed`);
+    }
+    const nodes = await listForkdNodes(kube);
+    assert.equal(nodes.length, 3);
+    for (const n of nodes) {
+      assert.ok(
+        n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True"),
+        `${n.metadata.name} Ready`,
+      );
+      assert.ok(
+        n.status?.snapshots?.some((s) => s.digest === state.snapshot?.digest),
+        `${n.metadata.name} pulled pyagent`,
+      );
+    }
+    const status = JSON.parse(
+      (await run(SCRIPT, ["status", "--dir", state.dir], { encoding: "utf8" })).stdout,
+    );
+    assert.equal(status.nodes.length, 3);
+    assert.ok(status.nodes.every((n: { running: boolean; pid: number }) => n.running && n.pid > 0));
+    assert.equal(status.gateway.replicas.length, 2);
+  });
+
+  it("the forkd TypeScript SDK: spawn, exec, list and kill through the gateway; the child says its node", async () => {
+    const [kid] = await spawn(admin, "pyagent");
+    assert.ok(kid?.node && /^node-[0-2]$/.test(kid.node), `node named: ${kid?.node}`);
+    assert.equal(await sh(admin, kid.id, "python3 -c 'print(6*7)'"), "42");
+    const listed = await admin.listSandboxes();
+    assert.ok(listed.some((s) => s.id === kid.id));
+    await admin.killSandbox(kid.id);
+    await assert.rejects(admin.execCommand(kid.id, ["true"]), /404|not found|not_found/i);
+  });
+
+  it("the E2B JS SDK: create (default template), run a command, list, kill through the gateway", async () => {
+    const sbx = await E2bSandbox.create({ timeoutMs: 300_000 });
+    try {
+      const ran = await sbx.commands.run("echo from-the-cluster; hostname >/dev/null");
+      assert.equal(ran.stdout.trim(), "from-the-cluster");
+      await sbx.files.write("/tmp/e2b.txt", "through the gateway");
+      assert.equal(await sbx.files.read("/tmp/e2b.txt"), "through the gateway");
+      const listed = await E2bSandbox.list().nextItems();
+      assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId));
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it("tenants are isolated across nodes", async () => {
+    const alpha = tenant("alpha");
+    const beta = tenant("beta");
+    const [a] = await spawn(alpha, "pyagent");
+    const [b] = await spawn(beta, "pyagent");
+    assert.ok(a && b);
+    assert.deepEqual(
+      (await alpha.listSandboxes()).map((s) => s.id),
+      [a.id],
+    );
+    assert.deepEqual(
+      (await beta.listSandboxes()).map((s) => s.id),
+      [b.id],
+    );
+    await assert.rejects(beta.execCommand(a.id, ["true"]), /not found|not_found|404/i);
+    await assert.rejects(beta.killSandbox(a.id), /not found|not_found|404/i);
+    assert.equal(await sh(alpha, a.id, "echo mine"), "mine");
+    const all = (await admin.listSandboxes()).map((s) => s.id);
+    assert.ok(all.includes(a.id) && all.includes(b.id), "the admin sees both");
+    await alpha.killSandbox(a.id);
+    await beta.killSandbox(b.id);
+  });
+
+  let branched: { tag: string; node: string; digest: string } | undefined;
+
+  it("a snapshot only one node holds is spawned there; with that node cordoned, another node pulls it", async () => {
+    const [source] = await spawn(admin, "pyagent");
+    assert.ok(source?.node);
+    await sh(admin, source.id, "echo written-before-branch > /root/mark && sync");
+    const branch = (await admin.branchSandbox(source.id)) as unknown as { tag: string };
+    await admin.killSandbox(source.id);
+    // A BRANCH lives on its node only: a spawn of it goes there.
+    const [local] = await spawn(admin, branch.tag);
+    assert.equal(local?.node, source.node, "placed on the only node holding it");
+    assert.equal(await sh(admin, local.id, "cat /root/mark"), "written-before-branch");
+    await admin.killSandbox(local.id);
+
+    // Published: pushed by its node to the registry (as the controller would), declared as a ForkdSnapshot.
+    const node = state.nodes.find((n) => n.name === source.node);
+    assert.ok(node);
+    const nodeObject = (await listForkdNodes(kube)).find((n) => n.metadata.name === node.name);
+    const reference = `${state.registry}/forkd/branched:v1`;
+    const pushed = await fetch(`${node.url}${NODE_ROUTES.push}`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        [CLUSTER_HEADERS.token]: state.tokens.node as string,
+        [CLUSTER_HEADERS.epoch]: String(nodeObject?.spec.epoch ?? 0),
+      },
+      body: JSON.stringify({ tag: branch.tag, reference, insecure: true }),
+    });
+    assert.equal(pushed.status, 200, await pushed.clone().text());
+    const { digest } = (await pushed.json()) as PushAnswer;
+    branched = { tag: "branched", node: node.name, digest };
+    await forkdObjects(kube, NAMESPACE).snapshots.create("branched", { reference, digest, prepull: 0 });
+    await cordon(node.name, true);
+    try {
+      const [pulled] = await waitFor(
+        "the gateway to see the cordon and the ForkdSnapshot",
+        30_000,
+        async () =>
+          spawn(admin, "branched").catch((err: Error) =>
+            /not found|unschedulable|no node/i.test(err.message) ? undefined : Promise.reject(err),
+          ),
+      );
+      assert.ok(pulled?.node && pulled.node !== node.name, `placed on another node: ${pulled?.node}`);
+      assert.equal(
+        await sh(admin, pulled.id, "cat /root/mark"),
+        "written-before-branch",
+        "the pulled chain is the branch",
+      );
+      const holder = (await listForkdNodes(kube)).find((n) => n.metadata.name === pulled.node);
+      await waitFor("the puller's ForkdNode to list the digest", 30_000, async () => {
+        const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === pulled.node);
+        return n?.status?.snapshots?.some((s) => s.digest === digest) ? true : undefined;
+      });
+      assert.ok(holder);
+      await admin.killSandbox(pulled.id);
+    } finally {
+      await cordon(node.name, false);
+    }
+  });
+
+  async function cordon(name: string, unschedulable: boolean): Promise<void> {
+    await forkdObjects(kube, NAMESPACE).nodes.patchSpec(name, { unschedulable });
+  }
+
+  it("a fork of N across nodes: branched once, each child correct and independent, each saying its node", async () => {
+    const [source] = await spawn(admin, "pyagent");
+    assert.ok(source);
+    await sh(admin, source.id, "echo parent-state > /root/fork-mark && sync");
+    const forked = await api("POST", `/v1/sandboxes/${source.id}/fork`, { count: 3 });
+    assert.equal(forked.status, 200, JSON.stringify(forked.json));
+    const answer = forked.json as unknown as { children: { sandbox: Spawned | null; error: unknown }[] };
+    const kids = answer.children.map((c) => c.sandbox).filter((s): s is Spawned => s !== null);
+    alive.push(...kids.map((k) => k.id));
+    assert.equal(kids.length, 3, JSON.stringify(answer.children.map((c) => c.error)));
+    const nodes = new Set(kids.map((k) => k.node));
+    assert.ok(nodes.size >= 2, `children on ${[...nodes].join(", ")}: 2 per node cannot hold 1 + 3 on one`);
+    for (const [i, kid] of kids.entries()) {
+      assert.equal(await sh(admin, kid.id, "cat /root/fork-mark"), "parent-state");
+      await sh(admin, kid.id, `echo child-${i} > /root/own`);
+    }
+    for (const [i, kid] of kids.entries())
+      assert.equal(await sh(admin, kid.id, "cat /root/own"), `child-${i}`);
+    for (const id of [source.id, ...kids.map((k) => k.id)]) await admin.killSandbox(id);
+  });
+
+  it("a registry outage answers 503 naming the registry; local work goes on", async () => {
+    assert.ok(branched);
+    const registry = state.processes.registry;
+    assert.ok(registry);
+    assert.ok(await signalRecorded(registry, "SIGKILL"));
+    await waitGone(registry, 10_000);
+    // A node that does not hold "branched" must pull it: cordon the others.
+    const nodes = await listForkdNodes(kube);
+    const fresh = nodes.find((n) => !n.status?.snapshots?.some((s) => s.digest === branched?.digest));
+    assert.ok(fresh, "a node without the branch");
+    const others = nodes.filter((n) => n.metadata.name !== fresh.metadata.name).map((n) => n.metadata.name);
+    for (const n of others) await cordon(n, true);
+    try {
+      await new Promise((r) => setTimeout(r, 2_500));
+      const started = Date.now();
+      const refused = await api("POST", "/v1/sandboxes", { snapshot_tag: "branched", n: 1 });
+      assert.equal(refused.status, 503, JSON.stringify(refused.json));
+      assert.match(String(refused.json.error), new RegExp(state.registry.replace(/\./g, "\\.")));
+      assert.ok(Date.now() - started < 60_000);
+    } finally {
+      for (const n of others) await cordon(n, false);
+    }
+    const [kid] = await spawn(admin, "pyagent");
+    assert.ok(kid);
+    assert.equal(await sh(admin, kid.id, "echo still-working"), "still-working");
+    await admin.killSandbox(kid.id);
+  });
+
+  it("a gateway replica killed and restarted loses nothing: its directory is rebuilt", async () => {
+    const [kid] = await spawn(admin, "pyagent");
+    assert.ok(kid);
+    const gateway = state.gateways[0];
+    assert.ok(gateway?.process);
+    assert.ok(await signalRecorded(gateway.process, "SIGKILL"));
+    await waitGone(gateway.process, 10_000);
+    // Through the Service's stand-in, the other replica answers meanwhile.
+    for (let i = 0; i < 4; i++) assert.equal(await sh(admin, kid.id, "echo via-the-other"), "via-the-other");
+    await startGateway(state, gateway);
+    const direct = new Controller({ url: gateway.url, token: env.FORKD_TOKEN });
+    await waitFor("the restarted replica to answer", 60_000, async () =>
+      (await direct.isReachable()) ? true : undefined,
+    );
+    const found = await waitFor("the restarted replica to know the sandbox", 30_000, async () =>
+      direct.execCommand(kid.id, ["echo", "found"]).catch(() => undefined),
+    );
+    assert.equal(found.stdout.trim(), "found");
+    await admin.killSandbox(kid.id);
+  });
+
+  it("kill -9 of a node daemon: detected, its sandboxes lost at once, no hang, no failed create; fenced on return", async () => {
+    const kids = await spawn(admin, "pyagent", 2);
+    const victimName = kids[0]?.node as string;
+    const onVictim = kids.filter((k) => k.node === victimName);
+    const victim = state.nodes.find((n) => n.name === victimName);
+    assert.ok(victim?.process);
+    const killedAt = Date.now();
+    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    let slowest = 0;
+    const detected = await waitFor("the gateway to call the node's sandboxes lost", 60_000, async () => {
+      const t = Date.now();
+      const err = await admin
+        .execCommand(onVictim[0]?.id as string, ["true"], { requestTimeoutMs: 20_000 })
+        .then(
+          () => undefined,
+          (e: Error) => e,
+        );
+      slowest = Math.max(slowest, Date.now() - t);
+      return err && /lost/.test(err.message) ? Date.now() : undefined;
+    });
+    const detectionMs = detected - killedAt;
+    console.log(`# detection of a kill -9'd node: ${detectionMs} ms; slowest call meanwhile ${slowest} ms`);
+    assert.ok(detectionMs < 45_000, `detected in ${detectionMs} ms`);
+    // After detection: answered at once, and creates land elsewhere (none fails).
+    const t = Date.now();
+    await assert.rejects(admin.getSandbox(onVictim[0]?.id as string), /lost/);
+    assert.ok(Date.now() - t < 2_000, "a lost sandbox is answered at once");
+    for (let i = 0; i < 2; i++) {
+      const [k] = await spawn(admin, "pyagent");
+      assert.ok(k?.node && k.node !== victimName, `placed on a live node: ${k?.node}`);
+      await admin.killSandbox(k.id);
+    }
+    // The node returns: fenced (epoch raised), it kills what it no longer owns; no duplicate appears.
+    await startNode(state, victim);
+    await waitFor("the returned node to run under its new epoch", 120_000, async () => {
+      const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === victimName);
+      return n && n.spec.epoch > 0 && n.status?.observedEpoch === n.spec.epoch ? true : undefined;
+    });
+    const listed = (await admin.listSandboxes()).map((s) => s.id);
+    for (const k of onVictim) assert.ok(!listed.includes(k.id), `${k.id} did not come back`);
+    for (const k of kids.filter((k) => k.node !== victimName)) await admin.killSandbox(k.id);
+  });
+});
