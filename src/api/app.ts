@@ -32,7 +32,7 @@ import {
 } from "../e2b/index.js";
 import { ConnectionBudget } from "../http/connection-budget.js";
 import { provideServices } from "../http/request-scope.js";
-import type { AuditLog } from "./audit.js";
+import { type AuditLog, redactUrl } from "./audit.js";
 import { authenticate, type Token } from "./auth.js";
 import type { ApiContext, DaemonServices } from "./context.js";
 import { errorHandlerFor, type HostPathRedaction, notFoundHandler, toHttpError } from "./errors.js";
@@ -363,7 +363,7 @@ function recordResponse(
   request.log.debug(
     {
       method: request.method,
-      url: request.url,
+      url: redactUrl(request.url),
       status,
       ms: Math.round(reply.elapsedTime),
       caller: request.caller,
@@ -384,7 +384,7 @@ function recordResponse(
     request_id: request.id,
     caller: request.caller || "unknown",
     method: request.method,
-    url: request.url,
+    url: redactUrl(request.url),
     status,
     latency_ms: Math.round(reply.elapsedTime * 100) / 100,
     ids,

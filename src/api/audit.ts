@@ -24,6 +24,34 @@ export interface AuditRecord {
   error?: string;
 }
 
+/**
+ * Query parameters that are credentials: E2B's signed file URLs carry a signature that opens the sandbox's files
+ * until it expires (and the envd token some clients put in the query). Their values never reach a log line.
+ */
+const CREDENTIAL_PARAMS = new Set(["signature", "access_token", "token"]);
+
+/** `url` (a request target, path and query) with the values of credential parameters replaced by "redacted". */
+export function redactUrl(url: string): string {
+  const at = url.indexOf("?");
+  if (at < 0) return url;
+  const query = url
+    .slice(at + 1)
+    .split("&")
+    .map((part) => {
+      const eq = part.indexOf("=");
+      const rawName = eq < 0 ? part : part.slice(0, eq);
+      let name = rawName;
+      try {
+        name = decodeURIComponent(rawName.replace(/\+/g, " "));
+      } catch {
+        // an undecodable name is kept as it is (and is no credential parameter of ours)
+      }
+      return CREDENTIAL_PARAMS.has(name.toLowerCase()) && eq >= 0 ? `${rawName}=redacted` : part;
+    })
+    .join("&");
+  return `${url.slice(0, at)}?${query}`;
+}
+
 type Destination = ReturnType<typeof pino.destination>;
 
 export class AuditLog {

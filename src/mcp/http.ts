@@ -2,10 +2,11 @@
  * The MCP Streamable HTTP transport, served by node:http: one MCP session per client (`Mcp-Session-Id`), each with
  * its own server (tools, outputs, background commands). Every request needs `Authorization: Bearer <token>`; the
  * listener is on loopback unless told otherwise, and then Host and Origin must name the loopback address (a web
- * page cannot reach it through DNS rebinding).
+ * page cannot reach it through DNS rebinding). The token file must be the process's own and unreadable to other
+ * users (as the daemon's token file).
  */
 import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
-import { readFile } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
@@ -56,6 +57,21 @@ export function isLoopback(host: string): boolean {
 
 /** Tokens from a file: one per line, `#` comments; each at least MIN_TOKEN_BYTES without whitespace. */
 export async function loadTokens(file: string): Promise<string[]> {
+  const info = await stat(file).catch((err: NodeJS.ErrnoException) => {
+    throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
+  });
+  // Anyone who can read or replace the file holds (or chooses) every credential of the listener.
+  const uid = process.getuid?.();
+  if (uid !== undefined && info.uid !== uid) {
+    throw new Error(
+      `the MCP token file ${file} is owned by uid ${info.uid}, not by this process's (uid ${uid}): chown it`,
+    );
+  }
+  if ((info.mode & 0o077) !== 0) {
+    throw new Error(
+      `the MCP token file ${file} is open to other users (mode ${(info.mode & 0o777).toString(8)}): chmod 600 it`,
+    );
+  }
   const text = await readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read the MCP token file ${file}: ${err.code ?? err.message}`);
   });

@@ -217,6 +217,22 @@ describe("the port proxy against hostile callers and guests", {
     }
   });
 
+  it("forkd port over TCP: a browser's request, with its own Host and Origin, reaches the guest", async () => {
+    // Before, the browser's Host (the local listener's) went on to the daemon's TCP listener, which refused it.
+    const local = await forkdPort(`http://127.0.0.1:${tcpPort}`, TOKEN);
+    const page = await send({ host: "127.0.0.1", port: local }, "POST", "/form?x=1", {
+      body: "a=1",
+      headers: {
+        host: `127.0.0.1:${local}`,
+        origin: `http://127.0.0.1:${local}`,
+        "sec-fetch-mode": "cors",
+        "content-type": "application/x-www-form-urlencoded",
+      },
+    });
+    assert.equal(page.status, 200, page.text);
+    assert.equal((JSON.parse(page.text) as { path: string }).path, "/form?x=1");
+  });
+
   it("the daemon serves nothing but the port route to a request forkd port marks", async () => {
     const marked = { [PORT_PROXY_HEADER]: "1" };
     const list = await send(daemon.socket, "GET", "/v1/sandboxes", { headers: marked });
