@@ -6,7 +6,16 @@ export class KeyedLock {
   private readonly tails = new Map<string, Promise<void>>();
 
   /** Runs `work` once every earlier holder of `key` is done; its result or error is passed through. */
-  async run<T>(key: string, work: () => Promise<T>): Promise<T> {
+  run<T>(key: string, work: () => Promise<T>): Promise<T> {
+    return this.runHolding(key, async () => ({ result: await work() }));
+  }
+
+  /**
+   * Like run, but `work` may hand back `hold`: the caller gets `result` at once, and the lock stays held until
+   * `hold` settles, so the next holder starts only after it (a paused VM's stop, which the pause's caller need
+   * not wait for but a resume of that sandbox must).
+   */
+  async runHolding<T>(key: string, work: () => Promise<{ result: T; hold?: Promise<unknown> }>): Promise<T> {
     const previous = this.tails.get(key) ?? Promise.resolve();
     let release: () => void = () => {};
     const mine = new Promise<void>((resolve) => {
@@ -15,11 +24,18 @@ export class KeyedLock {
     const tail = previous.then(() => mine);
     this.tails.set(key, tail);
     await previous;
+    let hold: Promise<unknown> | undefined;
     try {
-      return await work();
+      const done = await work();
+      hold = done.hold;
+      return done.result;
     } finally {
-      release();
-      if (this.tails.get(key) === tail) this.tails.delete(key);
+      const free = () => {
+        release();
+        if (this.tails.get(key) === tail) this.tails.delete(key);
+      };
+      if (hold) hold.then(free, free);
+      else free();
     }
   }
 

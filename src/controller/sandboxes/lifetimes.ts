@@ -122,7 +122,8 @@ export class Lifetimes {
     const { db, log } = this.ctx;
     try {
       await this.ctx.locks.run(row.id, async () => {
-        if (this.stillExpired(row)) await this.ctx.pauseResume.pauseNow(row.id, {});
+        // Nobody waits for this pause's answer: the lock is held until its VM is gone, as a pause call's is.
+        if (this.stillExpired(row)) await (await this.ctx.pauseResume.pauseNow(row.id, {})).stopped;
       });
       log.info({ id: row.id }, "lifetime ended: paused");
     } catch (err) {

@@ -66,11 +66,23 @@ export class PauseResume {
   /** See SandboxService.pause; pause-layer.ts writes the layer. */
   async pause(id: string, request: PauseRequest = {}): Promise<PauseOutcome> {
     this.ctx.live.row(id);
-    return this.ctx.locks.run(id, () => this.pauseNow(id, request));
+    // Answered once the layer is durable; the lock is held until the stopped VM is gone (`stopped`), so a resume
+    // or kill asked for meanwhile runs after it, never beside it.
+    return this.ctx.locks.runHolding(id, async () => {
+      const { outcome, stopped } = await this.pauseNow(id, request);
+      return { result: outcome, hold: stopped };
+    });
   }
 
-  /** A pause of `id` with its lock held (a lifetime that ends in a pause takes the lock itself). */
-  async pauseNow(id: string, request: PauseRequest): Promise<PauseOutcome> {
+  /**
+   * A pause of `id` with its lock held (a lifetime that ends in a pause takes the lock itself). `stopped`
+   * settles (never rejects) once the stopped VM, its cgroups and its network are gone: the lock must be held
+   * until then.
+   */
+  async pauseNow(
+    id: string,
+    request: PauseRequest,
+  ): Promise<{ outcome: PauseOutcome; stopped: Promise<void> }> {
     const { db, live, snapshots, log } = this.ctx;
     // Right after a restart: once its re-attach is settled (bounded by REATTACH_TIMEOUT_MS).
     await live.reattaching.get(id)?.catch(() => {});
@@ -108,20 +120,15 @@ export class PauseResume {
     this.recordPaused(row, layer.tag, layer.replaced);
     crashPoint("pause.recorded");
     await trustPauseLayer(this.ctx.paths, await snapshots.store.get(tag));
-    // The call is answered now: the state is durable. The stopped VM goes next, under the sandbox's lock (a
-    // resume or kill waits for it); a restart kills what is left of it (settlePaused).
+    // The call is answered now: the state is durable. The stopped VM goes next, while the caller still holds the
+    // sandbox's lock (a resume or kill waits for it); a restart kills what is left of it (settlePaused).
     this.leaveLive(id, running);
-    this.inBackground(
-      this.ctx.locks
-        .run(id, () => this.stopPausedVm(id, running))
-        .then(async () => {
-          // Layers merged into this one go next (unless a snapshot depends on them), outside the lock: a resume
-          // does not need them.
-          if (layer.replaced.length > 0) await this.ctx.collection.now();
-        }),
-    );
+    const stopped = this.inBackground(this.stopPausedVm(id, running));
+    // Layers merged into this one go next (unless a snapshot depends on them), outside the lock: a resume does
+    // not need them.
+    if (layer.replaced.length > 0) this.inBackground(stopped.then(() => this.ctx.collection.now()));
     log.info({ id, tag, pause_ms: layer.pause_ms, merged: layer.replaced.length > 0 }, "sandbox paused");
-    return {
+    const outcome: PauseOutcome = {
       sandbox: this.ctx.get(id),
       tag,
       pause_ms: layer.pause_ms,
@@ -131,6 +138,7 @@ export class PauseResume {
       merged: layer.replaced.length > 0,
       freed_bytes: freedBytes,
     };
+    return { outcome, stopped };
   }
 
   /**
@@ -147,13 +155,17 @@ export class PauseResume {
     while (this.background.size > 0) await Promise.allSettled([...this.background]);
   }
 
-  private inBackground(work: Promise<void>): void {
-    const tracked = work
-      .catch((err: unknown) =>
-        this.ctx.log.warn({ err: errorMessage(err) }, "could not finish stopping a paused sandbox's VM"),
+  /** Tracks `work` until it settles (the daemon closing waits for it); the returned promise never rejects. */
+  private inBackground(work: Promise<unknown>): Promise<void> {
+    const tracked: Promise<void> = work
+      .then(
+        () => {},
+        (err: unknown) =>
+          this.ctx.log.warn({ err: errorMessage(err) }, "could not finish stopping a paused sandbox's VM"),
       )
       .finally(() => this.background.delete(tracked));
     this.background.add(tracked);
+    return tracked;
   }
 
   /** A paused sandbox takes no more calls into its guest, and its VM's end is not a death. */
