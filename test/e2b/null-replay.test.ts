@@ -26,6 +26,14 @@ import { ServicesDouble } from "../api/services-double.js";
 
 const TOKEN = "e2b-null-replay-test-token-0123456789";
 
+/**
+ * Fields of which E2B wants one, though its spec marks each optional (POST /v3/templates: `name`, or the
+ * deprecated `alias`). A replay leaving one of them out (or null) sends another of its group.
+ */
+const E2B_ONE_OF: Record<string, readonly (readonly string[])[]> = {
+  "POST /v3/templates": [["name", "alias"]],
+};
+
 /** Where E2B's servers take null (as "not given"), by route and field path. */
 const E2B_NULLABLE: Record<string, readonly string[]> = {
   // network.allowPublicTraffic: null is "the default" in the newest SDKs' models (e2b 2.63).
@@ -117,14 +125,22 @@ function sample(field: string): unknown {
   return structuredClone(SAMPLES[field]);
 }
 
-/** The route's body with every required field (and the parents of `field`) set, and `field` as `value`. */
+/**
+ * The route's body with every required field (and the parents of `field`) set, another member of each of its
+ * one-of groups, and `field` as `value`.
+ */
 function bodyWith(
   fields: { path: string; required: boolean }[],
   field: string,
   value: unknown | typeof ABSENT,
+  oneOf: readonly (readonly string[])[] = [],
 ): Record<string, unknown> {
   const body: Record<string, unknown> = {};
   for (const f of fields) if (f.required && !f.path.includes(".")) body[f.path] = sample(f.path);
+  for (const group of oneOf) {
+    const other = group.find((member) => member !== field);
+    if (other !== undefined) body[other] = sample(other);
+  }
   const [parent, child] = field.split(".") as [string, string | undefined];
   if (child === undefined) {
     if (value === ABSENT) delete body[parent];
@@ -184,8 +200,9 @@ describe("E2B routes replayed with absent and null fields", () => {
     const [method] = key.split(" ") as [string];
     const nullable = new Set(E2B_NULLABLE[key] ?? []);
     for (const field of fields) {
-      const absent = await post(method, target, bodyWith(fields, field.path, ABSENT), headers);
-      const nulled = await post(method, target, bodyWith(fields, field.path, null), headers);
+      const oneOf = E2B_ONE_OF[key] ?? [];
+      const absent = await post(method, target, bodyWith(fields, field.path, ABSENT, oneOf), headers);
+      const nulled = await post(method, target, bodyWith(fields, field.path, null, oneOf), headers);
       // A body this listener cannot act on at all (a template build without a build service behind the double)
       // answers 501 once it is valid: only its refusal of bad bodies is checked here
       // (test/e2b/template-build-e2e drives the served route).
