@@ -33,7 +33,7 @@ import { isValidTag } from "../../common/names.js";
 import { defaultToolsDir } from "../package-root.js";
 import { resolveInRoot } from "../rootfs.js";
 import type { Credentials } from "./credentials.js";
-import { type BuildIdRange, buildIdRange, ensureBuildIdentity } from "./identity.js";
+import { type BuildIdRange, buildIdRange, ensureBuildIdentity, hostId } from "./identity.js";
 import { describeIndexes, hostPackageIndexes, indexEndpoints, type PackageIndex } from "./indexes.js";
 import { openStepNetwork, type StepNetwork } from "./network.js";
 import { giveAllToBuildRange, giveToBuildRange } from "./ownership.js";
@@ -104,6 +104,10 @@ export function bwrapArgs(options: SandboxRun, binds: StepBinds): string[] {
     "/proc",
     "--dev",
     "/dev",
+    // Sticky and world-writable as a real /tmp (bwrap's default is 0755): apt's download and gpgv methods run
+    // as _apt and write their temporaries there.
+    "--perms",
+    "1777",
     "--tmpfs",
     "/tmp",
     "--tmpfs",
@@ -131,6 +135,26 @@ export function bwrapArgs(options: SandboxRun, binds: StepBinds): string[] {
 async function regularFileIn(root: string, file: string): Promise<boolean> {
   const target = await resolveInRoot(root, file).catch(() => undefined);
   return target !== undefined && (await fs.lstat(target).catch(() => undefined))?.isFile() === true;
+}
+
+/**
+ * Makes an empty `file` (owned by the image's root, shifted) where the tree has nothing at that path, so a
+ * bind has a mount point; false when something else is there or its directory is missing.
+ */
+async function placeholderIn(root: string, file: string, range: BuildIdRange): Promise<boolean> {
+  const target = await resolveInRoot(root, file).catch(() => undefined);
+  if (target === undefined || (await fs.lstat(target).catch(() => undefined)) !== undefined) return false;
+  if (!(await fs.stat(path.dirname(target)).catch(() => undefined))?.isDirectory()) return false;
+  await fs.writeFile(target, "", { flag: "wx", mode: 0o644 });
+  await fs.lchown(target, hostId(range, 0), hostId(range, 0));
+  return true;
+}
+
+async function removePlaceholder(root: string, file: string): Promise<void> {
+  const target = await resolveInRoot(root, file).catch(() => undefined);
+  const left = target === undefined ? undefined : await fs.lstat(target).catch(() => undefined);
+  // Only the empty file it made; a step that replaced it with something of its own keeps that.
+  if (target !== undefined && left?.isFile() && left.size === 0) await fs.rm(target, { force: true });
 }
 
 /** The package indexes a networked step reaches, refused when there are none to reach. */
@@ -166,6 +190,7 @@ export async function runInImage(options: SandboxRun): Promise<void> {
   await ensureBuildIdentity(range);
   const network = options.network ? await openStepNetwork(await stepIndexes(options.label)) : undefined;
   const io = await fs.mkdtemp(path.join(options.scratchDir, "step-io-"));
+  const placeholders: string[] = [];
   try {
     await giveToBuildRange(io, range);
     const binds: StepBinds = [];
@@ -186,7 +211,12 @@ export async function runInImage(options: SandboxRun): Promise<void> {
         ["/etc/resolv.conf", "options timeout:1 attempts:1\n"],
       ];
       for (const [guest, text] of files) {
-        if (!(await regularFileIn(options.root, guest))) continue;
+        if (!(await regularFileIn(options.root, guest))) {
+          // An image without the file (OCI images often ship none: their runtime binds it): a mount point for
+          // the step only, removed before the tree is repacked. A symlink or anything else stays untouched.
+          if (!(await placeholderIn(options.root, guest, range))) continue;
+          placeholders.push(guest);
+        }
         const file = path.join(io, `.${path.basename(guest)}`);
         await fs.writeFile(file, text, { mode: 0o644 });
         binds.push({ host: file, dest: guest });
@@ -194,6 +224,7 @@ export async function runInImage(options: SandboxRun): Promise<void> {
     }
     await runStep(options, range, binds, network);
   } finally {
+    for (const guest of placeholders) await removePlaceholder(options.root, guest);
     await network?.close();
     await fs.rm(io, { recursive: true, force: true });
   }
