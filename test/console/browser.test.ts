@@ -153,8 +153,8 @@ describe("the web console in Chromium, on real VMs", { timeout: 15 * 60_000 }, (
     await details.getByTestId("branch-result").waitFor();
     assert.match((await details.getByTestId("branch-result").textContent()) ?? "", /console-branch \(diff\)/);
     const snapshotRow = page.getByTestId("snapshot-console-branch");
-    await snapshotRow.waitFor();
-    assert.equal(await snapshotRow.getAttribute("data-kind"), "diff");
+    // The feed may show it being written first; it turns a diff once it is complete.
+    await page.locator('[data-testid="snapshot-console-branch"][data-kind="diff"]').waitFor();
     const sandboxRow = await page.locator("[data-testid^=sandbox-sb-]").first().getAttribute("data-testid");
     const under = snapshotRow.locator("xpath=ancestor::li[2]/div[contains(@class,'row')]").first();
     assert.equal(await under.getAttribute("data-testid"), sandboxRow, "the branch hangs under its sandbox");
