@@ -57,6 +57,8 @@ describe("snapshots through an OCI registry", { skip: !isRoot && "needs root", t
     homeA = await tempHome("forkd-registry-a-");
     homeB = await tempHome("forkd-registry-b-");
     dir = await fs.mkdtemp(path.join(os.tmpdir(), "forkd-registry-src-"));
+    // Build steps run as the unprivileged build range, which must pass through the image cache's parents.
+    await fs.chmod(dir, 0o711);
     imagesB = path.join(dir, "images-b");
     registry = new Registry(dir, await freePort());
     await registry.start();
