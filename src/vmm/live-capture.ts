@@ -121,6 +121,96 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
   const { qmp } = options;
   const deadline = timeoutSignal(options.timeoutMs ?? LIVE_CAPTURE_TIMEOUT_MS, options.signal);
   const { signal } = deadline;
+  const plan = planCapture(options);
+  let touchMs: number | undefined;
+  if (options.touchFirst ?? true) touchMs = touchPages(plan.mapping).ms;
+  const status = await qmp.execute<{ status: string }>("query-status", undefined, { signal });
+  const run: CaptureRun = {
+    wasRunning: status.status === "running",
+    stoppedByUs: false,
+    migrationStarted: false,
+    guestResumed: false,
+    events: [],
+  };
+  const onEvent = (event: QmpEvent) => {
+    if (event.event === "STOP" || event.event === "RESUME") run.events.push(event);
+  };
+  try {
+    await setCaptureCapabilities(qmp, true, signal);
+    run.listener = await listenForOneConnection(plan.socketPath, "migration socket", {
+      owner: options.socketOwner,
+    });
+    qmp.on("event", onEvent);
+    const started = performance.now();
+    const connection = await startMigration(options, plan, run, signal);
+    const pauseWallMs = performance.now() - started;
+    const streamed = await streamCapture(
+      options,
+      plan.wantPrivate ? privatePageSet(plan.mapping) : undefined,
+      {
+        connection,
+        signal,
+      },
+    );
+    const stopEvent = run.events.find((e) => e.event === "STOP");
+    const resumeEvent = run.events.find((e) => e.event === "RESUME");
+    const pauseMs = stopEvent && resumeEvent ? eventMs(resumeEvent) - eventMs(stopEvent) : pauseWallMs;
+    const { parsed, migration } = streamed;
+    const deviceState = parsed.deviceState;
+    const finalRunState = setChildRunState(parsed, options.childRunState ?? "running");
+    await writeAtomically(plan.partial, options.deviceStatePath, deviceState);
+    if (!run.wasRunning) await qmp.execute("stop", undefined, { signal });
+    return {
+      pauseMs,
+      pauseWallMs,
+      totalMs: performance.now() - started,
+      qemu: { setupMs: migration["setup-time"], downtimeMs: migration.downtime },
+      pagesCaptured: streamed.pagesCaptured,
+      privatePagesAtScan: streamed.privatePages?.count,
+      scanMs: streamed.privatePages?.scanMs,
+      touchMs,
+      deviceStateBytes: deviceState.length,
+      savedRunState: parsed.savedRunState,
+      childStartsRunning: finalRunState === "running",
+      stream: parsed.stats,
+    };
+  } catch (err) {
+    await recoverFromFailedCapture(qmp, run, plan.partial);
+    throw err instanceof ForkdError
+      ? err
+      : new ForkdError("internal", `live capture failed: ${errorMessage(err)}`);
+  } finally {
+    qmp.off("event", onEvent);
+    run.listener?.close();
+    run.connection?.destroy();
+    await fsp.rm(plan.socketPath, { force: true });
+    await setCaptureCapabilities(qmp, false).catch(() => {});
+    deadline.dispose();
+  }
+}
+
+/** What a capture works with, settled (and checked) before anything is asked of QEMU. */
+interface CapturePlan {
+  socketPath: string;
+  wantPrivate: boolean;
+  mapping: ReturnType<typeof findGuestRamMapping>;
+  /** The device state's temporary name, renamed to `deviceStatePath` when complete. */
+  partial: string;
+}
+
+/** Where a capture stands, for the clean-up after a failure. */
+interface CaptureRun {
+  wasRunning: boolean;
+  stoppedByUs: boolean;
+  migrationStarted: boolean;
+  guestResumed: boolean;
+  listener?: OneConnectionListener;
+  connection?: net.Socket;
+  /** QEMU's STOP and RESUME events during the capture (their timestamps measure the pause). */
+  events: QmpEvent[];
+}
+
+function planCapture(options: LiveCaptureOptions): CapturePlan {
   const socketPath = path.join(options.socketDir, `migrate-${randomBytes(4).toString("hex")}.sock`);
   if (Buffer.byteLength(socketPath) > MAX_UNIX_SOCKET_PATH_BYTES) {
     throw new ForkdError("invalid_argument", `socket path ${socketPath} is too long for a unix socket`);
@@ -139,137 +229,130 @@ export async function captureLive(options: LiveCaptureOptions): Promise<LiveCapt
     path.dirname(options.deviceStatePath),
     `.${path.basename(options.deviceStatePath)}.${randomBytes(4).toString("hex")}.partial`,
   );
+  return { socketPath, wantPrivate, mapping, partial };
+}
 
-  let touchMs: number | undefined;
-  if (options.touchFirst ?? true) touchMs = touchPages(mapping).ms;
-  const status = await qmp.execute<{ status: string }>("query-status", undefined, { signal });
-  const wasRunning = status.status === "running";
-  let stoppedByUs = false;
-  let migrationStarted = false;
-  let guestResumed = false;
-  let listener: OneConnectionListener | undefined;
-  let connection: net.Socket | undefined;
-  const events: QmpEvent[] = [];
-  const onEvent = (event: QmpEvent) => {
-    if (event.event === "STOP" || event.event === "RESUME") events.push(event);
-  };
-  try {
-    await setCaptureCapabilities(qmp, true, signal);
-    const listening = await listenForOneConnection(socketPath, "migration socket", {
-      owner: options.socketOwner,
-    });
-    listener = listening;
-
-    qmp.on("event", onEvent);
-    const resumed = qmp.waitEvent("RESUME", { signal });
-    resumed.catch(() => {});
-    const started = performance.now();
-    // Without work to do in the pause, QEMU's own stop (after its setup) is the only pause.
-    if (wasRunning && options.whileStopped) {
-      await qmp.execute("stop", undefined, { signal });
-      stoppedByUs = true;
-    }
-    if (options.whileStopped) await options.whileStopped();
-    await qmp.execute("migrate", { uri: `unix:${socketPath}` }, { signal });
-    migrationStarted = true;
-    connection = await raceAbort(listening.connection, signal, "waiting for QEMU to connect the migration");
-    // Nothing is read until the private set is known (QEMU buffers; the guest waits only on protected pages).
-    connection.pause();
-
-    // QEMU resumes the guest itself once RAM is write-protected (also if it was paused: it always does).
-    await raceAbort(resumed, signal, "waiting for QEMU to resume the guest");
-    stoppedByUs = false;
-    guestResumed = true;
-    const pauseWallMs = performance.now() - started;
-
-    let privateSet: Uint8Array | undefined;
-    let privatePagesAtScan: number | undefined;
-    let scanMs: number | undefined;
-    if (wantPrivate) {
-      const scan = scanPrivatePages(mapping);
-      privateSet = new Uint8Array(mapping.length / PAGE_SIZE);
-      for (const index of scan.pages) privateSet[index] = 1;
-      privatePagesAtScan = scan.pages.length;
-      scanMs = scan.ms;
-    }
-    let pagesCaptured = 0;
-    const parser = new MigrationStreamParser({
-      ramBlock: DEVICE_IDS.memoryBackend,
-      onRamBlocks: (blocks) => {
-        const block = blocks.find((b) => b.idstr === DEVICE_IDS.memoryBackend);
-        if (block && block.length !== options.memoryBytes) {
-          throw new ForkdError(
-            "internal",
-            `migration stream: RAM block ${block.idstr} has ${block.length} bytes, expected ${options.memoryBytes}`,
-          );
-        }
-      },
-      onPage: (index, data) => {
-        if (privateSet && !privateSet[index]) return;
-        pagesCaptured++;
-        options.sink.page(index, data);
-      },
-    });
-    // From here on the guest runs on write-protected RAM: the stream must be read to its end whatever happens
-    // (see drainToEnd), and QEMU must finish its side, which removes the protection.
-    const failure = await drainToEnd(connection, parser, signal);
-    const drain = timeoutSignal(DRAIN_TIMEOUT_MS);
-    let migration: MigrationInfo;
-    try {
-      migration = await waitMigrationDone(qmp, drain.signal);
-    } finally {
-      drain.dispose();
-    }
-    if (failure) throw failure;
-    const parsed = parser.finish();
-    const stopEvent = events.find((e) => e.event === "STOP");
-    const resumeEvent = events.find((e) => e.event === "RESUME");
-    const pauseMs = stopEvent && resumeEvent ? eventMs(resumeEvent) - eventMs(stopEvent) : pauseWallMs;
-
-    const deviceState = parsed.deviceState;
-    const childRunState = options.childRunState ?? "running";
-    if (childRunState !== "as-saved" && parsed.savedRunState !== childRunState) {
-      setGlobalRunState(deviceState, childRunState);
-    }
-    const finalRunState = readGlobalRunState(deviceState).runState;
-    await writeAtomically(partial, options.deviceStatePath, deviceState);
-    if (!wasRunning) await qmp.execute("stop", undefined, { signal });
-    return {
-      pauseMs,
-      pauseWallMs,
-      totalMs: performance.now() - started,
-      qemu: { setupMs: migration["setup-time"], downtimeMs: migration.downtime },
-      pagesCaptured,
-      privatePagesAtScan,
-      scanMs,
-      touchMs,
-      deviceStateBytes: deviceState.length,
-      savedRunState: parsed.savedRunState,
-      childStartsRunning: finalRunState === "running",
-      stream: parsed.stats,
-    };
-  } catch (err) {
-    connection?.destroy();
-    // Cancelling once the guest runs on protected RAM would wedge it (see drainToEnd); by then the migration
-    // has ended anyway.
-    if (migrationStarted && !guestResumed) await qmp.execute("migrate_cancel").catch(() => {});
-    // The source must keep running whatever happened to the capture.
-    if (stoppedByUs || wasRunning) {
-      const now = await qmp.execute<{ status: string }>("query-status").catch(() => undefined);
-      if (now?.status === "paused") await qmp.execute("cont").catch(() => {});
-    }
-    await fsp.rm(partial, { force: true });
-    throw err instanceof ForkdError
-      ? err
-      : new ForkdError("internal", `live capture failed: ${errorMessage(err)}`);
-  } finally {
-    qmp.off("event", onEvent);
-    listener?.close();
-    connection?.destroy();
-    await fsp.rm(socketPath, { force: true });
-    await setCaptureCapabilities(qmp, false).catch(() => {});
-    deadline.dispose();
+/**
+ * Stops the VM if there is work for the pause, runs it, starts the migration and waits until QEMU has resumed
+ * the guest on write-protected RAM. Returns QEMU's connection to the migration socket, paused.
+ */
+async function startMigration(
+  options: LiveCaptureOptions,
+  plan: CapturePlan,
+  run: CaptureRun,
+  signal: AbortSignal,
+): Promise<net.Socket> {
+  const { qmp } = options;
+  const listener = run.listener as OneConnectionListener;
+  const resumed = qmp.waitEvent("RESUME", { signal });
+  resumed.catch(() => {});
+  // Without work to do in the pause, QEMU's own stop (after its setup) is the only pause.
+  if (run.wasRunning && options.whileStopped) {
+    await qmp.execute("stop", undefined, { signal });
+    run.stoppedByUs = true;
   }
+  if (options.whileStopped) await options.whileStopped();
+  await qmp.execute("migrate", { uri: `unix:${plan.socketPath}` }, { signal });
+  run.migrationStarted = true;
+  const connection = await raceAbort(
+    listener.connection,
+    signal,
+    "waiting for QEMU to connect the migration",
+  );
+  run.connection = connection;
+  // Nothing is read until the private set is known (QEMU buffers; the guest waits only on protected pages).
+  connection.pause();
+
+  // QEMU resumes the guest itself once RAM is write-protected (also if it was paused: it always does).
+  await raceAbort(resumed, signal, "waiting for QEMU to resume the guest");
+  run.stoppedByUs = false;
+  run.guestResumed = true;
+  return connection;
+}
+
+/** The pages private to the VM, scanned right after the guest resumed (see the module comment). */
+interface PrivatePages {
+  set: Uint8Array;
+  count: number;
+  scanMs: number;
+}
+
+function privatePageSet(mapping: CapturePlan["mapping"]): PrivatePages {
+  const scan = scanPrivatePages(mapping);
+  const set = new Uint8Array(mapping.length / PAGE_SIZE);
+  for (const index of scan.pages) set[index] = 1;
+  return { set, count: scan.pages.length, scanMs: scan.ms };
+}
+
+/**
+ * Reads the migration stream to its end, giving RAM pages (those in `privatePages`, if given) to the sink, and
+ * waits for QEMU to finish its side.
+ */
+async function streamCapture(
+  options: LiveCaptureOptions,
+  privatePages: PrivatePages | undefined,
+  stream: { connection: net.Socket; signal: AbortSignal },
+): Promise<{
+  parsed: MigrationStreamResult;
+  migration: MigrationInfo;
+  pagesCaptured: number;
+  privatePages: PrivatePages | undefined;
+}> {
+  let pagesCaptured = 0;
+  const parser = new MigrationStreamParser({
+    ramBlock: DEVICE_IDS.memoryBackend,
+    onRamBlocks: (blocks) => {
+      const block = blocks.find((b) => b.idstr === DEVICE_IDS.memoryBackend);
+      if (block && block.length !== options.memoryBytes) {
+        throw new ForkdError(
+          "internal",
+          `migration stream: RAM block ${block.idstr} has ${block.length} bytes, expected ${options.memoryBytes}`,
+        );
+      }
+    },
+    onPage: (index, data) => {
+      if (privatePages && !privatePages.set[index]) return;
+      pagesCaptured++;
+      options.sink.page(index, data);
+    },
+  });
+  // From here on the guest runs on write-protected RAM: the stream must be read to its end whatever happens
+  // (see drainToEnd), and QEMU must finish its side, which removes the protection.
+  const failure = await drainToEnd(stream.connection, parser, stream.signal);
+  const drain = timeoutSignal(DRAIN_TIMEOUT_MS);
+  let migration: MigrationInfo;
+  try {
+    migration = await waitMigrationDone(options.qmp, drain.signal);
+  } finally {
+    drain.dispose();
+  }
+  if (failure) throw failure;
+  return { parsed: parser.finish(), migration, pagesCaptured, privatePages };
+}
+
+/** Rewrites the saved run state for children unless "as-saved"; returns the run state a child will load. */
+function setChildRunState(
+  parsed: MigrationStreamResult,
+  childRunState: NonNullable<LiveCaptureOptions["childRunState"]>,
+): string {
+  if (childRunState !== "as-saved" && parsed.savedRunState !== childRunState) {
+    setGlobalRunState(parsed.deviceState, childRunState);
+  }
+  return readGlobalRunState(parsed.deviceState).runState;
+}
+
+/** After a failed capture: the source keeps running, no partial device state stays. */
+async function recoverFromFailedCapture(qmp: QmpClient, run: CaptureRun, partial: string): Promise<void> {
+  run.connection?.destroy();
+  // Cancelling once the guest runs on protected RAM would wedge it (see drainToEnd); by then the migration
+  // has ended anyway.
+  if (run.migrationStarted && !run.guestResumed) await qmp.execute("migrate_cancel").catch(() => {});
+  // The source must keep running whatever happened to the capture.
+  if (run.stoppedByUs || run.wasRunning) {
+    const now = await qmp.execute<{ status: string }>("query-status").catch(() => undefined);
+    if (now?.status === "paused") await qmp.execute("cont").catch(() => {});
+  }
+  await fsp.rm(partial, { force: true });
 }
 
 /**
