@@ -120,8 +120,7 @@ async function registryAuthFile(): Promise<string | undefined> {
   return undefined;
 }
 
-/** Builds `source` with buildah (sandboxed) and pushes the result to `<layout>:image`. */
-export async function buildDockerfile(opts: {
+export interface DockerfileBuildOptions {
   source: DockerfileSource;
   cacheDir: string;
   workDir: string;
@@ -130,10 +129,60 @@ export async function buildDockerfile(opts: {
   onLine?: (line: string) => void;
   /** A forced build: no instruction from buildah's layer cache, FROM images pulled again. */
   noCache?: boolean;
-}): Promise<DockerfileBuild> {
+}
+
+/** Builds `source` with buildah (sandboxed) and pushes the result to `<layout>:image`. */
+export async function buildDockerfile(opts: DockerfileBuildOptions): Promise<DockerfileBuild> {
   const { source } = opts;
+  const workspace = await prepareWorkspace(opts);
+  const sandbox = buildahSandbox(workspace, opts.signal);
+  if (source.network) await pullFromImages(sandbox, workspace, source, opts.noCache === true);
+  const started = performance.now();
+  const instructions: DockerfileBuild["instructions"] = [];
+  const onLine = (line: string) => {
+    const step = /^STEP \d+\/\d+: (.*)$/.exec(line);
+    if (step) instructions.push({ text: step[1] as string, startedS: (performance.now() - started) / 1000 });
+    opts.onLine?.(line);
+  };
+  await runBuild(sandbox, source, buildArgs(source, opts.noCache === true), onLine);
+  const imageId = (await fs.readFile(path.join(workspace.work, "iid"), "utf8"))
+    .trim()
+    .replace(/^sha256:/, "");
+  if (!/^[0-9a-f]{64}$/.test(imageId))
+    throw new ForkdError("internal", `buildah wrote an odd image id ${imageId}`);
+  await sandbox(
+    "none",
+    ["push", "--quiet", imageId, ociLayoutName(`${IN.work}/out`, "image")],
+    "buildah push (to an OCI layout)",
+  );
+  // The layout becomes forkd's: root's, and nothing the build range's ids could still change.
+  const out = path.join(workspace.work, "out");
+  await takeFromBuildRange(out);
+  await fs.rename(out, opts.layout);
+  return { imageId, instructions };
+}
+
+/** Host paths of one build, all the build range's. */
+interface Workspace {
+  range: ReturnType<typeof buildIdRange>;
+  storage: string;
+  work: string;
+  context: string;
+  dockerfile: string;
+}
+
+/** One buildah command in the sandbox, with the workspace mounted (see the module comment). */
+type BuildahRun = (
+  network: HostToolRun["network"],
+  argv: string[],
+  label: string,
+  extra?: Partial<HostToolRun>,
+) => ReturnType<typeof runHostTool>;
+
+/** Gives buildah its storage and a work directory, with copies of the context and the Dockerfile. */
+async function prepareWorkspace(opts: DockerfileBuildOptions): Promise<Workspace> {
   const range = buildIdRange();
-  const storage = buildahStorageDir(opts.cacheDir, source);
+  const storage = buildahStorageDir(opts.cacheDir, opts.source);
   const work = path.join(opts.workDir, "dockerfile");
   // buildah (the range's first id) must reach its storage and the build's work directory; nobody else may.
   await assertReachableByBuildRange(path.dirname(opts.workDir), range, "the build's staging directory");
@@ -144,16 +193,16 @@ export async function buildDockerfile(opts: {
   // The context and the Dockerfile, copied where the range can read them (never a host path of the template's).
   const context = path.join(work, "context");
   const dockerfile = path.join(work, "Dockerfile");
-  await fs.cp(source.context, context, { recursive: true, verbatimSymlinks: true });
-  await fs.copyFile(source.file, dockerfile);
+  await fs.cp(opts.source.context, context, { recursive: true, verbatimSymlinks: true });
+  await fs.copyFile(opts.source.file, dockerfile);
   await giveAllToBuildRange(context, range);
   await giveAllToBuildRange(dockerfile, range);
-  const sandbox = (
-    network: HostToolRun["network"],
-    argv: string[],
-    label: string,
-    extra: Partial<HostToolRun> = {},
-  ) =>
+  return { range, storage, work, context, dockerfile };
+}
+
+function buildahSandbox(workspace: Workspace, signal: AbortSignal | undefined): BuildahRun {
+  const { storage, work, context, dockerfile } = workspace;
+  return (network, argv, label, extra = {}) =>
     runHostTool({
       argv: ["buildah", ...buildahGlobalArgs(), ...argv],
       dirs: [
@@ -167,51 +216,60 @@ export async function buildDockerfile(opts: {
       env: { HOME: IN.work, TMPDIR: IN.work, ...extra.env },
       cwd: IN.context,
       label,
-      signal: opts.signal,
+      signal,
       stdout: "lines",
       onOutputLine: extra.onOutputLine,
     });
+}
 
-  if (source.network) {
-    const text = await fs.readFile(source.file, "utf8");
-    const auth = await registryAuthFile();
-    const authCopy = path.join(work, "auth.json");
-    if (auth) {
-      await fs.copyFile(auth, authCopy);
-      await fs.chmod(authCopy, 0o600);
-      await giveAllToBuildRange(authCopy, range);
-    }
-    try {
-      for (const image of registryImagesOf(text, source.args)) {
-        const host = registryHost(image);
-        await sandbox(
-          "host",
-          [
-            "pull",
-            "--quiet",
-            "--policy",
-            opts.noCache ? "always" : "missing",
-            "--platform",
-            `${GUEST_PLATFORM.os}/${GUEST_PLATFORM.arch}`,
-            ...(host && isLoopbackRegistry(image) ? ["--tls-verify=false"] : []),
-            "--",
-            image,
-          ],
-          `buildah pull ${image}`,
-          auth
-            ? {
-                files: [{ host: authCopy, dest: "/forkd/auth.json" }],
-                env: { REGISTRY_AUTH_FILE: "/forkd/auth.json" },
-              }
-            : {},
-        );
-      }
-    } finally {
-      // The credentials are for the pulls, never for RUN.
-      await fs.rm(authCopy, { force: true });
-    }
+/** Pulls the registry images the FROM lines name, in the host's network, with forkd's registry credentials. */
+async function pullFromImages(
+  sandbox: BuildahRun,
+  workspace: Workspace,
+  source: DockerfileSource,
+  noCache: boolean,
+): Promise<void> {
+  const text = await fs.readFile(source.file, "utf8");
+  const auth = await registryAuthFile();
+  const authCopy = path.join(workspace.work, "auth.json");
+  if (auth) {
+    await fs.copyFile(auth, authCopy);
+    await fs.chmod(authCopy, 0o600);
+    await giveAllToBuildRange(authCopy, workspace.range);
   }
+  try {
+    for (const image of registryImagesOf(text, source.args)) {
+      const host = registryHost(image);
+      await sandbox(
+        "host",
+        [
+          "pull",
+          "--quiet",
+          "--policy",
+          noCache ? "always" : "missing",
+          "--platform",
+          `${GUEST_PLATFORM.os}/${GUEST_PLATFORM.arch}`,
+          ...(host && isLoopbackRegistry(image) ? ["--tls-verify=false"] : []),
+          "--",
+          image,
+        ],
+        `buildah pull ${image}`,
+        auth
+          ? {
+              files: [{ host: authCopy, dest: "/forkd/auth.json" }],
+              env: { REGISTRY_AUTH_FILE: "/forkd/auth.json" },
+            }
+          : {},
+      );
+    }
+  } finally {
+    // The credentials are for the pulls, never for RUN.
+    await fs.rm(authCopy, { force: true });
+  }
+}
 
+/** `buildah build`'s arguments: chroot isolation, buildah's layer cache, nothing pulled, the image id to a file. */
+function buildArgs(source: DockerfileSource, noCache: boolean): string[] {
   const args = [
     "build",
     "--isolation",
@@ -222,21 +280,24 @@ export async function buildDockerfile(opts: {
     `${GUEST_PLATFORM.os}/${GUEST_PLATFORM.arch}`,
     "--iidfile",
     `${IN.work}/iid`,
-    ...(opts.noCache ? ["--no-cache"] : []),
+    ...(noCache ? ["--no-cache"] : []),
     "-f",
     IN.dockerfile,
   ];
   for (const [name, value] of Object.entries(source.args)) args.push("--build-arg", `${name}=${value}`);
   if (source.target !== undefined) args.push("--target", source.target);
   args.push("--", IN.context);
-  const started = performance.now();
-  const instructions: DockerfileBuild["instructions"] = [];
+  return args;
+}
+
+/** Runs the build; a network failure says what network RUN has. */
+async function runBuild(
+  sandbox: BuildahRun,
+  source: DockerfileSource,
+  args: string[],
+  onLine: (line: string) => void,
+): Promise<void> {
   const label = `buildah build ${source.fileRelative}${source.network ? "" : " (no network)"}`;
-  const onLine = (line: string) => {
-    const step = /^STEP \d+\/\d+: (.*)$/.exec(line);
-    if (step) instructions.push({ text: step[1] as string, startedS: (performance.now() - started) / 1000 });
-    opts.onLine?.(line);
-  };
   try {
     await sandbox(source.network ? "indexes" : "none", args, label, { onOutputLine: onLine });
   } catch (err) {
@@ -252,19 +313,6 @@ export async function buildDockerfile(opts: {
     }
     throw err;
   }
-  const imageId = (await fs.readFile(path.join(work, "iid"), "utf8")).trim().replace(/^sha256:/, "");
-  if (!/^[0-9a-f]{64}$/.test(imageId))
-    throw new ForkdError("internal", `buildah wrote an odd image id ${imageId}`);
-  await sandbox(
-    "none",
-    ["push", "--quiet", imageId, ociLayoutName(`${IN.work}/out`, "image")],
-    "buildah push (to an OCI layout)",
-  );
-  // The layout becomes forkd's: root's, and nothing the build range's ids could still change.
-  const out = path.join(work, "out");
-  await takeFromBuildRange(out);
-  await fs.rename(out, opts.layout);
-  return { imageId, instructions };
 }
 
 /** buildah's version, for doctor and error messages. */
