@@ -67,86 +67,114 @@ const kindOf = (s: Schema) => (s as unknown as Record<symbol, unknown>)[Kind] as
  * cannot tell the difference. Shorthands (\d \w \s \b), '.', lookarounds and back-references are refused.
  */
 export function translatePattern(pattern: string): string {
-  let i = 0;
-  const fail = (why: string): never => {
-    throw new Error(`pattern ${JSON.stringify(pattern)} cannot be translated to RE2 faithfully: ${why}`);
-  };
-  const isAsciiPrintable = (c: string) => c >= " " && c <= "~";
-  const readEscape = (): string => {
+  return new PatternTranslation(pattern).run();
+}
+
+const isAsciiPrintable = (c: string) => c >= " " && c <= "~";
+
+/** One translatePattern: reads `pattern` left to right, writing the RE2 form. */
+class PatternTranslation {
+  private i = 0;
+  private out = "";
+  /** The last atom was a negated class (it may not be repeated a bounded number of times). */
+  private lastAtomNegatedClass = false;
+
+  constructor(private readonly pattern: string) {}
+
+  run(): string {
+    const { pattern } = this;
+    while (this.i < pattern.length) {
+      const c = pattern[this.i] as string;
+      if (c === "\\") {
+        this.out += this.readEscape();
+        this.lastAtomNegatedClass = false;
+      } else if (c === "[") {
+        this.readClass();
+      } else if (c === "{") {
+        this.readRepetition();
+      } else if (c === "(") {
+        if (pattern[this.i + 1] === "?") this.fail("group modifiers and lookarounds");
+        this.out += c;
+        this.i++;
+        this.lastAtomNegatedClass = false;
+      } else if (c === ".") {
+        this.fail("'.' (JavaScript excludes \\r, \\u2028 and \\u2029, RE2 only \\n)");
+      } else if (c === "$" && this.i !== pattern.length - 1) {
+        this.fail("'$' before the end");
+      } else if (c === "^" && this.i !== 0) {
+        this.fail("'^' after the start");
+      } else if ("*+?|)^$".includes(c) || isAsciiPrintable(c)) {
+        this.out += c;
+        this.i++;
+        if (!"*+?".includes(c)) this.lastAtomNegatedClass = false;
+      } else {
+        this.fail(`character ${JSON.stringify(c)}`);
+      }
+    }
+    return this.out;
+  }
+
+  private fail(why: string): never {
+    throw new Error(`pattern ${JSON.stringify(this.pattern)} cannot be translated to RE2 faithfully: ${why}`);
+  }
+
+  private readEscape(): string {
+    const { pattern, i } = this;
     const c = pattern[i + 1];
-    if (c === undefined) fail("trailing backslash");
+    if (c === undefined) this.fail("trailing backslash");
     if (c === "x") {
       const hex = pattern.slice(i + 2, i + 4);
-      if (!/^[0-9A-Fa-f]{2}$/.test(hex)) fail("bad \\x escape");
-      i += 4;
+      if (!/^[0-9A-Fa-f]{2}$/.test(hex)) this.fail("bad \\x escape");
+      this.i += 4;
       return `\\x${hex}`;
     }
-    if (/[A-Za-z0-9]/.test(c as string)) fail(`escape \\${c} has no identical RE2 meaning`);
-    i += 2;
+    if (/[A-Za-z0-9]/.test(c as string)) this.fail(`escape \\${c} has no identical RE2 meaning`);
+    this.i += 2;
     return `\\${c}`;
-  };
-  let out = "";
-  let lastAtomNegatedClass = false;
-  while (i < pattern.length) {
-    const c = pattern[i] as string;
-    if (c === "\\") {
-      out += readEscape();
-      lastAtomNegatedClass = false;
-    } else if (c === "[") {
-      let cls = "[";
-      i++;
-      const negated = pattern[i] === "^";
-      if (negated) {
-        cls += "^";
-        i++;
-      }
-      let closed = false;
-      while (i < pattern.length) {
-        const d = pattern[i] as string;
-        if (d === "]") {
-          closed = true;
-          i++;
-          break;
-        }
-        if (d === "\\") cls += readEscape();
-        else if (d === "[") fail("nested '[' in a class");
-        else if (!isAsciiPrintable(d)) fail("non-ASCII character in a class");
-        else {
-          cls += d;
-          i++;
-        }
-      }
-      if (!closed) fail("unterminated class");
-      out += `${cls}]`;
-      lastAtomNegatedClass = negated;
-    } else if (c === "{") {
-      const m = /^\{(\d+)(,(\d*))?\}/.exec(pattern.slice(i));
-      if (!m) fail("bad repetition");
-      const bounded = m?.[2] === undefined || (m[3] ?? "") !== "";
-      if (lastAtomNegatedClass && bounded) fail("a negated class repeated a bounded number of times");
-      if (Number(m?.[1]) > 1000 || Number(m?.[3] || 0) > 1000) fail("repetition above RE2's limit of 1000");
-      out += m?.[0];
-      i += m?.[0].length ?? 0;
-    } else if (c === "(") {
-      if (pattern[i + 1] === "?") fail("group modifiers and lookarounds");
-      out += c;
-      i++;
-      lastAtomNegatedClass = false;
-    } else if (c === ".") {
-      fail("'.' (JavaScript excludes \\r, \\u2028 and \\u2029, RE2 only \\n)");
-    } else if (c === "$" && i !== pattern.length - 1) {
-      fail("'$' before the end");
-    } else if (c === "^" && i !== 0) {
-      fail("'^' after the start");
-    } else if ("*+?|)^$".includes(c) || isAsciiPrintable(c)) {
-      out += c;
-      i++;
-      if (!"*+?".includes(c)) lastAtomNegatedClass = false;
-    } else {
-      fail(`character ${JSON.stringify(c)}`);
-    }
   }
-  return out;
+
+  /** A character class: ASCII characters, ranges and escapes only. */
+  private readClass(): void {
+    const { pattern } = this;
+    let cls = "[";
+    this.i++;
+    const negated = pattern[this.i] === "^";
+    if (negated) {
+      cls += "^";
+      this.i++;
+    }
+    let closed = false;
+    while (this.i < pattern.length) {
+      const d = pattern[this.i] as string;
+      if (d === "]") {
+        closed = true;
+        this.i++;
+        break;
+      }
+      if (d === "\\") cls += this.readEscape();
+      else if (d === "[") this.fail("nested '[' in a class");
+      else if (!isAsciiPrintable(d)) this.fail("non-ASCII character in a class");
+      else {
+        cls += d;
+        this.i++;
+      }
+    }
+    if (!closed) this.fail("unterminated class");
+    this.out += `${cls}]`;
+    this.lastAtomNegatedClass = negated;
+  }
+
+  /** {n}, {n,} or {n,m}, within RE2's limit. */
+  private readRepetition(): void {
+    const m = /^\{(\d+)(,(\d*))?\}/.exec(this.pattern.slice(this.i));
+    if (!m) this.fail("bad repetition");
+    const bounded = m?.[2] === undefined || (m[3] ?? "") !== "";
+    if (this.lastAtomNegatedClass && bounded) this.fail("a negated class repeated a bounded number of times");
+    if (Number(m?.[1]) > 1000 || Number(m?.[3] || 0) > 1000)
+      this.fail("repetition above RE2's limit of 1000");
+    this.out += m?.[0];
+    this.i += m?.[0].length ?? 0;
+  }
 }
 
 // ---- the model: named Go types for the schemas
@@ -462,81 +490,92 @@ function checks(model: Model, s: Schema, value: string, path: string, place: str
     const inner = checks(model, nullable, `(*${value})`, path, place);
     return inner === "" ? "" : `if ${value} != nil {\n${indent(inner)}\n}`;
   }
-  const out: string[] = [];
   if (isLiteralUnion(s)) {
     const values = (s.anyOf as Schema[]).map((v) => goString(String(v.const)));
-    out.push(
-      `switch ${value} {\ncase ${values.join(", ")}:\ndefault:\n\treturn schemaError(${path}, "Expected union value", ${desc})\n}`,
-    );
-    return out.join("\n");
+    return `switch ${value} {\ncase ${values.join(", ")}:\ndefault:\n\treturn schemaError(${path}, "Expected union value", ${desc})\n}`;
   }
+  const check: Check = { model, value, path, place, desc };
   switch (kindOf(s)) {
     case "String":
-      if (typeof s.minLength === "number")
-        out.push(
-          `if utf16Len(${value}) < ${s.minLength} {\n\treturn schemaError(${path}, "Expected string length greater or equal to ${s.minLength}", ${desc})\n}`,
-        );
-      if (typeof s.maxLength === "number")
-        out.push(
-          `if utf16Len(${value}) > ${s.maxLength} {\n\treturn schemaError(${path}, "Expected string length less or equal to ${s.maxLength}", ${desc})\n}`,
-        );
-      if (typeof s.pattern === "string")
-        out.push(
-          `if !${model.pattern(s.pattern)}.MatchString(${value}) {\n\treturn schemaError(${path}, ${goString(`Expected string to match '${s.pattern}'`)}, ${desc})\n}`,
-        );
-      break;
+      return stringChecks(check, s).join("\n");
     case "Literal":
-      out.push(
-        `if ${value} != ${typeof s.const === "string" ? goString(s.const) : String(s.const)} {\n\treturn schemaError(${path}, ${goString(`Expected ${JSON.stringify(s.const)}`)}, ${desc})\n}`,
-      );
-      break;
+      return `if ${value} != ${typeof s.const === "string" ? goString(s.const) : String(s.const)} {\n\treturn schemaError(${path}, ${goString(`Expected ${JSON.stringify(s.const)}`)}, ${desc})\n}`;
     case "Integer":
-    case "Number": {
-      const word = kindOf(s) === "Integer" ? "integer" : "number";
-      if (typeof s.minimum === "number")
-        out.push(
-          `if ${value} < ${s.minimum} {\n\treturn schemaError(${path}, "Expected ${word} to be greater or equal to ${s.minimum}", ${desc})\n}`,
-        );
-      if (typeof s.maximum === "number")
-        out.push(
-          `if ${value} > ${s.maximum} {\n\treturn schemaError(${path}, "Expected ${word} to be less or equal to ${s.maximum}", ${desc})\n}`,
-        );
-      for (const key of ["exclusiveMinimum", "exclusiveMaximum", "multipleOf"]) {
-        if (key in s) throw new Error(`${place}: ${key} is not supported by the Go generator`);
-      }
-      break;
-    }
-    case "Array": {
-      if (typeof s.minItems === "number")
-        out.push(
-          `if len(${value}) < ${s.minItems} {\n\treturn schemaError(${path}, "Expected array length to be greater or equal to ${s.minItems}", ${desc})\n}`,
-        );
-      if (typeof s.maxItems === "number")
-        out.push(
-          `if len(${value}) > ${s.maxItems} {\n\treturn schemaError(${path}, "Expected array length to be less or equal to ${s.maxItems}", ${desc})\n}`,
-        );
-      if ("uniqueItems" in s) throw new Error(`${place}: uniqueItems is not supported by the Go generator`);
-      const inner = checks(model, s.items as Schema, `${value}[i]`, `${path} + "/" + strconv.Itoa(i)`, place);
-      if (inner !== "") out.push(`for i := range ${value} {\n${indent(inner)}\n}`);
-      break;
-    }
+    case "Number":
+      return numberChecks(check, s).join("\n");
+    case "Array":
+      return arrayChecks(check, s).join("\n");
     case "Record": {
       const [keyPattern, valueSchema] = recordParts(s);
       const inner = checks(model, valueSchema, "v", `${path} + "/" + pointerEscape(k)`, place);
-      out.push(
-        `for k, v := range ${value} {\n\t_ = v\n\tif !${model.pattern(keyPattern)}.MatchString(k) {\n\t\treturn schemaError(${path} + "/" + pointerEscape(k), ${goString(`Expected property name to match '${keyPattern}'`)}, "")\n\t}\n${inner === "" ? "" : indent(inner)}\n}`,
-      );
-      break;
+      return `for k, v := range ${value} {\n\t_ = v\n\tif !${model.pattern(keyPattern)}.MatchString(k) {\n\t\treturn schemaError(${path} + "/" + pointerEscape(k), ${goString(`Expected property name to match '${keyPattern}'`)}, "")\n\t}\n${inner === "" ? "" : indent(inner)}\n}`;
     }
-    case "Object": {
+    case "Object":
       model.struct(s, place, true);
-      out.push(`if err := ${value}.validate(${path}); err != nil {\n\treturn err\n}`);
-      break;
-    }
+      return `if err := ${value}.validate(${path}); err != nil {\n\treturn err\n}`;
     default:
-      break;
+      return "";
   }
-  return out.join("\n");
+}
+
+/** What one constraint check is about: the Go expression, its JSON pointer (a Go expression) and its schema's place. */
+interface Check {
+  model: Model;
+  value: string;
+  path: string;
+  place: string;
+  /** The schema's description as a Go string (error messages carry it). */
+  desc: string;
+}
+
+function stringChecks({ model, value, path, desc }: Check, s: Schema): string[] {
+  const out: string[] = [];
+  if (typeof s.minLength === "number")
+    out.push(
+      `if utf16Len(${value}) < ${s.minLength} {\n\treturn schemaError(${path}, "Expected string length greater or equal to ${s.minLength}", ${desc})\n}`,
+    );
+  if (typeof s.maxLength === "number")
+    out.push(
+      `if utf16Len(${value}) > ${s.maxLength} {\n\treturn schemaError(${path}, "Expected string length less or equal to ${s.maxLength}", ${desc})\n}`,
+    );
+  if (typeof s.pattern === "string")
+    out.push(
+      `if !${model.pattern(s.pattern)}.MatchString(${value}) {\n\treturn schemaError(${path}, ${goString(`Expected string to match '${s.pattern}'`)}, ${desc})\n}`,
+    );
+  return out;
+}
+
+function numberChecks({ value, path, place, desc }: Check, s: Schema): string[] {
+  const out: string[] = [];
+  const word = kindOf(s) === "Integer" ? "integer" : "number";
+  if (typeof s.minimum === "number")
+    out.push(
+      `if ${value} < ${s.minimum} {\n\treturn schemaError(${path}, "Expected ${word} to be greater or equal to ${s.minimum}", ${desc})\n}`,
+    );
+  if (typeof s.maximum === "number")
+    out.push(
+      `if ${value} > ${s.maximum} {\n\treturn schemaError(${path}, "Expected ${word} to be less or equal to ${s.maximum}", ${desc})\n}`,
+    );
+  for (const key of ["exclusiveMinimum", "exclusiveMaximum", "multipleOf"]) {
+    if (key in s) throw new Error(`${place}: ${key} is not supported by the Go generator`);
+  }
+  return out;
+}
+
+function arrayChecks({ model, value, path, place, desc }: Check, s: Schema): string[] {
+  const out: string[] = [];
+  if (typeof s.minItems === "number")
+    out.push(
+      `if len(${value}) < ${s.minItems} {\n\treturn schemaError(${path}, "Expected array length to be greater or equal to ${s.minItems}", ${desc})\n}`,
+    );
+  if (typeof s.maxItems === "number")
+    out.push(
+      `if len(${value}) > ${s.maxItems} {\n\treturn schemaError(${path}, "Expected array length to be less or equal to ${s.maxItems}", ${desc})\n}`,
+    );
+  if ("uniqueItems" in s) throw new Error(`${place}: uniqueItems is not supported by the Go generator`);
+  const inner = checks(model, s.items as Schema, `${value}[i]`, `${path} + "/" + strconv.Itoa(i)`, place);
+  if (inner !== "") out.push(`for i := range ${value} {\n${indent(inner)}\n}`);
+  return out;
 }
 
 function validatorDecl(model: Model, st: GoStruct): string {
