@@ -136,15 +136,11 @@ class GuestCalls(ControllerBase):
         if timeout_secs is not None:
             timeout = check_duration(timeout_secs, "timeout_secs")
             body["timeout_ms"] = _ms(timeout or MAX_GUEST_TIMEOUT)
+        request = Request("POST", _sandbox(sandbox_id, "/eval"), json=body, has_json=True)
         if timeout is None:
-            return self._object(
-                Request("POST", _sandbox(sandbox_id, "/eval"), json=body, has_json=True), request_timeout, cancel
-            )
+            return self._object(request, request_timeout, cancel)
         return self._object(
-            Request("POST", _sandbox(sandbox_id, "/eval"), json=body, has_json=True),
-            self._guest_work_deadline(timeout, request_timeout),
-            cancel,
-            deadline_setting="timeout_secs",
+            request, self._guest_work_deadline(timeout, request_timeout), cancel, deadline_setting="timeout_secs"
         )
 
     def write_file(
@@ -197,11 +193,7 @@ class GuestCalls(ControllerBase):
         cancel: Optional[CancelToken] = None,
     ) -> Dict[str, Any]:
         """``GET /v1/sandboxes/:id/files/list``: ``{"path", "entries": [FileInfo], "truncated"}``."""
-        return self._object(
-            Request("GET", _sandbox(sandbox_id, "/files/list"), query={"path": _required(path, "path")}),
-            request_timeout,
-            cancel,
-        )
+        return self._get_about_path(sandbox_id, "/files/list", path, request_timeout, cancel)
 
     def stat_file(
         self,
@@ -212,11 +204,7 @@ class GuestCalls(ControllerBase):
         cancel: Optional[CancelToken] = None,
     ) -> Dict[str, Any]:
         """``GET /v1/sandboxes/:id/files/stat``: FileInfo ``{"name", "type", "size", "mode", "mtime_ms", ...}``."""
-        return self._object(
-            Request("GET", _sandbox(sandbox_id, "/files/stat"), query={"path": _required(path, "path")}),
-            request_timeout,
-            cancel,
-        )
+        return self._get_about_path(sandbox_id, "/files/stat", path, request_timeout, cancel)
 
     def remove_file(
         self,
@@ -232,6 +220,18 @@ class GuestCalls(ControllerBase):
         if recursive:
             query["recursive"] = True
         self._send(Request("DELETE", _sandbox(sandbox_id, "/files"), query=query), request_timeout, cancel)
+
+    def _get_about_path(
+        self,
+        sandbox_id: str,
+        route: str,
+        path: str,
+        request_timeout: Optional[float],
+        cancel: Optional[CancelToken],
+    ) -> Dict[str, Any]:
+        """A ``GET`` of one of the sandbox's file routes that takes the guest path as its ``path`` query."""
+        request = Request("GET", _sandbox(sandbox_id, route), query={"path": _required(path, "path")})
+        return self._object(request, request_timeout, cancel)
 
 
 def _exec_body(
