@@ -19,26 +19,22 @@ if ! getent group forkd >/dev/null; then
   groupadd --system forkd
 fi
 
-vm_base="${FORKD_VM_UID_BASE:-2000000000}"
-vm_count=4194304
-vm_range="${vm_base}-$((vm_base + vm_count - 1))"
-if ! getent passwd forkd-vm >/dev/null; then
-  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
-    --comment "forkd reserves the uid range of sandboxed QEMUs" forkd-vm
-fi
-if ! grep -qx "forkd-vm:${vm_base}:${vm_count}" /etc/subuid 2>/dev/null ||
-  ! grep -qx "forkd-vm:${vm_base}:${vm_count}" /etc/subgid 2>/dev/null; then
-  usermod --add-subuids "$vm_range" --add-subgids "$vm_range" forkd-vm
-fi
+# reserve_range USER BASE COUNT COMMENT: a system user USER (its own group, no home, no shell) holding the ids
+# BASE..BASE+COUNT-1 in /etc/subuid and /etc/subgid.
+reserve_range() {
+  user="$1"
+  base="$2"
+  count="$3"
+  if ! getent passwd "$user" >/dev/null; then
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+      --comment "$4" "$user"
+  fi
+  if ! grep -qx "${user}:${base}:${count}" /etc/subuid 2>/dev/null ||
+    ! grep -qx "${user}:${base}:${count}" /etc/subgid 2>/dev/null; then
+    range="${base}-$((base + count - 1))"
+    usermod --add-subuids "$range" --add-subgids "$range" "$user"
+  fi
+}
 
-build_base="${FORKD_BUILD_UID_BASE:-1900000000}"
-build_count=65536
-build_range="${build_base}-$((build_base + build_count - 1))"
-if ! getent passwd forkd-build >/dev/null; then
-  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
-    --comment "forkd reserves the uid range build steps run as" forkd-build
-fi
-if ! grep -qx "forkd-build:${build_base}:${build_count}" /etc/subuid 2>/dev/null ||
-  ! grep -qx "forkd-build:${build_base}:${build_count}" /etc/subgid 2>/dev/null; then
-  usermod --add-subuids "$build_range" --add-subgids "$build_range" forkd-build
-fi
+reserve_range forkd-vm "${FORKD_VM_UID_BASE:-2000000000}" 4194304 "forkd reserves the uid range of sandboxed QEMUs"
+reserve_range forkd-build "${FORKD_BUILD_UID_BASE:-1900000000}" 65536 "forkd reserves the uid range build steps run as"
