@@ -20,11 +20,12 @@ import { Sandbox as EngineSandbox } from "../src/controller/machines/sandbox-vm.
 import { DEFAULT_FORK_CONCURRENCY, forkChildren } from "../src/controller/sandboxes/fork-children.js";
 import { Sandbox } from "../src/sdk/index.js";
 import { startBenchDaemon } from "./lib/daemon.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
-const N = Number(process.env.BENCH_N ?? 100);
+const N = envNumber("BENCH_N", 100);
 const TAG = process.env.BENCH_TAG ?? "pyagent";
-const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 20);
+const REQUESTS = envNumber("BENCH_REQUESTS", 20);
 const EXPRESSION = "numpy.zeros(5).tolist()";
 const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";
 

@@ -14,11 +14,12 @@ import { percentile } from "../src/common/stats.js";
 import { openServices } from "../src/controller/sandboxes/manager.js";
 import type { BranchMode } from "../src/controller/snapshots/branch.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 10);
-const DIRTY_MIB = Number(process.env.BENCH_DIRTY_MIB ?? 200);
-const MEMORY_MIB = Number(process.env.BENCH_MEMORY_MIB ?? 1536);
+const ROUNDS = envNumber("BENCH_ROUNDS", 10);
+const DIRTY_MIB = envNumber("BENCH_DIRTY_MIB", 200);
+const MEMORY_MIB = envNumber("BENCH_MEMORY_MIB", 1536);
 const MODES: BranchMode[] = ["full", "diff", "live"];
 const TAG = `bench-branch-${MEMORY_MIB}`;
 

@@ -11,11 +11,12 @@ import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
 import { openServices } from "../src/controller/sandboxes/manager.js";
 import { chainDetail, compactSnapshot } from "../src/controller/snapshots/chains.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
-const SPAWNS = Number(process.env.BENCH_SPAWNS ?? 10);
+const SPAWNS = envNumber("BENCH_SPAWNS", 10);
 const BASE = process.env.BENCH_TAG ?? "pyagent";
-const MODULES = Number(process.env.BENCH_PKG_MODULES ?? 150);
+const MODULES = envNumber("BENCH_PKG_MODULES", 150);
 const LAYERS = [`${BASE}-l1`, `${BASE}-l2`, `${BASE}-l3`];
 const FLAT = `${BASE}-l3-flat`;
 

@@ -24,10 +24,11 @@ import {
 } from "../src/local-cluster/cluster.js";
 import { signalRecorded } from "../src/local-cluster/processes.js";
 import { Controller } from "../src/sdk/index.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const run = promisify(execFile);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 10);
+const ROUNDS = envNumber("BENCH_ROUNDS", 10);
 const SCRIPT = path.join(packageRoot(), "scripts", "local-cluster.sh");
 const seedHome = process.env.BENCH_SEED_HOME;
 

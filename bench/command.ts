@@ -26,6 +26,7 @@ import { Sandbox as Direct } from "../src/controller/machines/sandbox-vm.js";
 import { packageRoot } from "../src/image/package-root.js";
 import { Sandbox } from "../src/sdk/index.js";
 import { startTcpBenchDaemon } from "./lib/daemon.js";
+import { envNumber } from "./lib/env.js";
 import { threadsCpuMs } from "./lib/phases.js";
 import {
   benchConditions,
@@ -38,8 +39,8 @@ import {
 } from "./lib/report.js";
 
 const TAG = process.env.BENCH_TAG ?? "pyagent";
-const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 30);
-const CLI_REQUESTS = Number(process.env.BENCH_CLI_REQUESTS ?? 10);
+const REQUESTS = envNumber("BENCH_REQUESTS", 30);
+const CLI_REQUESTS = envNumber("BENCH_CLI_REQUESTS", 10);
 const WARMUP_CALLS = 3;
 const execFileAsync = promisify(execFile);
 

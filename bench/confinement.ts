@@ -12,11 +12,12 @@ import { openServices } from "../src/controller/sandboxes/manager.js";
 import type { ConfinementMode } from "../src/isolation/confinement.js";
 import { tempHome } from "../test/support/host.js";
 import { linkSharedSnapshot } from "../test/support/snapshots.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 import { measureSpawn } from "./lib/spawn-cost.js";
 
-const N = Number(process.env.BENCH_N ?? 20);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
+const N = envNumber("BENCH_N", 20);
+const ROUNDS = envNumber("BENCH_ROUNDS", 4);
 
 const home = await tempHome("forkd-bench-confine-");
 try {

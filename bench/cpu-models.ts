@@ -22,6 +22,7 @@ import type { SnapshotManifest } from "../src/store/manifest.js";
 import { SnapshotStore } from "../src/store/snapshot-store.js";
 import { DEFAULT_TCG_CPU_MODEL } from "../src/vmm/cpu-model.js";
 import { qemuVersion } from "../src/vmm/qemu-tools.js";
+import { envNumber } from "./lib/env.js";
 import { threadsCpuMs } from "./lib/phases.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
@@ -41,7 +42,7 @@ const DEFAULT_MODELS = [
 ];
 const MODELS = process.env.BENCH_MODELS ? process.env.BENCH_MODELS.split(";") : DEFAULT_MODELS;
 const QEMUS = process.env.BENCH_QEMU_BINARIES ? process.env.BENCH_QEMU_BINARIES.split(";") : [undefined];
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 8);
+const ROUNDS = envNumber("BENCH_ROUNDS", 8);
 const KEEP = process.env.BENCH_KEEP === "1";
 const REUSE = process.env.BENCH_REUSE === "1";
 const EXEC_TRUE_CALLS = 3;

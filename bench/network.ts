@@ -21,13 +21,14 @@ import { openServices } from "../src/controller/sandboxes/manager.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { listSnapshots } from "../src/controller/snapshots/list.js";
 import { INTERNET_HOSTS, startTestInternet } from "../test/support/test-internet.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 import { measureSpawn } from "./lib/spawn-cost.js";
 
-const N = Number(process.env.BENCH_N ?? 50);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
-const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 50);
-const DOWNLOAD_MIB = Number(process.env.BENCH_DOWNLOAD_MIB ?? 32);
+const N = envNumber("BENCH_N", 50);
+const ROUNDS = envNumber("BENCH_ROUNDS", 2);
+const REQUESTS = envNumber("BENCH_REQUESTS", 50);
+const DOWNLOAD_MIB = envNumber("BENCH_DOWNLOAD_MIB", 32);
 const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
 const WITHOUT_NIC = `${WITH_NIC}-nonet`;
 

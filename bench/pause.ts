@@ -26,6 +26,7 @@ import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
 import type { openServices } from "../src/controller/sandboxes/manager.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
+import { envNumber } from "./lib/env.js";
 import {
   hostDescription,
   markdownTable,
@@ -35,8 +36,8 @@ import {
   writeResults,
 } from "./lib/report.js";
 
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 20);
-const DIRTY_MIB = Number(process.env.BENCH_DIRTY_MIB ?? 100);
+const ROUNDS = envNumber("BENCH_ROUNDS", 20);
+const DIRTY_MIB = envNumber("BENCH_DIRTY_MIB", 100);
 const TAG = process.env.BENCH_TAG ?? "pyagent";
 const MIB = 2 ** 20;
 

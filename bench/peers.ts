@@ -29,12 +29,13 @@ import { forkChildren } from "../src/controller/sandboxes/fork-children.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { listSnapshots } from "../src/controller/snapshots/list.js";
 import { buildImage, loadTemplate } from "../src/image/index.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, pssKiB, type Row, writeResults } from "./lib/report.js";
 
 const execFile = promisify(execFileCb);
-const N = Number(process.env.BENCH_N ?? 20);
-const COLD_N = Number(process.env.BENCH_COLD_N ?? 2);
-const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? os.availableParallelism());
+const N = envNumber("BENCH_N", 20);
+const COLD_N = envNumber("BENCH_COLD_N", 2);
+const CONCURRENCY = envNumber("BENCH_CONCURRENCY", os.availableParallelism());
 const TAG = process.env.BENCH_TAG ?? "pyagent";
 const EXPRESSION = "numpy.zeros(5).tolist()";
 const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";

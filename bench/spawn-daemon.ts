@@ -15,6 +15,7 @@ import { resolvePaths } from "../src/common/paths.js";
 import { percentile } from "../src/common/stats.js";
 import { openServices } from "../src/controller/sandboxes/manager.js";
 import { SnapshotStore } from "../src/store/snapshot-store.js";
+import { envNumber } from "./lib/env.js";
 import { threadsCpuMs } from "./lib/phases.js";
 import {
   benchConditions,
@@ -26,10 +27,10 @@ import {
   writeResults,
 } from "./lib/report.js";
 
-const N = Number(process.env.BENCH_N ?? 30);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
+const N = envNumber("BENCH_N", 30);
+const ROUNDS = envNumber("BENCH_ROUNDS", 2);
 const TAG = process.env.BENCH_TAG ?? "pyagent";
-const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 4);
+const CONCURRENCY = envNumber("BENCH_CONCURRENCY", 4);
 const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";
 
 interface Run {

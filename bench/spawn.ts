@@ -23,6 +23,7 @@ import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { listSnapshots } from "../src/controller/snapshots/list.js";
 import { buildImage, loadTemplate } from "../src/image/index.js";
 import { DEFAULT_TCG_TB_SIZE_MIB } from "../src/vmm/qemu-args.js";
+import { envNumber, envOptionalNumber } from "./lib/env.js";
 import { measurePhases, threadsCpuMs } from "./lib/phases.js";
 import {
   hostDescription,
@@ -35,10 +36,10 @@ import {
   writeResults,
 } from "./lib/report.js";
 
-const N = Number(process.env.BENCH_N ?? 100);
-const COLD_N = Number(process.env.BENCH_COLD_N ?? 4);
+const N = envNumber("BENCH_N", 100);
+const COLD_N = envNumber("BENCH_COLD_N", 4);
 const COLD_CONCURRENCY = 2;
-const PHASE_N = Number(process.env.BENCH_PHASE_N ?? 10);
+const PHASE_N = envNumber("BENCH_PHASE_N", 10);
 const WARM = process.env.BENCH_WARM !== "0";
 const TAG = process.env.BENCH_TAG ?? "pyagent";
 const EXPRESSION = "numpy.zeros(5).tolist()";
@@ -63,7 +64,7 @@ const fork = await forkChildren(paths, {
   tag: TAG,
   n: N,
   eval: EXPRESSION,
-  concurrency: process.env.BENCH_CONCURRENCY ? Number(process.env.BENCH_CONCURRENCY) : undefined,
+  concurrency: envOptionalNumber("BENCH_CONCURRENCY"),
   // The child's QEMU CPU right after its answer: start, restore and first cell, nothing idle yet.
   afterWork: async (sandbox) => {
     coldPoolCpu.push(await threadsCpuMs(sandbox.pid));
@@ -105,7 +106,7 @@ if (WARM) {
       n: N,
       eval: EXPRESSION,
       pool,
-      concurrency: process.env.BENCH_CONCURRENCY ? Number(process.env.BENCH_CONCURRENCY) : undefined,
+      concurrency: envOptionalNumber("BENCH_CONCURRENCY"),
       afterWork: async (sandbox) => {
         warmCpu.push(await threadsCpuMs(sandbox.pid));
       },

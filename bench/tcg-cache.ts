@@ -11,10 +11,11 @@ import { resolvePaths } from "../src/common/paths.js";
 import { prepareRestore } from "../src/controller/machines/restore-plan.js";
 import { Sandbox } from "../src/controller/machines/sandbox-vm.js";
 import { queryJit } from "../src/vmm/incoming.js";
+import { envNumber } from "./lib/env.js";
 import { threadsCpuMs } from "./lib/phases.js";
 import { hostDescription, markdownTable, printRows, pssKiB, type Row, writeResults } from "./lib/report.js";
 
-const N = Number(process.env.BENCH_N ?? 8);
+const N = envNumber("BENCH_N", 8);
 const SIZES = (process.env.BENCH_SIZES ?? "8,16,24,32,48").split(",").map(Number);
 const TAG = process.env.BENCH_TAG ?? "pyagent";
 const FIRST = "numpy.zeros(5).tolist()";

@@ -27,14 +27,15 @@ import { builtinTemplatesDir } from "../src/image/package-root.js";
 import { RECIPE_TEMPLATE_FILE } from "../src/image/template.js";
 import { SnapshotStore } from "../src/store/snapshot-store.js";
 import { makeBusyboxLayout, saveArchive } from "../test/image/oci-fixtures.js";
+import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const execFileAsync = promisify(execFile);
 const RECIPES = (
   process.env.BENCH_RECIPES ?? "postgres,python-data,node,coding-agent,oci-archive,dockerfile"
 ).split(",");
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
-const BATCH = Number(process.env.BENCH_BATCH ?? 8);
+const ROUNDS = envNumber("BENCH_ROUNDS", 5);
+const BATCH = envNumber("BENCH_BATCH", 8);
 const ROOT = process.env.BENCH_DIR ?? "/var/tmp/forkd-bench-templates";
 const QUERY = ["psql", "-Atc", "select 6 * 7"];
 
