@@ -10,8 +10,13 @@
  *   - the port proxy: round trip of a 1-byte HTTP response from a server in the sandbox, through the daemon's
  *     route over its Unix socket, and straight to the namespace address (what the proxy adds).
  *
- *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_REQUESTS=50, BENCH_DOWNLOAD_MIB=32)
+ *   - the networks alone, without VMs: creating and removing N, 8 at a time, by either backend (rotating).
+ *
+ *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_WARMUP=1, BENCH_REQUESTS=50,
+ *   BENCH_DOWNLOAD_MIB=32)
  */
+
+import { randomBytes } from "node:crypto";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
@@ -22,6 +27,10 @@ import type { SandboxInfo } from "../src/controller/sandbox-service.js";
 import { openServices } from "../src/controller/sandboxes/manager.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { listSnapshots } from "../src/controller/snapshots/list.js";
+import { resolveNetworkConfig } from "../src/net/config.js";
+import { cidrSize, fromUint32, toUint32 } from "../src/net/ipv4.js";
+import { createSandboxNetwork, removeSandboxNetwork } from "../src/net/namespace.js";
+import { compilePolicy, parseEgressPolicy } from "../src/net/policy.js";
 import { INTERNET_HOSTS, startTestInternet } from "../test/support/test-internet.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 import { measureSpawn, ownCpuMs } from "./lib/spawn-cost.js";
@@ -30,6 +39,7 @@ const N = Number(process.env.BENCH_N ?? 50);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
 const REQUESTS = Number(process.env.BENCH_REQUESTS ?? 50);
 const DOWNLOAD_MIB = Number(process.env.BENCH_DOWNLOAD_MIB ?? 32);
+const WARMUP = process.env.BENCH_WARMUP !== "0";
 const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
 const WITHOUT_NIC = `${WITH_NIC}-nonet`;
 
@@ -64,6 +74,8 @@ let daemon: RunningDaemon | undefined;
 try {
   // --- spawn N without a network, with one made by the ip/nft tools, with one made by forkd-netd; rotating ---
   const spawnRuns: SpawnRun[] = [];
+  // One unrecorded round first: the first spawns of a run pay for cold page caches.
+  for (const side of SIDES) if (WARMUP) await spawnRun(side);
   for (let round = 0; round < ROUNDS; round++) {
     const order = SIDES.map((_, i) => SIDES[(i + round) % SIDES.length] as Side);
     for (const side of order) spawnRuns.push(await spawnRun(side));
@@ -72,6 +84,23 @@ try {
   const withTools = summary(spawnRuns, "tools");
   const withNet = summary(spawnRuns, "netd");
   process.env.FORKD_NET_BACKEND = "netd";
+
+  // --- the networks alone (no VM): create + remove, 8 at a time as the daemon does, rotating backends ---
+  const objectRuns: ObjectRun[] = [];
+  for (let round = 0; round < ROUNDS * 2; round++)
+    for (const backend of round % 2 === 0 ? (["tools", "netd"] as const) : (["netd", "tools"] as const))
+      objectRuns.push(await networksAlone(backend));
+  const objects = (backend: "tools" | "netd") => {
+    const mine = objectRuns.filter((r) => r.backend === backend);
+    const mean = (f: (r: ObjectRun) => number) => round1(mine.reduce((s, r) => s + f(r), 0) / mine.length);
+    return {
+      create_cpu_ms: mean((r) => r.createCpuMs),
+      remove_cpu_ms: mean((r) => r.removeCpuMs),
+      create_wall_ms: mean((r) => r.createWallMs),
+    };
+  };
+  const toolsObjects = objects("tools");
+  const netdObjects = objects("netd");
 
   // --- guest -> test host ---
   const [sb] = await services.sandboxes.spawn({ snapshotTag: WITH_NIC, n: 1, timeoutMs: 0 });
@@ -124,6 +153,7 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
     n: N,
     rounds: ROUNDS,
     spawn_runs: spawnRuns,
+    networks_alone: { n: N, concurrency: 8, runs: objectRuns, tools: toolsObjects, netd: netdObjects },
     load_before: loadBefore,
     load_after: os.loadavg().map(round1),
     spawn_with_network: rounded(withNet),
@@ -161,6 +191,11 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
       value: `${round1(withoutNet.teardownCpuPerChildMs)} / ${round1(withTools.teardownCpuPerChildMs)} / ${round1(withNet.teardownCpuPerChildMs)} ms`,
     },
     {
+      metric: `a network alone (no VM), host CPU to create / remove, tools -> forkd-netd (${ROUNDS * 2} x ${N} each)`,
+      value: `${toolsObjects.create_cpu_ms} / ${toolsObjects.remove_cpu_ms} -> ${netdObjects.create_cpu_ms} / ${netdObjects.remove_cpu_ms} ms`,
+      note: `wall per network, 8 at a time: ${toolsObjects.create_wall_ms} -> ${netdObjects.create_wall_ms} ms`,
+    },
+    {
       metric: `guest -> test host download (${DOWNLOAD_MIB} MiB)`,
       value: `${result.download_mib_per_s} MiB/s`,
     },
@@ -184,6 +219,40 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
   await daemon?.stop("bench over");
   await services.close({ killSandboxes: true });
   await internet.stop();
+}
+
+interface ObjectRun {
+  backend: "tools" | "netd";
+  createCpuMs: number;
+  removeCpuMs: number;
+  createWallMs: number;
+}
+
+/** Creates N networks (8 at a time) and removes them; host CPU per network of each half (this process, its tools, forkd-netd). */
+async function networksAlone(backend: "tools" | "netd"): Promise<ObjectRun> {
+  process.env.FORKD_NET_BACKEND = backend;
+  const config = resolveNetworkConfig({}, process.env, paths.home);
+  const policy = compilePolicy(parseEgressPolicy({ default: "allow" }));
+  // Addresses from the top of the home's subnet (no sandbox runs now), ids no sandbox has.
+  const top = toUint32(config.subnet.address) + cidrSize(config.subnet) - 2;
+  const specs = Array.from({ length: N }, (_, i) => ({
+    sandboxId: `sb-${randomBytes(6).toString("hex")}`,
+    address: fromUint32(top - i),
+    config,
+    policy,
+    generation: 1,
+  }));
+  const inBatches = async (f: (spec: (typeof specs)[number]) => Promise<unknown>) => {
+    for (let i = 0; i < specs.length; i += 8) await Promise.all(specs.slice(i, i + 8).map(f));
+  };
+  const cpu0 = await ownCpuMs();
+  const started = performance.now();
+  await inBatches(createSandboxNetwork);
+  const createWallMs = (performance.now() - started) / N;
+  const cpu1 = await ownCpuMs();
+  await inBatches((spec) => removeSandboxNetwork(spec.sandboxId));
+  const cpu2 = await ownCpuMs();
+  return { backend, createCpuMs: (cpu1 - cpu0) / N, removeCpuMs: (cpu2 - cpu1) / N, createWallMs };
 }
 
 async function spawnRun(side: Side): Promise<SpawnRun> {
