@@ -1,17 +1,24 @@
 /**
  * bench/network: what sandbox networking costs, side by side in one run.
- *   - spawn N=50 children with a network of their own (namespace, veth, tap, rules, DNS registration) vs N=50
- *     children of the same template snapshotted without a NIC: wall clock of the spawn and host CPU per child
- *     (the children's QEMUs until ready, the daemon, and every ip/nft/launcher process it ran), in alternating
- *     rounds;
+ *   - spawn N=50 children with a network of their own (namespace, veth, tap, rules, DNS registration), made by
+ *     forkd-netd (netlink, the default) and by the ip/nft tools (FORKD_NET_BACKEND=tools), vs N=50 children of
+ *     the same template snapshotted without a NIC: wall clock of the spawn and host CPU per child (the
+ *     children's QEMUs until ready, the daemon, forkd-netd, and every ip/nft/launcher process they ran), and the
+ *     host CPU of killing them, in rotating rounds;
  *   - guest -> test host: download throughput and HTTP request latency (a new connection per request), measured
  *     in the guest against the tests' own "internet" namespace;
  *   - the port proxy: round trip of a 1-byte HTTP response from a server in the sandbox, through the daemon's
  *     route over its Unix socket, and straight to the namespace address (what the proxy adds).
  *
- *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_REQUESTS=50, BENCH_DOWNLOAD_MIB=32)
+ *   - the networks alone, without VMs: creating and removing N, 8 at a time, by either backend (rotating).
+ *
+ *   npm run bench -- network   (env: BENCH_N=50, BENCH_ROUNDS=2, BENCH_WARMUP=1, BENCH_REQUESTS=50,
+ *   BENCH_DOWNLOAD_MIB=32)
  */
+
+import { randomBytes } from "node:crypto";
 import http from "node:http";
+import os from "node:os";
 import path from "node:path";
 import { type RunningDaemon, startDaemon } from "../src/api/daemon.js";
 import { resolvePaths } from "../src/common/paths.js";
@@ -20,17 +27,32 @@ import type { SandboxInfo } from "../src/controller/sandbox-service.js";
 import { openServices } from "../src/controller/sandboxes/manager.js";
 import { createSnapshot } from "../src/controller/snapshots/create.js";
 import { listSnapshots } from "../src/controller/snapshots/list.js";
+import { resolveNetworkConfig } from "../src/net/config.js";
+import { cidrSize, fromUint32, toUint32 } from "../src/net/ipv4.js";
+import { createSandboxNetwork, removeSandboxNetwork } from "../src/net/namespace.js";
+import { compilePolicy, parseEgressPolicy } from "../src/net/policy.js";
 import { INTERNET_HOSTS, startTestInternet } from "../test/support/test-internet.js";
 import { envNumber } from "./lib/env.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
-import { measureSpawn } from "./lib/spawn-cost.js";
+import { measureSpawn, ownCpuMs } from "./lib/spawn-cost.js";
 
 const N = envNumber("BENCH_N", 50);
 const ROUNDS = envNumber("BENCH_ROUNDS", 2);
 const REQUESTS = envNumber("BENCH_REQUESTS", 50);
 const DOWNLOAD_MIB = envNumber("BENCH_DOWNLOAD_MIB", 32);
+const WARMUP = process.env.BENCH_WARMUP !== "0";
 const WITH_NIC = process.env.BENCH_TAG ?? "pyagent";
 const WITHOUT_NIC = `${WITH_NIC}-nonet`;
+
+const SIDES = ["none", "tools", "netd"] as const;
+type Side = (typeof SIDES)[number];
+interface SpawnRun {
+  side: Side;
+  wallMs: number;
+  cpuPerChildMs: number;
+  /** Host CPU per child of killing them all (QEMU's exit, the network's removal). */
+  teardownCpuPerChildMs: number;
+}
 
 const paths = resolvePaths();
 const existing = new Set((await listSnapshots(paths)).map((s) => s.tag));
@@ -44,29 +66,42 @@ for (const [tag, network] of [
   }
 }
 
+const loadBefore = os.loadavg().map(round1);
 const internet = await startTestInternet();
 const services = await openServices(paths, {
   network: { network: { dnsUpstreams: [internet.dns] }, defaultEgress: "allow" },
 });
 let daemon: RunningDaemon | undefined;
 try {
-  // --- spawn N with vs without a network, alternating ---
-  const spawnRuns: { network: boolean; wallMs: number; cpuPerChildMs: number }[] = [];
+  // --- spawn N without a network, with one made by the ip/nft tools, with one made by forkd-netd; rotating ---
+  const spawnRuns: SpawnRun[] = [];
+  // One unrecorded round first: the first spawns of a run pay for cold page caches.
+  for (const side of SIDES) if (WARMUP) await spawnRun(side);
   for (let round = 0; round < ROUNDS; round++) {
-    for (const network of round % 2 === 0 ? [false, true] : [true, false]) {
-      spawnRuns.push({ network, ...(await measureSpawn(services, network ? WITH_NIC : WITHOUT_NIC, N)) });
-      await services.sandboxes.killAll();
-    }
+    const order = SIDES.map((_, i) => SIDES[(i + round) % SIDES.length] as Side);
+    for (const side of order) spawnRuns.push(await spawnRun(side));
   }
-  const summary = (network: boolean) => {
-    const runs = spawnRuns.filter((r) => r.network === network);
+  const withoutNet = summary(spawnRuns, "none");
+  const withTools = summary(spawnRuns, "tools");
+  const withNet = summary(spawnRuns, "netd");
+  process.env.FORKD_NET_BACKEND = "netd";
+
+  // --- the networks alone (no VM): create + remove, 8 at a time as the daemon does, rotating backends ---
+  const objectRuns: ObjectRun[] = [];
+  for (let round = 0; round < ROUNDS * 2; round++)
+    for (const backend of round % 2 === 0 ? (["tools", "netd"] as const) : (["netd", "tools"] as const))
+      objectRuns.push(await networksAlone(backend));
+  const objects = (backend: "tools" | "netd") => {
+    const mine = objectRuns.filter((r) => r.backend === backend);
+    const mean = (f: (r: ObjectRun) => number) => round1(mine.reduce((s, r) => s + f(r), 0) / mine.length);
     return {
-      wallMs: runs.reduce((s, r) => s + r.wallMs, 0) / runs.length,
-      cpuPerChildMs: runs.reduce((s, r) => s + r.cpuPerChildMs, 0) / runs.length,
+      create_cpu_ms: mean((r) => r.createCpuMs),
+      remove_cpu_ms: mean((r) => r.removeCpuMs),
+      create_wall_ms: mean((r) => r.createWallMs),
     };
   };
-  const withNet = summary(true);
-  const withoutNet = summary(false);
+  const toolsObjects = objects("tools");
+  const netdObjects = objects("netd");
 
   // --- guest -> test host ---
   const [sb] = await services.sandboxes.spawn({ snapshotTag: WITH_NIC, n: 1, timeoutMs: 0 });
@@ -111,22 +146,24 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
 
   const cpuOverhead = (withNet.cpuPerChildMs / withoutNet.cpuPerChildMs - 1) * 100;
   const wallOverhead = (withNet.wallMs / withoutNet.wallMs - 1) * 100;
+  const toolsCpuOverhead = (withTools.cpuPerChildMs / withoutNet.cpuPerChildMs - 1) * 100;
+  const toolsWallOverhead = (withTools.wallMs / withoutNet.wallMs - 1) * 100;
   const result = {
     host: hostDescription(),
     accelerator: (sb as SandboxInfo).accelerator,
     n: N,
     rounds: ROUNDS,
     spawn_runs: spawnRuns,
-    spawn_with_network: {
-      wall_ms: Math.round(withNet.wallMs),
-      cpu_ms_per_child: round1(withNet.cpuPerChildMs),
-    },
-    spawn_without_network: {
-      wall_ms: Math.round(withoutNet.wallMs),
-      cpu_ms_per_child: round1(withoutNet.cpuPerChildMs),
-    },
+    networks_alone: { n: N, concurrency: 8, runs: objectRuns, tools: toolsObjects, netd: netdObjects },
+    load_before: loadBefore,
+    load_after: os.loadavg().map(round1),
+    spawn_with_network: rounded(withNet),
+    spawn_with_network_by_tools: rounded(withTools),
+    spawn_without_network: rounded(withoutNet),
     network_cpu_overhead_pct: round1(cpuOverhead),
     network_wall_overhead_pct: round1(wallOverhead),
+    tools_network_cpu_overhead_pct: round1(toolsCpuOverhead),
+    tools_network_wall_overhead_pct: round1(toolsWallOverhead),
     download_mib_per_s: round1(probe.mibPerS),
     download_mib: DOWNLOAD_MIB,
     request_latency_ms: {
@@ -140,15 +177,24 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
   const rows: Row[] = [
     { metric: "accelerator", value: result.accelerator },
     {
-      metric: `spawn N=${N}, wall: without / with network`,
-      value: `${result.spawn_without_network.wall_ms} / ${result.spawn_with_network.wall_ms} ms`,
-      note: `${wallOverhead >= 0 ? "+" : ""}${round1(wallOverhead)}%`,
+      metric: `spawn N=${N}, wall: without network / ip+nft tools / forkd-netd`,
+      value: `${Math.round(withoutNet.wallMs)} / ${Math.round(withTools.wallMs)} / ${Math.round(withNet.wallMs)} ms`,
+      note: `tools ${pct(toolsWallOverhead)}, forkd-netd ${pct(wallOverhead)}`,
     },
     {
-      metric: "host CPU per child: without / with network",
-      value: `${result.spawn_without_network.cpu_ms_per_child} / ${result.spawn_with_network.cpu_ms_per_child} ms`,
-      target: "< +15%",
-      note: `${cpuOverhead >= 0 ? "+" : ""}${round1(cpuOverhead)}%`,
+      metric: "host CPU per child: without network / ip+nft tools / forkd-netd",
+      value: `${round1(withoutNet.cpuPerChildMs)} / ${round1(withTools.cpuPerChildMs)} / ${round1(withNet.cpuPerChildMs)} ms`,
+      target: "< +10%",
+      note: `tools ${pct(toolsCpuOverhead)}, forkd-netd ${pct(cpuOverhead)}`,
+    },
+    {
+      metric: "host CPU per child to kill them: without network / tools / forkd-netd",
+      value: `${round1(withoutNet.teardownCpuPerChildMs)} / ${round1(withTools.teardownCpuPerChildMs)} / ${round1(withNet.teardownCpuPerChildMs)} ms`,
+    },
+    {
+      metric: `a network alone (no VM), host CPU to create / remove, tools -> forkd-netd (${ROUNDS * 2} x ${N} each)`,
+      value: `${toolsObjects.create_cpu_ms} / ${toolsObjects.remove_cpu_ms} -> ${netdObjects.create_cpu_ms} / ${netdObjects.remove_cpu_ms} ms`,
+      note: `wall per network, 8 at a time: ${toolsObjects.create_wall_ms} -> ${netdObjects.create_wall_ms} ms`,
     },
     {
       metric: `guest -> test host download (${DOWNLOAD_MIB} MiB)`,
@@ -168,12 +214,77 @@ print(json.dumps({"mibPerS": mib_per_s, "latencies": lat}))
   await writeResults(
     "network",
     result,
-    `# bench/network\n\n${result.measured_at} on ${result.host}; guest 512 MiB pyagent; ${ROUNDS} alternating rounds of N=${N} per side\n\n${markdownTable(rows)}`,
+    `# bench/network\n\n${result.measured_at} on ${result.host}; guest 512 MiB pyagent; ${ROUNDS} rotating rounds of N=${N} per side (no network, the ip/nft tools, forkd-netd: FORKD_NET_BACKEND); load average ${loadBefore.join(" ")} before, ${result.load_after.join(" ")} after (a shared host)\n\n${markdownTable(rows)}`,
   );
 } finally {
   await daemon?.stop("bench over");
   await services.close({ killSandboxes: true });
   await internet.stop();
+}
+
+interface ObjectRun {
+  backend: "tools" | "netd";
+  createCpuMs: number;
+  removeCpuMs: number;
+  createWallMs: number;
+}
+
+/** Creates N networks (8 at a time) and removes them; host CPU per network of each half (this process, its tools, forkd-netd). */
+async function networksAlone(backend: "tools" | "netd"): Promise<ObjectRun> {
+  process.env.FORKD_NET_BACKEND = backend;
+  const config = resolveNetworkConfig({}, process.env, paths.home);
+  const policy = compilePolicy(parseEgressPolicy({ default: "allow" }));
+  // Addresses from the top of the home's subnet (no sandbox runs now), ids no sandbox has.
+  const top = toUint32(config.subnet.address) + cidrSize(config.subnet) - 2;
+  const specs = Array.from({ length: N }, (_, i) => ({
+    sandboxId: `sb-${randomBytes(6).toString("hex")}`,
+    address: fromUint32(top - i),
+    config,
+    policy,
+    generation: 1,
+  }));
+  const inBatches = async (f: (spec: (typeof specs)[number]) => Promise<unknown>) => {
+    for (let i = 0; i < specs.length; i += 8) await Promise.all(specs.slice(i, i + 8).map(f));
+  };
+  const cpu0 = await ownCpuMs();
+  const started = performance.now();
+  await inBatches(createSandboxNetwork);
+  const createWallMs = (performance.now() - started) / N;
+  const cpu1 = await ownCpuMs();
+  await inBatches((spec) => removeSandboxNetwork(spec.sandboxId));
+  const cpu2 = await ownCpuMs();
+  return { backend, createCpuMs: (cpu1 - cpu0) / N, removeCpuMs: (cpu2 - cpu1) / N, createWallMs };
+}
+
+async function spawnRun(side: Side): Promise<SpawnRun> {
+  if (side !== "none") process.env.FORKD_NET_BACKEND = side;
+  const spawned = await measureSpawn(services, side === "none" ? WITHOUT_NIC : WITH_NIC, N);
+  const before = await ownCpuMs();
+  await services.sandboxes.killAll();
+  const teardownCpuPerChildMs = ((await ownCpuMs()) - before) / N;
+  return { side, ...spawned, teardownCpuPerChildMs };
+}
+
+function summary(runs: readonly SpawnRun[], side: Side) {
+  const mine = runs.filter((r) => r.side === side);
+  const mean = (f: (r: SpawnRun) => number) => mine.reduce((s, r) => s + f(r), 0) / mine.length;
+  return {
+    wallMs: mean((r) => r.wallMs),
+    cpuPerChildMs: mean((r) => r.cpuPerChildMs),
+    teardownCpuPerChildMs: mean((r) => r.teardownCpuPerChildMs),
+  };
+}
+
+function rounded(s: ReturnType<typeof summary>) {
+  return {
+    wall_ms: Math.round(s.wallMs),
+    cpu_ms_per_child: round1(s.cpuPerChildMs),
+    teardown_cpu_ms_per_child: round1(s.teardownCpuPerChildMs),
+  };
+}
+
+function pct(n: number): string {
+  return `${n >= 0 ? "+" : ""}${round1(n)}%`;
 }
 
 async function evalJson<T>(id: string, code: string): Promise<T> {

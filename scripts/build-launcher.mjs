@@ -4,7 +4,9 @@
  * a static binary (CGO_ENABLED=0) with no paths of this machine in it (-trimpath). The Go toolchain is
  * Debian's golang-go; no module is downloaded (GOPROXY=off, GOFLAGS=-mod=mod with no requirements).
  *
- * Also builds dist/forkd-ro-ram.so (src/isolation/ro-ram/ro-ram.c, libc only, with the machine's C compiler
+ * Also builds dist/forkd-netd (src/net/netd, its own Go module: the daemon's network helper, which uses the
+ * netlink and netns modules pinned by its go.sum, fetched through the machine's own Go module configuration;
+ * -mod=readonly, so a build never changes go.mod or go.sum), and dist/forkd-ro-ram.so (src/isolation/ro-ram/ro-ram.c, libc only, with the machine's C compiler
  * `cc` or $CC): the library confined QEMUs preload so they open their shared RAM image read-only.
  *
  * Usage: node scripts/build-launcher.mjs [--out <file>]   (default dist/forkd-launcher). Written beside the
@@ -43,6 +45,23 @@ if (result.error || result.status !== 0) {
 }
 renameSync(staging, target);
 console.log(`launcher built into ${path.relative(root, target)}`);
+
+const netd = path.join(path.dirname(target), "forkd-netd");
+const netdStaging = `${netd}.tmp-${process.pid}`;
+const netdEnv = { ...process.env, CGO_ENABLED: "0", GOFLAGS: "-mod=readonly", GOCACHE: env.GOCACHE };
+const netdBuilt = spawnSync("go", ["build", "-trimpath", "-ldflags=-s -w", "-o", netdStaging, "."], {
+  cwd: path.join(root, "src", "net", "netd"),
+  env: netdEnv,
+  stdio: "inherit",
+});
+if (netdBuilt.error || netdBuilt.status !== 0) {
+  rmSync(netdStaging, { force: true });
+  const why = netdBuilt.error ? String(netdBuilt.error) : `go build exited with ${netdBuilt.status}`;
+  console.error(`building forkd-netd failed: ${why}`);
+  process.exit(1);
+}
+renameSync(netdStaging, netd);
+console.log(`network helper built into ${path.relative(root, netd)}`);
 
 const library = path.join(path.dirname(target), "forkd-ro-ram.so");
 const libraryStaging = `${library}.tmp-${process.pid}`;

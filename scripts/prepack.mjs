@@ -27,6 +27,7 @@ const RUNTIME_FILES = [
   "dist/guest/worker.py",
   "dist/tools/forkd-runas", // defaultToolsDir: a build step's credentials
   "dist/forkd-launcher", // src/isolation/launcher.ts: the confined QEMU's launcher
+  "dist/forkd-netd", // src/net/netd-client.ts: the daemon's network helper
   "dist/forkd-ro-ram.so", // and the library it preloads
   "dist/console/index.html", // src/console/static.ts: the console's page
   "templates/pyagent.toml", // builtinTemplatesDir

@@ -2,6 +2,7 @@
 import { execFileSync } from "node:child_process";
 import { procStatFields } from "../../src/controller/host/processes.js";
 import type { openServices } from "../../src/controller/sandboxes/manager.js";
+import { netd } from "../../src/net/netd-client.js";
 import { cpuMs } from "./report.js";
 
 let clockTicks: number | undefined;
@@ -21,9 +22,18 @@ export async function measureSpawn(
   return { wallMs, cpuPerChildMs: (qemuMs + selfAfter - selfBefore) / n };
 }
 
-/** This process's CPU plus that of its children it has waited for (ip, nft, the launcher running nft). */
+/**
+ * This process's CPU plus that of its children it has waited for (ip, nft, the launcher running nft), plus the
+ * running network helper's (forkd-netd, a child that is only waited for when it ends) and its waited-for nft's.
+ */
 export async function ownCpuMs(): Promise<number> {
-  const fields = (await procStatFields(process.pid)) as string[];
+  const helper = netd().pid;
+  return (await processTreeCpuMs(process.pid)) + (helper === undefined ? 0 : await processTreeCpuMs(helper));
+}
+
+async function processTreeCpuMs(pid: number): Promise<number> {
+  const fields = (await procStatFields(pid).catch(() => undefined)) as string[] | undefined;
+  if (!fields) return 0;
   const ticks = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
   clockTicks ??= Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim());
   return (ticks * 1000) / clockTicks;
