@@ -82,31 +82,20 @@ export async function applyStepKind(run: StepRun): Promise<StepOutcome> {
 
 /** A command in the image (networked: only the configured package indexes reachable). */
 async function runCommand(run: StepRun, step: KindOf<"run">): Promise<void> {
-  const { ctx, root, planned, label, output, settings } = run;
-  const credentials = await credentialsFor(root, settings.user);
-  const packages = step.network ? await packageEnvironment(ctx, root, planned, label) : undefined;
-  await runInImage({
-    root,
+  const credentials = await credentialsFor(run.root, run.settings.user);
+  await runInStep(run, step.timeoutS, {
     argv: step.argv,
-    env: withEnv(envFor(settings, credentials), packages?.env ?? {}),
-    cwd: settings.workdir,
+    cwd: run.settings.workdir,
     credentials,
     network: step.network,
-    scratchDir: ctx.staging.work,
-    inputs: packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [],
-    timeoutS: step.timeoutS,
-    label,
-    signal: ctx.signal,
-    onOutputLine: output,
   });
 }
 
 /** pip install with the image's own pip: local wheels (no network) or the configured indexes. */
 async function pipInstall(run: StepRun, step: KindOf<"pip">): Promise<void> {
-  const { ctx, root, planned, label, output, settings } = run;
+  const { root, settings } = run;
   await requireTool(root, settings, "python3", "pip steps use the image's own pip (python3 -m pip)");
-  const credentials = await credentialsFor(root, settings.user);
-  const inputs: { host: string; name: string }[] = [];
+  const inputs: StepInput[] = [];
   const args = ["python3", "-m", "pip", "install"];
   if (step.requirements) {
     inputs.push({ host: step.requirements, name: "requirements.txt" });
@@ -121,69 +110,46 @@ async function pipInstall(run: StepRun, step: KindOf<"pip">): Promise<void> {
     await assertConfiguredIndex(step.index, "the pip step's index");
     args.push("--index-url", step.index);
   }
-  const network = step.wheels === undefined;
-  const packages = network ? await packageEnvironment(ctx, root, planned, label) : undefined;
-  // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
-  const pipEnv = withEnv(envFor(settings, credentials), {
-    ...packages?.env,
-    PIP_NO_CACHE_DIR: "1",
-    PIP_DISABLE_PIP_VERSION_CHECK: "1",
-    PIP_ROOT_USER_ACTION: "ignore",
-    PIP_BREAK_SYSTEM_PACKAGES: "1",
-  });
-  await runInImage({
-    root,
+  await runInStep(run, step.timeoutS, {
     argv: args,
-    env: pipEnv,
+    // Environment rather than flags: a pip too old to know one ignores the variable instead of failing.
+    env: {
+      PIP_NO_CACHE_DIR: "1",
+      PIP_DISABLE_PIP_VERSION_CHECK: "1",
+      PIP_ROOT_USER_ACTION: "ignore",
+      PIP_BREAK_SYSTEM_PACKAGES: "1",
+    },
     cwd: settings.workdir,
-    credentials,
-    network,
-    inputs: [...inputs, ...(packages ? [{ host: packages.inputDir, name: PACKAGE_INPUT }] : [])],
-    scratchDir: ctx.staging.work,
-    timeoutS: step.timeoutS,
-    label,
-    signal: ctx.signal,
-    onOutputLine: output,
+    credentials: await credentialsFor(root, settings.user),
+    network: step.wheels === undefined,
+    inputs,
   });
 }
 
-/** apt-get install with the image's own apt, from the machine's apt sources. */
+/** apt-get install with the image's own apt, from the machine's apt sources (as root, whatever the user). */
 async function aptInstall(run: StepRun, step: KindOf<"apt">): Promise<void> {
-  const { ctx, root, planned, label, output, settings } = run;
-  await requireTool(root, settings, "apt-get", "apt steps use the image's own apt-get");
-  const packages = await packageEnvironment(ctx, root, planned, label);
+  await requireTool(run.root, run.settings, "apt-get", "apt steps use the image's own apt-get");
   // The names are argv ("$@"), never part of the script; lists and caches go with the step.
   const script =
     'apt-get update -q && apt-get install -y -q $FORKD_APT_RECOMMENDS "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*';
-  await runInImage({
-    root,
+  await runInStep(run, step.timeoutS, {
     argv: ["/bin/sh", "-c", script, "forkd-apt", ...step.packages],
-    env: withEnv(envFor(settings, null), {
-      ...packages.env,
+    env: {
       DEBIAN_FRONTEND: "noninteractive",
       DEBCONF_NOWARNINGS: "yes",
       FORKD_APT_RECOMMENDS: step.recommends ? "" : "--no-install-recommends",
-    }),
+    },
     cwd: "/",
     credentials: null,
     network: true,
-    inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
-    scratchDir: ctx.staging.work,
-    timeoutS: step.timeoutS,
-    label,
-    signal: ctx.signal,
-    onOutputLine: output,
   });
 }
 
 /** npm install with the image's own npm, from the machine's npm registry. */
 async function npmInstall(run: StepRun, step: KindOf<"npm">): Promise<void> {
-  const { ctx, root, planned, label, output, settings } = run;
+  const { root, settings } = run;
   await requireTool(root, settings, "npm", "npm steps use the image's own npm");
-  const credentials = await credentialsFor(root, settings.user);
-  const packages = await packageEnvironment(ctx, root, planned, label);
-  await runInImage({
-    root,
+  await runInStep(run, step.timeoutS, {
     argv: [
       "npm",
       "install",
@@ -192,17 +158,49 @@ async function npmInstall(run: StepRun, step: KindOf<"npm">): Promise<void> {
       "--no-audit",
       ...step.packages,
     ],
-    env: withEnv(envFor(settings, credentials), {
-      ...packages.env,
-      NPM_CONFIG_UPDATE_NOTIFIER: "false",
-      NPM_CONFIG_CACHE: "/tmp/forkd-npm-cache",
-    }),
+    env: { NPM_CONFIG_UPDATE_NOTIFIER: "false", NPM_CONFIG_CACHE: "/tmp/forkd-npm-cache" },
     cwd: settings.workdir,
-    credentials,
+    credentials: await credentialsFor(root, settings.user),
     network: true,
-    inputs: [{ host: packages.inputDir, name: PACKAGE_INPUT }],
+  });
+}
+
+type StepInput = { host: string; name: string };
+
+/** What a run, pip, apt or npm step runs in the image. */
+interface StepCommand {
+  argv: string[];
+  /** Variables on top of the image's and the package configuration's. */
+  env?: Record<string, string>;
+  cwd: string;
+  /** Who it runs as (null: root). */
+  credentials: Credentials | null;
+  /** Networked: the machine's configured package indexes reachable, and the tools pointed at them. */
+  network: boolean;
+  /** Read-only host files, each at `${SANDBOX_INPUTS}/<name>`. */
+  inputs?: StepInput[];
+}
+
+/**
+ * Runs `command` in the step sandbox the same way for every step kind: the image's environment (HOME for its
+ * user), and for a networked step the machine's package configuration (package-config.ts) as variables and
+ * read-only inputs, whatever program the step runs (an `apt` step, or a `run` step calling apt-get or pip).
+ */
+async function runInStep(run: StepRun, timeoutS: number, command: StepCommand): Promise<void> {
+  const { ctx, root, planned, label, output, settings } = run;
+  const packages = command.network ? await packageEnvironment(ctx, root, planned, label) : undefined;
+  const inputs = [...(command.inputs ?? [])];
+  if (packages) inputs.push({ host: packages.inputDir, name: PACKAGE_INPUT });
+  await runInImage({
+    root,
+    argv: command.argv,
+    env: withEnv(envFor(settings, command.credentials), { ...packages?.env, ...command.env }),
+    cwd: command.cwd,
+    credentials: command.credentials,
+    network: command.network,
+    inputs,
     scratchDir: ctx.staging.work,
-    timeoutS: step.timeoutS,
+    timeoutS,
     label,
     signal: ctx.signal,
     onOutputLine: output,

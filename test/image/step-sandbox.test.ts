@@ -7,6 +7,8 @@
  *   - a Dockerfile RUN that escapes buildah's chroot isolation with a double chroot ends in the build sandbox
  *     (the host's /usr read-only, buildah's own directories), as an id mapped to the range: it creates nothing
  *     on the host and sees no /etc/shadow or /root;
+ *   - a networked step's read-only inputs (the machine's package configuration) are readable by a user other than
+ *     the step's root, as apt's unprivileged _apt needs;
  *   - networked steps (`run` with network = true, a Dockerfile with network = true) reach the configured package
  *     index and nothing else: not another address of the internet, not the host's loopback services, not a
  *     service on the host's own address.
@@ -173,6 +175,32 @@ RUN /probe escape ${marker} > /escape.txt 2>&1; cat /escape.txt
     assert.match(report, /probe: \/etc\/shadow absent/);
     assert.match(report, /probe: \/root absent/);
     assert.match(report, new RegExp(`probe: uid_map\\s+0\\s+${range.base}\\s+${range.count}`), report);
+  });
+
+  test("a networked step's inputs are readable by every user of the image, as apt's _apt reads keyrings", async () => {
+    // The package configuration (sources, keyrings, CA bundle) is bound under /run/forkd-build; apt's gpgv runs
+    // as _apt and failed with NO_PUBKEY while that directory was root's 0700. Here the step's user is not root.
+    const check =
+      'cd /run/forkd-build/packages && echo listed; for f in $(find . -type f); do test -r "$f" || echo "unreadable $f"; done; id -u';
+    const built = await build(
+      await template(
+        "inputs-user",
+        `[from]
+oci = "layout"
+[[steps]]
+adduser = "user"
+[[steps]]
+user = "user"
+[[steps]]
+run = '''(${check}) > /home/user/inputs.txt 2>&1'''
+network = true
+`,
+      ),
+    );
+    assert.deepEqual((await debugfsCat(built.rootfs, "/home/user/inputs.txt")).trim().split("\n"), [
+      "listed",
+      "1000",
+    ]);
   });
 
   test("networked steps reach the configured package index and nothing else", async () => {

@@ -112,6 +112,13 @@ export function bwrapArgs(options: SandboxRun, binds: StepBinds): string[] {
     "/tmp",
     "--tmpfs",
     "/run",
+    // Searchable by every user of the image (bwrap would make it 0700, root's): a step's program may drop to
+    // another user that reads its inputs, as apt's gpgv does as _apt with the sources' keyrings (NO_PUBKEY
+    // otherwise) and a `user` step's pip with its requirements. The inputs are copies, bound read-only.
+    "--perms",
+    "0755",
+    "--dir",
+    SANDBOX_INPUTS,
   ];
   for (const bind of binds) args.push("--ro-bind", bind.host, bind.dest);
   args.push("--cap-drop", "ALL");

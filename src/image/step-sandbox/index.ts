@@ -2,7 +2,7 @@
  * The build-step sandbox: everything of an image build that runs code from a template, a base image or a
  * Dockerfile runs through here, without host root (README.md). Three entry points:
  *
- *   runInImage(run)       a program in an image's own tree (`run` and `pip` steps; npm/apt steps later)
+ *   runInImage(run)       a program in an image's own tree (`run`, `pip`, `apt` and `npm` steps)
  *   runHostTool(run)      a host build tool (buildah) over untrusted input, with a minimal host view
  *   openStepNetwork(...)  the network a networked step gets: the configured package indexes only
  *
