@@ -71,6 +71,8 @@ type Surface = "forkd" | "e2b" | "data";
 
 /** `/v1/sandboxes/<id>[/...]` and `/[v2/]sandboxes/<id>[/...]`: calls for one sandbox. */
 const FORKD_SANDBOX = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)?$/;
+/** A sandbox's POST routes the gateway answers itself (forkd-routes.ts): fork (across nodes), branch (host paths). */
+const ANSWERED_HERE = new Set(["fork", "branch"]);
 const E2B_SANDBOX = /^\/(?:v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/[^?]*)?(?:\?.*)?$/;
 
 export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {
@@ -230,7 +232,7 @@ async function dispatch(
     }
     if (mcp.handles(url)) return await mcp.handle(req, res);
     const forkdCall = FORKD_SANDBOX.exec(url);
-    if (forkdCall && !(req.method === "POST" && forkdCall[2] === "fork")) {
+    if (forkdCall && !(req.method === "POST" && ANSWERED_HERE.has(forkdCall[2] ?? ""))) {
       const caller = context.auth.bearer(req.headers);
       return await relay(context, req, res, surface, forkdCall[1] as string, caller.tenant);
     }
