@@ -232,34 +232,53 @@ export class Reconciler {
       holders.map((h) => h.name),
       pool.spec.spread?.maxPerNode,
     );
-    for (const node of nodes) {
-      const want = node.live ? (shares.get(node.name) ?? 0) : 0;
-      const key = `${node.name}\0${snapshot.metadata.name}`;
-      const reported = node.node.status?.pools?.find((p) => p.digest === digest)?.target ?? 0;
-      if (!node.live) {
-        this.poolTargets.delete(key);
-        continue;
-      }
-      if (reported === want && this.poolTargets.get(key) === want) continue;
-      if (want === 0 && reported === 0 && !this.poolTargets.has(key)) continue;
-      if (Date.now() - (this.poolRefused.get(key) ?? 0) < POOL_RETRY_MS) continue;
-      const body: PoolBody = { size: want };
-      try {
-        await this.call(node.node, {
-          method: "PUT",
-          path: `${NODE_ROUTES.pools}/${encodeURIComponent(snapshot.metadata.name)}`,
-          json: body,
-        });
-        this.poolTargets.set(key, want);
-        this.poolRefused.delete(key);
-      } catch (err) {
-        this.poolRefused.set(key, Date.now());
-        this.options.logger.warn(
-          { node: node.name, pool: name, err: errorMessage(err) },
-          "could not set a pool",
-        );
-      }
+    for (const node of nodes) await this.setPoolShare(pool, snapshot, node, shares);
+    await this.writePoolStatus(pool, digest, live, shares);
+  }
+
+  /** Tells `node` its share of `pool` when it differs from what the node reports (retried after a refusal). */
+  private async setPoolShare(
+    pool: ForkdWarmPool,
+    snapshot: ForkdSnapshot,
+    node: LiveNode,
+    shares: Map<string, number>,
+  ): Promise<void> {
+    const digest = snapshot.spec.digest;
+    const want = node.live ? (shares.get(node.name) ?? 0) : 0;
+    const key = `${node.name}\0${snapshot.metadata.name}`;
+    const reported = node.node.status?.pools?.find((p) => p.digest === digest)?.target ?? 0;
+    if (!node.live) {
+      this.poolTargets.delete(key);
+      return;
     }
+    if (reported === want && this.poolTargets.get(key) === want) return;
+    if (want === 0 && reported === 0 && !this.poolTargets.has(key)) return;
+    if (Date.now() - (this.poolRefused.get(key) ?? 0) < POOL_RETRY_MS) return;
+    const body: PoolBody = { size: want };
+    try {
+      await this.call(node.node, {
+        method: "PUT",
+        path: `${NODE_ROUTES.pools}/${encodeURIComponent(snapshot.metadata.name)}`,
+        json: body,
+      });
+      this.poolTargets.set(key, want);
+      this.poolRefused.delete(key);
+    } catch (err) {
+      this.poolRefused.set(key, Date.now());
+      this.options.logger.warn(
+        { node: node.name, pool: pool.metadata.name, err: errorMessage(err) },
+        "could not set a pool",
+      );
+    }
+  }
+
+  /** The pool's status: warm sandboxes ready per live node, against its replicas. */
+  private async writePoolStatus(
+    pool: ForkdWarmPool,
+    digest: string,
+    live: LiveNode[],
+    shares: Map<string, number>,
+  ): Promise<void> {
     const perNode = live
       .map((n) => ({
         name: n.name,
@@ -268,7 +287,7 @@ export class Reconciler {
       .filter((n) => n.ready > 0 || (shares.get(n.name) ?? 0) > 0);
     const ready = perNode.reduce((sum, n) => sum + n.ready, 0);
     const full = ready >= pool.spec.replicas;
-    await this.writeStatus("pools", name, {
+    await this.writeStatus("pools", pool.metadata.name, {
       observedGeneration: pool.metadata.generation,
       replicas: ready,
       nodes: perNode,

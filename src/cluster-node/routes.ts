@@ -78,22 +78,7 @@ export function clusterRoutesExtension(options: ClusterRoutesOptions): ApiExtens
       app.addHook("preClose", async () => {
         for (const res of streams) res.end();
       });
-      app.get(NODE_ROUTES.events, { schema: { hide: true } }, async (request, reply) => {
-        const services = adminServicesOf(request, "the cluster event stream");
-        if (streams.size >= MAX_EVENT_STREAMS) {
-          throw new ForkdError("unavailable", "too many cluster event streams are open");
-        }
-        reply.hijack();
-        const res = reply.raw;
-        res.writeHead(200, {
-          "content-type": "application/x-ndjson",
-          "cache-control": "no-store",
-          "x-request-id": request.id,
-        });
-        streams.add(res);
-        res.on("close", () => streams.delete(res));
-        void streamEvents(res, services, options, clientSignal(request, reply));
-      });
+      registerEventRoute(app, options, streams);
       app.post<{ Body: Static<typeof PullSchema> }>(
         NODE_ROUTES.pull,
         { schema: { hide: true, body: PullSchema } },
@@ -102,63 +87,104 @@ export function clusterRoutesExtension(options: ClusterRoutesOptions): ApiExtens
       app.post<{ Body: Static<typeof PushSchema> }>(
         NODE_ROUTES.push,
         { schema: { hide: true, body: PushSchema } },
-        async (request, reply) => {
-          const services = adminServicesOf(request, "pushing a snapshot");
-          const { tag, reference, insecure, without_image } = request.body;
-          try {
-            const pushed = await services.snapshots.push({
-              tag,
-              reference,
-              insecure,
-              withoutImage: without_image,
-              signal: clientSignal(request, reply),
-            });
-            const info = await services.snapshots.get(tag);
-            await options.digests.record(tag, {
-              digest: pushed.digest,
-              reference: pushed.reference,
-              created_at_unix: info.created_at_unix,
-            });
-            const answer: PushAnswer = {
-              tag,
-              reference: pushed.reference,
-              digest: pushed.digest,
-              uploaded_bytes: pushed.uploaded_bytes,
-              ms: pushed.ms,
-            };
-            return answer;
-          } catch (err) {
-            throw registryFailure(reference, err);
-          }
-        },
+        async (request, reply) =>
+          push(
+            adminServicesOf(request, "pushing a snapshot"),
+            options,
+            request.body,
+            clientSignal(request, reply),
+          ),
       );
-      app.put<{ Params: { tag: string }; Body: Static<typeof PoolSchema> }>(
-        `${NODE_ROUTES.pools}/:tag`,
-        {
-          schema: {
-            hide: true,
-            params: Type.Object({ tag: Type.String({ pattern: TAG_PATTERN }) }),
-            body: PoolSchema,
-          },
-        },
-        async (request) => {
-          const services = adminServicesOf(request, "warm pools");
-          if (!options.setPool) {
-            throw new ForkdError(
-              "not_implemented",
-              "this node keeps no warm pools (its sandbox manager has none)",
-            );
-          }
-          await services.snapshots.get(request.params.tag);
-          options.setPool(request.params.tag, request.body.size);
-          return { tag: request.params.tag, size: request.body.size };
-        },
-      );
+      registerPoolRoute(app, options);
     },
     async close() {
       for (const res of streams) res.end();
     },
   };
+}
+
+/** The event stream the gateway builds its directory from (at most MAX_EVENT_STREAMS open). */
+function registerEventRoute(
+  app: FastifyInstance,
+  options: ClusterRoutesOptions,
+  streams: Set<http.ServerResponse>,
+): void {
+  app.get(NODE_ROUTES.events, { schema: { hide: true } }, async (request, reply) => {
+    const services = adminServicesOf(request, "the cluster event stream");
+    if (streams.size >= MAX_EVENT_STREAMS) {
+      throw new ForkdError("unavailable", "too many cluster event streams are open");
+    }
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      "content-type": "application/x-ndjson",
+      "cache-control": "no-store",
+      "x-request-id": request.id,
+    });
+    streams.add(res);
+    res.on("close", () => streams.delete(res));
+    void streamEvents(res, services, options, clientSignal(request, reply));
+  });
+}
+
+/** Pushes `tag` to the registry and records its digest (what the node's ForkdNode lists as held). */
+async function push(
+  services: Services,
+  options: ClusterRoutesOptions,
+  body: Static<typeof PushSchema>,
+  signal: AbortSignal,
+): Promise<PushAnswer> {
+  const { tag, reference, insecure, without_image } = body;
+  try {
+    const pushed = await services.snapshots.push({
+      tag,
+      reference,
+      insecure,
+      withoutImage: without_image,
+      signal,
+    });
+    const info = await services.snapshots.get(tag);
+    await options.digests.record(tag, {
+      digest: pushed.digest,
+      reference: pushed.reference,
+      created_at_unix: info.created_at_unix,
+    });
+    return {
+      tag,
+      reference: pushed.reference,
+      digest: pushed.digest,
+      uploaded_bytes: pushed.uploaded_bytes,
+      ms: pushed.ms,
+    };
+  } catch (err) {
+    throw registryFailure(reference, err);
+  }
+}
+
+/** The warm pools the controller asks for. */
+function registerPoolRoute(app: FastifyInstance, options: ClusterRoutesOptions): void {
+  app.put<{ Params: { tag: string }; Body: Static<typeof PoolSchema> }>(
+    `${NODE_ROUTES.pools}/:tag`,
+    {
+      schema: {
+        hide: true,
+        params: Type.Object({ tag: Type.String({ pattern: TAG_PATTERN }) }),
+        body: PoolSchema,
+      },
+    },
+    async (request) => {
+      const services = adminServicesOf(request, "warm pools");
+      if (!options.setPool) {
+        throw new ForkdError(
+          "not_implemented",
+          "this node keeps no warm pools (its sandbox manager has none)",
+        );
+      }
+      await services.snapshots.get(request.params.tag);
+      options.setPool(request.params.tag, request.body.size);
+      return { tag: request.params.tag, size: request.body.size };
+    },
+  );
 }
 
 /** Pulls `reference@digest` as `tag` unless the node holds it; concurrent pulls of one digest share one. */

@@ -37,7 +37,12 @@ export function registerE2bRoutes(app: FastifyInstance, context: GatewayContext)
       (request, reply) => createSandbox(context, url, request.body, request.tenant, reply),
     );
   }
+  registerSandboxLists(app, context);
+  registerTemplateRoutes(app, context);
+}
 
+/** The sandbox lists and metrics: every node's, merged (and paged, for v2) here. */
+function registerSandboxLists(app: FastifyInstance, context: GatewayContext): void {
   app.get<{ Querystring: { metadata?: string } }>("/sandboxes", e2b, async (request, reply) => {
     const answers = await fanout<ListedSandbox[]>(
       context,
@@ -76,7 +81,10 @@ export function registerE2bRoutes(app: FastifyInstance, context: GatewayContext)
     for (const answer of answers) Object.assign(merged, answer.value.sandboxes ?? answer.value);
     return answers.some((a) => "sandboxes" in a.value) ? { sandboxes: merged } : merged;
   });
+}
 
+/** Templates, their aliases and named snapshots: the ForkdSnapshots' and every node's. */
+function registerTemplateRoutes(app: FastifyInstance, context: GatewayContext): void {
   app.get("/templates", e2b, async (request, reply) => {
     const answers = await fanout<{ templateID: string }[]>(
       context,

@@ -19,6 +19,7 @@ import {
   type PushBody,
 } from "../cluster/protocol.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
+import type { SnapshotView } from "./cluster-view.js";
 import type { GatewayContext } from "./context.js";
 import type { SnapshotTarget } from "./placement.js";
 import type { SpawnedSandbox } from "./spawn.js";
@@ -62,95 +63,20 @@ export async function forkAcrossNodes(
     { method: "GET", path: `/v1/sandboxes/${id}` },
     tenant,
   );
-  const chain = context.view.snapshot(info.snapshot_tag);
-  if (!chain) {
-    if (room > 0) {
-      throw new ForkdError(
-        "unavailable",
-        `node ${source.node} has room for ${room} of ${count} children, and the source's snapshot ` +
-          `${info.snapshot_tag} is not a ForkdSnapshot other nodes could hold: fork at most ${room} here`,
-      );
-    }
-    throw new ForkdError("unavailable", `node ${source.node} has no room for a fork of ${sandboxes(count)}`);
-  }
+  const chain = sharedChainOf(context, source.node, info, room, count);
   const releaseTenant = context.admission.reserve(tenant, count);
   try {
-    const branch = await context.calls.json<BranchAnswer>(
-      source.node,
-      {
-        method: "POST",
-        path: `/v1/sandboxes/${id}/branch`,
-        json: { mode: "diff", wait: true },
-        deadlineMs: 0,
-      },
+    const branch = await branchAndPush(context, tenant, source.node, id, chain);
+    const { children, pulled } = await spawnFromBranch(
+      context,
       tenant,
-    );
-    const reference = `${repositoryOf(chain.reference)}:${branch.tag}`;
-    const pushBody: PushBody = {
-      tag: branch.tag,
-      reference,
-      without_image: true,
-      ...(context.registry.insecure ? { insecure: true } : {}),
-    };
-    const pushed = await context.calls.json<PushAnswer>(
       source.node,
-      { method: "POST", path: NODE_ROUTES.push, json: pushBody, deadlineMs: TRANSFER_DEADLINE_MS },
-      null,
+      chain,
+      branch,
+      info,
+      body,
     );
-    context.logger.info(
-      { source: id, branch: branch.tag, uploaded_bytes: pushed.uploaded_bytes, push_ms: pushed.ms },
-      "fork across nodes: branch pushed",
-    );
-    // The branch is where the source is; elsewhere it goes to the nodes holding its parent chain.
-    const holders = context.placer
-      .holders({ kind: "cluster", tag: chain.name, snapshot: chain })
-      .map((n) => n.name);
-    const target: SnapshotTarget = {
-      kind: "local",
-      tag: branch.tag,
-      nodes: [...new Set([source.node, ...holders])],
-    };
-    const pulled = new Set<string>([source.node]);
-    const children = await context.spawner.spawn(
-      tenant,
-      target,
-      count,
-      async (share) => {
-        if (!pulled.has(share.node)) {
-          const pull: PullBody = {
-            reference,
-            digest: pushed.digest,
-            tag: branch.tag,
-            owner: tenant,
-            ...(context.registry.insecure ? { insecure: true } : {}),
-          };
-          await context.calls.json<PullAnswer>(
-            share.node,
-            { method: "POST", path: NODE_ROUTES.pull, json: pull, deadlineMs: TRANSFER_DEADLINE_MS },
-            null,
-          );
-          pulled.add(share.node);
-        }
-        return context.calls.json<SpawnedSandbox[]>(
-          share.node,
-          {
-            method: "POST",
-            path: "/v1/sandboxes",
-            json: {
-              snapshot_tag: branch.tag,
-              n: share.count,
-              metadata: info.metadata,
-              ...(body.timeout_ms === undefined ? {} : { timeout_ms: body.timeout_ms }),
-            },
-            deadlineMs: 0,
-          },
-          tenant,
-        );
-      },
-      (answer) => answer,
-      { tenantReserved: true },
-    );
-    await retire(context, [...pulled], branch.tag, tenant);
+    await retire(context, pulled, branch.tag, tenant);
     return {
       tag: branch.tag,
       mode: branch.mode,
@@ -162,6 +88,141 @@ export async function forkAcrossNodes(
   } finally {
     releaseTenant();
   }
+}
+
+/** The ForkdSnapshot the source was spawned from: other nodes hold it, so they can take children. */
+function sharedChainOf(
+  context: GatewayContext,
+  node: string,
+  info: SourceInfo,
+  room: number,
+  count: number,
+): SnapshotView {
+  const chain = context.view.snapshot(info.snapshot_tag);
+  if (chain) return chain;
+  if (room > 0) {
+    throw new ForkdError(
+      "unavailable",
+      `node ${node} has room for ${room} of ${count} children, and the source's snapshot ` +
+        `${info.snapshot_tag} is not a ForkdSnapshot other nodes could hold: fork at most ${room} here`,
+    );
+  }
+  throw new ForkdError("unavailable", `node ${node} has no room for a fork of ${sandboxes(count)}`);
+}
+
+interface PushedBranch extends BranchAnswer {
+  reference: string;
+  digest: string;
+}
+
+/** BRANCHes the source once (a diff layer on its chain) and pushes that layer next to the chain. */
+async function branchAndPush(
+  context: GatewayContext,
+  tenant: string | null,
+  node: string,
+  id: string,
+  chain: SnapshotView,
+): Promise<PushedBranch> {
+  const branch = await context.calls.json<BranchAnswer>(
+    node,
+    {
+      method: "POST",
+      path: `/v1/sandboxes/${id}/branch`,
+      json: { mode: "diff", wait: true },
+      deadlineMs: 0,
+    },
+    tenant,
+  );
+  const reference = `${repositoryOf(chain.reference)}:${branch.tag}`;
+  const pushBody: PushBody = {
+    tag: branch.tag,
+    reference,
+    without_image: true,
+    ...(context.registry.insecure ? { insecure: true } : {}),
+  };
+  const pushed = await context.calls.json<PushAnswer>(
+    node,
+    { method: "POST", path: NODE_ROUTES.push, json: pushBody, deadlineMs: TRANSFER_DEADLINE_MS },
+    null,
+  );
+  context.logger.info(
+    { source: id, branch: branch.tag, uploaded_bytes: pushed.uploaded_bytes, push_ms: pushed.ms },
+    "fork across nodes: branch pushed",
+  );
+  return { ...branch, reference, digest: pushed.digest };
+}
+
+/**
+ * The children: the branch is where the source is; elsewhere it goes to the nodes holding its parent chain,
+ * each pulling the branch once before its share. Resolves with the children and the nodes that hold the branch.
+ */
+async function spawnFromBranch(
+  context: GatewayContext,
+  tenant: string | null,
+  sourceNode: string,
+  chain: SnapshotView,
+  branch: PushedBranch,
+  info: SourceInfo,
+  body: Static<typeof ForkBody>,
+) {
+  const holders = context.placer
+    .holders({ kind: "cluster", tag: chain.name, snapshot: chain })
+    .map((n) => n.name);
+  const target: SnapshotTarget = {
+    kind: "local",
+    tag: branch.tag,
+    nodes: [...new Set([sourceNode, ...holders])],
+  };
+  const pulled = new Set<string>([sourceNode]);
+  const children = await context.spawner.spawn(
+    tenant,
+    target,
+    body.count ?? 1,
+    async (share) => {
+      if (!pulled.has(share.node)) {
+        await pullBranch(context, share.node, branch, tenant);
+        pulled.add(share.node);
+      }
+      return context.calls.json<SpawnedSandbox[]>(
+        share.node,
+        {
+          method: "POST",
+          path: "/v1/sandboxes",
+          json: {
+            snapshot_tag: branch.tag,
+            n: share.count,
+            metadata: info.metadata,
+            ...(body.timeout_ms === undefined ? {} : { timeout_ms: body.timeout_ms }),
+          },
+          deadlineMs: 0,
+        },
+        tenant,
+      );
+    },
+    (answer) => answer,
+    { tenantReserved: true },
+  );
+  return { children, pulled: [...pulled] };
+}
+
+async function pullBranch(
+  context: GatewayContext,
+  node: string,
+  branch: PushedBranch,
+  tenant: string | null,
+): Promise<void> {
+  const pull: PullBody = {
+    reference: branch.reference,
+    digest: branch.digest,
+    tag: branch.tag,
+    owner: tenant,
+    ...(context.registry.insecure ? { insecure: true } : {}),
+  };
+  await context.calls.json<PullAnswer>(
+    node,
+    { method: "POST", path: NODE_ROUTES.pull, json: pull, deadlineMs: TRANSFER_DEADLINE_MS },
+    null,
+  );
 }
 
 /** The fork as a single daemon makes it, each child saying where it runs. */

@@ -8,6 +8,7 @@
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import {
+  BranchBody,
   ForkBody,
   KillManyQuery,
   ListSandboxesQuery,
@@ -21,6 +22,7 @@ import { FORKD_VERSION } from "../common/version.js";
 import type { GatewayContext } from "./context.js";
 import { fanout } from "./fanout.js";
 import { forkAcrossNodes } from "./fork.js";
+import { withoutHostPaths } from "./host-paths.js";
 import type { SpawnedSandbox } from "./spawn.js";
 
 declare module "fastify" {
@@ -122,23 +124,43 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
     { ...forkd, schema: { params: SandboxParams, body: ForkBody } },
     async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
   );
+  registerBranchRoute(app, context);
+}
+
+/** BRANCH is the node's, answered here (not relayed as it is) so that its snapshot record loses host paths. */
+function registerBranchRoute(app: FastifyInstance, context: GatewayContext): void {
+  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof BranchBody> }>(
+    "/v1/sandboxes/:id/branch",
+    { ...forkd, schema: { params: SandboxParams, body: BranchBody } },
+    async (request, reply) => {
+      const id = request.params.id;
+      const placement = await context.locator.locate(id, request.tenant);
+      const answer = await context.calls.json<SnapshotWire & { status?: string }>(
+        placement.node,
+        { method: "POST", path: `/v1/sandboxes/${id}/branch`, json: request.body, deadlineMs: 0 },
+        request.tenant,
+      );
+      reply.status(answer.status === "writing" ? 202 : 201);
+      return { ...withoutHostPaths(answer), node: placement.node };
+    },
+  );
 }
 
 /** Snapshots, wherever in the cluster they are. */
 function registerSnapshotRoutes(app: FastifyInstance, context: GatewayContext): void {
   app.get("/v1/snapshots", forkd, async (request, reply) => {
-    const answers = await fanout<(SnapshotWire & Record<string, unknown>)[]>(
+    const answers = await fanout<SnapshotWire[]>(
       context,
       { method: "GET", path: "/v1/snapshots" },
       request.tenant,
       reply,
     );
-    const byTag = new Map<string, SnapshotWire & { nodes: string[] }>();
+    const byTag = new Map<string, Omit<SnapshotWire, "dir"> & { nodes: string[] }>();
     for (const answer of answers) {
       for (const snapshot of answer.value) {
         const known = byTag.get(snapshot.tag);
         if (known) known.nodes.push(answer.node);
-        else byTag.set(snapshot.tag, { ...snapshot, nodes: [answer.node] });
+        else byTag.set(snapshot.tag, { ...withoutHostPaths(snapshot), nodes: [answer.node] });
       }
     }
     return [...byTag.values()].sort((a, b) => a.tag.localeCompare(b.tag));
@@ -157,7 +179,7 @@ function registerSnapshotRoutes(app: FastifyInstance, context: GatewayContext): 
               { method: "GET", path: `/v1/snapshots/${encodeURIComponent(tag)}${suffix}` },
               request.tenant,
             );
-            return { ...info, node };
+            return { ...withoutHostPaths(info), node };
           } catch (err) {
             if (!(err instanceof ForkdError) || err.code !== "not_found") throw err;
           }
@@ -235,8 +257,10 @@ const NOT_IN_A_CLUSTER: [("GET" | "POST" | "PUT" | "DELETE")[], string, string][
   [["GET"], "/v1/usage", "one host's usage (GET /v1/cluster has each node's)"],
 ];
 
+/** A node's snapshot record: its tag, the host path the gateway drops (host-paths.ts), the rest relayed as it is. */
 interface SnapshotWire {
   tag: string;
+  dir?: string;
 }
 
 /** Nodes that may hold `tag`: the directory's, then every other node (a tag it has not heard of yet). */

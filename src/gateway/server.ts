@@ -71,9 +71,49 @@ type Surface = "forkd" | "e2b" | "data";
 
 /** `/v1/sandboxes/<id>[/...]` and `/[v2/]sandboxes/<id>[/...]`: calls for one sandbox. */
 const FORKD_SANDBOX = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)?$/;
+/** A sandbox's POST routes the gateway answers itself (forkd-routes.ts): fork (across nodes), branch (host paths). */
+const ANSWERED_HERE = new Set(["fork", "branch"]);
 const E2B_SANDBOX = /^\/(?:v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/[^?]*)?(?:\?.*)?$/;
 
 export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {
+  const { logger } = options;
+  const context = gatewayContext(options);
+  const { view, links, proxy } = context;
+  // Calls in flight to a node seen lost are cut: none waits on a dead link.
+  view.onChange(() => {
+    for (const node of view.allNodes()) {
+      if (!node.leaseHeld && proxy.cut(node.name) > 0)
+        logger.warn({ node: node.name }, "cut calls to a lost node");
+    }
+  });
+  view.start();
+  await view.ready;
+
+  let ownUrl = "";
+  const mcp = new GatewayMcp(context, () => ownUrl);
+  const app = gatewayApp(context, mcp, options);
+  await app.listen({ host: options.listen.host, port: options.listen.port });
+  ownUrl = ownUrlOf(options, listeningPort(app, options));
+  if (!options.tls && !isWildcard(options.listen.host) && !isLoopbackHost(options.listen.host)) {
+    logger.warn("the gateway listens without TLS: tokens cross the network in clear text");
+  }
+  await links.settled(5_000);
+  logger.info({ url: ownUrl, nodes: view.allNodes().length }, "forkd gateway listening");
+  return {
+    url: ownUrl,
+    context,
+    stop: async () => {
+      view.stop();
+      links.close();
+      await mcp.close();
+      proxy.close();
+      await app.close();
+    },
+  };
+}
+
+/** The gateway's parts, wired: what it reads of the cluster, its directory, links, placement and relay. */
+function gatewayContext(options: GatewayOptions): GatewayContext {
   const { logger } = options;
   const config = loadKubeConfig(options.kubeconfig);
   const view = new ClusterView(
@@ -92,7 +132,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
   const proxy = new NodeProxy(options.tokens, (err) =>
     logger.debug({ err: errorMessage(err) }, "relay error"),
   );
-  const context: GatewayContext = {
+  return {
     view,
     directory,
     links,
@@ -108,16 +148,10 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
     defaultSnapshot: options.defaultSnapshot,
     logger,
   };
-  // Calls in flight to a node seen lost are cut: none waits on a dead link.
-  view.onChange(() => {
-    for (const node of view.allNodes()) {
-      if (!node.leaseHeld && proxy.cut(node.name) > 0)
-        logger.warn({ node: node.name }, "cut calls to a lost node");
-    }
-  });
-  view.start();
-  await view.ready;
+}
 
+/** Fastify behind the gateway's own dispatch (relay, MCP) for requests and upgrades. */
+function gatewayApp(context: GatewayContext, mcp: GatewayMcp, options: GatewayOptions): FastifyInstance {
   let policy: OriginPolicy | undefined;
   const scheme = options.tls ? "https" : "http";
   const policyOf = (port: number) => {
@@ -127,11 +161,10 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
     });
     return policy;
   };
-  const mcp = new GatewayMcp(context, () => ownUrl);
-  let ownUrl = "";
+  const port = () => listeningPort(app, options);
   const app = Fastify({
     logController: new LogController({ disableRequestLogging: true }),
-    loggerInstance: logger,
+    loggerInstance: options.logger,
     bodyLimit: 2 * 1024 * 1024,
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 1024 },
     serverFactory: (handler) => {
@@ -140,37 +173,27 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
       return options.tls ? https.createServer(options.tls, onRequest) : http.createServer(onRequest);
     },
   }) as unknown as FastifyInstance;
-  const port = () => {
-    const address = app.server.address();
-    return typeof address === "object" && address ? address.port : options.listen.port;
-  };
   configureApp(app, context);
   app.server.on(
     "upgrade",
     (req: IncomingMessage, socket: net.Socket, head: Buffer) =>
       void upgrade(context, req, socket, head, policyOf(port()), scheme),
   );
-  await app.listen({ host: options.listen.host, port: options.listen.port });
-  const wildcard = options.listen.host === "0.0.0.0" || options.listen.host === "::";
+  return app;
+}
+
+function listeningPort(app: FastifyInstance, options: GatewayOptions): number {
+  const address = app.server.address();
+  return typeof address === "object" && address ? address.port : options.listen.port;
+}
+
+const isWildcard = (host: string) => host === "0.0.0.0" || host === "::";
+
+/** The gateway's own address for its MCP sessions' calls: loopback when it listens everywhere. */
+function ownUrlOf(options: GatewayOptions, port: number): string {
+  const scheme = options.tls ? "https" : "http";
   const host = options.listen.host.includes(":") ? `[${options.listen.host}]` : options.listen.host;
-  // The gateway's own address for its MCP sessions' calls: loopback when it listens everywhere.
-  ownUrl = `${scheme}://${wildcard ? "127.0.0.1" : host}:${port()}`;
-  if (!options.tls && !wildcard && !isLoopbackHost(options.listen.host)) {
-    logger.warn("the gateway listens without TLS: tokens cross the network in clear text");
-  }
-  await links.settled(5_000);
-  logger.info({ url: ownUrl, nodes: view.allNodes().length }, "forkd gateway listening");
-  return {
-    url: ownUrl,
-    context,
-    stop: async () => {
-      view.stop();
-      links.close();
-      await mcp.close();
-      proxy.close();
-      await app.close();
-    },
-  };
+  return `${scheme}://${isWildcard(options.listen.host) ? "127.0.0.1" : host}:${port}`;
 }
 
 function configureApp(app: FastifyInstance, context: GatewayContext): void {
@@ -230,7 +253,7 @@ async function dispatch(
     }
     if (mcp.handles(url)) return await mcp.handle(req, res);
     const forkdCall = FORKD_SANDBOX.exec(url);
-    if (forkdCall && !(req.method === "POST" && forkdCall[2] === "fork")) {
+    if (forkdCall && !(req.method === "POST" && ANSWERED_HERE.has(forkdCall[2] ?? ""))) {
       const caller = context.auth.bearer(req.headers);
       return await relay(context, req, res, surface, forkdCall[1] as string, caller.tenant);
     }

@@ -230,13 +230,35 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     await beta.killSandbox(b.id);
   });
 
+  it("snapshot records through the gateway name no host path (list, one, info)", async () => {
+    const homes = state.nodes.map((n) => n.home);
+    const answers = [
+      await api("GET", "/v1/snapshots"),
+      await api("GET", "/v1/snapshots/pyagent"),
+      await api("GET", "/v1/snapshots/pyagent/info"),
+    ];
+    for (const answer of answers) assert.equal(answer.status, 200, JSON.stringify(answer.json));
+    const [list, one, info] = answers.map((a) => a.json as unknown);
+    const records = [...(list as Record<string, unknown>[]), one, info] as Record<string, unknown>[];
+    assert.ok((list as unknown[]).length > 0, "the cluster lists its snapshots");
+    for (const record of records) {
+      assert.ok(!("dir" in record), `no dir: ${JSON.stringify(record)}`);
+      const text = JSON.stringify(record);
+      for (const home of homes) assert.ok(!text.includes(home), `${home} appears in ${text}`);
+    }
+    const pyagent = (list as { tag: string; nodes: string[] }[]).find((s) => s.tag === "pyagent");
+    assert.equal(pyagent?.nodes.length, 3, "every node holds pyagent");
+  });
+
   let branched: { tag: string; node: string; digest: string } | undefined;
 
   it("a snapshot only one node holds is spawned there; with that node cordoned, another node pulls it", async () => {
     const [source] = await spawn(admin, "pyagent");
     assert.ok(source?.node);
     await sh(admin, source.id, "echo written-before-branch > /root/mark && sync");
-    const branch = (await admin.branchSandbox(source.id)) as unknown as { tag: string };
+    const branch = (await admin.branchSandbox(source.id)) as unknown as { tag: string; node?: string };
+    assert.ok(!("dir" in branch), `the BRANCH answer names no host path: ${JSON.stringify(branch)}`);
+    assert.equal(branch.node, source.node);
     await admin.killSandbox(source.id);
     // A BRANCH lives on its node only: a spawn of it goes there.
     const [local] = await spawn(admin, branch.tag);
