@@ -504,6 +504,23 @@ describe("contexts and eval v2", () => {
     // the host); an image without one answers not_implemented naming what it lacks (kernels.py).
     const js = await agent.client.contexts.create({ language: "javascript" });
     assert.equal(js.language, "javascript");
+    // Top-level await, as E2B's kernel has it: the cell's names stay for the next (kernels.py's REPL rewrite).
+    const awaited = await agent.client.eval(
+      "const base = await new Promise((r) => setTimeout(() => r(40), 10)); class K {}; base + 1",
+      { context: js.id },
+    );
+    assert.equal(awaited.error, null, JSON.stringify(awaited.error));
+    assert.equal(awaited.result, "41");
+    assert.equal(
+      (await agent.client.eval("typeof K + ' ' + (base + 2)", { context: js.id })).result,
+      "function 42",
+    );
+    const rejected = await agent.client.eval("await Promise.reject(new RangeError('no'))", {
+      context: js.id,
+    });
+    assert.equal(rejected.error?.type, "RangeError");
+    const broken = await agent.client.eval("const = await 1", { context: js.id });
+    assert.equal(broken.error?.type, "SyntaxError", "V8's own error for a cell that is not JavaScript");
     await agent.client.contexts.remove(js.id);
   });
 

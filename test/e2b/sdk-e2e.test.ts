@@ -284,6 +284,14 @@ describe("E2B SDKs on a real forkd daemon", { timeout: 30 * 60_000 }, () => {
       language: "javascript",
     });
     assert.equal(awaited.text, "7", "a promise's value, once it settles");
+    const topLevel = await js.runCode(
+      "const slept = await new Promise((r) => setTimeout(() => r(5), 20)); slept * 2",
+      {
+        language: "javascript",
+      },
+    );
+    assert.equal(topLevel.text, "10", "top-level await, as E2B's kernel has it");
+    assert.equal((await js.runCode("slept", { language: "javascript" })).text, "5", "its names stay");
     const envs = await js.runCode("process.env.ONLY_HERE", {
       language: "javascript",
       envs: { ONLY_HERE: "yes" },

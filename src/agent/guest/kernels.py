@@ -9,8 +9,12 @@ the working directory) lives on between cells as in E2B's kernels:
   javascript  `node` running NODE_KERNEL (below): a cell is read from a file and run as a script in the
               process's own global scope (vm.runInThisContext), so `var`, `let`, `const`, functions and
               `require`d modules stay for later cells; the last expression's value (a promise's, once it
-              settles) is the cell's result, a thrown error its error. A marker line with the same token
-              carries the outcome as JSON. Needs a `node` on the image's PATH (Debian's nodejs, say).
+              settles) is the cell's result, a thrown error its error. Top-level `await` works as in E2B's
+              kernel and Node's REPL: such a cell is rewritten by the REPL's own rewrite (Node's
+              internal/repl/await, reached with --expose-internals: Node's bundled parser, not one of ours),
+              which hoists its declarations to the global scope so later cells see them. A marker line with
+              the same token carries the outcome as JSON. Needs a `node` on the image's PATH (Debian's
+              nodejs, say).
 
 Output streams line by line to the agent while the cell runs (through worker.stream_out); an interrupt (the
 agent's SIGINT to the worker) is passed to the kernel's process group and the cell ends with the marker.
@@ -61,6 +65,28 @@ let interrupt = null;
 process.on("SIGINT", () => { if (interrupt) interrupt(); });
 globalThis.require = require;
 globalThis.module = module;
+// Node's REPL rewrite of a cell with top-level await (an async wrapper, its declarations hoisted); absent from a
+// node without it, where such a cell stays the SyntaxError V8 reports.
+let topLevelAwait = null;
+try {
+  ({ processTopLevelAwait: topLevelAwait } = require("internal/repl/await"));
+} catch {}
+// The cell as a script: itself, or (awaited) the REPL's async wrapper, whose promise settles with {value}.
+function asScript(code) {
+  if (topLevelAwait === null || !code.includes("await")) return { code, awaited: false };
+  try {
+    const wrapped = topLevelAwait(code);
+    return wrapped === null ? { code, awaited: false } : { code: wrapped, awaited: true };
+  } catch {
+    // Not valid even with await allowed: V8 compiles the cell as written and reports the error.
+    return { code, awaited: false };
+  }
+}
+const settled = (value) => new Promise((resolve, reject) => {
+  interrupt = () => reject(new Error("Script execution was interrupted by SIGINT"));
+  value.then(resolve, reject);
+});
+const thenable = (value) => value !== null && typeof value === "object" && typeof value.then === "function";
 const describe = (error) => error instanceof Error
   ? { type: error.name, message: error.message, traceback: error.stack ?? String(error) }
   : { type: "Error", message: util.inspect(error), traceback: util.inspect(error) };
@@ -72,14 +98,10 @@ async function run(cell) {
     process.env[name] = value;
   }
   try {
-    const code = fs.readFileSync(cell.file, "utf8");
-    let value = vm.runInThisContext(code, { filename: "<cell>", breakOnSigint: true });
-    if (value !== null && typeof value === "object" && typeof value.then === "function") {
-      value = await new Promise((resolve, reject) => {
-        interrupt = () => reject(new Error("Script execution was interrupted by SIGINT"));
-        value.then(resolve, reject);
-      });
-    }
+    const script = asScript(fs.readFileSync(cell.file, "utf8"));
+    let value = vm.runInThisContext(script.code, { filename: "<cell>", breakOnSigint: true });
+    if (script.awaited) value = (await settled(value))?.value;
+    if (thenable(value)) value = await settled(value);
     return value === undefined ? {} : { text: show(value) };
   } catch (error) {
     return { error: describe(error) };
@@ -289,7 +311,7 @@ class NodeKernel(Kernel):
     SUFFIX = ".js"
 
     def __init__(self, path, cwd):
-        super().__init__(lambda marker: [path, "-e", NODE_KERNEL, marker], cwd)
+        super().__init__(lambda marker: [path, "--expose-internals", "-e", NODE_KERNEL, marker], cwd)
 
     def _cell_command(self, env):
         return json.dumps({"file": self.script, "env": env}) + "\n"

@@ -23,6 +23,11 @@ async def test_javascript_cells_keep_state_and_stream(interpreter, api):
     awaited = await aw(interpreter.run_code("new Promise((resolve) => setTimeout(() => resolve(7), 20))",
                                             language="javascript"))
     assert awaited.text == "7"
+    top_level = await aw(interpreter.run_code(f"const {api}Slept = await new Promise((r) => setTimeout(() => r(5), 20)); "
+                                              f"{api}Slept * 2", language="javascript"))
+    assert top_level.error is None, top_level.error
+    assert top_level.text == "10", "top-level await, as E2B's kernel has it"
+    assert (await aw(interpreter.run_code(f"{api}Slept", language="javascript"))).text == "5", "its names stay"
     envs = await aw(interpreter.run_code("process.env.ONLY_HERE", language="javascript",
                                          envs={"ONLY_HERE": "yes"}))
     assert envs.text == "yes"
