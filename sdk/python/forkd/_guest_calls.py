@@ -193,7 +193,8 @@ class GuestCalls(ControllerBase):
         cancel: Optional[CancelToken] = None,
     ) -> Dict[str, Any]:
         """``GET /v1/sandboxes/:id/files/list``: ``{"path", "entries": [FileInfo], "truncated"}``."""
-        return self._get_about_path(sandbox_id, "/files/list", path, request_timeout, cancel)
+        request = Request("GET", _sandbox(sandbox_id, "/files/list"), query={"path": _required(path, "path")})
+        return self._object(request, request_timeout, cancel)
 
     def stat_file(
         self,
@@ -204,7 +205,8 @@ class GuestCalls(ControllerBase):
         cancel: Optional[CancelToken] = None,
     ) -> Dict[str, Any]:
         """``GET /v1/sandboxes/:id/files/stat``: FileInfo ``{"name", "type", "size", "mode", "mtime_ms", ...}``."""
-        return self._get_about_path(sandbox_id, "/files/stat", path, request_timeout, cancel)
+        request = Request("GET", _sandbox(sandbox_id, "/files/stat"), query={"path": _required(path, "path")})
+        return self._object(request, request_timeout, cancel)
 
     def remove_file(
         self,
@@ -220,18 +222,6 @@ class GuestCalls(ControllerBase):
         if recursive:
             query["recursive"] = True
         self._send(Request("DELETE", _sandbox(sandbox_id, "/files"), query=query), request_timeout, cancel)
-
-    def _get_about_path(
-        self,
-        sandbox_id: str,
-        route: str,
-        path: str,
-        request_timeout: Optional[float],
-        cancel: Optional[CancelToken],
-    ) -> Dict[str, Any]:
-        """A ``GET`` of one of the sandbox's file routes that takes the guest path as its ``path`` query."""
-        request = Request("GET", _sandbox(sandbox_id, route), query={"path": _required(path, "path")})
-        return self._object(request, request_timeout, cancel)
 
 
 def _exec_body(
