@@ -3,7 +3,10 @@
  * (scripts/local-cluster.sh up --nodes 2 --gateways 1): create + first exec through the gateway vs the same
  * node directly (its front, with the node token), p50/p99, alternating; a spawn that needs a pull (a snapshot
  * published from node-0, node-0 cordoned) vs a spawn of the same snapshot once held; the time a kill -9'd node
- * takes to be answered "lost". Writes bench/results/cluster.{json,md}.
+ * takes to be answered "lost"; where the gateway's share goes (create and first exec timed apart, and a call
+ * without guest work, GET /v1/sandboxes/<id>, at the node, at the gateway replica and through the Service's
+ * stand-in); a fork the source's node has room for vs one that spans nodes (the nodes take 2 sandboxes each).
+ * Writes bench/results/cluster.{json,md}.
  */
 import { execFile } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -29,6 +32,7 @@ import { hostDescription, markdownTable, printRows, type Row, writeResults } fro
 
 const run = promisify(execFile);
 const ROUNDS = envNumber("BENCH_ROUNDS", 10);
+const RECORD_ROUNDS = 100;
 const SCRIPT = path.join(packageRoot(), "scripts", "local-cluster.sh");
 const seedHome = process.env.BENCH_SEED_HOME;
 
@@ -45,6 +49,8 @@ await run(
     "1",
     "--dir",
     clusterDir,
+    "--node-max-sandboxes",
+    "2",
     ...(seedHome ? ["--seed-home", seedHome] : []),
   ],
   { encoding: "utf8", maxBuffer: 1 << 24 },
@@ -65,18 +71,65 @@ const nodeHeaders = async (name: string) => ({
 const gateway = new Controller({ url: state.url, token: state.tokens.admin, env: {} });
 const direct = new Controller({ url: node0.url, headers: await nodeHeaders(node0.name), env: {} });
 
-async function createAndExec(c: Controller): Promise<{ ms: number; ok: boolean }> {
+const replica = new Controller({ url: state.gateways[0]?.url, token: state.tokens.admin, env: {} });
+
+async function createAndExec(c: Controller): Promise<{ ms: number; createMs: number; ok: boolean }> {
   const t0 = performance.now();
   const [kid] = await c.spawnSandboxes({ snapshotTag: "pyagent" });
+  const createMs = performance.now() - t0;
   const r = await c.execCommand(kid?.id as string, ["echo", "ok"]);
   const ms = performance.now() - t0;
   await c.killSandbox(kid?.id as string);
-  return { ms, ok: r.stdout.trim() === "ok" };
+  return { ms, createMs, ok: r.stdout.trim() === "ok" };
 }
+
+/** A call with no guest work (the sandbox's record), `n` times on each path, alternating: what a hop costs. */
+async function recordCalls(id: string, n: number) {
+  const paths: [string, Controller][] = [
+    ["direct", direct],
+    ["replica", replica],
+    ["gateway", gateway],
+  ];
+  const ms: Record<string, number[]> = { direct: [], replica: [], gateway: [] };
+  for (let i = 0; i < n; i++) {
+    for (const [name, c] of i % 2 === 0 ? paths : [...paths].reverse()) {
+      const t = performance.now();
+      await c.getSandbox(id);
+      ms[name]?.push(performance.now() - t);
+    }
+  }
+  return ms as { direct: number[]; replica: number[]; gateway: number[] };
+}
+
+interface ForkTimed {
+  ms: number;
+  nodes: string[];
+  ids: string[];
+}
+
+/** A fork of `count` through the gateway: its time and where the children ran. */
+async function forkThroughGateway(id: string, count: number): Promise<ForkTimed> {
+  const t0 = performance.now();
+  const answer = await fetch(`${state.url}/v1/sandboxes/${id}/fork`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${state.tokens.admin}`, "content-type": "application/json" },
+    body: JSON.stringify({ count }),
+  });
+  const ms = performance.now() - t0;
+  const body = (await answer.json()) as { children?: { sandbox: { id: string; node: string } | null }[] };
+  if (answer.status !== 200) throw new Error(`fork of ${count}: ${answer.status} ${JSON.stringify(body)}`);
+  const kids = (body.children ?? []).flatMap((c) => (c.sandbox ? [c.sandbox] : []));
+  if (kids.length !== count) throw new Error(`fork of ${count}: ${JSON.stringify(body)}`);
+  return { ms, nodes: kids.map((k) => k.node), ids: kids.map((k) => k.id) };
+}
+
+/** Waits until the nodes' statuses (written at most every 3 s) show what changed. */
+const statusSettles = () => new Promise((r) => setTimeout(r, 4_000));
 
 const p50 = (v: number[]) => percentile(v, 50);
 const p99 = (v: number[]) => percentile(v, 99);
 const fmt = (v: number) => `${Math.round(v)} ms`;
+const ms1 = (v: number) => `${v.toFixed(1)} ms`;
 
 try {
   // Only node-0 takes spawns through the gateway, so both paths reach the same node.
@@ -85,6 +138,7 @@ try {
   // The first spawn on a node pays one-time costs (its network, page cache): not counted.
   await createAndExec(direct);
   const times = { gateway: [] as number[], direct: [] as number[] };
+  const createTimes = { gateway: [] as number[], direct: [] as number[] };
   let wrong = 0;
   for (let i = 0; i < ROUNDS; i++) {
     for (const [name, c] of (i % 2 === 0
@@ -98,10 +152,14 @@ try {
         ]) as [keyof typeof times, Controller][]) {
       const r = await createAndExec(c);
       times[name].push(r.ms);
+      createTimes[name].push(r.createMs);
       if (!r.ok) wrong++;
     }
   }
   const overhead = (p50(times.gateway) - p50(times.direct)) / p50(times.direct);
+  const [recorded] = await direct.spawnSandboxes({ snapshotTag: "pyagent" });
+  const records = await recordCalls(recorded?.id as string, RECORD_ROUNDS);
+  await direct.killSandbox(recorded?.id as string);
 
   // Pull + spawn vs a spawn of what is held: a BRANCH of node-0 published, node-0 cordoned.
   const [source] = await direct.spawnSandboxes({ snapshotTag: "pyagent" });
@@ -137,6 +195,17 @@ try {
   const heldSpawnMs = performance.now() - t0;
   await gateway.killSandbox(heldKid?.id as string);
   await objects.nodes.patchSpec(node0.name, { unschedulable: false });
+
+  // Fork: node-0 holds the source and has room for one more: a fork of 1 stays there, a fork of 2 spans nodes
+  // (BRANCH, push of the diff layer, node-1 pulls it, both restore).
+  const [forkSource] = await direct.spawnSandboxes({ snapshotTag: "pyagent" });
+  await statusSettles();
+  const localFork = await forkThroughGateway(forkSource?.id as string, 1);
+  for (const id of localFork.ids) await gateway.killSandbox(id);
+  await statusSettles();
+  const crossFork = await forkThroughGateway(forkSource?.id as string, 2);
+  for (const id of [...crossFork.ids, forkSource?.id as string]) await gateway.killSandbox(id);
+  await statusSettles();
 
   // Detection: kill -9 node-1 with a sandbox on it; poll a call for it through the gateway.
   await objects.nodes.patchSpec(node0.name, { unschedulable: true });
@@ -175,6 +244,30 @@ try {
       note: `p50 ${(overhead * 100).toFixed(1)} %${wrong ? `; ${wrong} wrong answers` : ""}`,
     },
     {
+      metric: "  of which the create alone, node directly / through the gateway (p50)",
+      value: `${fmt(p50(createTimes.direct))} / ${fmt(p50(createTimes.gateway))}`,
+      note: `exec alone: ${fmt(p50(times.direct) - p50(createTimes.direct))} / ${fmt(p50(times.gateway) - p50(createTimes.gateway))} (p50 differences)`,
+    },
+    {
+      metric: `GET /v1/sandboxes/<id> p50 / p99, ${RECORD_ROUNDS} each, alternating: node directly`,
+      value: `${ms1(p50(records.direct))} / ${ms1(p99(records.direct))}`,
+    },
+    {
+      metric: "  at the gateway replica (no Service stand-in)",
+      value: `${ms1(p50(records.replica))} / ${ms1(p99(records.replica))}`,
+      note: `+${ms1(p50(records.replica) - p50(records.direct))} p50: the gateway's relay`,
+    },
+    {
+      metric: "  through the Service stand-in (TCP balancer) and the replica",
+      value: `${ms1(p50(records.gateway))} / ${ms1(p99(records.gateway))}`,
+      note: `+${ms1(p50(records.gateway) - p50(records.replica))} p50: the balancer's hop`,
+    },
+    {
+      metric: "fork through the gateway: of 1, on the source's node / of 2, across nodes",
+      value: `${fmt(localFork.ms)} / ${fmt(crossFork.ms)}`,
+      note: `children on ${localFork.nodes.join(", ")} / ${crossFork.nodes.join(", ")}; across = BRANCH + push of its layer + a pull on the other node + both restores`,
+    },
+    {
       metric: "spawn that pulls a BRANCH first (registry on the node network) / spawn of it once held",
       value: `${fmt(pullSpawnMs)} / ${fmt(heldSpawnMs)}`,
       note: `${(pullSpawnMs / heldSpawnMs).toFixed(1)} x; node-1 already held the branch's base (pyagent)`,
@@ -193,7 +286,20 @@ try {
       host: hostDescription(),
       tag: "pyagent",
       rounds: ROUNDS,
-      measured: { times, overhead, pullSpawnMs, heldSpawnMs, detectionMs, slowestCallMs, upMs, wrong },
+      measured: {
+        times,
+        createTimes,
+        records,
+        localFork,
+        crossFork,
+        overhead,
+        pullSpawnMs,
+        heldSpawnMs,
+        detectionMs,
+        slowestCallMs,
+        upMs,
+        wrong,
+      },
     },
     `# bench/cluster\n\n${hostDescription()}, 2 nodes and 1 gateway on one machine (scripts/local-cluster.sh), ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}`,
   );

@@ -2,21 +2,26 @@
  * The cluster suite (`npm run test:cluster`, not in `npm test`: it takes minutes): scripts/local-cluster.sh up
  * with 3 node daemons (each in its own network namespace and home, at most 2 sandboxes each so a fork of a few
  * spans nodes), 2 gateway replicas behind the Service's stand-in, the loopback registry and the real
- * kube-apiserver. Everything through the gateway with real clients: the forkd TypeScript SDK, the E2B JS SDK and
- * the E2B Python SDK (e2b_code_interpreter);
+ * kube-apiserver. Everything through the gateway with real clients: the forkd TypeScript and Python SDKs, MCP over
+ * HTTP (the MCP SDK's client), the E2B JS SDK and the E2B Python SDK (e2b_code_interpreter); snapshot records
+ * without host paths;
  * a snapshot only one node holds; a spawn that makes another node pull; a fork of N across nodes; tenants
  * isolated across nodes; faults: a registry outage (503 naming it, local work goes on), a gateway replica
  * killed and restarted (its directory rebuilt), a node daemon killed with -9 (detected, its sandboxes answered
- * "lost" at once, no call hangs, no create fails after detection, fenced when it returns). `down` leaves nothing.
+ * "lost" at once, no call hangs, no create fails after detection, fenced when it returns), a node's link cut (the
+ * same, with nothing answering at all on the way). `down` leaves nothing.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { after, before, describe, it } from "node:test";
+import { after, afterEach, before, describe, it } from "node:test";
 import { promisify } from "node:util";
 import { KubeConfig } from "@kubernetes/client-node";
+import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { Sandbox as E2bSandbox } from "e2b";
 import { CLUSTER_HEADERS, NODE_ROUTES, type PushAnswer } from "../../src/cluster/protocol.js";
 import { forkdObjects } from "../../src/kube/objects.js";
@@ -28,8 +33,9 @@ import {
   startGateway,
   startNode,
 } from "../../src/local-cluster/cluster.js";
-import { leftovers } from "../../src/local-cluster/network.js";
+import { leftovers, setNodeLink } from "../../src/local-cluster/network.js";
 import { signalRecorded, waitGone } from "../../src/local-cluster/processes.js";
+import { MCP_PATH } from "../../src/mcp/http.js";
 import { Controller } from "../../src/sdk/index.js";
 import { REPO_ROOT } from "../support/examples.js";
 import { waitFor } from "../support/host.js";
@@ -112,6 +118,12 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     admin = new Controller({ url: env.FORKD_URL, token: env.FORKD_TOKEN });
     kube = new KubeConfig();
     kube.loadFromFile(env.KUBECONFIG as string);
+  });
+
+  // A test that failed half-way leaves no sandbox behind to take the next tests' room (2 per node).
+  afterEach(async () => {
+    const ids = alive.splice(0);
+    await Promise.allSettled(ids.map((id) => admin.killSandbox(id, { requestTimeoutMs: 10_000 })));
   });
 
   after(async () => {
@@ -205,6 +217,84 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     });
     assert.deepEqual(stdout.trim().split("\n"), ["42", "py-through-the-gateway"]);
     process.stdout.write(`# python: e2b-code-interpreter ${venv.versions["e2b-code-interpreter"] ?? "?"}\n`);
+  });
+
+  it("the forkd Python SDK (sdk/python): create, run_code, a command, list, snapshots, kill through the gateway", async () => {
+    const script = [
+      "import json",
+      "from forkd import Controller, Sandbox",
+      "s = Sandbox.create('pyagent')",
+      "try:",
+      "    out = {'code': s.run_code('6 * 7').result,",
+      "           'cmd': s.commands.run('echo forkd-py-through-the-gateway').stdout.strip(),",
+      "           'listed': [x['id'] for x in Sandbox.list()], 'id': s.sandbox_id,",
+      "           'snapshots': Controller().list_snapshots()}",
+      "finally:",
+      "    s.kill()",
+      "print(json.dumps(out))",
+    ].join("\n");
+    const { stdout } = await run(
+      existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3",
+      ["-c", script],
+      {
+        encoding: "utf8",
+        timeout: 5 * 60_000,
+        env: {
+          PATH: process.env.PATH ?? "",
+          PYTHONPATH: path.join(REPO_ROOT, "sdk", "python"),
+          FORKD_URL: env.FORKD_URL,
+          FORKD_TOKEN: env.FORKD_TOKEN,
+        },
+      },
+    );
+    const out = JSON.parse(stdout) as {
+      code: string;
+      cmd: string;
+      listed: string[];
+      id: string;
+      snapshots: Record<string, unknown>[];
+    };
+    assert.equal(out.code, "42");
+    assert.equal(out.cmd, "forkd-py-through-the-gateway");
+    assert.ok(out.listed.includes(out.id), "listed across the cluster");
+    assert.ok(out.snapshots.some((s) => s.tag === "pyagent" && !("dir" in s)));
+    await assert.rejects(admin.getSandbox(out.id), /not found|not_found|404/i);
+  });
+
+  it("MCP over HTTP at a gateway replica: a tenant's session creates, runs and kills, and sees only its own", async () => {
+    const other = await spawn(tenant("beta"), "pyagent");
+    // An MCP session lives in the replica that opened it: the client talks to one replica (docs/kubernetes.md).
+    const replica = state.gateways[0]?.url as string;
+    const transport = new StreamableHTTPClientTransport(new URL(MCP_PATH, replica), {
+      requestInit: { headers: { authorization: `Bearer ${state.tokens.tenants.alpha}` } },
+    });
+    const client = new McpClient({ name: "forkd-cluster-test", version: "0" });
+    await client.connect(transport);
+    const call = async (name: string, args: Record<string, unknown>) => {
+      const answer = await client.callTool({ name, arguments: args });
+      assert.notEqual(answer.isError, true, `${name}: ${JSON.stringify(answer.content)}`);
+      return answer.structuredContent as Record<string, unknown>;
+    };
+    try {
+      const created = await call("create_sandboxes", { snapshot_tag: "pyagent", n: 1 });
+      const [mine] = created.sandboxes as { id: string; status: string }[];
+      assert.equal(mine?.status, "running");
+      alive.push(mine.id);
+      const ran = await call("run_command", { sandbox_id: mine.id, command: "echo mcp-through-the-gateway" });
+      assert.deepEqual([ran.exit_code, ran.stdout], [0, "mcp-through-the-gateway\n"]);
+      assert.equal((await call("run_code", { sandbox_id: mine.id, code: "6 * 7" })).result, "42");
+      const listed = ((await call("list_sandboxes", {})).result as { id: string }[]).map((x) => x.id);
+      assert.deepEqual(listed, [mine.id], "alpha's session sees alpha's sandbox only");
+      const refused = await client.callTool({
+        name: "kill_sandbox",
+        arguments: { sandbox_id: other[0]?.id },
+      });
+      assert.equal(refused.isError, true, "beta's sandbox is not alpha's to kill");
+      assert.equal((await call("kill_sandbox", { sandbox_id: mine.id })).killed, true);
+    } finally {
+      for (const k of other) await tenant("beta").killSandbox(k.id);
+      await client.close();
+    }
   });
 
   it("tenants are isolated across nodes", async () => {
@@ -427,5 +517,103 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     const listed = (await admin.listSandboxes()).map((s) => s.id);
     for (const k of onVictim) assert.ok(!listed.includes(k.id), `${k.id} did not come back`);
     for (const k of kids.filter((k) => k.node !== victimName)) await admin.killSandbox(k.id);
+  });
+  it("a node's link cut: no call hangs, lost at detection and answered at once, placement avoids it; fenced on return", async () => {
+    const kids = await spawn(admin, "pyagent", 2);
+    const victimName = kids[0]?.node as string;
+    const victim = state.nodes.find((n) => n.name === victimName);
+    assert.ok(victim);
+    const onVictim = kids.find((k) => k.node === victimName) as Spawned;
+    const epochBefore =
+      (await listForkdNodes(kube)).find((x) => x.metadata.name === victimName)?.spec.epoch ?? 0;
+    const cutAt = Date.now();
+    await setNodeLink(victim.network, false);
+    try {
+      let slowest = 0;
+      const detected = await waitFor(
+        "the gateway to call the cut node's sandboxes lost",
+        60_000,
+        async () => {
+          const t = Date.now();
+          const err = await admin.execCommand(onVictim.id, ["true"], { requestTimeoutMs: 30_000 }).then(
+            () => undefined,
+            (e: Error) => e,
+          );
+          slowest = Math.max(slowest, Date.now() - t);
+          return err && /lost/.test(err.message) ? Date.now() : undefined;
+        },
+      );
+      const detectionMs = detected - cutAt;
+      console.log(`# detection of a cut node: ${detectionMs} ms; slowest call meanwhile ${slowest} ms`);
+      assert.ok(detectionMs < 45_000, `detected in ${detectionMs} ms`);
+      assert.ok(slowest < 30_000, `no call hung: the slowest took ${slowest} ms`);
+      const t = Date.now();
+      await assert.rejects(admin.getSandbox(onVictim.id), /lost/);
+      assert.ok(Date.now() - t < 2_000, "a lost sandbox is answered at once");
+      for (let i = 0; i < 2; i++) {
+        const [k] = await spawn(admin, "pyagent");
+        assert.ok(k?.node && k.node !== victimName, `placed on a reachable node: ${k?.node}`);
+        await admin.killSandbox(k.id);
+      }
+    } finally {
+      await setNodeLink(victim.network, true);
+    }
+    // Back on the network: fenced (a new epoch), it kills what it held; the lost sandbox does not come back.
+    await waitFor("the reconnected node to run under its new epoch", 120_000, async () => {
+      const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === victimName);
+      return n &&
+        n.spec.epoch > epochBefore &&
+        n.status?.observedEpoch === n.spec.epoch &&
+        n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True")
+        ? true
+        : undefined;
+    });
+    const listed = (await admin.listSandboxes()).map((s) => s.id);
+    assert.ok(!listed.includes(onVictim.id), `${onVictim.id} did not come back`);
+    for (const k of kids.filter((k) => k.node !== victimName)) await admin.killSandbox(k.id);
+  });
+  it("a warm pool is refilled on another node when one of its nodes goes (link cut)", async () => {
+    const pools = forkdObjects(kube, NAMESPACE).pools;
+    const poolStatus = async () => (await pools.get("warm-pyagent")).status;
+    await pools.create("warm-pyagent", { snapshot: "pyagent", replicas: 2, spread: { maxPerNode: 1 } });
+    try {
+      const filled = await waitFor("the pool to be warm on 2 nodes", 180_000, async () => {
+        const status = await poolStatus();
+        const nodes = (status?.nodes ?? []).filter((n) => n.ready > 0).map((n) => n.name);
+        return status?.replicas === 2 && nodes.length === 2 ? nodes : undefined;
+      });
+      const victimName = filled[0] as string;
+      const victim = state.nodes.find((n) => n.name === victimName);
+      assert.ok(victim);
+      const cutAt = Date.now();
+      await setNodeLink(victim.network, false);
+      try {
+        const refilled = await waitFor(
+          "the pool to be warm again without the cut node",
+          180_000,
+          async () => {
+            const status = await poolStatus();
+            const nodes = (status?.nodes ?? []).filter((n) => n.ready > 0).map((n) => n.name);
+            return status?.replicas === 2 && nodes.length === 2 && !nodes.includes(victimName)
+              ? nodes
+              : undefined;
+          },
+        );
+        console.log(
+          `# pool refilled on ${refilled.join(", ")} ${Date.now() - cutAt} ms after ${victimName} was cut`,
+        );
+      } finally {
+        await setNodeLink(victim.network, true);
+      }
+      await waitFor("the reconnected node to be Ready again", 120_000, async () => {
+        const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === victimName);
+        return n?.status?.observedEpoch === n?.spec.epoch &&
+          n?.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True")
+          ? true
+          : undefined;
+      });
+    } finally {
+      await pools.delete("warm-pyagent");
+    }
   });
 });
