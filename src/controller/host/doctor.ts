@@ -18,6 +18,7 @@ import { unprivilegedUserfaultfd } from "../../isolation/userfaultfd.js";
 import { resolveNetworkConfig } from "../../net/config.js";
 import { bridgeOwnerTag, hostNetworkState } from "../../net/host.js";
 import { formatCidr } from "../../net/ipv4.js";
+import { netdBinary } from "../../net/netd-client.js";
 import { qemuVersion } from "../../vmm/qemu-tools.js";
 import { probeHost } from "../machines/accelerator.js";
 import { homeKey } from "../machines/restore-plan.js";
@@ -74,6 +75,12 @@ export async function runDoctor(
   add(await checkCgroups(paths));
   add(await checkNetns());
   add(await checkTool("nft", ["--version"], "apt-get install nftables (sandbox egress policies and NAT)"));
+  const netd = await checkTool(
+    netdBinary(),
+    ["-h"],
+    "npm run build (the daemon's network helper, netns mode)",
+  );
+  add({ ...netd, name: "forkd-netd", ...(netd.status === "ok" ? { detail: netdBinary() } : {}) });
   add(await checkSandboxNetwork(paths));
   add(await checkDisk(paths));
   add(await checkMemory());
