@@ -233,27 +233,13 @@ export async function buildImage(template: Template, options: BuildOptions = {})
   const resolved = await step(emit, "resolve", `template ${template.name}: resolving the recipe`, () =>
     resolveRecipe(template, { ...options, payloadDir }),
   );
-  const { hash, recipe, boot } = resolved;
+  const { hash, boot } = resolved;
   const existing = await readImageDir(cacheDir, hash);
   if (existing && !options.force) {
     emit({ step: "finalize", phase: "done", message: `cached image ${hash.slice(0, 12)}`, fraction: 1 });
     return existing;
   }
-
-  if (process.geteuid?.() !== 0) {
-    throw new ForkdError(
-      "unavailable",
-      "building an image needs root (mmdebstrap --mode=root creates device nodes and owns files as root)",
-    );
-  }
-  const unknown = await unknownPackages(rootfsPackages(template), signal);
-  if (unknown.length > 0) {
-    throw new ForkdError(
-      "invalid_argument",
-      `${template.source}: field "packages": not found in the host's apt sources: ${unknown.join(", ")} ` +
-        "(check the names; run apt-get update if they are new)",
-    );
-  }
+  await assertBuildable(template, signal);
   await sweepStaleStaging(cacheDir);
   const started = performance.now();
   const staging = await createStaging(cacheDir, hash);
@@ -274,39 +260,7 @@ export async function buildImage(template: Template, options: BuildOptions = {})
         buildRootfsChain(template, resolved, payloadDir, cacheDir, staging, emit, s, options.force === true),
     );
     return await step(emit, "finalize", `publishing image ${hash.slice(0, 12)}`, async () => {
-      const files: ImageManifest["files"] = {};
-      for (const name of [
-        IMAGE_FILES.kernel,
-        IMAGE_FILES.initrd,
-        IMAGE_FILES.probeInitrd,
-        IMAGE_FILES.rootfs,
-      ]) {
-        files[name] = await fileInfo(path.join(staging.out, name));
-      }
-      const manifest: ImageManifest = {
-        format: MANIFEST_FORMAT,
-        hash,
-        buildId: randomUUID(),
-        builtAt: new Date().toISOString(),
-        buildSeconds: Math.round((performance.now() - started) / 100) / 10,
-        recipe,
-        kernel: {
-          release: bootParts.release,
-          package: boot.kernelPackage,
-          version: boot.kernelVersion,
-          cmdline: KERNEL_CMDLINE,
-        },
-        modules: bootParts.modules,
-        rootfs: {
-          uuid: ext4.uuid,
-          usedMib: ext4.usedMib,
-          diskMib: template.diskMib,
-          packages: rootfsPackages(template),
-        },
-        files,
-        origin: "built",
-        ...(ext4.steps ? { steps: ext4.steps, settings: ext4.settings } : {}),
-      };
+      const manifest = await imageManifest({ template, resolved, staging, started, bootParts, ext4 });
       await fs.writeFile(
         path.join(staging.out, IMAGE_FILES.manifest),
         `${JSON.stringify(manifest, null, 2)}\n`,
@@ -321,4 +275,63 @@ export async function buildImage(template: Template, options: BuildOptions = {})
   } finally {
     await removeStaging(staging.dir);
   }
+}
+
+/** Refuses a build that cannot succeed here: not root, or packages the host's apt sources do not have. */
+async function assertBuildable(template: Template, signal: AbortSignal | undefined): Promise<void> {
+  if (process.geteuid?.() !== 0) {
+    throw new ForkdError(
+      "unavailable",
+      "building an image needs root (mmdebstrap --mode=root creates device nodes and owns files as root)",
+    );
+  }
+  const unknown = await unknownPackages(rootfsPackages(template), signal);
+  if (unknown.length > 0) {
+    throw new ForkdError(
+      "invalid_argument",
+      `${template.source}: field "packages": not found in the host's apt sources: ${unknown.join(", ")} ` +
+        "(check the names; run apt-get update if they are new)",
+    );
+  }
+}
+
+/** The manifest of a built image, with the size and digest of each of its files in the staging directory. */
+async function imageManifest(built: {
+  template: Template;
+  resolved: ResolvedRecipe;
+  staging: Staging;
+  started: number;
+  bootParts: Awaited<ReturnType<typeof buildBootParts>>;
+  ext4: Awaited<ReturnType<typeof buildRootfsChain>>;
+}): Promise<ImageManifest> {
+  const { template, resolved, bootParts, ext4 } = built;
+  const { hash, recipe, boot } = resolved;
+  const files: ImageManifest["files"] = {};
+  for (const name of [IMAGE_FILES.kernel, IMAGE_FILES.initrd, IMAGE_FILES.probeInitrd, IMAGE_FILES.rootfs]) {
+    files[name] = await fileInfo(path.join(built.staging.out, name));
+  }
+  return {
+    format: MANIFEST_FORMAT,
+    hash,
+    buildId: randomUUID(),
+    builtAt: new Date().toISOString(),
+    buildSeconds: Math.round((performance.now() - built.started) / 100) / 10,
+    recipe,
+    kernel: {
+      release: bootParts.release,
+      package: boot.kernelPackage,
+      version: boot.kernelVersion,
+      cmdline: KERNEL_CMDLINE,
+    },
+    modules: bootParts.modules,
+    rootfs: {
+      uuid: ext4.uuid,
+      usedMib: ext4.usedMib,
+      diskMib: template.diskMib,
+      packages: rootfsPackages(template),
+    },
+    files,
+    origin: "built",
+    ...(ext4.steps ? { steps: ext4.steps, settings: ext4.settings } : {}),
+  };
 }

@@ -40,7 +40,7 @@ import { checkLayers } from "./layer-check.js";
 import { cloneLayout, DEFAULT_SETTINGS, type ImageSettings, resolveImage, settingsOf } from "./oci-layout.js";
 import type { Emit } from "./progress.js";
 import { debootstrap } from "./rootfs.js";
-import { beginStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
+import { beginStep, type PendingStep, publishStep, readStepEntry, type StepEntry } from "./step-cache.js";
 import { applyStepKind } from "./step-kinds.js";
 import type { BuildPlan, PlannedBase, PlannedStep } from "./step-plan.js";
 import {
@@ -108,15 +108,12 @@ export async function buildLayeredTree(opts: {
     range: buildIdRange(),
   };
   const links = [plan.base, ...plan.steps];
-  let resumeAt = -1;
-  let entry: StepEntry | undefined;
-  for (let i = links.length - 1; i >= 0 && !entry && !opts.fresh; i--) {
-    entry = await readStepEntry(ctx.cacheDir, (links[i] as PlannedBase | PlannedStep).key);
-    if (entry) resumeAt = i;
-  }
+  const cached = opts.fresh ? undefined : await deepestCachedStep(ctx, links);
   const reports: StepReport[] = [];
+  let entry: StepEntry;
+  let resumeAt: number;
   let unpacked = false;
-  if (!entry) {
+  if (!cached) {
     const made = await makeBase(ctx, plan.base);
     entry = made.entry;
     unpacked = made.unpacked;
@@ -129,39 +126,11 @@ export async function buildLayeredTree(opts: {
     });
     resumeAt = 0;
   } else {
-    for (let i = 0; i <= resumeAt; i++) {
-      const link = links[i] as PlannedBase | PlannedStep;
-      const number = i === 0 ? 0 : (link as PlannedStep).number;
-      reports.push({ number, description: link.description, key: link.key, cached: true, seconds: 0 });
-      ctx.emit({
-        step: "rootfs",
-        phase: "progress",
-        message: `${stepLabel(ctx, number, link.description)} (cached)`,
-        buildStep: number,
-      });
-    }
+    ({ entry, resumeAt } = cached);
+    reports.push(...reportCached(ctx, links.slice(0, resumeAt + 1)));
   }
   const toRun = plan.steps.slice(resumeAt);
-  if (unpacked && toRun.length > 0) {
-    // The Debian base was made with the image's own ids; steps need the tree with the shifted ones.
-    await fs.rm(ctx.bundle, { recursive: true, force: true });
-    unpacked = false;
-  }
-  if (!unpacked) {
-    ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the image (umoci)" });
-    await umociUnpack(
-      entry.layout,
-      ctx.bundle,
-      ctx.signal,
-      toRun.length > 0 ? umociIdMap(ctx.range) : undefined,
-    );
-  }
-  if (toRun.length > 0) {
-    // The steps' sandboxes (the range's first id) must reach the tree; no local user may.
-    await assertReachableByBuildRange(ctx.staging.dir, ctx.range, "the build's staging directory");
-    await openToBuildRange(ctx.staging.dir, ctx.range);
-    await openToBuildRange(ctx.bundle, ctx.range);
-  }
+  await prepareWorkingTree(ctx, entry, unpacked, toRun.length > 0);
   let settings = entry.record.settings;
   for (const planned of toRun) {
     const started = performance.now();
@@ -187,6 +156,59 @@ export async function buildLayeredTree(opts: {
   await umociUnpack(entry.layout, imageBundle, ctx.signal);
   await fs.rm(ctx.bundle, { recursive: true, force: true });
   return { root: path.join(imageBundle, "rootfs"), settings, steps: reports };
+}
+
+/** The deepest link (base or step) whose layer is cached, and its index in `links`. */
+async function deepestCachedStep(
+  ctx: Context,
+  links: (PlannedBase | PlannedStep)[],
+): Promise<{ entry: StepEntry; resumeAt: number } | undefined> {
+  for (let i = links.length - 1; i >= 0; i--) {
+    const entry = await readStepEntry(ctx.cacheDir, (links[i] as PlannedBase | PlannedStep).key);
+    if (entry) return { entry, resumeAt: i };
+  }
+  return undefined;
+}
+
+/** Reports (and announces) the links taken from the cache. */
+function reportCached(ctx: Context, links: (PlannedBase | PlannedStep)[]): StepReport[] {
+  return links.map((link, i) => {
+    const number = i === 0 ? 0 : (link as PlannedStep).number;
+    ctx.emit({
+      step: "rootfs",
+      phase: "progress",
+      message: `${stepLabel(ctx, number, link.description)} (cached)`,
+      buildStep: number,
+    });
+    return { number, description: link.description, key: link.key, cached: true, seconds: 0 };
+  });
+}
+
+/**
+ * Unpacks `entry` as the working bundle (unless the Debian base left it there and no step runs), with the ids
+ * shifted into the build range when steps will run, and opens it to their sandboxes.
+ */
+async function prepareWorkingTree(
+  ctx: Context,
+  entry: StepEntry,
+  unpacked: boolean,
+  stepsToRun: boolean,
+): Promise<void> {
+  if (unpacked && stepsToRun) {
+    // The Debian base was made with the image's own ids; steps need the tree with the shifted ones.
+    await fs.rm(ctx.bundle, { recursive: true, force: true });
+    unpacked = false;
+  }
+  if (!unpacked) {
+    ctx.emit({ step: "rootfs", phase: "progress", message: "unpacking the image (umoci)" });
+    await umociUnpack(entry.layout, ctx.bundle, ctx.signal, stepsToRun ? umociIdMap(ctx.range) : undefined);
+  }
+  if (stepsToRun) {
+    // The steps' sandboxes (the range's first id) must reach the tree; no local user may.
+    await assertReachableByBuildRange(ctx.staging.dir, ctx.range, "the build's staging directory");
+    await openToBuildRange(ctx.staging.dir, ctx.range);
+    await openToBuildRange(ctx.bundle, ctx.range);
+  }
 }
 
 // ---- the base ----
@@ -232,6 +254,7 @@ async function makeBase(
     ctx.emit({ step: "rootfs", phase: "progress", message, buildStep: 0 });
   emitBase(`${label} ...`);
   const pending = await beginStep(ctx.staging.work, base.key);
+  const job: BaseJob = { ctx, base, pending, label, started, emitBase };
   const source = base.source;
   const fail = (err: unknown): never => {
     if (ctx.signal?.aborted) throw err;
@@ -243,91 +266,109 @@ async function makeBase(
   };
   try {
     if (source.kind === "debian") {
-      await umociInitLayout(pending.layout, ctx.signal);
-      await umociUnpack(pending.layout, ctx.bundle, ctx.signal);
-      await debootstrap({
-        suite: source.suite,
-        packages: base.packages,
-        target: path.join(ctx.bundle, "rootfs"),
-        tmpDir: path.join(ctx.staging.work, "tmp"),
-        signal: ctx.signal,
-        onStatus: (message) => emitBase(`${label}: ${message}`),
-      });
-      await umociRepack(pending.layout, ctx.bundle, `forkd base: ${base.description}`, ctx.signal);
-      const entry = await publishStep(
-        ctx.cacheDir,
-        pending,
-        {
-          key: base.key,
-          parent: null,
-          description: base.description,
-          settings: DEFAULT_SETTINGS,
-          seconds: seconds(started),
-        },
-        ctx.replace,
-      );
+      await debianBase(job, source);
+      const entry = await publishBase(job, DEFAULT_SETTINGS);
       return { entry, unpacked: true, seconds: seconds(started) };
     }
-    const dest = ociLayoutName(pending.layout, "image");
-    switch (source.kind) {
-      case "oci-layout":
-        await skopeoCopy(
-          ociLayoutName(await transportLink(ctx, "source-layout", source.path), source.ref),
-          dest,
-          {
-            signal: ctx.signal,
-          },
-        );
-        break;
-      case "archive": {
-        const kind = await archiveKind(source.path, ctx.signal);
-        const link = await transportLink(ctx, "source-archive.tar", source.path);
-        await skopeoCopy(archiveName(kind, link, source.ref), dest, { signal: ctx.signal });
-        break;
-      }
-      case "registry":
-        await skopeoCopy(`docker://${source.ref}`, dest, {
-          signal: ctx.signal,
-          srcTlsVerify: registryTlsVerify(source.ref, source.insecure),
-        });
-        break;
-      case "dockerfile": {
-        const built = await buildDockerfile({
-          source,
-          cacheDir: ctx.cacheDir,
-          workDir: ctx.staging.work,
-          layout: pending.layout,
-          signal: ctx.signal,
-          noCache: ctx.replace,
-          onLine: (line) => {
-            if (/^STEP \d+\/\d+:/.test(line)) emitBase(`${label}: ${line} (at ${seconds(started)} s)`);
-          },
-        });
-        emitBase(
-          `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
-        );
-        break;
-      }
-    }
+    await copyBaseImage(job, source);
     const image = await resolveImage(pending.layout, "image");
     emitBase(`${label}: checking ${image.manifest.layers.length} layers`);
     await checkLayers(pending.layout, image.manifest.layers, ctx.signal);
-    const entry = await publishStep(
-      ctx.cacheDir,
-      pending,
-      {
-        key: base.key,
-        parent: null,
-        description: base.description,
-        settings: settingsOf(image.config),
-        seconds: seconds(started),
-      },
-      ctx.replace,
-    );
+    const entry = await publishBase(job, settingsOf(image.config));
     return { entry, unpacked: false, seconds: seconds(started) };
   } catch (err) {
     return fail(err);
   }
+}
+
+/** One base being made: where it goes and how it reports. */
+interface BaseJob {
+  ctx: Context;
+  base: PlannedBase;
+  pending: PendingStep;
+  label: string;
+  started: number;
+  emitBase(message: string): void;
+}
+
+type BaseSource = PlannedBase["source"];
+
+/** Debian by mmdebstrap into an empty umoci bundle, repacked into the pending layout (left unpacked). */
+async function debianBase(job: BaseJob, source: Extract<BaseSource, { kind: "debian" }>): Promise<void> {
+  const { ctx, base, pending, label } = job;
+  await umociInitLayout(pending.layout, ctx.signal);
+  await umociUnpack(pending.layout, ctx.bundle, ctx.signal);
+  await debootstrap({
+    suite: source.suite,
+    packages: base.packages,
+    target: path.join(ctx.bundle, "rootfs"),
+    tmpDir: path.join(ctx.staging.work, "tmp"),
+    signal: ctx.signal,
+    onStatus: (message) => job.emitBase(`${label}: ${message}`),
+  });
+  await umociRepack(pending.layout, ctx.bundle, `forkd base: ${base.description}`, ctx.signal);
+}
+
+/** An image from elsewhere into the pending layout: skopeo for layouts, archives and registries, buildah for a Dockerfile. */
+async function copyBaseImage(job: BaseJob, source: Exclude<BaseSource, { kind: "debian" }>): Promise<void> {
+  const { ctx, pending, label, started, emitBase } = job;
+  const dest = ociLayoutName(pending.layout, "image");
+  switch (source.kind) {
+    case "oci-layout":
+      await skopeoCopy(
+        ociLayoutName(await transportLink(ctx, "source-layout", source.path), source.ref),
+        dest,
+        {
+          signal: ctx.signal,
+        },
+      );
+      break;
+    case "archive": {
+      const kind = await archiveKind(source.path, ctx.signal);
+      const link = await transportLink(ctx, "source-archive.tar", source.path);
+      await skopeoCopy(archiveName(kind, link, source.ref), dest, { signal: ctx.signal });
+      break;
+    }
+    case "registry":
+      await skopeoCopy(`docker://${source.ref}`, dest, {
+        signal: ctx.signal,
+        srcTlsVerify: registryTlsVerify(source.ref, source.insecure),
+      });
+      break;
+    case "dockerfile": {
+      const built = await buildDockerfile({
+        source,
+        cacheDir: ctx.cacheDir,
+        workDir: ctx.staging.work,
+        layout: pending.layout,
+        signal: ctx.signal,
+        noCache: ctx.replace,
+        onLine: (line) => {
+          if (/^STEP \d+\/\d+:/.test(line)) emitBase(`${label}: ${line} (at ${seconds(started)} s)`);
+        },
+      });
+      emitBase(
+        `${label}: ${built.instructions.length} instructions built (image ${built.imageId.slice(0, 12)})`,
+      );
+      break;
+    }
+  }
+}
+
+function publishBase(job: BaseJob, settings: ImageSettings): Promise<StepEntry> {
+  const { ctx, base } = job;
+  return publishStep(
+    ctx.cacheDir,
+    job.pending,
+    {
+      key: base.key,
+      parent: null,
+      description: base.description,
+      settings,
+      seconds: seconds(job.started),
+    },
+    ctx.replace,
+  );
 }
 
 // ---- steps ----

@@ -83,50 +83,15 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
       ...(options.credentials ? { uid: options.credentials.uid, gid: options.credentials.gid } : {}),
     });
     options.onSpawn?.(child);
-    const stdoutChunks: Buffer[] = [];
-    let stdoutBytes = 0;
-    let stdoutOverflow = false;
-    const tailBytes = options.tailBytes ?? DEFAULT_TAIL_BYTES;
-    let stderrTail = "";
-    const partial = { stdout: "", stderr: "" };
     let killTimer: NodeJS.Timeout | undefined;
     let aborted = false;
-
-    const killGroup = (sig: NodeJS.Signals) => {
-      if (child.pid === undefined) return;
-      try {
-        process.kill(-child.pid, sig);
-      } catch {
-        // the group is already gone
-      }
-    };
     const onAbort = () => {
       aborted = true;
-      killGroup("SIGTERM");
-      killTimer = setTimeout(() => killGroup("SIGKILL"), KILL_GRACE_MS);
+      killGroup(child, "SIGTERM");
+      killTimer = setTimeout(() => killGroup(child, "SIGKILL"), KILL_GRACE_MS);
     };
     options.signal?.addEventListener("abort", onAbort, { once: true });
-
-    const onText = (stream: "stdout" | "stderr", chunk: string) => {
-      stderrTail = tailBytes > 0 ? (stderrTail + chunk).slice(-tailBytes) : "";
-      if (!options.onStderrLine) return;
-      const lines = (partial[stream] + chunk).split("\n");
-      partial[stream] = (lines.pop() ?? "").slice(-MAX_LINE_BYTES);
-      for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
-    };
-    child.stdout?.on("data", (chunk: Buffer) => {
-      if (options.stdout === "ignore") return;
-      if (options.stdout === "lines") return onText("stdout", chunk.toString("utf8"));
-      stdoutBytes += chunk.length;
-      if (stdoutBytes > maxStdout) {
-        stdoutOverflow = true;
-        killGroup("SIGKILL");
-        return;
-      }
-      stdoutChunks.push(chunk);
-    });
-    child.stderr?.setEncoding("utf8");
-    child.stderr?.on("data", (chunk: string) => onText("stderr", chunk));
+    const output = collectOutput(child, options, maxStdout);
     if (options.input !== undefined && child.stdin) {
       child.stdin.on("error", () => {
         // the tool exited before reading all input; its exit status tells the story
@@ -136,35 +101,85 @@ export function run(command: string, args: string[], options: RunOptions = {}): 
 
     child.on("error", (err: NodeJS.ErrnoException) => {
       options.signal?.removeEventListener("abort", onAbort);
-      if (err.code === "ENOENT") {
-        const pkg = TOOL_PACKAGES[command];
-        const hint = pkg ? ` (install the Debian package ${pkg})` : "";
-        reject(new ForkdError("unavailable", `${command} is not installed${hint}`, { cause: err }));
-      } else {
-        reject(new ForkdError("internal", `cannot run ${command}: ${err.message}`, { cause: err }));
-      }
+      reject(spawnFailure(command, err));
     });
     child.on("close", (code, sig) => {
       options.signal?.removeEventListener("abort", onAbort);
       if (killTimer) clearTimeout(killTimer);
       // Sweep anything the tool left behind in its group (it is dead, so nobody needs them).
-      killGroup("SIGKILL");
+      killGroup(child, "SIGKILL");
       if (aborted && options.signal) return reject(abortError(options.signal, what));
-      if (stdoutOverflow) {
+      if (output.stdoutOverflow) {
         return reject(new ForkdError("internal", `${what}: output larger than ${maxStdout} bytes`));
       }
       if (code !== 0) {
         const status = code === null ? `killed by ${sig}` : `exit status ${code}`;
-        const tail = stderrTail.trim();
+        const tail = output.tail.trim();
         return reject(
           new ForkdError("internal", `${what} failed (${status})${tail ? `:\n${tail}` : ""}`, {
             detail: { command, args, code, signal: sig },
           }),
         );
       }
-      resolve({ stdout: Buffer.concat(stdoutChunks), stderr: stderrTail });
+      resolve({ stdout: Buffer.concat(output.stdoutChunks), stderr: output.tail });
     });
   });
+}
+
+/** Signals the tool's whole process group (it was spawned detached: its pid is the group's). */
+function killGroup(child: ChildProcess, sig: NodeJS.Signals): void {
+  if (child.pid === undefined) return;
+  try {
+    process.kill(-child.pid, sig);
+  } catch {
+    // the group is already gone
+  }
+}
+
+/** What a tool wrote: stdout collected (bounded), and the tail of its output a failure reports. */
+interface ToolOutput {
+  stdoutChunks: Buffer[];
+  stdoutOverflow: boolean;
+  tail: string;
+}
+
+/** Collects the tool's output as `options` asks, handing out lines; kills the tool when stdout overflows. */
+function collectOutput(child: ChildProcess, options: RunOptions, maxStdout: number): ToolOutput {
+  const output: ToolOutput = { stdoutChunks: [], stdoutOverflow: false, tail: "" };
+  let stdoutBytes = 0;
+  const tailBytes = options.tailBytes ?? DEFAULT_TAIL_BYTES;
+  const partial = { stdout: "", stderr: "" };
+  const onText = (stream: "stdout" | "stderr", chunk: string) => {
+    output.tail = tailBytes > 0 ? (output.tail + chunk).slice(-tailBytes) : "";
+    if (!options.onStderrLine) return;
+    const lines = (partial[stream] + chunk).split("\n");
+    partial[stream] = (lines.pop() ?? "").slice(-MAX_LINE_BYTES);
+    for (const line of lines) if (line.trim() !== "") options.onStderrLine(line);
+  };
+  child.stdout?.on("data", (chunk: Buffer) => {
+    if (options.stdout === "ignore") return;
+    if (options.stdout === "lines") return onText("stdout", chunk.toString("utf8"));
+    stdoutBytes += chunk.length;
+    if (stdoutBytes > maxStdout) {
+      output.stdoutOverflow = true;
+      killGroup(child, "SIGKILL");
+      return;
+    }
+    output.stdoutChunks.push(chunk);
+  });
+  child.stderr?.setEncoding("utf8");
+  child.stderr?.on("data", (chunk: string) => onText("stderr", chunk));
+  return output;
+}
+
+/** A tool that could not be started: not installed (naming its Debian package), or another reason. */
+function spawnFailure(command: string, err: NodeJS.ErrnoException): ForkdError {
+  if (err.code === "ENOENT") {
+    const pkg = TOOL_PACKAGES[command];
+    const hint = pkg ? ` (install the Debian package ${pkg})` : "";
+    return new ForkdError("unavailable", `${command} is not installed${hint}`, { cause: err });
+  }
+  return new ForkdError("internal", `cannot run ${command}: ${err.message}`, { cause: err });
 }
 
 /** `run` for tools whose stdout is short text. */

@@ -368,34 +368,49 @@ async function checkSource(
     );
     return undefined;
   }
-  if (doc.dockerfile !== undefined) {
-    const d = doc.dockerfile;
-    const contextRelative = d.context ?? ".";
-    const context = await resolveTemplatePath(
-      file,
-      "dockerfile.context",
-      contextRelative,
-      "directory",
-      problems,
-    );
-    const fileRelative = d.file ?? (contextRelative === "." ? "Dockerfile" : `${contextRelative}/Dockerfile`);
-    const dockerfile = await resolveTemplatePath(file, "dockerfile.file", fileRelative, "file", problems);
-    const args = { ...d.args };
-    if (Object.keys(args).length > V2_LIMITS.buildArgs) {
-      problems.push(`${file}: field "dockerfile.args" has more than ${V2_LIMITS.buildArgs} entries`);
-    } else checkEnv(file, "dockerfile.args", args, problems);
-    if (!context || !dockerfile) return undefined;
-    return {
-      kind: "dockerfile",
-      file: dockerfile,
-      fileRelative,
-      context,
-      contextRelative,
-      args,
-      target: d.target,
-      network: d.network ?? false,
-    };
-  }
+  if (doc.dockerfile !== undefined) return checkDockerfileSource(file, doc.dockerfile, problems);
+  return checkFromSource(file, doc, problems);
+}
+
+/** The `[dockerfile]` table: its context directory and Dockerfile (inside the template's folder), build args. */
+async function checkDockerfileSource(
+  file: string,
+  d: NonNullable<V2Document["dockerfile"]>,
+  problems: string[],
+): Promise<ImageSource | undefined> {
+  const contextRelative = d.context ?? ".";
+  const context = await resolveTemplatePath(
+    file,
+    "dockerfile.context",
+    contextRelative,
+    "directory",
+    problems,
+  );
+  const fileRelative = d.file ?? (contextRelative === "." ? "Dockerfile" : `${contextRelative}/Dockerfile`);
+  const dockerfile = await resolveTemplatePath(file, "dockerfile.file", fileRelative, "file", problems);
+  const args = { ...d.args };
+  if (Object.keys(args).length > V2_LIMITS.buildArgs) {
+    problems.push(`${file}: field "dockerfile.args" has more than ${V2_LIMITS.buildArgs} entries`);
+  } else checkEnv(file, "dockerfile.args", args, problems);
+  if (!context || !dockerfile) return undefined;
+  return {
+    kind: "dockerfile",
+    file: dockerfile,
+    fileRelative,
+    context,
+    contextRelative,
+    args,
+    target: d.target,
+    network: d.network ?? false,
+  };
+}
+
+/** The `[from]` table (Debian when absent): exactly one base kind, and only the fields that go with it. */
+async function checkFromSource(
+  file: string,
+  doc: V2Document,
+  problems: string[],
+): Promise<ImageSource | undefined> {
   const from = doc.from ?? {};
   const kinds = (["debian", "oci", "archive", "image"] as const).filter((k) => from[k] !== undefined);
   if (doc.from !== undefined && kinds.length !== 1) {
@@ -459,23 +474,8 @@ async function checkStep(
   problems: string[],
 ): Promise<TemplateStep | undefined> {
   const field = `steps[${index}]`;
-  const present = STEP_KINDS.filter((k) => step[k] !== undefined);
-  if (present.length !== 1) {
-    problems.push(
-      `${file}: field "${field}" must have exactly one of ${STEP_KINDS.join(", ")} (got ${present.join(", ") || "none"})`,
-    );
-    return undefined;
-  }
-  const kind = present[0] as StepKind;
-  const allowed = new Set<string>([kind, ...STEP_MODIFIERS[kind]]);
-  const stray = Object.keys(step).filter((k) => !allowed.has(k));
-  if (stray.length > 0) {
-    problems.push(
-      `${file}: field "${field}": ${stray.join(", ")} ${stray.length === 1 ? "does" : "do"} not go with a ${kind} step` +
-        (STEP_MODIFIERS[kind].length > 0 ? ` (it takes ${STEP_MODIFIERS[kind].join(", ")})` : ""),
-    );
-    return undefined;
-  }
+  const kind = stepKindOf(file, field, step, problems);
+  if (kind === undefined) return undefined;
   const cache = step.cache ?? true;
   const timeoutS = step.timeout_s ?? V2_LIMITS.stepTimeoutS.default;
   switch (kind) {
@@ -487,30 +487,8 @@ async function checkStep(
         network: step.network ?? false,
         timeoutS,
       };
-    case "copy": {
-      if (step.dest === undefined) {
-        problems.push(`${file}: field "${field}.dest" is required for a copy step`);
-        return undefined;
-      }
-      if (!checkGuestPath(file, `${field}.dest`, step.dest, problems)) return undefined;
-      const src = await resolveTemplatePath(
-        file,
-        `${field}.copy`,
-        step.copy as string,
-        "file or directory",
-        problems,
-      );
-      if (!src) return undefined;
-      return {
-        kind,
-        cache,
-        src,
-        srcRelative: step.copy as string,
-        dest: step.dest,
-        mode: parseMode(step.mode),
-        owner: step.owner,
-      };
-    }
+    case "copy":
+      return checkCopyStep(file, field, step, cache, problems);
     case "env":
       if (!checkEnv(file, `${field}.env`, step.env ?? {}, problems)) return undefined;
       return { kind, cache, env: { ...step.env } };
@@ -534,6 +512,59 @@ async function checkStep(
     case "adduser":
       return { kind, cache, name: step.adduser as string };
   }
+}
+
+/** The one step kind `step` names, with only the modifiers that go with it; undefined (and a problem) if not. */
+function stepKindOf(file: string, field: string, step: StepDoc, problems: string[]): StepKind | undefined {
+  const present = STEP_KINDS.filter((k) => step[k] !== undefined);
+  if (present.length !== 1) {
+    problems.push(
+      `${file}: field "${field}" must have exactly one of ${STEP_KINDS.join(", ")} (got ${present.join(", ") || "none"})`,
+    );
+    return undefined;
+  }
+  const kind = present[0] as StepKind;
+  const allowed = new Set<string>([kind, ...STEP_MODIFIERS[kind]]);
+  const stray = Object.keys(step).filter((k) => !allowed.has(k));
+  if (stray.length > 0) {
+    problems.push(
+      `${file}: field "${field}": ${stray.join(", ")} ${stray.length === 1 ? "does" : "do"} not go with a ${kind} step` +
+        (STEP_MODIFIERS[kind].length > 0 ? ` (it takes ${STEP_MODIFIERS[kind].join(", ")})` : ""),
+    );
+    return undefined;
+  }
+  return kind;
+}
+
+async function checkCopyStep(
+  file: string,
+  field: string,
+  step: StepDoc,
+  cache: boolean,
+  problems: string[],
+): Promise<TemplateStep | undefined> {
+  if (step.dest === undefined) {
+    problems.push(`${file}: field "${field}.dest" is required for a copy step`);
+    return undefined;
+  }
+  if (!checkGuestPath(file, `${field}.dest`, step.dest, problems)) return undefined;
+  const src = await resolveTemplatePath(
+    file,
+    `${field}.copy`,
+    step.copy as string,
+    "file or directory",
+    problems,
+  );
+  if (!src) return undefined;
+  return {
+    kind: "copy",
+    cache,
+    src,
+    srcRelative: step.copy as string,
+    dest: step.dest,
+    mode: parseMode(step.mode),
+    owner: step.owner,
+  };
 }
 
 async function checkPipStep(

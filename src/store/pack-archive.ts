@@ -134,100 +134,139 @@ export async function readArchive(
   onEntry: (entry: ArchiveEntry) => Promise<"continue" | "stop">,
   options: ReadArchiveOptions,
 ): Promise<void> {
-  const zstd = spawnZstd(["-d", "-q", "-c", "--", file], ["ignore", "pipe", "pipe"], options.signal);
-  const parser = new Parser({ strict: true, maxMetaEntrySize: 64 * 1024 });
-  const sink = parser as unknown as NodeJS.WritableStream;
-  const stdout = zstd.process.stdout as NodeJS.ReadableStream;
-  let decompressed = 0;
-  let failure: unknown;
-  let stopped = false;
-  let zstdClosed = false;
-  let chain = Promise.resolve();
+  await new ArchiveRead(file, onEntry, options).run();
+}
 
-  // The parser's "end" comes after its last entry was handed out. After a failure or an early stop the parser
-  // is cut off from its input and never ends: then zstd's exit is the end.
-  let settle = () => {};
-  const parsed = new Promise<void>((resolve) => {
-    settle = () => {
-      if (zstdClosed && (failure !== undefined || stopped)) resolve();
-    };
-    parser.on("end", resolve);
-  });
-  zstd.process.on("close", () => {
-    zstdClosed = true;
-    settle();
-  });
-  let drained = false;
-  stdout.on("end", () => {
-    drained = true;
-  });
-  const cutOff = () => {
-    stdout.unpipe(sink);
-    // Once its output has ended zstd exits by itself, with its own verdict on the input.
-    if (!drained) zstd.process.kill("SIGKILL");
-    settle();
-  };
-  let current: ReadEntry | undefined;
-  const fail = (err: unknown) => {
-    failure ??= err;
-    cutOff();
-    // A handler waiting for more of this entry's body would wait forever: end it.
-    current?.destroy();
-  };
+/** One readArchive: zstd's output through the tar parser, the entries handed out one at a time. */
+class ArchiveRead {
+  private readonly zstd: ReturnType<typeof spawnZstd>;
+  private readonly parser = new Parser({ strict: true, maxMetaEntrySize: 64 * 1024 });
+  private readonly sink: NodeJS.WritableStream;
+  private readonly stdout: NodeJS.ReadableStream;
+  private decompressed = 0;
+  private failure: unknown;
+  private stopped = false;
+  private zstdClosed = false;
+  /** zstd's output has ended. */
+  private drained = false;
+  /** The parser failed first (before anything else did). */
+  private parserFailed = false;
+  /** The entry the handler is reading. */
+  private current: ReadEntry | undefined;
+  /** The handlers, one after the other in archive order. */
+  private chain = Promise.resolve();
+  private settle = () => {};
 
-  stdout.on("data", (chunk: Buffer) => {
-    decompressed += chunk.length;
-    if (decompressed > options.maxBytes()) {
-      fail(new ForkdError("unprocessable", "pack decompresses to more than its manifest accounts for"));
-    }
-  });
-  let parserFailed = false;
-  parser.on("error", (err: Error) => {
-    parserFailed ||= failure === undefined;
-    fail(new ForkdError("unprocessable", `pack is not a valid tar archive: ${errorMessage(err)}`));
-  });
-  parser.on("entry", (entry: ReadEntry) => {
+  constructor(
+    file: string,
+    private readonly onEntry: (entry: ArchiveEntry) => Promise<"continue" | "stop">,
+    private readonly options: ReadArchiveOptions,
+  ) {
+    this.zstd = spawnZstd(["-d", "-q", "-c", "--", file], ["ignore", "pipe", "pipe"], options.signal);
+    this.sink = this.parser as unknown as NodeJS.WritableStream;
+    this.stdout = this.zstd.process.stdout as NodeJS.ReadableStream;
+  }
+
+  async run(): Promise<void> {
+    const parsed = this.parsed();
+    this.stdout.on("data", (chunk: Buffer) => {
+      this.decompressed += chunk.length;
+      if (this.decompressed > this.options.maxBytes()) {
+        this.fail(
+          new ForkdError("unprocessable", "pack decompresses to more than its manifest accounts for"),
+        );
+      }
+    });
+    this.parser.on("error", (err: Error) => {
+      this.parserFailed ||= this.failure === undefined;
+      this.fail(new ForkdError("unprocessable", `pack is not a valid tar archive: ${errorMessage(err)}`));
+    });
+    this.parser.on("entry", (entry: ReadEntry) => this.enqueue(entry));
+    this.stdout.pipe(this.sink);
+    await Promise.all([parsed, this.exited()]);
+    await this.chain;
+    if (this.failure !== undefined) throw this.failure;
+    this.options.signal?.throwIfAborted();
+  }
+
+  /**
+   * The parser's "end" comes after its last entry was handed out. After a failure or an early stop the parser
+   * is cut off from its input and never ends: then zstd's exit is the end.
+   */
+  private parsed(): Promise<void> {
+    const parsed = new Promise<void>((resolve) => {
+      this.settle = () => {
+        if (this.zstdClosed && (this.failure !== undefined || this.stopped)) resolve();
+      };
+      this.parser.on("end", resolve);
+    });
+    this.zstd.process.on("close", () => {
+      this.zstdClosed = true;
+      this.settle();
+    });
+    this.stdout.on("end", () => {
+      this.drained = true;
+    });
+    return parsed;
+  }
+
+  /** zstd's end; its own failure (not zstd data, corrupt frame) explains a parser failure on what it let through. */
+  private exited(): Promise<void> {
+    const { zstd } = this;
+    return zstd.done
+      .catch((err: unknown) => {
+        const ownFailure = typeof zstd.process.exitCode === "number" && zstd.process.exitCode !== 0;
+        if (!this.stopped && ownFailure && (this.failure === undefined || this.parserFailed))
+          this.failure = err;
+        else if (!this.stopped) this.failure ??= err;
+      })
+      .finally(() => {
+        // Also reached when zstd could not be started at all (then there is no "close").
+        this.zstdClosed = true;
+        if (this.failure !== undefined) {
+          this.stdout.unpipe(this.sink);
+          this.current?.destroy();
+        }
+        this.settle();
+      });
+  }
+
+  /** Hands `entry` to the handler once the ones before it are done. */
+  private enqueue(entry: ReadEntry): void {
     const type = entryType(entry);
-    chain = chain.then(async () => {
+    this.chain = this.chain.then(async () => {
       try {
-        if (failure !== undefined || stopped) return;
+        if (this.failure !== undefined || this.stopped) return;
         if (typeof type !== "string") throw type;
-        current = entry;
-        const verdict = await onEntry({ path: entry.path, type, size: entry.size, body: entry });
+        this.current = entry;
+        const verdict = await this.onEntry({ path: entry.path, type, size: entry.size, body: entry });
         if (verdict === "stop") {
-          stopped = true;
-          cutOff();
+          this.stopped = true;
+          this.cutOff();
         }
       } catch (err) {
-        fail(err);
+        this.fail(err);
       } finally {
-        current = undefined;
+        this.current = undefined;
         // Whatever the handler did not read is drained, so the parser moves on (or winds down).
         entry.resume();
       }
     });
-  });
-  stdout.pipe(sink);
-  const exited = zstd.done
-    .catch((err: unknown) => {
-      // zstd's own complaint (not zstd data, corrupt frame) explains a parser failure on what it let through.
-      const ownFailure = typeof zstd.process.exitCode === "number" && zstd.process.exitCode !== 0;
-      if (!stopped && ownFailure && (failure === undefined || parserFailed)) failure = err;
-      else if (!stopped) failure ??= err;
-    })
-    .finally(() => {
-      // Also reached when zstd could not be started at all (then there is no "close").
-      zstdClosed = true;
-      if (failure !== undefined) {
-        stdout.unpipe(sink);
-        current?.destroy();
-      }
-      settle();
-    });
-  await Promise.all([parsed, exited]);
-  await chain;
-  if (failure !== undefined) throw failure;
-  options.signal?.throwIfAborted();
+  }
+
+  private cutOff(): void {
+    this.stdout.unpipe(this.sink);
+    // Once its output has ended zstd exits by itself, with its own verdict on the input.
+    if (!this.drained) this.zstd.process.kill("SIGKILL");
+    this.settle();
+  }
+
+  private fail(err: unknown): void {
+    this.failure ??= err;
+    this.cutOff();
+    // A handler waiting for more of this entry's body would wait forever: end it.
+    this.current?.destroy();
+  }
 }
 
 function entryType(entry: ReadEntry): "file" | "directory" | ForkdError {

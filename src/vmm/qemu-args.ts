@@ -155,8 +155,24 @@ export function buildQemuArgs(spec: MachineSpec): string[] {
  * backend appears as the file chardev it was before consoles became sockets and there is no -sandbox, so the
  * restore key of every snapshot taken before either existed is unchanged.
  */
-function renderArgs(spec: MachineSpec, mode: "run" | "identity"): string[] {
+function renderArgs(spec: MachineSpec, mode: RenderMode): string[] {
   validateSpec(spec);
+  return [
+    ...machineArgs(spec),
+    // A restored child never boots: its CPU state comes from the device state and its RAM from the memory file.
+    // Without -kernel QEMU also skips keeping its 8 MiB copy of the kernel image (-9..12 ms CPU, -8 MiB per child).
+    ...(spec.restore ? [] : ["-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec)]),
+    ...consoleArgs(spec, mode),
+    ...deviceArgs(spec),
+    ...monitorArgs(spec, mode),
+    ...lifecycleArgs(spec, mode),
+  ];
+}
+
+type RenderMode = "run" | "identity";
+
+/** The machine, accelerator, CPU, RAM (and its memory file). */
+function machineArgs(spec: MachineSpec): string[] {
   const ids = DEVICE_IDS;
   // ioapic2=off: no second IOAPIC and fewer virtio-mmio transports to create (-5 ms CPU per QEMU start under
   // TCG); x-option-roms=off: no option ROMs to load (-1 ms). Both change the machine: parent and child match.
@@ -186,17 +202,25 @@ function renderArgs(spec: MachineSpec, mode: "run" | "identity"): string[] {
         `mem-path=${spec.memoryFile.path},share=${spec.memoryFile.shared ? "on" : "off"}`,
     );
   }
-  // A restored child never boots: its CPU state comes from the device state and its RAM from the memory file.
-  // Without -kernel QEMU also skips keeping its 8 MiB copy of the kernel image (-9..12 ms CPU, -8 MiB per child).
-  if (!spec.restore)
-    args.push("-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernelCmdline(spec));
-  args.push(
+  return args;
+}
+
+function consoleArgs(spec: MachineSpec, mode: RenderMode): string[] {
+  const ids = DEVICE_IDS;
+  return [
     "-chardev",
     mode === "identity"
       ? `file,id=${ids.consoleChardev},path=${spec.consoleSocketPath}`
       : `socket,id=${ids.consoleChardev},path=${spec.consoleSocketPath},server=off`,
-  );
-  args.push("-serial", `chardev:${ids.consoleChardev}`);
+    "-serial",
+    `chardev:${ids.consoleChardev}`,
+  ];
+}
+
+/** The virtio devices: disk, agent port, RNG, NIC. */
+function deviceArgs(spec: MachineSpec): string[] {
+  const ids = DEVICE_IDS;
+  const args: string[] = [];
   if (spec.disk) {
     args.push(
       "-blockdev",
@@ -231,18 +255,27 @@ function renderArgs(spec: MachineSpec, mode: "run" | "identity"): string[] {
       args.push("-device", `virtio-net-device,id=${ids.nic},mac=${spec.nic.mac}`);
     }
   }
+  return args;
+}
+
+/** QMP: on an inherited fd when running (and given one), else on its socket path. */
+function monitorArgs(spec: MachineSpec, mode: RenderMode): string[] {
+  const ids = DEVICE_IDS;
   if (spec.qmpFd !== undefined && mode === "run") {
-    args.push(
+    return [
       "-chardev",
       `socket,id=${ids.qmpChardev},fd=${spec.qmpFd},server=on,wait=off`,
       "-mon",
       `chardev=${ids.qmpChardev},mode=control`,
-    );
-  } else {
-    args.push("-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`);
+    ];
   }
+  return ["-qmp", `unix:${spec.qmpSocketPath},server=on,wait=off`];
+}
+
+/** How the VM starts and ends: no reboot, the seccomp sandbox, paused, or restoring incoming state. */
+function lifecycleArgs(spec: MachineSpec, mode: RenderMode): string[] {
   // The guest's reboot means "this VM is done": exit instead of rebooting into a fresh boot.
-  args.push("-no-reboot");
+  const args = ["-no-reboot"];
   if (spec.seccomp && mode === "run") args.push("-sandbox", SECCOMP_SANDBOX);
   if (spec.startPaused) args.push("-S");
   if (spec.restore) {

@@ -101,39 +101,7 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
       options.onChild?.(child);
     }
   };
-  const runChild = async (index: number): Promise<ChildResult> => {
-    const result: ChildResult = {
-      index,
-      id: null,
-      ready_ms: null,
-      exit_code: null,
-      stdout: "",
-      stderr: "",
-      result: null,
-      error: null,
-      done_ms: 0,
-    };
-    let sandbox: Sandbox | undefined;
-    try {
-      // In-process forks run without cgroups or limits, like the pool that serves them.
-      const pooled = options.pool?.take(tag, 1, NO_LIMITS);
-      sandbox = await Sandbox.restore(paths, pooled?.plan ?? plan, {
-        signal,
-        prestarted: pooled?.children[0],
-      });
-      live.add(sandbox);
-      result.id = sandbox.id;
-      result.ready_ms = round1(sandbox.readyMs);
-      await runWork(sandbox, options, result, signal);
-      await options.afterWork?.(sandbox, result);
-    } catch (err) {
-      if (signal.aborted && options.signal?.aborted) throw err;
-      result.error = errorMessage(err);
-    } finally {
-      result.done_ms = round1(performance.now() - started);
-    }
-    return result;
-  };
+  const runChild = (index: number) => forkChild({ paths, tag, plan, options, signal, live, started }, index);
 
   try {
     // allSettled, not all: on Ctrl-C every worker's restore must finish its own cleanup (kill its QEMU, remove
@@ -158,6 +126,54 @@ export async function forkChildren(paths: ForkdPaths, options: ForkOptions): Pro
     await Promise.all([...live].map((s) => s.destroy()));
     await plan.dispose();
   }
+}
+
+/** What every child of one fork shares. */
+interface ForkRun {
+  paths: ForkdPaths;
+  tag: string;
+  plan: Awaited<ReturnType<typeof prepareRestore>>;
+  options: ForkOptions;
+  signal: AbortSignal;
+  /** The children alive now (torn down at the end). */
+  live: Set<Sandbox>;
+  started: number;
+}
+
+/** Restores child `index` (from the pool when it has one), runs its work; its failure is its result's error. */
+async function forkChild(run: ForkRun, index: number): Promise<ChildResult> {
+  const { options, signal } = run;
+  const result: ChildResult = {
+    index,
+    id: null,
+    ready_ms: null,
+    exit_code: null,
+    stdout: "",
+    stderr: "",
+    result: null,
+    error: null,
+    done_ms: 0,
+  };
+  let sandbox: Sandbox | undefined;
+  try {
+    // In-process forks run without cgroups or limits, like the pool that serves them.
+    const pooled = options.pool?.take(run.tag, 1, NO_LIMITS);
+    sandbox = await Sandbox.restore(run.paths, pooled?.plan ?? run.plan, {
+      signal,
+      prestarted: pooled?.children[0],
+    });
+    run.live.add(sandbox);
+    result.id = sandbox.id;
+    result.ready_ms = round1(sandbox.readyMs);
+    await runWork(sandbox, options, result, signal);
+    await options.afterWork?.(sandbox, result);
+  } catch (err) {
+    if (signal.aborted && options.signal?.aborted) throw err;
+    result.error = errorMessage(err);
+  } finally {
+    result.done_ms = round1(performance.now() - run.started);
+  }
+  return result;
 }
 
 /** Waits `settleMs` (or until `signal`), then counts the children whose VM still runs. */

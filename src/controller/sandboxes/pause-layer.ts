@@ -101,11 +101,9 @@ export async function writePauseLayer(
   const qmp = await handle.qmp();
   const top = await diskTop(qmp, { signal });
   await checkTopBacking(top.file, source.parentTag);
-  // At most all of RAM, and for a merge a copy of the overlay and of what the own layers' disks hold.
-  const foldBytes =
-    (await stat(top.file)).blocks * 512 +
-    ownManifests.reduce((n, s) => n + (s.manifest.files[SNAPSHOT_FILES.disk]?.size ?? 0), 0);
-  const writer = await store.beginWrite(options.tag, { expectedBytes: ramBytes + foldBytes });
+  const writer = await store.beginWrite(options.tag, {
+    expectedBytes: ramBytes + (await foldBytes(top.file, ownManifests)),
+  });
   const started = performance.now();
   let stopped = false;
   try {
@@ -128,22 +126,14 @@ export async function writePauseLayer(
       captured,
       policy: options.merge,
     });
-    const memoryFile = writer.file(SNAPSHOT_FILES.memoryLayer);
-    // The disk layer (a fold runs child processes) and the memory layer's write-out overlap; the disk's starts
-    // first, since hashing the memory layer holds this thread. Both settle before anything is aborted.
-    const disk = writeLayerDisk(writer, {
+    const hashed = await writeLayerFiles(writer, {
       topFile: top.file,
       mergeOnto: merge ? layerParent.tag : null,
       handle,
       signal,
+      ramBytes,
+      memory,
     });
-    const [diskDone, memoryDone] = await Promise.allSettled([
-      disk,
-      writeMemoryLayerHashed(memoryFile, ramBytes, memory.pages, memory.data),
-    ]);
-    if (diskDone.status === "rejected") throw diskDone.reason;
-    if (memoryDone.status === "rejected") throw memoryDone.reason;
-    const hashed = memoryDone.value;
     crashPoint("pause.captured");
     const pauseMs = captured.pauseMs;
     await writer.commit(
@@ -173,6 +163,37 @@ export async function writePauseLayer(
     if (stopped) await qmp.execute("cont").catch(() => {});
     throw err;
   }
+}
+
+/** Bytes a pause may add beyond RAM: for a merge, a copy of the overlay and of what the own layers' disks hold. */
+async function foldBytes(topFile: string, ownManifests: readonly StoredSnapshot[]): Promise<number> {
+  return (
+    (await stat(topFile)).blocks * 512 +
+    ownManifests.reduce((n, s) => n + (s.manifest.files[SNAPSHOT_FILES.disk]?.size ?? 0), 0)
+  );
+}
+
+/**
+ * Writes the layer's disk and memory layer; returns the memory layer's digest. The disk layer (a fold runs child
+ * processes) and the memory layer's write-out overlap; the disk's starts first, since hashing the memory layer
+ * holds this thread. Both settle before anything is aborted.
+ */
+async function writeLayerFiles(
+  writer: SnapshotWriter,
+  layer: Parameters<typeof writeLayerDisk>[1] & {
+    ramBytes: number;
+    memory: { pages: Uint32Array; data: Buffer };
+  },
+) {
+  const { ramBytes, memory } = layer;
+  const disk = writeLayerDisk(writer, layer);
+  const [diskDone, memoryDone] = await Promise.allSettled([
+    disk,
+    writeMemoryLayerHashed(writer.file(SNAPSHOT_FILES.memoryLayer), ramBytes, memory.pages, memory.data),
+  ]);
+  if (diskDone.status === "rejected") throw diskDone.reason;
+  if (memoryDone.status === "rejected") throw memoryDone.reason;
+  return memoryDone.value;
 }
 
 /** What a pause of `source` builds on: its chain, its own pause layers, and where a merge would put the layer. */

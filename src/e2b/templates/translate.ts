@@ -82,6 +82,19 @@ function trimDest(dest: string): string {
   return clean === "" ? "/" : clean;
 }
 
+/** The recipe being written: its steps with their E2B labels, the copies, and the user and directory so far. */
+interface RecipeDraft {
+  steps: Record<string, unknown>[];
+  labels: string[];
+  copies: RecipeCopy[];
+  state: State;
+}
+
+function push(draft: RecipeDraft, step: Record<string, unknown>, label: string): void {
+  draft.steps.push(step);
+  draft.labels.push(label);
+}
+
 /**
  * The recipe of `start`. `base`, when the build is fromTemplate, is the recipe of the template it names: its base
  * and steps come first (cached), labelled "base".
@@ -95,82 +108,119 @@ export function recipeOf(start: E2bBuildStart, base?: BuildRecipe): BuildRecipe 
   }
   if (start.fromImage && start.fromTemplate)
     throw invalidArgument("give fromImage or fromTemplate, not both");
-  const steps: Record<string, unknown>[] = [];
-  const labels: string[] = ["base"];
-  const copies: RecipeCopy[] = [];
-  const push = (step: Record<string, unknown>, label: string) => {
-    steps.push(step);
-    labels.push(label);
-  };
-  let template: Record<string, unknown>;
-  if (base) {
-    template = { ...base.template };
-    for (const step of (base.template.steps ?? []) as Record<string, unknown>[]) push({ ...step }, "base");
-    copies.push(...base.copies);
-  } else {
-    if (!start.fromImage) throw invalidArgument("fromImage or fromTemplate is required");
-    template = { format: 2, from: { image: start.fromImage }, disk_mib: 4096 };
-    push({ adduser: E2B_USER }, "base");
-  }
   // Every E2B build starts its steps as root (fromTemplate too: the base's last user is not carried).
-  const state: State = { user: BUILD_USER, workdir: undefined };
-  push({ user: BUILD_USER }, "base");
-  for (const [i, step] of (start.steps ?? []).entries()) {
-    const label = String(i + 1);
-    const cache = step.force ? { cache: false } : {};
-    switch (String(step.type).toUpperCase()) {
-      case "RUN": {
-        const [command, runAs] = args(step, i + 1, 1);
-        const as = runAs && runAs !== state.user ? runAs : undefined;
-        if (as) push({ user: as }, label);
-        push({ run: command, network: true, ...cache }, label);
-        if (as) push({ user: state.user }, label);
-        break;
-      }
-      case "COPY": {
-        const [src = "", dest = "", owner, mode] = args(step, i + 1, 2);
-        if (!step.filesHash) throw invalidArgument(`step ${i + 1} (COPY ${src}) has no filesHash`);
-        const source = stripGlob(src);
-        if (source.path.startsWith("..") || source.path.startsWith("/")) {
-          throw invalidArgument(`step ${i + 1} (COPY ${src}): the source must stay inside the context`);
-        }
-        const into = dest.endsWith("/") || dest === "." || source.glob;
-        copies.push({ step: steps.length, files: step.filesHash, source: source.path, into });
-        push(
-          {
-            dest: trimDest(absolute(state, dest === "" ? "." : dest)),
-            owner: owner && owner !== "" ? owner : state.user,
-            ...(mode && mode !== "" ? { mode } : {}),
-            ...cache,
-          },
-          label,
-        );
-        break;
-      }
-      case "ENV": {
-        const list = args(step, i + 1, 2);
-        const env: Record<string, string> = {};
-        for (let k = 0; k + 1 < list.length; k += 2) env[list[k] as string] = list[k + 1] as string;
-        push({ env, ...cache }, label);
-        break;
-      }
-      case "WORKDIR": {
-        const [dir = ""] = args(step, i + 1, 1);
-        state.workdir = trimDest(absolute(state, dir));
-        push({ workdir: state.workdir, ...cache }, label);
-        break;
-      }
-      case "USER": {
-        const [user = ""] = args(step, i + 1, 1);
-        state.user = user;
-        push({ user, ...cache }, label);
-        break;
-      }
-      default:
-        throw invalidArgument(`step ${i + 1}: unknown step type ${JSON.stringify(step.type)}`);
-    }
+  const draft: RecipeDraft = {
+    steps: [],
+    labels: ["base"],
+    copies: [],
+    state: { user: BUILD_USER, workdir: undefined },
+  };
+  const template = baseTemplate(draft, start, base);
+  push(draft, { user: BUILD_USER }, "base");
+  for (const [i, step] of (start.steps ?? []).entries()) translateStep(draft, step, i + 1);
+  template.steps = draft.steps;
+  setStartAndReady(template, start, base, draft.state);
+  return {
+    template,
+    copies: draft.copies,
+    stepLabels: draft.labels,
+    finishLabel: FINALIZE,
+    force: start.force === true,
+  };
+}
+
+/** The template the steps build on: the base template's (its steps first), or fromImage with E2B's account. */
+function baseTemplate(
+  draft: RecipeDraft,
+  start: E2bBuildStart,
+  base: BuildRecipe | undefined,
+): Record<string, unknown> {
+  if (base) {
+    const template = { ...base.template };
+    for (const step of (base.template.steps ?? []) as Record<string, unknown>[])
+      push(draft, { ...step }, "base");
+    draft.copies.push(...base.copies);
+    return template;
   }
-  template.steps = steps;
+  if (!start.fromImage) throw invalidArgument("fromImage or fromTemplate is required");
+  push(draft, { adduser: E2B_USER }, "base");
+  return { format: 2, from: { image: start.fromImage }, disk_mib: 4096 };
+}
+
+/** One E2B instruction (`number` is the SDK's 1-based step index) as format-2 steps. */
+function translateStep(draft: RecipeDraft, step: E2bTemplateStep, number: number): void {
+  const { state } = draft;
+  const label = String(number);
+  const cache = step.force ? { cache: false } : {};
+  switch (String(step.type).toUpperCase()) {
+    case "RUN": {
+      const [command, runAs] = args(step, number, 1);
+      const as = runAs && runAs !== state.user ? runAs : undefined;
+      if (as) push(draft, { user: as }, label);
+      push(draft, { run: command, network: true, ...cache }, label);
+      if (as) push(draft, { user: state.user }, label);
+      return;
+    }
+    case "COPY":
+      translateCopy(draft, step, number, cache);
+      return;
+    case "ENV": {
+      const list = args(step, number, 2);
+      const env: Record<string, string> = {};
+      for (let k = 0; k + 1 < list.length; k += 2) env[list[k] as string] = list[k + 1] as string;
+      push(draft, { env, ...cache }, label);
+      return;
+    }
+    case "WORKDIR": {
+      const [dir = ""] = args(step, number, 1);
+      state.workdir = trimDest(absolute(state, dir));
+      push(draft, { workdir: state.workdir, ...cache }, label);
+      return;
+    }
+    case "USER": {
+      const [user = ""] = args(step, number, 1);
+      state.user = user;
+      push(draft, { user, ...cache }, label);
+      return;
+    }
+    default:
+      throw invalidArgument(`step ${number}: unknown step type ${JSON.stringify(step.type)}`);
+  }
+}
+
+function translateCopy(
+  draft: RecipeDraft,
+  step: E2bTemplateStep,
+  number: number,
+  cache: { cache?: boolean },
+): void {
+  const [src = "", dest = "", owner, mode] = args(step, number, 2);
+  if (!step.filesHash) throw invalidArgument(`step ${number} (COPY ${src}) has no filesHash`);
+  const source = stripGlob(src);
+  if (source.path.startsWith("..") || source.path.startsWith("/")) {
+    throw invalidArgument(`step ${number} (COPY ${src}): the source must stay inside the context`);
+  }
+  const into = dest.endsWith("/") || dest === "." || source.glob;
+  draft.copies.push({ step: draft.steps.length, files: step.filesHash, source: source.path, into });
+  push(
+    draft,
+    {
+      dest: trimDest(absolute(draft.state, dest === "" ? "." : dest)),
+      owner: owner && owner !== "" ? owner : draft.state.user,
+      ...(mode && mode !== "" ? { mode } : {}),
+      ...cache,
+    },
+    String(number),
+  );
+}
+
+/** The start and ready commands, as the last user in the last working directory; a base's stay unless replaced. */
+function setStartAndReady(
+  template: Record<string, unknown>,
+  start: E2bBuildStart,
+  base: BuildRecipe | undefined,
+  state: State,
+): void {
   const named = /^[A-Za-z_][A-Za-z0-9_.-]{0,31}$/.test(state.user) ? { user: state.user } : {};
   const where = state.workdir ? { cwd: state.workdir } : {};
   if (start.startCmd) template.start = { command: start.startCmd, ...named, ...where };
@@ -178,11 +228,4 @@ export function recipeOf(start: E2bBuildStart, base?: BuildRecipe): BuildRecipe 
   if (start.readyCmd) {
     template.ready = { command: start.readyCmd, timeout_s: READY_TIMEOUT_S, ...named, ...where };
   } else if (start.startCmd) delete template.ready;
-  return {
-    template,
-    copies,
-    stepLabels: labels,
-    finishLabel: FINALIZE,
-    force: start.force === true,
-  };
 }
