@@ -16,7 +16,10 @@ import (
 // parent VM is snapshotted with it warm. Jobs (cells and context ops) run one at a time in arrival order; a
 // cell's timeout counts from when the agent received it. A timed-out or cancelled cell gets SIGINT, and if it
 // does not unwind within a grace period the worker is killed and restarted (its namespaces are lost; the
-// template's warm-up runs again).
+// template's warm-up runs again). The grace is the worker's own CPU time after the SIGINT (interruptGrace: a
+// cell that unwinds needs milliseconds of it, one that ignores the signal burns it), with a wall-clock cap
+// (interruptGraceWall, inside the host's 10 s answer margin): a wall-clock grace alone ran out on a loaded TCG
+// host before the starved worker had run at all, and lost the user's state for a cell that was unwinding.
 type Python struct {
 	agent  *Agent
 	log    *Log
@@ -39,13 +42,15 @@ type Python struct {
 }
 
 const (
-	interruptGrace    = 2 * time.Second
-	maxCrashes        = 5
-	crashWindow       = time.Minute
-	restartDelay      = 100 * time.Millisecond
-	maxWorkerMessage  = 64 << 20
-	rewarmTimeout     = 10 * time.Minute
-	maxRememberedCtxs = 1024
+	interruptGrace     = 500 * time.Millisecond
+	interruptGraceWall = 6 * time.Second
+	interruptPoll      = 200 * time.Millisecond
+	maxCrashes         = 5
+	crashWindow        = time.Minute
+	restartDelay       = 100 * time.Millisecond
+	maxWorkerMessage   = 64 << 20
+	rewarmTimeout      = 10 * time.Minute
+	maxRememberedCtxs  = 1024
 )
 
 type job struct {
@@ -348,16 +353,25 @@ func (p *Python) interruptLocked(j *job) {
 	}
 	pid := p.pid
 	_ = syscall.Kill(pid, syscall.SIGINT)
-	if j.grace == nil {
-		j.grace = time.AfterFunc(interruptGrace, func() {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if p.running == j && p.pid == pid {
-				p.log.Warn("cell ignored SIGINT; killing the python worker", Fields{"id": j.id})
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		})
+	if j.grace != nil {
+		return
 	}
+	since := time.Now()
+	cpuAtInterrupt, _ := processCPUTime(pid)
+	j.grace = time.AfterFunc(interruptPoll, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.running != j || p.pid != pid {
+			return
+		}
+		cpu, ok := processCPUTime(pid)
+		if ok && cpu-cpuAtInterrupt < interruptGrace && time.Since(since) < interruptGraceWall {
+			j.grace.Reset(interruptPoll)
+			return
+		}
+		p.log.Warn("cell ignored SIGINT; killing the python worker", Fields{"id": j.id})
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	})
 }
 
 func (p *Python) exitedLocked(pid int, ws *syscall.WaitStatus) {
