@@ -52,7 +52,14 @@ import {
   nodeNetwork,
   planNetwork,
 } from "./network.js";
-import { isRunning, logTail, type ProcessRecord, startDetached, stopRecorded } from "./processes.js";
+import {
+  isRunning,
+  logTail,
+  type ProcessRecord,
+  processesUnder,
+  startDetached,
+  stopRecorded,
+} from "./processes.js";
 
 const run = promisify(execFile);
 
@@ -647,6 +654,29 @@ export async function status(dir: string): Promise<unknown> {
 }
 
 /**
+ * A node daemon that had to be killed (a stop that outlasted its grace, as under load) leaves its VMs, their
+ * namespaces and rules behind: VMs survive their daemon by design, so it can re-attach them. `forkd teardown`
+ * in the node's namespace kills them the daemon's own way (re-attached, killed with networks and cgroups).
+ */
+async function retireNodeHome(node: NodeState): Promise<string[]> {
+  const exists = await access(node.home).then(
+    () => true,
+    () => false,
+  );
+  if (!exists) return [];
+  try {
+    await run(
+      "ip",
+      ["netns", "exec", node.network.netns, process.execPath, forkdBin(), "teardown", "--json"],
+      { env: { ...process.env, FORKD_HOME: node.home }, maxBuffer: 1 << 20 },
+    );
+    return [];
+  } catch (err) {
+    return [`node ${node.name}'s home not torn down: ${(err as Error).message.split("\n")[0]}`];
+  }
+}
+
+/**
  * Stops everything `up` started (gateways and balancer first, then the nodes, which kill their VMs, then the
  * controller, the registry and the control plane), removes the network and the directory, and checks that
  * nothing of it is left. Returns what was left (empty when all is gone).
@@ -666,12 +696,14 @@ export async function down(dir: string): Promise<string[]> {
     if (!order.includes(name) && !rest.includes(name)) await stopRecorded(records[name] as ProcessRecord);
   }
   for (const name of rest) if (records[name]) await stopRecorded(records[name]);
+  const left: string[] = [];
+  for (const node of state.nodes) left.push(...(await retireNodeHome(node)));
   for (const node of state.nodes) await deleteNodeNetwork(node.network);
   await deleteBridge(state.network);
-  const left: string[] = [];
   for (const record of Object.values(records))
     if (await isRunning(record)) left.push(`process ${record.name} ${record.pid}`);
   left.push(...(await leftovers(state.network)));
+  left.push(...(await processesUnder(state.dir)).map((pid) => `process ${pid} running from ${state.dir}`));
   if (left.length === 0) await rm(state.dir, { recursive: true, force: true });
   return left;
 }

@@ -4,7 +4,7 @@
  * only a process proven to be the one they started, never a later process that reused its pid.
  */
 import { spawn } from "node:child_process";
-import { open, readFile } from "node:fs/promises";
+import { open, readdir, readFile } from "node:fs/promises";
 
 export interface ProcessRecord {
   name: string;
@@ -101,4 +101,15 @@ export async function waitGone(record: ProcessRecord, timeoutMs: number): Promis
 export async function logTail(record: Pick<ProcessRecord, "log">, lines = 20): Promise<string> {
   const text = await readFile(record.log, "utf8").catch(() => "");
   return text.trim().split("\n").slice(-lines).join("\n");
+}
+
+/** Processes whose command line names a path under `dir` (down checks none of the cluster's VMs is left). */
+export async function processesUnder(dir: string): Promise<number[]> {
+  const found: number[] = [];
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    const cmdline = await readFile(`/proc/${entry}/cmdline`, "utf8").catch(() => "");
+    if (cmdline.split("\0").some((arg) => arg.includes(`${dir}/`))) found.push(Number(entry));
+  }
+  return found;
 }
