@@ -5,6 +5,8 @@
 // tests instead (test/recipes/*.recipe-test.ts: large Debian builds, long warm-ups; `npm run test:recipes`), and
 // `--install` the install tests (test/install/*.install-test.ts: pack, npm and .deb installs; `npm run test:install`),
 // `--cluster` the cluster suite (test/cluster/*.cluster-test.ts: a local cluster of 3 nodes; `npm run test:cluster`).
+// `--name=<regex>` (repeatable) runs only the test cases whose names match, in the files chosen (node's
+// --test-name-pattern; a suite's before/after hooks still run): `--cluster --name='registry outage'`.
 import { spawnSync } from "node:child_process";
 import { readdirSync } from "node:fs";
 import path from "node:path";
@@ -18,7 +20,11 @@ const SUITES = {
   "--cluster": ".cluster-test.js",
 };
 const suite = args.find((a) => a in SUITES);
-const needles = args.filter((a) => !(a in SUITES));
+const NAME = "--name=";
+const names = args
+  .filter((a) => a.startsWith(NAME))
+  .map((a) => `--test-name-pattern=${a.slice(NAME.length)}`);
+const needles = args.filter((a) => !(a in SUITES) && !a.startsWith(NAME));
 const files = readdirSync(root, { recursive: true })
   .map(String)
   .filter((f) => f.endsWith(suite ? SUITES[suite] : ".test.js"))
@@ -29,7 +35,7 @@ if (files.length === 0) {
   console.error("no test files found under dist/test (run npm run build first)");
   process.exit(1);
 }
-const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...files], {
+const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...names, ...files], {
   stdio: "inherit",
 });
 process.exit(result.status ?? 1);

@@ -1,8 +1,9 @@
 /**
  * The gateway's directory: which node runs each sandbox, and which nodes hold each snapshot the cluster has no
  * ForkdSnapshot for (BRANCHes, pause layers, a tenant's own). In memory only: filled from what this gateway
- * placed and from every node's event stream (its whole state on connect, then each change), so a restarted
- * gateway rebuilds it within a stream's first line. Nothing here is written to the cluster's store.
+ * placed or BRANCHed, from what nodes answered when asked about an id or tag it did not know (locate.ts,
+ * placement.ts), and from every node's event stream (its whole state on connect, then each change), so a
+ * restarted gateway rebuilds it within a stream's first line. Nothing here is written to the cluster's store.
  *
  * An entry remembers the epoch its node ran under when the entry was learned: once the node is fenced past it,
  * the sandbox is lost (cluster-view.ts), and the entry is kept (bounded) so calls for it say so instead of
@@ -77,6 +78,15 @@ export class Directory {
       this.snapshots.set(ref.tag, places);
     }
     places.set(node, { node, epoch, owner: ref.owner, digest: ref.digest });
+  }
+
+  /**
+   * Records that `node` holds `ref.tag`, learned from a call rather than the node's stream (a BRANCH answer, a
+   * lookup): kept only when the stream has not told this already (its entry carries the registry digest).
+   */
+  learnSnapshot(node: string, epoch: number, ref: SnapshotRef): void {
+    if (this.snapshots.get(ref.tag)?.has(node)) return;
+    this.upsertSnapshot(node, epoch, ref);
   }
 
   removeSnapshot(node: string, tag: string): void {

@@ -132,7 +132,7 @@ async function createSandbox(
   tenant: string | null,
   reply: FastifyReply,
 ) {
-  const { target, templateID } = resolveTemplate(context, body.templateID);
+  const { target, templateID } = await resolveTemplate(context, body.templateID, tenant);
   let status = 201;
   const [child] = await context.spawner.spawn(
     tenant,
@@ -166,19 +166,20 @@ async function createSandbox(
  * What a create's templateID means in the cluster: a ForkdSnapshot (the node knows its aliases, set when it
  * pulled it), a node-local tag, or for E2B's default names the default snapshot (sent to the node by name).
  */
-function resolveTemplate(
+async function resolveTemplate(
   context: GatewayContext,
   name: string,
-): { target: SnapshotTarget; templateID: string } {
+  tenant: string | null,
+): Promise<{ target: SnapshotTarget; templateID: string }> {
   try {
-    return { target: context.placer.resolve(name), templateID: name };
+    return { target: await context.placer.resolve(name, tenant), templateID: name };
   } catch (err) {
     if (!E2B_DEFAULT_TEMPLATES.has(name)) {
       if (err instanceof ForkdError && err.code === "not_found")
         throw notFound(`template ${JSON.stringify(name)} not found`);
       throw err;
     }
-    const target = context.placer.resolve(context.defaultSnapshot);
+    const target = await context.placer.resolve(context.defaultSnapshot, tenant);
     return { target, templateID: target.tag };
   }
 }

@@ -66,7 +66,7 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
     { ...forkd, schema: { body: SpawnBody } },
     async (request, reply) => {
       const body = request.body;
-      const target = context.placer.resolve(body.snapshot_tag);
+      const target = await context.placer.resolve(body.snapshot_tag, request.tenant);
       const children = await context.spawner.spawn(
         request.tenant,
         target,
@@ -135,11 +135,16 @@ function registerBranchRoute(app: FastifyInstance, context: GatewayContext): voi
     async (request, reply) => {
       const id = request.params.id;
       const placement = await context.locator.locate(id, request.tenant);
-      const answer = await context.calls.json<SnapshotWire & { status?: string }>(
+      const answer = await context.calls.json<SnapshotWire & { status?: string; owner?: string | null }>(
         placement.node,
         { method: "POST", path: `/v1/sandboxes/${id}/branch`, json: request.body, deadlineMs: 0 },
         request.tenant,
       );
+      // Known here at once (a spawn of it may come before the node's stream reports it); other replicas ask
+      // the nodes on a miss (placement.ts).
+      const epoch = context.calls.epochOf(placement.node) ?? placement.epoch;
+      const owner = answer.owner ?? request.tenant;
+      context.directory.learnSnapshot(placement.node, epoch, { tag: answer.tag, owner, digest: null });
       reply.status(answer.status === "writing" ? 202 : 201);
       return { ...withoutHostPaths(answer), node: placement.node };
     },

@@ -1,6 +1,7 @@
 /**
  * Where new sandboxes go. A snapshot the cluster knows as a ForkdSnapshot is placed on the nodes holding its
- * digest; any other snapshot (a BRANCH, a tenant's own) on the nodes the directory says hold its tag. Among
+ * digest; any other snapshot (a BRANCH, a tenant's own) on the nodes the directory says hold its tag (asked of
+ * the nodes when the directory does not know it: a node's stream reports new snapshots every 2 s). Among
  * those, best-of-K (E2B's scheduler does the same with K = 3): K nodes drawn at random, the one with the most
  * free slots wins, so load spreads without every gateway replica piling onto the same "emptiest" node. A spawn
  * of more children than one node has room for spills over to the next best. A ForkdSnapshot no schedulable
@@ -15,6 +16,7 @@ import { NODE_ROUTES, type PullAnswer, type PullBody } from "../cluster/protocol
 import { ForkdError, notFound } from "../common/errors.js";
 import type { ClusterView, NodeView, SnapshotView } from "./cluster-view.js";
 import type { Directory } from "./directory.js";
+import { LOOKUP_TIMEOUT_MS } from "./locate.js";
 import type { NodeCaller } from "./node-calls.js";
 import type { NodeLinks } from "./node-links.js";
 
@@ -57,13 +59,46 @@ export class Placer {
     this.k = options.bestOfK ?? BEST_OF_K;
   }
 
-  /** The snapshot a spawn names: a ForkdSnapshot by name or alias, else a tag some node holds. */
-  resolve(name: string): SnapshotTarget {
+  /**
+   * The snapshot a spawn names: a ForkdSnapshot by name or alias, else a tag the directory says some node holds,
+   * else a tag a node answers for when asked (a BRANCH made a moment ago: its node's stream reports snapshots
+   * only every few seconds, and another replica may have made it), else not_found.
+   */
+  async resolve(name: string, tenant: string | null): Promise<SnapshotTarget> {
     const snapshot = this.view.snapshot(name);
     if (snapshot) return { kind: "cluster", tag: snapshot.name, snapshot };
-    const nodes = this.directory.snapshotPlaces(name).map((p) => p.node);
+    let nodes = this.directory.snapshotPlaces(name).map((p) => p.node);
+    if (nodes.length === 0) nodes = await this.askHolders(name, tenant);
     if (nodes.length > 0) return { kind: "local", tag: name, nodes };
     throw notFound(`snapshot ${JSON.stringify(name)} not found in the cluster`);
+  }
+
+  /**
+   * Asks every node that takes work whether it holds `tag` as `tenant` sees it (bounded by LOOKUP_TIMEOUT_MS);
+   * each that does is recorded in the directory and returned.
+   */
+  private async askHolders(tag: string, tenant: string | null): Promise<string[]> {
+    const signal = AbortSignal.timeout(LOOKUP_TIMEOUT_MS);
+    const answers = await Promise.allSettled(
+      this.usable().map(async (node) => {
+        const epoch = this.calls.epochOf(node.name) ?? node.epoch;
+        const info = await this.calls.json<{ tag: string; owner?: string | null }>(
+          node.name,
+          { method: "GET", path: `/v1/snapshots/${encodeURIComponent(tag)}` },
+          tenant,
+          signal,
+        );
+        return { node: node.name, epoch, owner: info.owner ?? null };
+      }),
+    );
+    const found: string[] = [];
+    for (const answer of answers) {
+      if (answer.status !== "fulfilled") continue;
+      const { node, epoch, owner } = answer.value;
+      this.directory.learnSnapshot(node, epoch, { tag, owner, digest: null });
+      found.push(node);
+    }
+    return found;
   }
 
   /** Nodes that take work now: schedulable in the cluster view, and their link up. */

@@ -13,6 +13,7 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
@@ -340,8 +341,6 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     assert.equal(pyagent?.nodes.length, 3, "every node holds pyagent");
   });
 
-  let branched: { tag: string; node: string; digest: string } | undefined;
-
   it("a snapshot only one node holds is spawned there; with that node cordoned, another node pulls it", async () => {
     const [source] = await spawn(admin, "pyagent");
     assert.ok(source?.node);
@@ -349,12 +348,13 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     const branch = (await admin.branchSandbox(source.id)) as unknown as { tag: string; node?: string };
     assert.ok(!("dir" in branch), `the BRANCH answer names no host path: ${JSON.stringify(branch)}`);
     assert.equal(branch.node, source.node);
-    await admin.killSandbox(source.id);
-    // A BRANCH lives on its node only: a spawn of it goes there.
+    // A BRANCH lives on its node only: a spawn of it goes there, also at once (before the node's event stream
+    // has reported the new snapshot, and through either gateway replica).
     const [local] = await spawn(admin, branch.tag);
     assert.equal(local?.node, source.node, "placed on the only node holding it");
     assert.equal(await sh(admin, local.id, "cat /root/mark"), "written-before-branch");
     await admin.killSandbox(local.id);
+    await admin.killSandbox(source.id);
 
     // Published: pushed by its node to the registry (as the controller would), declared as a ForkdSnapshot.
     const node = state.nodes.find((n) => n.name === source.node);
@@ -372,7 +372,6 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     });
     assert.equal(pushed.status, 200, await pushed.clone().text());
     const { digest } = (await pushed.json()) as PushAnswer;
-    branched = { tag: "branched", node: node.name, digest };
     await forkdObjects(kube, NAMESPACE).snapshots.create("branched", { reference, digest, prepull: 0 });
     await cordon(node.name, true);
     try {
@@ -428,26 +427,31 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
   });
 
   it("a registry outage answers 503 naming the registry; local work goes on", async () => {
-    assert.ok(branched);
-    const registry = state.processes.registry;
-    assert.ok(registry);
-    assert.ok(await signalRecorded(registry, "SIGKILL"));
-    await waitGone(registry, 10_000);
-    // A node that does not hold "branched" must pull it: cordon the others.
-    const nodes = await listForkdNodes(kube);
-    const fresh = nodes.find((n) => !n.status?.snapshots?.some((s) => s.digest === branched?.digest));
-    assert.ok(fresh, "a node without the branch");
-    const others = nodes.filter((n) => n.metadata.name !== fresh.metadata.name).map((n) => n.metadata.name);
-    for (const n of others) await cordon(n, true);
+    // A ForkdSnapshot no node holds (its digest was never pushed): a spawn of it needs a pull.
+    const digest = `sha256:${createHash("sha256").update("forkd cluster test: never pushed").digest("hex")}`;
+    const snapshots = forkdObjects(kube, NAMESPACE).snapshots;
+    await snapshots.create("unpulled", {
+      reference: `${state.registry}/forkd/unpulled:v1`,
+      digest,
+      prepull: 0,
+    });
     try {
-      await new Promise((r) => setTimeout(r, 2_500));
+      const registry = state.processes.registry;
+      assert.ok(registry);
+      assert.ok(await signalRecorded(registry, "SIGKILL"));
+      await waitGone(registry, 10_000);
       const started = Date.now();
-      const refused = await api("POST", "/v1/sandboxes", { snapshot_tag: "branched", n: 1 });
+      // Both gateway replicas must have read the new ForkdSnapshot (each reads the cluster every second).
+      const refused = await waitFor("the gateway to see the ForkdSnapshot", 30_000, async () => {
+        const answer = await api("POST", "/v1/sandboxes", { snapshot_tag: "unpulled", n: 1 });
+        return answer.status === 404 ? undefined : answer;
+      });
       assert.equal(refused.status, 503, JSON.stringify(refused.json));
-      assert.match(String(refused.json.error), new RegExp(state.registry.replace(/\./g, "\\.")));
+      const host = state.registry.replace(/[.]/g, "\\.");
+      assert.match(String(refused.json.error), new RegExp(`registry ${host} is unavailable`));
       assert.ok(Date.now() - started < 60_000);
     } finally {
-      for (const n of others) await cordon(n, false);
+      await snapshots.delete("unpulled");
     }
     const [kid] = await spawn(admin, "pyagent");
     assert.ok(kid);
