@@ -2,13 +2,15 @@
  * bench/spawn-daemon — the daemon's own spawn path, confined (each QEMU under its own uid, seccomp, its mounts
  * and its sandbox's cgroups), cold against a warm pool, side by side in one run. Each round opens the engine on
  * FORKD_HOME with confinement on, once without a pool and once with `--warm-pool TAG:N` (filled before the clock
- * starts), spawns N sandboxes of TAG in one request (`network: "none"`: a pool does not serve sandboxes with a
- * network of their own), evaluates `numpy.zeros(5).tolist()` in each (BENCH_CONCURRENCY at once) and stops the
- * clock when all have answered. Rounds alternate cold/warm so load changes hit both alike. Reported per side:
+ * starts), spawns N sandboxes of TAG in one request, evaluates `numpy.zeros(5).tolist()` in each
+ * (BENCH_CONCURRENCY at once) and stops the clock when all have answered. BENCH_NETWORK=netns (the default) gives
+ * each sandbox a network of its own (`network: {default: "allow"}`: its namespace, veth and rules; a pooled VM's
+ * made ahead and given its policy when taken), `none` a NIC that leads nowhere (`network: "none"`). Rounds alternate cold/warm so load changes hit both alike. Reported per side:
  * wall p50 over the rounds, host CPU per child (QEMU threads to the answer), and for the pool its fill time and
  * CPU (paid before the clock starts). Needs root (cgroups).
  *
- *   npm run bench -- spawn-daemon    (env: BENCH_N=30, BENCH_ROUNDS=2, BENCH_TAG=pyagent, BENCH_CONCURRENCY=4)
+ *   npm run bench -- spawn-daemon    (env: BENCH_N=30, BENCH_ROUNDS=2, BENCH_TAG=pyagent, BENCH_CONCURRENCY=4,
+ *                                     BENCH_NETWORK=netns|none)
  */
 import os from "node:os";
 import { resolvePaths } from "../src/common/paths.js";
@@ -32,6 +34,10 @@ const ROUNDS = envNumber("BENCH_ROUNDS", 2);
 const TAG = process.env.BENCH_TAG ?? "pyagent";
 const CONCURRENCY = envNumber("BENCH_CONCURRENCY", 4);
 const EXPECTED = "[0.0, 0.0, 0.0, 0.0, 0.0]";
+const NETWORK = process.env.BENCH_NETWORK ?? "netns";
+if (NETWORK !== "netns" && NETWORK !== "none")
+  throw new Error(`BENCH_NETWORK=${NETWORK}: expected netns or none`);
+const SPAWN_NETWORK = NETWORK === "none" ? ("none" as const) : { default: "allow" as const };
 
 interface Run {
   side: "cold" | "warm";
@@ -43,6 +49,7 @@ interface Run {
   fill_ms: number | null;
   fill_cpu_ms_per_vm: number | null;
   confinement: string;
+  network_mode: string;
   load1: number;
 }
 
@@ -73,7 +80,16 @@ async function runSide(side: "cold" | "warm", round: number): Promise<Run> {
     }
     const before = new Set(services.sandboxes.warmPoolPids());
     const started = performance.now();
-    const infos = await services.sandboxes.spawn({ snapshotTag: TAG, n: N, network: "none", timeoutMs: 0 });
+    const infos = await services.sandboxes.spawn({
+      snapshotTag: TAG,
+      n: N,
+      network: SPAWN_NETWORK,
+      timeoutMs: 0,
+    });
+    const kinds = new Set(infos.map((i) => i.network.kind));
+    if (kinds.size !== 1 || !kinds.has(NETWORK === "none" ? "private" : "netns")) {
+      throw new Error(`BENCH_NETWORK=${NETWORK} but the sandboxes' networks are ${[...kinds].join(", ")}`);
+    }
     const answers: string[] = [];
     const cpu: number[] = [];
     let next = 0;
@@ -101,6 +117,7 @@ async function runSide(side: "cold" | "warm", round: number): Promise<Run> {
       fill_ms: fillMs === null ? null : Math.round(fillMs),
       fill_cpu_ms_per_vm: fillCpu === null ? null : Math.round(fillCpu * 10) / 10,
       confinement,
+      network_mode: services.sandboxes.networkStatus().mode,
       load1: os.loadavg()[0] as number,
     };
   } finally {
@@ -161,7 +178,11 @@ const header =
   `${loadAtStart.map((l) => l.toFixed(1)).join(" ")} before, ${os
     .loadavg()
     .map((l) => l.toFixed(1))
-    .join(" ")} after; ${ROUNDS} rounds alternating cold/warm, N=${N}, ${CONCURRENCY} evals at once`;
+    .join(
+      " ",
+    )} after; ${ROUNDS} rounds alternating cold/warm, N=${N}, ${CONCURRENCY} evals at once; network: ${
+    NETWORK === "none" ? '"none"' : "a namespace of its own per sandbox (egress allow)"
+  }`;
 printRows(`bench/spawn-daemon (${header})`, rows);
 await writeResults(
   "spawn-daemon",
@@ -171,6 +192,7 @@ await writeResults(
     ...conditions,
     n: N,
     rounds: ROUNDS,
+    network: NETWORK,
     runs,
     load_average: { start: loadAtStart, end: os.loadavg() },
   },

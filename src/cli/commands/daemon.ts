@@ -232,7 +232,7 @@ function admissionOptions(command: Command): void {
     )
     .option(
       "--warm-pool <tag:n>",
-      "keep n sandboxes of snapshot tag restored ahead for spawns without a network of their own (repeatable)",
+      "keep n sandboxes of snapshot tag restored ahead, with networks made ahead in netns mode (repeatable)",
       (text: string, pools: WarmPoolTarget[]) => [...pools, parseWarmPoolOption(text)],
       [] as WarmPoolTarget[],
     );

@@ -85,8 +85,8 @@ export interface RestoreOptions {
   consoleLogBytes?: number;
   /**
    * A child of this plan's snapshot already started by a warm pool (`launchChild` with `deferred`): its
-   * id and run directory are used, and only its device state is loaded now. `id`, `nic` and the
-   * confinement options are the pool's (it serves only unconfined daemons, see sandboxes/warm-pool.ts).
+   * id and run directory are used, and only its device state is loaded now. `id`, `nic`, its cgroups and the
+   * confinement options are the pool's (it started under its sandbox's: see sandboxes/warm-pool.ts).
    */
   prestarted?: PrestartedChild;
 }

@@ -220,6 +220,29 @@ export class SandboxNetworks {
   }
 
   /**
+   * A warm pool's VM gets its network before any spawn asks for it: its own namespace, veth and rules under its id
+   * (the id of the sandbox it will become), recorded first like any, denying all egress and answering no DNS until
+   * `claim` gives it its spawn's policy. A pooled VM that is never claimed loses it through `detach`.
+   */
+  async prepare(sandboxId: string, nic: { vnetHdr: boolean }): Promise<NicAttachment> {
+    const attached = (await this.attach(sandboxId, DENY_ALL, nic)) as NicAttachment;
+    this.release(sandboxId);
+    return attached;
+  }
+
+  /**
+   * A pooled VM's network becomes its spawn's: `policy` applied in one nft transaction (a new rules generation,
+   * so nothing the pooled guest opened survives it), recorded, and the sandbox's DNS answered under it.
+   */
+  async claim(sandboxId: string, policy: EgressPolicy): Promise<void> {
+    const row = this.db.network(sandboxId);
+    if (row?.state !== "ready") {
+      throw new ForkdError("internal", `pooled sandbox ${sandboxId} has no prepared network`);
+    }
+    await this.applyPolicy(row, policy);
+  }
+
+  /**
    * A paused sandbox's VM is gone: its namespace, address and policy stay (so its identity survives the pause)
    * but it answers no DNS until it runs again.
    */
@@ -292,8 +315,15 @@ export class SandboxNetworks {
       );
     }
     const policy = this.completePolicy(input, templateDefault);
+    await this.applyPolicy(row, policy);
+    return policy;
+  }
+
+  /** Replaces the rules of `row`'s namespace with `policy` (the next generation), records and registers it. */
+  private async applyPolicy(row: SandboxNetworkRow, policy: EgressPolicy): Promise<void> {
     const compiled = compilePolicy(policy);
     const generation = row.generation + 1;
+    const sandboxId = row.sandbox_id;
     await applyEgressPolicy({
       sandboxId,
       address: row.address,
@@ -303,7 +333,6 @@ export class SandboxNetworks {
     });
     this.db.updateNetwork(sandboxId, { policy: JSON.stringify(policy), generation });
     this.register(sandboxId, row.address, compiled);
-    return policy;
   }
 
   info(sandboxId: string, hasNic: boolean): SandboxNetworkInfo {

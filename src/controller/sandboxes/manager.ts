@@ -131,8 +131,9 @@ export interface ManagerOptions {
    */
   allowUnprivilegedUserfaultfd?: boolean;
   /**
-   * Snapshots to keep prestarted QEMUs of (`--warm-pool TAG:N`): spawns of them without a network of their own
-   * and without live_fork take those first (see warm-pool.ts).
+   * Snapshots to keep prestarted QEMUs of (`--warm-pool TAG:N`): spawns of them under the default limits and
+   * without live_fork take those first; in netns mode each pooled VM has a network prepared, and serves spawns
+   * with a network of their own (see warm-pool.ts).
    */
   warmPools?: readonly WarmPoolTarget[];
 }
@@ -253,6 +254,7 @@ export class SandboxManager implements SandboxService {
       log: options.log,
       confinement,
       cgroups,
+      networks,
       defaultLimits: (snapshot) =>
         resolveLimits(
           {},

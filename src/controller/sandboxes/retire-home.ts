@@ -6,8 +6,9 @@
  *
  * Refused while a daemon runs on the home (its lock): the daemon owns the sandboxes; stop it first, or kill
  * them through it (`forkd kill --all`). Sandboxes are killed the daemon's way (services opened, re-attached,
- * killed with their networks and cgroups) only when some are recorded, so a clean home is torn down without
- * touching cgroups at all.
+ * killed with their networks and cgroups) only when some are recorded, or a network is (a warm pool's VM has
+ * one before it is a sandbox: a daemon killed with a full pool leaves only that record), so a clean home is torn
+ * down without touching cgroups at all.
  */
 import { existsSync } from "node:fs";
 import { rm, rmdir } from "node:fs/promises";
@@ -38,7 +39,7 @@ export async function retireHome(
   try {
     const dbFile = path.join(paths.home, "state.db");
     let killed: string[] = [];
-    if (existsSync(dbFile) && recorded(dbFile).live.length > 0) {
+    if (existsSync(dbFile) && (recorded(dbFile).live.length > 0 || recorded(dbFile).networks > 0)) {
       killed = recorded(dbFile).live;
       // openServices takes the home lock itself.
       await lock.release();
@@ -58,13 +59,14 @@ export async function retireHome(
 }
 
 /** Sandboxes recorded in the home: all but paused ones have (or had: dead) a QEMU and host state to clean up; paused ones are only files. */
-function recorded(dbFile: string): { live: string[]; all: string[] } {
+function recorded(dbFile: string): { live: string[]; all: string[]; networks: number } {
   const db = new StateDb(dbFile);
   try {
     const rows = db.sandboxes();
     return {
       live: rows.filter((r) => r.status !== "paused").map((r) => r.id),
       all: rows.map((r) => r.id),
+      networks: db.networks().length,
     };
   } finally {
     db.close();

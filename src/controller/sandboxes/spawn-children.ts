@@ -41,7 +41,7 @@ export type SpawnPolicy = "all-or-nothing" | "each";
 export interface SpawnContext {
   paths: ForkdPaths;
   db: StateDb;
-  networks: Pick<SandboxNetworks, "attach" | "detach">;
+  networks: Pick<SandboxNetworks, "attach" | "claim" | "detach">;
   /** Where sandbox cgroups go (null: none). */
   cgroups: CgroupLayout | null;
   confinement: ConfinementConfig;
@@ -109,7 +109,7 @@ export async function startChildren(
       ctx.db.updateSandbox(row.id, { layer_tags: layerTags });
     }
     crashPoint("spawn.planned");
-    const nics = await attachNetworks(ctx, spawn, rows);
+    const nics = await attachNetworks(ctx, run);
     await restoreChildren(ctx, run, plan, nics);
     return finishSpawn(ctx, run);
   } catch (err) {
@@ -120,21 +120,22 @@ export async function startChildren(
   } finally {
     spawn.release();
     // Pooled VMs a failed spawn never got to: they have no sandbox to become.
-    await Promise.all([...run.prestarted.values()].map((c) => discardPrestarted(c)));
+    await Promise.all([...run.prestarted.values()].map((c) => discardPrestarted(c, ctx.networks)));
     await plan?.dispose();
   }
 }
 
 /**
  * Networks first, more at once than restores: creating one is mostly waiting on the kernel (namespace and
- * device setup), not CPU, so overlapping them hides that latency. Every setup is waited for, failed or not, so
- * the cleanup never races one still creating; the first failure is thrown, whatever the policy.
+ * device setup), not CPU, so overlapping them hides that latency. A pooled VM's network was prepared with it:
+ * it only gets the spawn's policy (one nft transaction). Every setup is waited for, failed or not, so the
+ * cleanup never races one still creating; the first failure is thrown, whatever the policy.
  */
 async function attachNetworks(
   ctx: SpawnContext,
-  spawn: ResolvedSpawn,
-  rows: readonly SandboxRow[],
+  run: SpawnRun,
 ): Promise<Map<string, NicAttachment | undefined>> {
+  const { spawn, rows } = run;
   const nics = new Map<string, NicAttachment | undefined>();
   const failures: unknown[] = [];
   let next = 0;
@@ -143,7 +144,11 @@ async function attachNetworks(
       while (next < rows.length && failures.length === 0) {
         const row = rows[next++] as SandboxRow;
         try {
-          nics.set(row.id, await ctx.networks.attach(row.id, spawn.network, spawn.snapshotNic));
+          if (!run.prestarted.has(row.id)) {
+            nics.set(row.id, await ctx.networks.attach(row.id, spawn.network, spawn.snapshotNic));
+          } else if (spawn.network !== "none" && spawn.snapshotNic) {
+            await ctx.networks.claim(row.id, spawn.network);
+          }
         } catch (err) {
           failures.push(err);
         }

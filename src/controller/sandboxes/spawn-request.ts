@@ -63,8 +63,8 @@ export interface ResolvedSpawn {
   network: EgressPolicy | "none";
   limits: SandboxLimits;
   /**
-   * Whether prestarted VMs may serve it: a pooled VM has a private NIC (or none) and maps the snapshot's disk
-   * image, so not for a sandbox network or live_fork.
+   * Whether prestarted VMs may serve it: a pooled VM maps the snapshot's disk image, so not for live_fork (a pool
+   * serves a spawn with a network of its own only with VMs that have one prepared: warm-pool.ts).
    */
   poolable: boolean;
   shared: SharedColumns;
@@ -150,7 +150,7 @@ export async function resolveSpawn(ctx: SpawnRequestContext, request: SpawnReque
     const networkKind = !snapshotNic ? "none" : network === "none" ? "private" : "netns";
     const shared = sharedColumns(request, settings, snapshot, { limits, networkKind });
     const liveFork = request.liveFork === true;
-    const poolable = networkKind !== "netns" && !liveFork;
+    const poolable = !liveFork;
     const { tag, n, timeoutMs } = settings;
     return {
       tag,

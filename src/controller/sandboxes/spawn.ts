@@ -29,7 +29,10 @@ export class Spawner {
     const { ctx } = this;
     const spawn = await resolveSpawn(ctx, request);
     // Taken synchronously, before the first await below, so concurrent spawns never share one.
-    const pooled = spawn.poolable ? ctx.warmPool.take(spawn.tag, spawn.n, spawn.limits) : undefined;
+    const networked = spawn.shared.network === "netns";
+    const pooled = spawn.poolable
+      ? ctx.warmPool.take(spawn.tag, spawn.n, spawn.limits, networked)
+      : undefined;
     const pooledIds = (pooled?.children ?? []).map((child) => child.id);
     const rows = spawnRows(spawn, pooledIds, { runDir: ctx.paths.run, cgroups: ctx.cgroups });
     return startChildren(ctx, spawn, rows, { policy, pooled, transientFor });

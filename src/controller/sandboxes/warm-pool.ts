@@ -15,6 +15,14 @@
  * that sandbox's), under the limits a spawn of its snapshot gets by default, and confined like any sandbox: it
  * never runs unlimited. A spawn that asks for other limits is not served from the pool (it starts cold).
  * Cgroups a crashed daemon left behind are swept at its restart (they hold no process: the VM died with it).
+ *
+ * On a daemon whose sandboxes get networks of their own (netns mode), a pooled VM of a snapshot with a NIC starts
+ * in a network prepared for it (SandboxNetworks.prepare: its namespace, veth and rules under its id, recorded
+ * before they are made, egress denied); a spawn with a network of its own takes it and gives it its policy in
+ * one nft transaction (SandboxNetworks.claim). A spawn with network "none" is not served by such a pool, nor a
+ * spawn with a network by a pool without. A pooled VM's network goes with it (drain, close, a failed start, a VM
+ * that died); one a crashed daemon left is removed at its restart (a network record of no sandbox) and by
+ * `forkd teardown`.
  */
 import { rm } from "node:fs/promises";
 import path from "node:path";
@@ -34,6 +42,7 @@ import type { VmHandle } from "../../vmm/launch.js";
 import { newSandboxId } from "../machines/ids.js";
 import { prepareRestore, type RestorePlan } from "../machines/restore-plan.js";
 import { launchChild, type PrestartedChild, Sandbox } from "../machines/sandbox-vm.js";
+import type { NicAttachment, SandboxNetworks } from "../networks/sandbox-networks.js";
 import { cgroupLimits, NO_LIMITS, type SandboxLimits } from "./limits.js";
 
 /** Upper bound of one snapshot's pool: each VM holds QEMU's own memory (~10-15 MiB before it runs). */
@@ -63,11 +72,18 @@ export interface WarmPoolOptions {
   cgroups?: CgroupLayout | null;
   /** The limits a spawn of `snapshot` gets when it asks for none: what pooled VMs start under. */
   defaultLimits?: (snapshot: StoredSnapshot) => SandboxLimits;
+  /** The daemon's sandbox networks: in netns mode, pooled VMs with a NIC get one prepared (absent: none do). */
+  networks?: PoolNetworks;
 }
+
+/** What the pool uses of the daemon's sandbox networks (and a discarded pooled VM of a spawn). */
+export type PoolNetworks = Pick<SandboxNetworks, "mode" | "prepare" | "detach">;
 
 interface PooledChild extends PrestartedChild {
   /** Its limits (JSON): a spawn takes it only if they are the spawn's. */
   limits: string;
+  /** Whether it has a network of its own (prepared): it serves only spawns that have one, and they only it. */
+  networked: boolean;
   release(): void;
 }
 
@@ -175,6 +191,8 @@ export class WarmPool {
     tag: string,
     n: number,
     limits: SandboxLimits,
+    /** Whether the spawn's sandboxes have networks of their own (netns). */
+    networked = false,
   ): { plan: RestorePlan; children: PrestartedChild[] } | undefined {
     const pool = this.pools.get(tag);
     if (!pool || pool.closed || pool.ready.length === 0 || !pool.plan) return undefined;
@@ -182,6 +200,7 @@ export class WarmPool {
     if (!plan) return undefined;
     // Pooled VMs run under their snapshot's default limits; a spawn asking for others starts cold.
     if (pool.ready[0]?.limits !== JSON.stringify(limits)) return undefined;
+    if (pool.ready[0]?.networked !== networked) return undefined;
     const taken = pool.ready.splice(0, n);
     pool.taken += taken.length;
     for (const child of taken) child.release();
@@ -239,7 +258,7 @@ export class WarmPool {
     pool.wake?.();
     clearTimeout(pool.idleTimer);
     const ready = pool.ready.splice(0);
-    await Promise.all(ready.map((child) => discard(child)));
+    await Promise.all(ready.map((child) => this.discard(child)));
     // VMs still starting are discarded by their refill once it sees `closed`; the plan goes with the last.
     if (pool.starting === 0) await disposePlan(pool);
   }
@@ -264,10 +283,24 @@ export class WarmPool {
     return this.options.defaultLimits?.(plan.snapshot) ?? { ...NO_LIMITS };
   }
 
+  /** A network of its own for a pooled VM of `plan` (netns mode, a snapshot with a NIC); else none. */
+  private async prepareNetwork(id: string, plan: RestorePlan): Promise<NicAttachment | undefined> {
+    const { networks } = this.options;
+    const nic = plan.snapshot.manifest.machine.nic;
+    if (networks?.mode !== "netns" || !nic) return undefined;
+    return networks.prepare(id, nic);
+  }
+
+  private discard(child: PooledChild): Promise<void> {
+    child.release();
+    return discardPrestarted(child, this.options.networks);
+  }
+
   private async startOne(tag: string, pool: SnapshotPool): Promise<void> {
     let reservation: { release(): void } | undefined;
     let cgroups: string[] = [];
     let launched: VmHandle | undefined;
+    let networkOf: string | undefined;
     try {
       reservation = this.options.admit?.();
       pool.plan ??= trackPlan(prepareRestore(this.paths, tag));
@@ -286,9 +319,12 @@ export class WarmPool {
       // A refill after a take runs beside the sandboxes that took: it gets only CPU they leave (a spawn's take
       // gives its VM the normal weight back). The first fill, before any spawn, runs at the normal weight.
       if (layout && pool.taken > 0) await setCpuWeight(layout, id, "background");
+      networkOf = id;
+      const nic = await this.prepareNetwork(id, plan);
       const { vm } = await launchChild(plan, {
         runDir,
         deferred: true,
+        nic,
         confinement: this.options.confinement,
         cgroups: cgroups.length > 0 ? cgroups : undefined,
         diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
@@ -307,10 +343,11 @@ export class WarmPool {
         cgroups,
         restored,
         limits: JSON.stringify(limits),
+        networked: nic !== undefined,
         release: once(() => reservation?.release()),
       };
       if (pool.closed) {
-        await discard(child);
+        await this.discard(child);
         return;
       }
       pool.ready.push(child);
@@ -319,13 +356,14 @@ export class WarmPool {
         const at = pool.ready.indexOf(child);
         if (at < 0) return;
         pool.ready.splice(at, 1);
-        void discard(child).then(() => this.refill(tag));
+        void this.discard(child).then(() => this.refill(tag));
       });
     } catch (err) {
       reservation?.release();
       // A VM that started but never became ready goes, and then its cgroups.
       await launched?.kill({ graceMs: 0 }).catch(() => {});
       await removeCgroups(cgroups).catch(() => {});
+      if (networkOf !== undefined) await this.options.networks?.detach(networkOf).catch(() => {});
       if (pool.plan && !settledPlans.has(pool.plan)) pool.plan = undefined;
       this.options.log?.warn({ tag, err: errorMessage(err) }, "warm pool: could not start a VM");
       if (!pool.closed) {
@@ -360,17 +398,19 @@ async function disposePlan(pool: SnapshotPool): Promise<void> {
   await plan?.then((p) => p.dispose()).catch(() => {});
 }
 
-/** Kills a prestarted VM that was taken but will not become a sandbox, and removes its run directory. */
-export async function discardPrestarted(child: PrestartedChild): Promise<void> {
+/**
+ * Kills a prestarted VM that will not become a sandbox, and removes its run directory, its cgroups and the
+ * network prepared for it (a no-op without one).
+ */
+export async function discardPrestarted(
+  child: PrestartedChild,
+  networks: Pick<SandboxNetworks, "detach"> | undefined,
+): Promise<void> {
   await child.restored?.destroy();
   await child.vm.kill({ graceMs: 0 }).catch(() => {});
   await rm(child.runDir, { recursive: true, force: true });
   await removeCgroups(child.cgroups).catch(() => {});
-}
-
-async function discard(child: PooledChild): Promise<void> {
-  child.release();
-  await discardPrestarted(child);
+  await networks?.detach(child.id).catch(() => {});
 }
 
 function once(fn: () => void): () => void {
