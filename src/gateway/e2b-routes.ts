@@ -171,8 +171,10 @@ async function resolveTemplate(
   name: string,
   tenant: string | null,
 ): Promise<{ target: SnapshotTarget; templateID: string }> {
+  // E2B's default names are not asked of the nodes (every create would pay a round trip to each).
+  const ask = !E2B_DEFAULT_TEMPLATES.has(name);
   try {
-    return { target: await context.placer.resolve(name, tenant), templateID: name };
+    return { target: await context.placer.resolve(name, tenant, { ask }), templateID: name };
   } catch (err) {
     if (!E2B_DEFAULT_TEMPLATES.has(name)) {
       if (err instanceof ForkdError && err.code === "not_found")

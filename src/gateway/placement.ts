@@ -62,13 +62,18 @@ export class Placer {
   /**
    * The snapshot a spawn names: a ForkdSnapshot by name or alias, else a tag the directory says some node holds,
    * else a tag a node answers for when asked (a BRANCH made a moment ago: its node's stream reports snapshots
-   * only every few seconds, and another replica may have made it), else not_found.
+   * only every few seconds, and another replica may have made it), else not_found. `ask: false` skips the
+   * question (a name that usually means something else).
    */
-  async resolve(name: string, tenant: string | null): Promise<SnapshotTarget> {
+  async resolve(
+    name: string,
+    tenant: string | null,
+    options: { ask?: boolean } = {},
+  ): Promise<SnapshotTarget> {
     const snapshot = this.view.snapshot(name);
     if (snapshot) return { kind: "cluster", tag: snapshot.name, snapshot };
     let nodes = this.directory.snapshotPlaces(name).map((p) => p.node);
-    if (nodes.length === 0) nodes = await this.askHolders(name, tenant);
+    if (nodes.length === 0 && options.ask !== false) nodes = await this.askHolders(name, tenant);
     if (nodes.length > 0) return { kind: "local", tag: name, nodes };
     throw notFound(`snapshot ${JSON.stringify(name)} not found in the cluster`);
   }

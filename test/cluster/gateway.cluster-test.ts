@@ -63,8 +63,14 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
   const alive: string[] = [];
 
   const tenant = (name: string) => new Controller({ url: state.url, token: state.tokens.tenants[name] });
-  const spawn = async (c: Controller, tag: string, count = 1): Promise<Spawned[]> => {
-    const kids = (await c.spawnSandboxes({ snapshotTag: tag, n: count })) as unknown as Spawned[];
+  const spawn = async (
+    c: Controller,
+    tag: string,
+    count = 1,
+    requestTimeoutMs?: number,
+  ): Promise<Spawned[]> => {
+    const options = requestTimeoutMs === undefined ? {} : { requestTimeoutMs };
+    const kids = (await c.spawnSandboxes({ snapshotTag: tag, n: count, ...options })) as unknown as Spawned[];
     alive.push(...kids.map((k) => k.id));
     return kids;
   };
@@ -378,8 +384,9 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
       const [pulled] = await waitFor(
         "the gateway to see the cordon and the ForkdSnapshot",
         30_000,
+        // A spawn that pulls the chain first (14 s quiet, minutes under load): beyond the SDK's 60 s default.
         async () =>
-          spawn(admin, "branched").catch((err: Error) =>
+          spawn(admin, "branched", 1, 5 * 60_000).catch((err: Error) =>
             /not found|unschedulable|no node/i.test(err.message) ? undefined : Promise.reject(err),
           ),
       );
