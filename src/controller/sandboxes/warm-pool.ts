@@ -296,6 +296,22 @@ export class WarmPool {
     return discardPrestarted(child, this.options.networks);
   }
 
+  /** A ready VM joins its pool (or goes, if the pool closed meanwhile); one that dies later leaves it. */
+  private async addReady(tag: string, pool: SnapshotPool, child: PooledChild): Promise<void> {
+    if (pool.closed) {
+      await this.discard(child);
+      return;
+    }
+    pool.ready.push(child);
+    // A pooled VM that dies (killed from outside, out of memory) leaves the pool.
+    void child.vm.exited.then(() => {
+      const at = pool.ready.indexOf(child);
+      if (at < 0) return;
+      pool.ready.splice(at, 1);
+      void this.discard(child).then(() => this.refill(tag));
+    });
+  }
+
   private async startOne(tag: string, pool: SnapshotPool): Promise<void> {
     let reservation: { release(): void } | undefined;
     let cgroups: string[] = [];
@@ -346,18 +362,7 @@ export class WarmPool {
         networked: nic !== undefined,
         release: once(() => reservation?.release()),
       };
-      if (pool.closed) {
-        await this.discard(child);
-        return;
-      }
-      pool.ready.push(child);
-      // A pooled VM that dies (killed from outside, out of memory) leaves the pool.
-      void vm.exited.then(() => {
-        const at = pool.ready.indexOf(child);
-        if (at < 0) return;
-        pool.ready.splice(at, 1);
-        void this.discard(child).then(() => this.refill(tag));
-      });
+      await this.addReady(tag, pool, child);
     } catch (err) {
       reservation?.release();
       // A VM that started but never became ready goes, and then its cgroups.
