@@ -7,6 +7,8 @@
  * forkd refuses around it answered in E2B's error shape.
  */
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { Sandbox, SandboxError } from "@e2b/code-interpreter";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
@@ -185,5 +187,38 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
     await assert.rejects(resumed.pause(), (err: unknown) => err instanceof SandboxError);
     assert.equal((await Sandbox.getInfo(id)).state, "running");
     assert.equal(await resumed.kill(), true);
+  });
+
+  it("onTimeout {action: 'pause', keepMemory: false} pauses without memory; no request wakes it", async () => {
+    const refused = await fetch(`${daemon.tcpUrl}/v2/sandboxes`, {
+      method: "POST",
+      headers: { "x-api-key": daemon.token, "content-type": "application/json" },
+      body: JSON.stringify({
+        templateID: "base",
+        autoPause: true,
+        autoPauseMemory: false,
+        autoResume: { enabled: true },
+      }),
+    });
+    assert.equal(
+      refused.status,
+      400,
+      "autoResume cannot wake a filesystem-only pause (the SDK refuses it too)",
+    );
+    assert.equal(((await refused.json()) as { code: number }).code, 400);
+    const sbx = await Sandbox.create({
+      timeoutMs: 4_000,
+      lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
+    });
+    await waitFor("the lifetime's end to pause it", 120_000, async () =>
+      (await Sandbox.getInfo(sbx.sandboxId)).state === "paused" ? true : undefined,
+    );
+    const kept = path.join(daemon.home, "kept-disks", sbx.sandboxId, "disk.qcow2");
+    assert.ok(existsSync(kept), "its disk is kept");
+    // Only an explicit connect resumes it (a cold boot, the case above): a data-plane call does not.
+    await assert.rejects(sbx.commands.run("echo awake", { requestTimeoutMs: 30_000 }));
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "paused");
+    assert.equal(await Sandbox.kill(sbx.sandboxId), true);
+    assert.equal(existsSync(path.dirname(kept)), false, "a kill removes the kept disk");
   });
 });

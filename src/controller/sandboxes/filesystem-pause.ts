@@ -5,7 +5,7 @@
  * pause). Processes and memory are not kept: the resume cold-boots the sandbox on this disk
  * (pause-resume.ts sequences both; machines/sandbox-vm.ts boots it).
  */
-import { link, lchown, mkdir, open, rename, rm, stat } from "node:fs/promises";
+import { lchown, link, mkdir, open, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { crashPoint } from "../../common/crash-points.js";
 import { errorMessage, ForkdError } from "../../common/errors.js";

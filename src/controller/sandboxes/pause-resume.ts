@@ -17,8 +17,8 @@ import {
   sandboxCgroupDirs,
 } from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
-import type { SandboxRow, StateDb } from "../../store/db.js";
 import { resolveChain } from "../../store/chain.js";
+import type { SandboxRow, StateDb } from "../../store/db.js";
 import type { StoredSnapshot } from "../../store/snapshot-store.js";
 import { prepareRestore, type RestorePlan, trustPauseLayer } from "../machines/restore-plan.js";
 import { Sandbox } from "../machines/sandbox-vm.js";
@@ -27,9 +27,6 @@ import type { PauseOutcome, PauseRequest, ResumeRequest, SandboxInfo } from "../
 import type { Brancher } from "../snapshots/branch.js";
 import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import type { Admission } from "./admission.js";
-import type { KeyedLock } from "./keyed-lock.js";
-import { cgroupDirsOf, cgroupLimits, parseLimits } from "./limits.js";
-import type { Live, LiveSandboxes } from "./live-sandboxes.js";
 import {
   COLD_BOOTED_REASON,
   FILESYSTEM_PAUSE_MARK,
@@ -38,6 +35,9 @@ import {
   keptDiskPath,
   removeKeptDisk,
 } from "./filesystem-pause.js";
+import type { KeyedLock } from "./keyed-lock.js";
+import { cgroupDirsOf, cgroupLimits, parseLimits } from "./limits.js";
+import type { Live, LiveSandboxes } from "./live-sandboxes.js";
 import { pauseLayerTag, writePauseLayer } from "./pause-layer.js";
 import { keptRowUpdate, pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
 import type { SnapshotCollection } from "./snapshot-collection.js";
@@ -100,7 +100,8 @@ export class PauseResume {
     if (row.status === "paused") throw conflict(`sandbox ${id} is already paused`);
     const running = live.running(id);
     if (request.memory === false) return this.pauseWithoutMemory(row, running, request);
-    if (row.cold_booted === 1) throw conflict(`sandbox ${id} cannot be paused with memory: ${COLD_BOOTED_REASON}`);
+    if (row.cold_booted === 1)
+      throw conflict(`sandbox ${id} cannot be paused with memory: ${COLD_BOOTED_REASON}`);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be paused: ${row.branch_blocked}`);
     // A live BRANCH still writing its snapshot: the sandbox's disk already builds on it.
     await this.ctx.brancher.settled(id);
@@ -333,7 +334,11 @@ export class PauseResume {
   }
 
   /** A filesystem-only pause's resume: a cold boot on the kept disk, under its id, network, limits and tokens. */
-  private async resumeByColdBoot(row: SandboxRow, keptDisk: string, request: ResumeRequest): Promise<SandboxInfo> {
+  private async resumeByColdBoot(
+    row: SandboxRow,
+    keptDisk: string,
+    request: ResumeRequest,
+  ): Promise<SandboxInfo> {
     const { db } = this.ctx;
     const { id } = row;
     const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;

@@ -112,7 +112,9 @@ function validateSpawnSettings(request: SpawnRequest, defaultTimeoutMs: number):
     throw invalidArgument('auto_resume needs on_timeout "pause" (only a paused sandbox can be resumed)');
   }
   if (request.autoPauseMemory === false && request.autoResume === true) {
-    throw invalidArgument("auto_resume cannot resume a sandbox paused without memory (autoPauseMemory false)");
+    throw invalidArgument(
+      "auto_resume cannot resume a sandbox paused without memory (autoPauseMemory false)",
+    );
   }
   const inbound = JSON.stringify(validateInbound(request.inbound));
   return { tag, n, timeoutMs, metadata, envVars, onTimeout, inbound };
