@@ -4,7 +4,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { closeSync, openSync } from "node:fs";
-import { copyFile, link, mkdir, open, readFile, rm } from "node:fs/promises";
+import { copyFile, lchown, link, mkdir, open, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../../agent/host/client.js";
 import { deadlineSignal } from "../../common/deadline.js";
@@ -450,6 +450,7 @@ async function coldBootVm(paths: ForkdPaths, options: ColdBootOptions): Promise<
   try {
     await mkdir(runDir, { recursive: true, mode: 0o700 });
     const disk = path.join(runDir, RUN_FILES.disk);
+    await reclaim(options.disk);
     await link(options.disk, disk);
     const memoryFile = path.join(runDir, COLD_BOOT_MEMORY_FILE);
     const ram = await open(memoryFile, "wx", 0o600);
@@ -507,6 +508,18 @@ async function coldBootVm(paths: ForkdPaths, options: ColdBootOptions): Promise<
   } finally {
     deadline.dispose();
   }
+}
+
+/**
+ * A kept disk a cold boot killed midway handed to its VM's uid (the launcher hands a VM its files): it is the
+ * daemon's again before the next VM gets it (the launcher refuses a file not its caller's).
+ */
+async function reclaim(file: string): Promise<void> {
+  const uid = process.getuid?.();
+  const gid = process.getgid?.();
+  if (uid === undefined || gid === undefined) return;
+  const owner = await stat(file);
+  if (owner.uid !== uid || owner.gid !== gid) await lchown(file, uid, gid);
 }
 
 interface ColdBooted {
