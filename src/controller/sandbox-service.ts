@@ -291,6 +291,11 @@ export interface PauseRequest {
 export interface ResumeRequest {
   /** The lifetime from now, in ms (0 = none); default: the one it had. */
   timeoutMs?: number;
+  /**
+   * What the caller expects of its memory (E2B's memory): true refuses a sandbox paused without memory (it can
+   * only cold-boot), false one paused with it (forkd does not cold-boot those); checked under its lock.
+   */
+  memory?: boolean;
   signal?: AbortSignal;
 }
 

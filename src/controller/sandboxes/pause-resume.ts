@@ -294,6 +294,7 @@ export class PauseResume {
     const row = this.ctx.live.row(id);
     if (row.status === "running") throw conflict(`sandbox ${id} is already running`);
     if (row.status !== "paused") throw conflict(`sandbox ${id} is ${row.status}, not paused`);
+    checkResumeMemory(row, request.memory);
     if (row.kept_disk !== null) return this.resumeByColdBoot(row, row.kept_disk, request);
     const tag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
     if (!tag) throw new ForkdError("internal", `paused sandbox ${id} has no pause layer recorded`);
@@ -441,4 +442,25 @@ export class PauseResume {
 
 function round1(n: number): number {
   return Math.round(n * 10) / 10;
+}
+
+/**
+ * A resume asking for memory (E2B's memory: true) of a sandbox paused without it is 400: it can only cold-boot.
+ * One asking for a cold boot (false) of a sandbox paused with memory is 501: its disk was not synced by the guest
+ * when it paused, so a cold boot of it could miss the latest writes.
+ */
+function checkResumeMemory(row: SandboxRow, memory: boolean | undefined): void {
+  if (row.kept_disk !== null && memory === true) {
+    throw invalidArgument(
+      `sandbox ${row.id} was paused with memory: false (filesystem only): it has no memory to restore and ` +
+        "resumes by a cold boot; omit memory or send false",
+    );
+  }
+  if (row.kept_disk === null && memory === false) {
+    throw new ForkdError(
+      "not_implemented",
+      `sandbox ${row.id} was paused with its memory: resuming it by a cold boot (memory: false, onResume ` +
+        "'reboot') is not supported by forkd; omit memory to restore it as it was, or pause with memory: false",
+    );
+  }
 }

@@ -81,27 +81,6 @@ function sandboxIn(services: Services, id: string, states: readonly E2bState[]):
   return info;
 }
 
-/**
- * What a resume of a paused sandbox may ask with `memory`: one paused without memory resumes only by a cold boot
- * (omitted or false; true is 400); one paused with memory resumes with it (false, a reboot from its disk, is 501:
- * its disk was not synced by the guest when it paused, so a cold boot of it could miss the latest writes).
- */
-function checkResumeMemory(info: SandboxInfo, memory: boolean | undefined): void {
-  if (info.paused_without_memory && memory === true) {
-    throw new ForkdError(
-      "invalid_argument",
-      `sandbox ${info.id} was paused with memory: false (filesystem only): it has no memory to restore and resumes ` +
-        "by a cold boot; omit memory or send false",
-    );
-  }
-  if (!info.paused_without_memory && memory === false) {
-    throw notBuilt(
-      `sandbox ${info.id} was paused with its memory: resuming it by a cold boot (memory: false, onResume ` +
-        "'reboot') is not supported by forkd; omit memory to restore it as it was, or pause with memory: false",
-    );
-  }
-}
-
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);
 
 /** How long a pause with requireHealthyGuest waits for the guest agent's answer. */
@@ -179,14 +158,13 @@ function toSandbox(context: E2bContext, request: FastifyRequest, info: SandboxIn
 async function resumeOrJoin(
   { sandboxes }: Services,
   id: string,
-  timeoutMs: number,
-  signal: AbortSignal,
+  request: { timeoutMs: number; memory: boolean | undefined; signal: AbortSignal },
 ): Promise<SandboxInfo> {
   try {
-    return await sandboxes.resume(id, { timeoutMs, signal });
+    return await sandboxes.resume(id, request);
   } catch (err) {
     if (err instanceof ForkdError && err.code === "conflict" && sandboxes.get(id).status === "running") {
-      return sandboxes.extendTimeout(id, timeoutMs);
+      return sandboxes.extendTimeout(id, request.timeoutMs);
     }
     throw err;
   }
@@ -364,8 +342,11 @@ async function connectSandbox(
   const info = knownSandbox(services, id);
   const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
   if (e2bState(info) === "paused") {
-    checkResumeMemory(info, request.body?.memory);
-    const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+    const resumed = await resumeOrJoin(services, id, {
+      timeoutMs: seconds * 1000,
+      memory: request.body?.memory,
+      signal: clientSignal(request, reply),
+    });
     return reply.status(201).send(toSandbox(context, request, resumed));
   }
   return reply
@@ -414,9 +395,12 @@ async function resumeSandbox(context: E2bContext, request: FastifyRequest<Resume
   const services = servicesOf(request);
   const info = knownSandbox(services, id);
   if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
-  checkResumeMemory(info, request.body?.memory);
   const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
-  const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+  const resumed = await resumeOrJoin(services, id, {
+    timeoutMs: seconds * 1000,
+    memory: request.body?.memory,
+    signal: clientSignal(request, reply),
+  });
   return reply.status(201).send(toSandbox(context, request, resumed));
 }
 

@@ -349,3 +349,32 @@ async def test_filesystem_pause_resumes_by_a_cold_boot():
         assert resumed.is_running() is True
     finally:
         Sandbox.kill(sandbox_id)
+    # The end of a lifetime with on_timeout mode "filesystem" pauses it so (autoPauseMemory false on the wire).
+    timed = Sandbox.create(
+        timeout=4,
+        lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+        metadata={"suite": SUITE, "run": RUN, "api": "fs-autopause"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while Sandbox.get_info(timed.sandbox_id).state.value != "paused":
+            assert time.monotonic() < deadline, "the lifetime's end did not pause it"
+            time.sleep(0.5)
+        # Paused without memory: asking to restore its memory is E2B's 400 (a memory pause would resume).
+        request = urllib.request.Request(
+            f"{os.environ['E2B_API_URL']}/sandboxes/{timed.sandbox_id}/resume",
+            data=b'{"memory": true}',
+            method="POST",
+            headers={"X-API-KEY": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+        )
+        # E2B's "paused" includes a pause still in progress (409 then): asked again until it has finished.
+        while True:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=60)
+            if refused.value.code != 409 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert refused.value.code == 400
+        assert "paused with memory: false" in refused.value.read().decode()
+    finally:
+        assert Sandbox.kill(timed.sandbox_id) is True
