@@ -92,6 +92,13 @@ export interface SandboxInfo {
   on_timeout: OnTimeout;
   /** A data-plane request to it while paused resumes it (E2B's autoResume); the forkd API never does. */
   auto_resume: boolean;
+  /**
+   * Paused without memory (a filesystem-only pause, E2B's memory: false): only its disk is kept, and a resume
+   * cold-boots it. Never auto-resumed.
+   */
+  paused_without_memory: boolean;
+  /** It runs from such a cold boot: its RAM is no snapshot's, so it cannot be paused with memory, forked or branched. */
+  cold_booted: boolean;
   /** The snapshot layer holding its paused state (kept while it runs again: its disk builds on it), or null. */
   pause_tag: string | null;
   /** When it was paused (unix ms), while paused; else null. */
@@ -242,6 +249,8 @@ export interface SpawnRequest extends LimitsRequest {
   onTimeout?: OnTimeout;
   /** A data-plane request to it while paused resumes it (E2B's autoResume); needs onTimeout "pause". */
   autoResume?: boolean;
+  /** false: the end of its lifetime pauses it without memory (a filesystem-only pause; E2B's autoPauseMemory). */
+  autoPauseMemory?: boolean;
   /** How its ports are reached; default: public, the request's own Host, plain HTTP (E2B's defaults). */
   inbound?: Partial<InboundSettings>;
   /** The tenant the sandboxes belong to (tenancy/tenant-view.ts sets it); absent: an admin's. */
@@ -252,7 +261,7 @@ export interface SpawnRequest extends LimitsRequest {
 /** A pause, as it went. */
 export interface PauseOutcome {
   sandbox: SandboxInfo;
-  /** The layer its state is in. */
+  /** The layer its state is in (for a filesystem-only pause, which keeps only the disk: its kept disk's name). */
   tag: string;
   /** How long the guest was stopped before its state was out of the VM. */
   pause_ms: number;
@@ -271,12 +280,22 @@ export interface PauseOutcome {
 export interface PauseRequest {
   /** "always": write one layer holding everything since its base (merging earlier pause layers). */
   merge?: "auto" | "always";
+  /**
+   * false: a filesystem-only pause (E2B's memory: false): the guest's disk is synced and kept, its processes
+   * and memory are not; a resume cold-boots it on that disk.
+   */
+  memory?: boolean;
   signal?: AbortSignal;
 }
 
 export interface ResumeRequest {
   /** The lifetime from now, in ms (0 = none); default: the one it had. */
   timeoutMs?: number;
+  /**
+   * What the caller expects of its memory (E2B's memory): true refuses a sandbox paused without memory (it can
+   * only cold-boot), false one paused with it (forkd does not cold-boot those); checked under its lock.
+   */
+  memory?: boolean;
   signal?: AbortSignal;
 }
 

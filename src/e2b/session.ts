@@ -128,6 +128,8 @@ export class SandboxSessions {
       return;
     }
     if (!info.auto_resume || !["paused", "pausing", "resuming"].includes(info.status)) return;
+    // E2B's rule: a sandbox paused without memory resumes only by an explicit connect (a cold boot).
+    if (info.paused_without_memory) return;
     if (!this.holdsToken(headers, address.sandboxId, ["envd", "traffic"])) return;
     try {
       await this.#sandboxes.resume(address.sandboxId, { timeoutMs: autoResumeLifetimeMs(info.timeout_ms) });

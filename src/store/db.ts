@@ -80,6 +80,15 @@ export interface SandboxRow {
   inbound: string;
   /** The tenant that owns it (controller/tenancy); null: an admin's, or older than tenants (v8). */
   owner: string | null;
+  /**
+   * The disk a filesystem-only pause kept (E2B's memory: false), while it is paused that way: it has no memory
+   * layer, and resumes by a cold boot on this disk. Null otherwise.
+   */
+  kept_disk: string | null;
+  /** 1 once it runs from a cold boot (a filesystem-only pause's resume): its RAM is no snapshot's. */
+  cold_booted: number;
+  /** 0: the end of its lifetime (on_timeout "pause") pauses it without memory (E2B's autoPauseMemory false). */
+  auto_pause_memory: number;
 }
 
 export type SandboxStatus = "starting" | "running" | "pausing" | "paused" | "resuming" | "stopping" | "dead";
@@ -194,11 +203,11 @@ export class StateDb {
         `INSERT INTO sandboxes (id, snapshot_tag, status, pid, pid_start_time, run_dir, accelerator, created_at_unix,
            expires_at_unix_ms, memory_limit_mib, memory_image, layer_tags, last_branch_tag, branch_blocked, live_fork, cgroup, ready_ms, error,
            metadata, env_vars, access_token, traffic_token, template_alias, network, inbound, pause_tags, pending_pause_tag,
-           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms, limits, owner)
+           memory_tag, timeout_ms, on_timeout, auto_resume, paused_at_unix_ms, limits, owner, kept_disk, cold_booted, auto_pause_memory)
          VALUES (@id, @snapshot_tag, @status, @pid, @pid_start_time, @run_dir, @accelerator, @created_at_unix,
            @expires_at_unix_ms, @memory_limit_mib, @memory_image, @layer_tags, @last_branch_tag, @branch_blocked, @live_fork, @cgroup, @ready_ms, @error,
            @metadata, @env_vars, @access_token, @traffic_token, @template_alias, @network, @inbound, @pause_tags, @pending_pause_tag,
-           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms, @limits, @owner)`,
+           @memory_tag, @timeout_ms, @on_timeout, @auto_resume, @paused_at_unix_ms, @limits, @owner, @kept_disk, @cold_booted, @auto_pause_memory)`,
       )
       .run(row);
   }

@@ -105,6 +105,17 @@ export const MIGRATIONS: readonly Migration[] = [
     CREATE TABLE snapshot_owners (tag TEXT PRIMARY KEY, owner TEXT NOT NULL);
   `);
   },
+  // 9: filesystem-only pauses (E2B's memory: false).
+  (db) => {
+    // kept_disk: the disk a filesystem-only pause kept (set: paused without memory, resumed by a cold boot).
+    // cold_booted: 1 once it runs from such a cold boot (its RAM is no snapshot's). auto_pause_memory: 0 when
+    // the end of its lifetime pauses it without memory.
+    db.exec(`
+    ALTER TABLE sandboxes ADD COLUMN kept_disk TEXT;
+    ALTER TABLE sandboxes ADD COLUMN cold_booted INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
+  `);
+  },
 ];
 
 /**

@@ -142,6 +142,54 @@ describe("pause and resume survive a daemon killed at any step", { timeout: 40 *
     assert.deepEqual(layers, [], "killing it removed its pause layers");
   });
 
+  it("a filesystem-only pause (memory: false) killed at each step: running, or paused with a whole kept disk", async () => {
+    await daemon?.stop();
+    await start("pause.stopped");
+    const spawned = await send((daemon as DaemonProcess).socket, "POST", "/v1/sandboxes", {
+      json: { snapshot_tag: tag, n: 1 },
+    });
+    assert.equal(spawned.status, 201, spawned.text);
+    const id = (spawned.json<Info[]>() as unknown as Info[])[0]?.id as string;
+    // Not synced on purpose: the pause's own sync in the guest must get it to the disk.
+    await exec(id, "echo before-the-pause > /root/fs-kept.txt");
+    const keptDir = path.join(home.home, "kept-disks", id);
+    const expectFs = async (status: "running" | "paused") => {
+      assert.equal((await get(id)).status, status);
+      const qemus = await qemusMentioning(path.join(home.run, id));
+      assert.equal(qemus.length, status === "running" ? 1 : 0, `QEMUs of ${id}: ${qemus}`);
+      const kept = await readdir(keptDir).catch(() => [] as string[]);
+      assert.deepEqual(kept, status === "paused" ? ["disk.qcow2"] : [], "a whole kept disk iff paused");
+    };
+    const pauseCrashes = async () => {
+      const current = daemon as DaemonProcess;
+      await assert.rejects(
+        send(current.socket, "POST", `/v1/sandboxes/${id}/pause`, { json: { memory: false } }),
+        "the daemon died mid-request",
+      );
+      assert.equal((await current.exited).signal, "SIGKILL");
+    };
+    for (const [next, survives] of [
+      ["pause.captured", "running"],
+      ["pause.published", "running"],
+      ["resume.restored", "paused"],
+    ] as const) {
+      await pauseCrashes();
+      await start(next);
+      await expectFs(survives);
+      if (survives === "running") assert.equal(await exec(id, "cat /root/fs-kept.txt"), "before-the-pause\n");
+    }
+    // A cold boot killed once it runs: still paused, its kept disk whole; then one that finishes.
+    await crashes("POST", `/v1/sandboxes/${id}/resume`);
+    await start();
+    await expectFs("paused");
+    const resumed = await send((daemon as DaemonProcess).socket, "POST", `/v1/sandboxes/${id}/resume`);
+    assert.equal(resumed.status, 200, resumed.text);
+    await expectFs("running");
+    assert.equal(await exec(id, "cat /root/fs-kept.txt"), "before-the-pause\n");
+    assert.equal((await send((daemon as DaemonProcess).socket, "DELETE", `/v1/sandboxes/${id}`)).status, 204);
+    assert.deepEqual(await qemusMentioning(home.run), []);
+  });
+
   it("a paused sandbox survives a (simulated) host reboot and resumes with its address", {
     skip: !root && "needs root: sandbox networks",
   }, async () => {

@@ -2,10 +2,13 @@
  * Pause and resume through the unmodified `e2b` and `@e2b/code-interpreter` SDKs against a real forkd daemon
  * with real VMs: pause(), getInfo/list by state, connect() resuming with the interpreter, files, a background
  * command and a pty shell continuing; lifecycle onTimeout 'pause' with autoResume waking on a command and on a
- * WebSocket upgrade to one of its ports (with its token; without one: 502 naming it paused); what
- * forkd refuses (keepMemory: false) refused with the SDK's error.
+ * WebSocket upgrade to one of its ports (with its token; without one: 502 naming it paused); the
+ * filesystem-only pause (keepMemory: false): its files kept, its processes gone, resumed by a cold boot, and what
+ * forkd refuses around it answered in E2B's error shape.
  */
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { Sandbox, SandboxError } from "@e2b/code-interpreter";
 import { startDaemon, type TestDaemon } from "../sdk/daemon-fixture.js";
@@ -102,9 +105,6 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
     await waitFor("the shell's answer", 30_000, async () =>
       after.includes("at:/tmp:still-42") ? true : undefined,
     );
-    // keepMemory: false is E2B's filesystem-only pause, which forkd cannot honour: refused, nothing changed.
-    await assert.rejects(resumed.pause({ keepMemory: false }), (err: unknown) => err instanceof SandboxError);
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "running");
     assert.equal(await resumed.kill(), true);
   });
 
@@ -150,5 +150,75 @@ describe("E2B pause and resume on a real forkd daemon", { timeout: 30 * 60_000 }
     await sbx.pause();
     assert.equal(await Sandbox.kill(sbx.sandboxId), true, "a paused sandbox can be killed");
     assert.equal((await Sandbox.list({ query: { state: ["paused"] } }).nextItems()).length, 0);
+  });
+
+  it("pause({ keepMemory: false }) keeps the files, drops the processes; connect() cold-boots it", async () => {
+    const sbx = await Sandbox.create({ timeoutMs: 600_000, envs: { GREETING: "from-create" } });
+    const id = sbx.sandboxId;
+    await sbx.files.write("/home/user/fs-pause.txt", "written before the pause");
+    const sleeper = await sbx.commands.run("sleep 3600", { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    assert.equal((await Sandbox.getInfo(id)).state, "paused");
+    assert.equal(await sbx.pause({ keepMemory: false }), false, "already paused: 409, the SDK's false");
+    const control = (path: string, body: object) =>
+      fetch(`${daemon.tcpUrl}${path}`, {
+        method: "POST",
+        headers: { "x-api-key": daemon.token, "content-type": "application/json" },
+        body: JSON.stringify(body),
+      });
+    // It has no memory to restore: asking for it is E2B's 400 shape, and changes nothing.
+    const refused = await control(`/sandboxes/${id}/resume`, { memory: true });
+    assert.equal(refused.status, 400);
+    const error = (await refused.json()) as { code: number; message: string };
+    assert.equal(error.code, 400);
+    assert.match(error.message, /paused with memory: false/);
+    const fork = await control(`/sandboxes/${id}/fork`, { count: 1 });
+    assert.equal(fork.status, 409, await fork.clone().text());
+    assert.equal((await Sandbox.getInfo(id)).state, "paused");
+
+    const resumed = await Sandbox.connect(id, { timeoutMs: 300_000, onResume: "reboot" });
+    assert.equal(resumed.sandboxId, id);
+    assert.equal((await Sandbox.getInfo(id)).state, "running");
+    assert.equal(await resumed.files.read("/home/user/fs-pause.txt"), "written before the pause");
+    const pids = (await resumed.commands.list()).map((p) => p.pid);
+    assert.ok(!pids.includes(sleeper.pid), `the process from before the pause is gone (${pids.join(",")})`);
+    assert.equal((await resumed.commands.run("echo $GREETING")).stdout, "from-create\n");
+    // A cold-booted sandbox's memory is no snapshot's: pausing it with memory is refused (501), without works.
+    await assert.rejects(resumed.pause(), (err: unknown) => err instanceof SandboxError);
+    assert.equal((await Sandbox.getInfo(id)).state, "running");
+    assert.equal(await resumed.kill(), true);
+  });
+
+  it("onTimeout {action: 'pause', keepMemory: false} pauses without memory; no request wakes it", async () => {
+    const refused = await fetch(`${daemon.tcpUrl}/v2/sandboxes`, {
+      method: "POST",
+      headers: { "x-api-key": daemon.token, "content-type": "application/json" },
+      body: JSON.stringify({
+        templateID: "base",
+        autoPause: true,
+        autoPauseMemory: false,
+        autoResume: { enabled: true },
+      }),
+    });
+    assert.equal(
+      refused.status,
+      400,
+      "autoResume cannot wake a filesystem-only pause (the SDK refuses it too)",
+    );
+    assert.equal(((await refused.json()) as { code: number }).code, 400);
+    const sbx = await Sandbox.create({
+      timeoutMs: 4_000,
+      lifecycle: { onTimeout: { action: "pause", keepMemory: false } },
+    });
+    const kept = path.join(daemon.home, "kept-disks", sbx.sandboxId, "disk.qcow2");
+    // E2B's "paused" includes a pause in progress: its kept disk is there once it has finished.
+    await waitFor("the lifetime's end to pause it, keeping its disk", 120_000, async () =>
+      (await Sandbox.getInfo(sbx.sandboxId)).state === "paused" && existsSync(kept) ? true : undefined,
+    );
+    // Only an explicit connect resumes it (a cold boot, the case above): a data-plane call does not.
+    await assert.rejects(sbx.commands.run("echo awake", { requestTimeoutMs: 30_000 }));
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, "paused");
+    assert.equal(await Sandbox.kill(sbx.sandboxId), true);
+    assert.equal(existsSync(path.dirname(kept)), false, "a kill removes the kept disk");
   });
 });

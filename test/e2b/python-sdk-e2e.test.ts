@@ -41,6 +41,7 @@ const REPRESENTATIVE = [
   "test_sandbox.py::test_commands",
   "test_sandbox.py::test_files",
   "test_sandbox.py::test_signed_urls_through_the_sandbox_url",
+  "test_sandbox.py::test_filesystem_pause_resumes_by_a_cold_boot",
   "test_code.py::test_values_and_state",
   "test_code.py::test_stdout_and_stderr_stream_per_line",
   "test_code.py::test_display_outputs_and_several_results",
@@ -134,7 +135,7 @@ describe("E2B's Python SDKs on a real forkd daemon", { timeout: 40 * 60_000 }, (
     });
     assert.equal(counts.failures + counts.errors, 0, counts.output);
     // Every chosen test ran, through both APIs where it takes one (a test that no longer exists fails pytest).
-    const expected = chosen !== undefined ? chosen.length : full ? 55 : REPRESENTATIVE.length;
+    const expected = chosen !== undefined ? chosen.length : full ? 56 : REPRESENTATIVE.length;
     assert.ok(
       counts.tests >= expected,
       `${counts.tests} tests ran, expected at least ${expected}:\n${counts.output}`,

@@ -194,6 +194,7 @@ const pauseSchema = {
 async function pauseSandbox(request: FastifyRequest<PauseRoute>, reply: FastifyReply) {
   const outcome = await servicesOf(request).sandboxes.pause(request.params.id, {
     merge: request.body?.merge === true ? "always" : "auto",
+    memory: request.body?.memory,
     signal: clientSignal(request, reply),
   });
   request.auditIds.push(outcome.tag);

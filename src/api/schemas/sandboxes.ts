@@ -358,6 +358,14 @@ export const PauseBody = Type.Object(
           "daemon also merges by itself when they would hold 10% more than what changed, or get 4 deep).",
       }),
     ),
+    memory: Type.Optional(
+      Type.Boolean({
+        description:
+          "false: a filesystem-only pause: the guest's disk is synced and kept, its processes and memory are not; " +
+          "resume cold-boots it on that disk (same id, tokens, network, limits). Such a sandbox cannot then be " +
+          "paused with memory, branched or forked (409).",
+      }),
+    ),
   },
   { additionalProperties: false },
 );

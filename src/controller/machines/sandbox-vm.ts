@@ -4,7 +4,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { closeSync, openSync } from "node:fs";
-import { copyFile, mkdir, readFile, rm } from "node:fs/promises";
+import { copyFile, lchown, link, mkdir, open, readFile, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { AgentClient } from "../../agent/host/client.js";
 import { deadlineSignal } from "../../common/deadline.js";
@@ -12,6 +12,7 @@ import { errorMessage, ForkdError } from "../../common/errors.js";
 import type { ForkdPaths } from "../../common/paths.js";
 import { type ConfinementConfig, resolveConfinement } from "../../isolation/confinement.js";
 import { readLayerIndex } from "../../store/memory-layer.js";
+import type { StoredSnapshot } from "../../store/snapshot-store.js";
 import type { ConsoleLog } from "../../vmm/console-log.js";
 import { type GuestRamMapping, writePagesFromFile } from "../../vmm/guest-memory.js";
 import { startIncoming } from "../../vmm/incoming.js";
@@ -21,7 +22,7 @@ import { DEVICE_STATE_FD } from "../../vmm/qemu-args.js";
 import type { QmpClient } from "../../vmm/qmp.js";
 import type { FileOwner } from "../../vmm/unix-listener.js";
 import { type NicAttachment, privateNic } from "../networks/sandbox-networks.js";
-import { raceExit } from "./boot.js";
+import { BOOT_TIMEOUT_MS, raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
@@ -305,6 +306,22 @@ export class Sandbox implements SandboxHandle {
     }
   }
 
+  /** See coldBootVm: a filesystem-only pause's resume. */
+  static async coldBoot(paths: ForkdPaths, options: ColdBootOptions): Promise<Sandbox> {
+    const booted = await coldBootVm(paths, options);
+    return new Sandbox(
+      options.id,
+      options.snapshot.tag,
+      booted.memoryImage,
+      booted.runDir,
+      booted.vm,
+      booted.agent,
+      booted.owner,
+      Math.floor(Date.now() / 1000),
+      booted.readyMs,
+    );
+  }
+
   /** Kills the VM and removes everything it had on the host. Idempotent; safe to call concurrently. */
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
@@ -405,3 +422,114 @@ async function writeLayerPages(mapping: GuestRamMapping, layers: readonly string
     }
   }
 }
+
+export interface ColdBootOptions extends Omit<RestoreOptions, "prestarted" | "readyTimeoutMs"> {
+  id: string;
+  /** The snapshot the disk reads through to (its manifest names the image and machine), and its chain. */
+  snapshot: StoredSnapshot;
+  chain: readonly StoredSnapshot[];
+  /** The disk a filesystem-only pause kept: linked into the run directory, written by the VM from now on. */
+  disk: string;
+}
+
+/**
+ * A sandbox booted afresh (no memory restored) from its snapshot's kernel and machine on its own kept disk,
+ * under its id: a filesystem-only pause's resume. Its RAM is a new shared file of its own. On failure nothing of
+ * the attempt is left but the kept disk (what the failed boot wrote to it is a crashed boot's, as after a crash).
+ */
+async function coldBootVm(paths: ForkdPaths, options: ColdBootOptions): Promise<ColdBooted> {
+  const started = performance.now();
+  const { id, snapshot } = options;
+  const { manifest } = snapshot;
+  const runDir = path.join(paths.run, id);
+  const timeoutMs = BOOT_TIMEOUT_MS[manifest.machine.accel];
+  const deadline = deadlineSignal(timeoutMs, options.signal);
+  const { signal } = deadline;
+  let vm: VmHandle | undefined;
+  let agent: AgentClient | undefined;
+  try {
+    await mkdir(runDir, { recursive: true, mode: 0o700 });
+    const disk = path.join(runDir, RUN_FILES.disk);
+    await reclaim(options.disk);
+    await link(options.disk, disk);
+    const memoryFile = path.join(runDir, COLD_BOOT_MEMORY_FILE);
+    const ram = await open(memoryFile, "wx", 0o600);
+    await ram.truncate(manifest.machine.memoryMiB * 2 ** 20).finally(() => ram.close());
+    const confinement = options.confinement ?? (await resolveConfinement());
+    const snapshotNic = manifest.machine.nic;
+    const nic = snapshotNic ? (options.nic ?? (await privateNic(snapshotNic.vnetHdr))) : undefined;
+    const spec = confineSpec(
+      confinement,
+      childSpec(manifest, { runDir, memoryFile, shared: true, disk, nicBackend: nic?.backend }),
+    );
+    const start = vmStart(confinement, {
+      spec,
+      runDir,
+      readOnly: await chainDiskFiles(options.chain),
+      nic,
+      cgroups: options.cgroups,
+      fileSizeLimitBytes: options.diskLimitBytes,
+      dieWithParent: options.outliveHost !== true,
+    });
+    vm = await launchVm(spec, {
+      runDir,
+      signal,
+      outliveHost: options.outliveHost,
+      consoleLog: { maxBytes: options.consoleLogBytes },
+      ...start,
+    });
+    const launched = vm;
+    await options.onSpawned?.(launched.pid);
+    agent = new AgentClient(await raceExit(launched, launched.agentConnection, `sandbox ${id}`), {
+      callTimeoutMs: CHILD_READY_TIMEOUT_MS[manifest.machine.accel],
+    });
+    await raceExit(launched, agent.waitHello({ signal }), `sandbox ${id}: cold boot`);
+    await fixUp(launched, agent, id, signal);
+    signal.throwIfAborted();
+    return {
+      memoryImage: memoryFile,
+      runDir,
+      vm: launched,
+      agent,
+      owner: vmOwner(confinement, launched.pid),
+      readyMs: performance.now() - started,
+    };
+  } catch (err) {
+    agent?.close();
+    throw await restoreFailed(err, {
+      vm,
+      runDir,
+      id,
+      snapshotTag: snapshot.tag,
+      readyTimeoutMs: timeoutMs,
+      signal,
+      options,
+    });
+  } finally {
+    deadline.dispose();
+  }
+}
+
+/**
+ * A kept disk a cold boot killed midway handed to its VM's uid (the launcher hands a VM its files): it is the
+ * daemon's again before the next VM gets it (the launcher refuses a file not its caller's).
+ */
+async function reclaim(file: string): Promise<void> {
+  const uid = process.getuid?.();
+  const gid = process.getgid?.();
+  if (uid === undefined || gid === undefined) return;
+  const owner = await stat(file);
+  if (owner.uid !== uid || owner.gid !== gid) await lchown(file, uid, gid);
+}
+
+interface ColdBooted {
+  memoryImage: string;
+  runDir: string;
+  vm: VmHandle;
+  agent: AgentClient;
+  owner: FileOwner | null;
+  readyMs: number;
+}
+
+/** The name of a cold-booted sandbox's RAM file in its run directory (shared: the guest writes into it). */
+export const COLD_BOOT_MEMORY_FILE = "memory.bin";

@@ -21,6 +21,7 @@ import {
 import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import { assertAlias } from "../snapshots/template-aliases.js";
 import type { Admission } from "./admission.js";
+import { COLD_BOOTED_REASON } from "./filesystem-pause.js";
 import type { KeyedLock } from "./keyed-lock.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
 import { branchPausedState } from "./paused-branch.js";
@@ -85,6 +86,12 @@ export class Branching {
 
   private async branchNow(id: string, request: SandboxBranchRequest): Promise<BranchOutcome> {
     const row = this.ctx.live.row(id);
+    if (row.kept_disk !== null) {
+      throw conflict(
+        `sandbox ${id} is paused without memory (a filesystem-only pause): it has no state to branch, fork or snapshot; resume it first`,
+      );
+    }
+    if (row.cold_booted === 1) throw conflict(`sandbox ${id} cannot be branched: ${COLD_BOOTED_REASON}`);
     if (row.status === "paused")
       return this.named(await this.branchPaused(row, request), request.alias, row.owner);
     const live = this.ctx.live.running(id);

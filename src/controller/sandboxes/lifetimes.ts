@@ -123,7 +123,10 @@ export class Lifetimes {
     try {
       await this.ctx.locks.run(row.id, async () => {
         // Nobody waits for this pause's answer: the lock is held until its VM is gone, as a pause call's is.
-        if (this.stillExpired(row)) await (await this.ctx.pauseResume.pauseNow(row.id, {})).stopped;
+        if (this.stillExpired(row)) {
+          const memory = row.auto_pause_memory === 0 ? false : undefined;
+          await (await this.ctx.pauseResume.pauseNow(row.id, { memory })).stopped;
+        }
       });
       log.info({ id: row.id }, "lifetime ended: paused");
     } catch (err) {

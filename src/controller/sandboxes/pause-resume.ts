@@ -5,6 +5,7 @@
  * network and limits on resume. A restart completes a pause whose layer was published (finishPublished).
  */
 
+import path from "node:path";
 import { crashPoint } from "../../common/crash-points.js";
 import { conflict, errorMessage, ForkdError, invalidArgument } from "../../common/errors.js";
 import { MAX_SANDBOX_TIMEOUT_MS } from "../../common/limits.js";
@@ -16,6 +17,7 @@ import {
   sandboxCgroupDirs,
 } from "../../isolation/cgroup.js";
 import type { ConfinementConfig } from "../../isolation/confinement.js";
+import { resolveChain } from "../../store/chain.js";
 import type { SandboxRow, StateDb } from "../../store/db.js";
 import type { StoredSnapshot } from "../../store/snapshot-store.js";
 import { prepareRestore, type RestorePlan, trustPauseLayer } from "../machines/restore-plan.js";
@@ -25,11 +27,19 @@ import type { PauseOutcome, PauseRequest, ResumeRequest, SandboxInfo } from "../
 import type { Brancher } from "../snapshots/branch.js";
 import type { DaemonSnapshots } from "../snapshots/daemon-snapshots.js";
 import type { Admission } from "./admission.js";
+import {
+  COLD_BOOTED_REASON,
+  FILESYSTEM_PAUSE_MARK,
+  keepDisk,
+  keptDiskExists,
+  keptDiskPath,
+  removeKeptDisk,
+} from "./filesystem-pause.js";
 import type { KeyedLock } from "./keyed-lock.js";
 import { cgroupDirsOf, cgroupLimits, parseLimits } from "./limits.js";
 import type { Live, LiveSandboxes } from "./live-sandboxes.js";
 import { pauseLayerTag, writePauseLayer } from "./pause-layer.js";
-import { pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
+import { keptRowUpdate, pausedRowUpdate, residentBytes, settlePaused } from "./paused-state.js";
 import type { SnapshotCollection } from "./snapshot-collection.js";
 import { recordSpawned } from "./spawn-children.js";
 import { isIntIn } from "./spawn-request.js";
@@ -89,6 +99,9 @@ export class PauseResume {
     const row = live.row(id);
     if (row.status === "paused") throw conflict(`sandbox ${id} is already paused`);
     const running = live.running(id);
+    if (request.memory === false) return this.pauseWithoutMemory(row, running, request);
+    if (row.cold_booted === 1)
+      throw conflict(`sandbox ${id} cannot be paused with memory: ${COLD_BOOTED_REASON}`);
     if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be paused: ${row.branch_blocked}`);
     // A live BRANCH still writing its snapshot: the sandbox's disk already builds on it.
     await this.ctx.brancher.settled(id);
@@ -136,6 +149,53 @@ export class PauseResume {
       bytes_captured: layer.bytes_captured,
       bytes_stored: layer.pages * 4096,
       merged: layer.replaced.length > 0,
+      freed_bytes: freedBytes,
+    };
+    return { outcome, stopped };
+  }
+
+  /**
+   * A filesystem-only pause (filesystem-pause.ts): the disk kept, the row paused with it, the VM stopped next
+   * (as pauseNow, under the caller's lock).
+   */
+  private async pauseWithoutMemory(
+    row: SandboxRow,
+    running: Live,
+    request: PauseRequest,
+  ): Promise<{ outcome: PauseOutcome; stopped: Promise<void> }> {
+    const { db, paths, log } = this.ctx;
+    const { id } = row;
+    // A failed BRANCH left a layer in its chain that no snapshot owns: its disk is not one to keep.
+    if (row.branch_blocked) throw conflict(`sandbox ${id} cannot be paused: ${row.branch_blocked}`);
+    await this.ctx.brancher.settled(id);
+    const target = keptDiskPath(paths, id);
+    const freedBytes = await residentBytes(running.handle.pid);
+    const started = performance.now();
+    db.updateSandbox(id, { status: "pausing", pending_pause_tag: FILESYSTEM_PAUSE_MARK });
+    running.pausing = true;
+    let kept: Awaited<ReturnType<typeof keepDisk>>;
+    try {
+      kept = await keepDisk(running.handle, target, request.signal);
+    } catch (err) {
+      running.pausing = false;
+      if (db.sandbox(id)?.status === "pausing") {
+        db.updateSandbox(id, { status: "running", pending_pause_tag: null });
+      }
+      throw err;
+    }
+    db.updateSandbox(id, keptRowUpdate(target));
+    crashPoint("pause.recorded");
+    this.leaveLive(id, running);
+    const stopped = this.inBackground(this.stopPausedVm(id, running));
+    log.info({ id, kept_disk: target, pause_ms: round1(kept.pause_ms) }, "sandbox paused (filesystem only)");
+    const outcome: PauseOutcome = {
+      sandbox: this.ctx.get(id),
+      tag: path.basename(path.dirname(target)),
+      pause_ms: round1(kept.pause_ms),
+      write_ms: round1(performance.now() - started),
+      bytes_captured: 0,
+      bytes_stored: kept.bytes,
+      merged: false,
       freed_bytes: freedBytes,
     };
     return { outcome, stopped };
@@ -196,6 +256,7 @@ export class PauseResume {
   async finishPublished(row: SandboxRow): Promise<boolean> {
     const { store } = this.ctx.snapshots;
     const tag = row.pending_pause_tag;
+    if (tag === FILESYSTEM_PAUSE_MARK) return this.finishKeptDisk(row);
     if (tag === null || !(await store.exists(tag))) return false;
     const layer = await store.get(tag);
     const own = JSON.parse(row.pause_tags) as string[];
@@ -203,6 +264,19 @@ export class PauseResume {
     this.recordPaused(row, tag, merged ? own : []);
     await settlePaused(this.ctx.db, row);
     this.ctx.log.info({ id: row.id, tag }, "finished a pause the previous daemon had published");
+    return true;
+  }
+
+  /** A filesystem-only pause whose disk was published before the daemon died completes; else nothing is left of it. */
+  private async finishKeptDisk(row: SandboxRow): Promise<boolean> {
+    const target = keptDiskPath(this.ctx.paths, row.id);
+    if (!(await keptDiskExists(target))) {
+      await removeKeptDisk(target);
+      return false;
+    }
+    this.ctx.db.updateSandbox(row.id, keptRowUpdate(target));
+    await settlePaused(this.ctx.db, row);
+    this.ctx.log.info({ id: row.id }, "finished a filesystem-only pause the previous daemon had published");
     return true;
   }
 
@@ -220,6 +294,8 @@ export class PauseResume {
     const row = this.ctx.live.row(id);
     if (row.status === "running") throw conflict(`sandbox ${id} is already running`);
     if (row.status !== "paused") throw conflict(`sandbox ${id} is ${row.status}, not paused`);
+    checkResumeMemory(row, request.memory);
+    if (row.kept_disk !== null) return this.resumeByColdBoot(row, row.kept_disk, request);
     const tag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
     if (!tag) throw new ForkdError("internal", `paused sandbox ${id} has no pause layer recorded`);
     const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
@@ -258,6 +334,75 @@ export class PauseResume {
     return this.ctx.get(id);
   }
 
+  /** A filesystem-only pause's resume: a cold boot on the kept disk, under its id, network, limits and tokens. */
+  private async resumeByColdBoot(
+    row: SandboxRow,
+    keptDisk: string,
+    request: ResumeRequest,
+  ): Promise<SandboxInfo> {
+    const { db } = this.ctx;
+    const { id } = row;
+    const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
+    const reservation = this.ctx.admission.reserveSpawn(1);
+    db.updateSandbox(id, { status: "resuming" });
+    crashPoint("resume.started");
+    try {
+      const chain = await resolveChain(this.ctx.snapshots.store, row.last_branch_tag ?? row.snapshot_tag);
+      const snapshot = chain[chain.length - 1] as StoredSnapshot;
+      const nic = await this.ctx.networks.reattach(id, row.network, snapshot.manifest.machine.nic ?? null);
+      const limits = parseLimits(row);
+      const cgroups = await this.freshCgroups(id, limits);
+      const sandbox = await Sandbox.coldBoot(this.ctx.paths, {
+        id,
+        snapshot,
+        chain,
+        disk: keptDisk,
+        outliveHost: true,
+        signal: request.signal,
+        nic,
+        confinement: this.ctx.confinement,
+        cgroups,
+        diskLimitBytes: limits.disk_mib === null ? undefined : limits.disk_mib * 2 ** 20,
+        consoleLogBytes: this.ctx.consoleLogBytes,
+        onSpawned: async (pid) => {
+          await recordSpawned(this.ctx.db, id, pid);
+          crashPoint("resume.launched");
+        },
+      });
+      crashPoint("resume.restored");
+      db.updateSandbox(id, {
+        status: "running",
+        kept_disk: null,
+        cold_booted: 1,
+        memory_image: sandbox.memoryImage,
+        memory_tag: null,
+        ready_ms: round1(sandbox.readyMs),
+        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+        expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
+        paused_at_unix_ms: null,
+      });
+      this.ctx.live.add(sandbox);
+      this.ctx.teardown.watchExit(sandbox);
+    } catch (err) {
+      await this.revertResume(id);
+      throw err;
+    } finally {
+      reservation.release();
+    }
+    // The running VM holds the disk through its run directory's link; the kept name goes.
+    await removeKeptDisk(keptDisk).catch(() => {});
+    crashPoint("resume.recorded");
+    this.ctx.log.info({ id }, "sandbox resumed by a cold boot (filesystem-only pause)");
+    return this.ctx.get(id);
+  }
+
+  /** Fresh cgroups with the sandbox's limits (recorded before they are made, as at spawn); none without cgroups. */
+  private async freshCgroups(id: string, limits: ReturnType<typeof parseLimits>) {
+    if (!this.ctx.cgroups) return undefined;
+    this.ctx.db.updateSandbox(id, { cgroup: JSON.stringify(sandboxCgroupDirs(this.ctx.cgroups, id)) });
+    return createSandboxCgroups(this.ctx.cgroups, id, cgroupLimits(limits));
+  }
+
   /** The paused sandbox's VM restored from `plan` under its id, in its network and its limits' fresh cgroups. */
   private async restoreVm(
     row: SandboxRow,
@@ -269,11 +414,7 @@ export class PauseResume {
     const nic = await this.ctx.networks.reattach(id, row.network, snapshot.manifest.machine.nic ?? null);
     // The limits it was spawned with, in fresh cgroups (recorded before they are made, as at spawn).
     const limits = parseLimits(row);
-    let cgroups: Awaited<ReturnType<typeof createSandboxCgroups>> | undefined;
-    if (this.ctx.cgroups) {
-      this.ctx.db.updateSandbox(id, { cgroup: JSON.stringify(sandboxCgroupDirs(this.ctx.cgroups, id)) });
-      cgroups = await createSandboxCgroups(this.ctx.cgroups, id, cgroupLimits(limits));
-    }
+    const cgroups = await this.freshCgroups(id, limits);
     return Sandbox.restore(this.ctx.paths, plan, {
       id,
       outliveHost: true,
@@ -296,5 +437,30 @@ export class PauseResume {
     if (!row) return;
     await settlePaused(this.ctx.db, row);
     this.ctx.networks.release(id);
+  }
+}
+
+function round1(n: number): number {
+  return Math.round(n * 10) / 10;
+}
+
+/**
+ * A resume asking for memory (E2B's memory: true) of a sandbox paused without it is 400: it can only cold-boot.
+ * One asking for a cold boot (false) of a sandbox paused with memory is 501: its disk was not synced by the guest
+ * when it paused, so a cold boot of it could miss the latest writes.
+ */
+function checkResumeMemory(row: SandboxRow, memory: boolean | undefined): void {
+  if (row.kept_disk !== null && memory === true) {
+    throw invalidArgument(
+      `sandbox ${row.id} was paused with memory: false (filesystem only): it has no memory to restore and ` +
+        "resumes by a cold boot; omit memory or send false",
+    );
+  }
+  if (row.kept_disk === null && memory === false) {
+    throw new ForkdError(
+      "not_implemented",
+      `sandbox ${row.id} was paused with its memory: resuming it by a cold boot (memory: false, onResume ` +
+        "'reboot') is not supported by forkd; omit memory to restore it as it was, or pause with memory: false",
+    );
   }
 }

@@ -34,6 +34,17 @@ export function pausedRowUpdate(
   };
 }
 
+/** The row of a sandbox paused without memory: its kept disk, no lifetime while paused. */
+export function keptRowUpdate(keptDisk: string): Partial<Omit<SandboxRow, "id">> {
+  return {
+    status: "paused",
+    pending_pause_tag: null,
+    kept_disk: keptDisk,
+    expires_at_unix_ms: null,
+    paused_at_unix_ms: Date.now(),
+  };
+}
+
 /** A paused sandbox has no VM: whatever still runs or lies in its run directory goes, and its row says paused. */
 export async function settlePaused(db: StateDb, row: SandboxRow): Promise<void> {
   for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);

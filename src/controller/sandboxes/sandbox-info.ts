@@ -28,6 +28,8 @@ export function sandboxInfo(ctx: SandboxInfoContext, row: SandboxRow): SandboxIn
     timeout_ms: row.timeout_ms,
     on_timeout: row.on_timeout,
     auto_resume: row.auto_resume === 1,
+    paused_without_memory: row.kept_disk !== null,
+    cold_booted: row.cold_booted === 1,
     pause_tag: (JSON.parse(row.pause_tags) as string[]).at(-1) ?? null,
     paused_at_unix_ms: row.paused_at_unix_ms,
     ready_ms: row.ready_ms,

@@ -47,6 +47,7 @@ export type SharedColumns = Pick<
   | "auto_resume"
   | "inbound"
   | "owner"
+  | "auto_pause_memory"
 >;
 
 /** A spawn request as the daemon will carry it out. */
@@ -109,6 +110,11 @@ function validateSpawnSettings(request: SpawnRequest, defaultTimeoutMs: number):
   const onTimeout = validateOnTimeout(request.onTimeout);
   if (request.autoResume === true && onTimeout !== "pause") {
     throw invalidArgument('auto_resume needs on_timeout "pause" (only a paused sandbox can be resumed)');
+  }
+  if (request.autoPauseMemory === false && request.autoResume === true) {
+    throw invalidArgument(
+      "auto_resume cannot resume a sandbox paused without memory (autoPauseMemory false)",
+    );
   }
   const inbound = JSON.stringify(validateInbound(request.inbound));
   return { tag, n, timeoutMs, metadata, envVars, onTimeout, inbound };
@@ -193,6 +199,7 @@ function sharedColumns(
     auto_resume: request.autoResume === true ? 1 : 0,
     inbound: settings.inbound,
     owner: request.owner ?? null,
+    auto_pause_memory: request.autoPauseMemory === false ? 0 : 1,
   };
 }
 
@@ -230,6 +237,8 @@ export function spawnRows(
       pending_pause_tag: null,
       memory_tag: null,
       paused_at_unix_ms: null,
+      kept_disk: null,
+      cold_booted: 0,
     };
   });
 }

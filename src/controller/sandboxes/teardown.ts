@@ -14,6 +14,7 @@ import { killAndWait, processesMentioning } from "../host/processes.js";
 import type { Sandbox } from "../machines/sandbox-vm.js";
 import type { SandboxNetworks } from "../networks/sandbox-networks.js";
 import { exitConsoleTail } from "./console.js";
+import { removeKeptDisk } from "./filesystem-pause.js";
 import type { KeyedLock } from "./keyed-lock.js";
 import { cgroupDirsOf, parseLimits } from "./limits.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
@@ -90,6 +91,8 @@ export class Teardown {
       for (const identity of await processesMentioning(row.run_dir)) await killAndWait(identity);
       await rm(row.run_dir, { recursive: true, force: true });
     }
+    // A filesystem-only pause's disk (or the partial one of a pause that never finished).
+    if (row.kept_disk !== null) await removeKeptDisk(row.kept_disk);
     await removeCgroups(cgroupDirsOf(row)).catch((e: unknown) =>
       log.warn({ id: row.id, err: errorMessage(e) }, "could not remove a sandbox's cgroups"),
     );

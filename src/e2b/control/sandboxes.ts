@@ -81,16 +81,6 @@ function sandboxIn(services: Services, id: string, states: readonly E2bState[]):
   return info;
 }
 
-/** A filesystem-only pause or resume (E2B's memory: false) is what forkd cannot do: refused, never downgraded. */
-function refuseMemoryless(memory: boolean | undefined, what: string): void {
-  if (memory === false) {
-    throw notBuilt(
-      `${what} with memory: false (a filesystem-only snapshot, resumed by a cold boot) is not supported by forkd: ` +
-        "its pauses keep the whole sandbox, memory included; omit memory or send true",
-    );
-  }
-}
-
 const notBuilt = (message: string) => new ForkdError("not_implemented", message);
 
 /** How long a pause with requireHealthyGuest waits for the guest agent's answer. */
@@ -117,7 +107,13 @@ function refuseUnsupported(body: Static<typeof NewSandbox>): void {
       "autoResume needs autoPause: only a paused sandbox can be resumed",
     );
   }
-  if (body.autoPause === true) refuseMemoryless(body.autoPauseMemory, "autoPause");
+  if (body.autoPauseMemory === false && body.autoResume?.enabled === true) {
+    throw new ForkdError(
+      "invalid_argument",
+      "autoResume cannot be combined with autoPauseMemory false: a sandbox paused without memory resumes only " +
+        "by an explicit connect (a cold boot)",
+    );
+  }
   if (body.mcp !== undefined && body.mcp !== null) {
     throw notBuilt("mcp: forkd templates have no MCP gateway; omit the mcp option");
   }
@@ -162,14 +158,13 @@ function toSandbox(context: E2bContext, request: FastifyRequest, info: SandboxIn
 async function resumeOrJoin(
   { sandboxes }: Services,
   id: string,
-  timeoutMs: number,
-  signal: AbortSignal,
+  request: { timeoutMs: number; memory: boolean | undefined; signal: AbortSignal },
 ): Promise<SandboxInfo> {
   try {
-    return await sandboxes.resume(id, { timeoutMs, signal });
+    return await sandboxes.resume(id, request);
   } catch (err) {
     if (err instanceof ForkdError && err.code === "conflict" && sandboxes.get(id).status === "running") {
-      return sandboxes.extendTimeout(id, timeoutMs);
+      return sandboxes.extendTimeout(id, request.timeoutMs);
     }
     throw err;
   }
@@ -182,8 +177,9 @@ const createSchema = (url: string) => ({
     "mean the daemon's default snapshot. Default timeout 300 s. allow_internet_access and network " +
     "(allowOut, denyOut, allowPublicTraffic, maskRequestHost, httpsPorts) as E2B defines them; without " +
     "either the daemon's --egress applies. autoPause: the end of the lifetime pauses it; autoResume: a " +
-    "data-plane request resumes it. 404 unknown template; 501 for options forkd cannot honour " +
-    "(autoPauseMemory false, network.rules, network.egressProxy, mcp, volumeMounts, iam).",
+    "data-plane request resumes it; autoPauseMemory false: that pause keeps only the disk (filesystem-only, " +
+    "resumed by a cold boot on connect, never auto-resumed; with autoResume it is 400). 404 unknown template; " +
+    "501 for options forkd cannot honour (network.rules, network.egressProxy, mcp, volumeMounts, iam).",
   body: NewSandbox,
   response: { 201: Sandbox, ...errorResponses },
 });
@@ -203,6 +199,7 @@ async function createSandbox(context: E2bContext, request: FastifyRequest<Create
     templateAlias: template.alias ?? undefined,
     onTimeout: body.autoPause === true ? "pause" : "kill",
     autoResume: body.autoResume?.enabled === true,
+    autoPauseMemory: body.autoPause === true ? body.autoPauseMemory : undefined,
     network: network.egress,
     inbound: network.inbound,
     signal: clientSignal(request, reply),
@@ -327,7 +324,9 @@ const connectSchema = {
     "Connect to a sandbox: a paused one is resumed (201), a running one gets its lifetime extended (200)",
   description:
     "Its access tokens either way. Default timeout 300 s: a resumed sandbox lives that long from now, a " +
-    "running one at least that long (never shortened). memory: false (resume by a cold boot) is 501.",
+    "running one at least that long (never shortened). A sandbox paused with memory: false resumes by a cold " +
+    "boot (its disk, id and tokens; no processes); memory: false on one paused with memory is 501, true on one " +
+    "paused without it 400.",
   params: SandboxIdParams,
   body: OptionalBody(ConnectBody),
   response: { 200: Sandbox, 201: Sandbox, ...errorResponses },
@@ -343,8 +342,11 @@ async function connectSandbox(
   const info = knownSandbox(services, id);
   const seconds = request.body?.timeout ?? DEFAULT_TIMEOUT_SECONDS;
   if (e2bState(info) === "paused") {
-    refuseMemoryless(request.body?.memory, "resume");
-    const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+    const resumed = await resumeOrJoin(services, id, {
+      timeoutMs: seconds * 1000,
+      memory: request.body?.memory,
+      signal: clientSignal(request, reply),
+    });
     return reply.status(201).send(toSandbox(context, request, resumed));
   }
   return reply
@@ -355,8 +357,9 @@ async function connectSandbox(
 const pauseSchema = {
   summary: "Pause: the sandbox's memory, processes and files saved, its VM stopped; connect resumes it",
   description:
-    "204 once it is paused; 409 if it already is (the SDK's pause() then returns false). memory: false " +
-    "(a filesystem-only snapshot) is 501: forkd always keeps memory.",
+    "204 once it is paused; 409 if it already is (the SDK's pause() then returns false). memory: false: a " +
+    "filesystem-only pause (the guest's disk synced and kept, its processes and memory not; connect cold-boots " +
+    "it). A sandbox that was cold-booted so can be paused again only with memory: false (else 501).",
   params: SandboxIdParams,
   body: OptionalBody(PauseBody),
   response: { 204: Type.Null(), ...errorResponses },
@@ -367,9 +370,15 @@ async function pauseSandbox(request: FastifyRequest<PauseRoute>, reply: FastifyR
   const services = servicesOf(request);
   const info = knownSandbox(services, id);
   if (e2bState(info) === "paused") throw new ForkdError("conflict", `sandbox ${id} is already paused`);
-  refuseMemoryless(request.body?.memory, "pause");
+  const memory = request.body?.memory;
+  if (info.cold_booted && memory !== false) {
+    throw notBuilt(
+      `sandbox ${id} was resumed by a cold boot from a filesystem-only pause: forkd cannot pause it with its ` +
+        "memory (it is no snapshot's); pause it with memory: false",
+    );
+  }
   if (request.body?.requireHealthyGuest === true) await requireAnsweringAgent(services, id);
-  await services.sandboxes.pause(id, { signal: clientSignal(request, reply) });
+  await services.sandboxes.pause(id, { memory, signal: clientSignal(request, reply) });
   return reply.status(204).send();
 }
 
@@ -386,9 +395,12 @@ async function resumeSandbox(context: E2bContext, request: FastifyRequest<Resume
   const services = servicesOf(request);
   const info = knownSandbox(services, id);
   if (e2bState(info) === "running") throw new ForkdError("conflict", `sandbox ${id} is already running`);
-  refuseMemoryless(request.body?.memory, "resume");
   const seconds = request.body?.timeout ?? DEFAULT_RESUME_TIMEOUT_SECONDS;
-  const resumed = await resumeOrJoin(services, id, seconds * 1000, clientSignal(request, reply));
+  const resumed = await resumeOrJoin(services, id, {
+    timeoutMs: seconds * 1000,
+    memory: request.body?.memory,
+    signal: clientSignal(request, reply),
+  });
   return reply.status(201).send(toSandbox(context, request, resumed));
 }
 

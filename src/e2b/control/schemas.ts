@@ -130,7 +130,12 @@ export const NewSandbox = Type.Object(
     ),
     network: Type.Optional(NetworkConfig),
     autoPause: Type.Optional(Type.Boolean()),
-    autoPauseMemory: Type.Optional(Type.Boolean()),
+    autoPauseMemory: Type.Optional(
+      Type.Boolean({
+        description:
+          "false (with autoPause): the end of the lifetime pauses it without memory (filesystem only); not with autoResume (400).",
+      }),
+    ),
     autoResume: Type.Optional(Type.Object({ enabled: Type.Boolean() }, open)),
     mcp: Type.Optional(Nullable(Type.Object({}, open))),
     iam: Type.Optional(Type.Object({}, open)),
@@ -217,7 +222,9 @@ export const ConnectBody = Type.Object(
     timeout: Type.Optional(TimeoutSeconds),
     memory: Type.Optional(
       Type.Boolean({
-        description: "false: resume by a cold boot (refused: 501); a running sandbox ignores it.",
+        description:
+          "false (the SDKs' onResume 'reboot'): resume by a cold boot. A sandbox paused with memory: false always " +
+          "resumes so (true is 400); one paused with memory refuses false (501). A running sandbox ignores it.",
       }),
     ),
   },
@@ -225,7 +232,13 @@ export const ConnectBody = Type.Object(
 );
 export const PauseBody = Type.Object(
   {
-    memory: Type.Optional(Type.Boolean({ description: "false (filesystem only) is refused: 501." })),
+    memory: Type.Optional(
+      Type.Boolean({
+        description:
+          "false: a filesystem-only pause: the guest's disk is synced and kept (with its id and tokens), its " +
+          "processes and memory are not; connect resumes it by a cold boot, autoResume never does.",
+      }),
+    ),
     requireHealthyGuest: Type.Optional(
       Type.Boolean({
         description:
@@ -241,7 +254,9 @@ export const DEFAULT_RESUME_TIMEOUT_SECONDS = 15;
 export const ResumeBody = Type.Object(
   {
     timeout: Type.Optional(TimeoutSeconds),
-    memory: Type.Optional(Type.Boolean({ description: "false (a cold boot) is refused: 501." })),
+    memory: Type.Optional(
+      Type.Boolean({ description: "As connect's: false resumes by a cold boot (see there)." }),
+    ),
     autoPause: Type.Optional(Type.Boolean({ description: "Deprecated E2B field, ignored." })),
   },
   open,

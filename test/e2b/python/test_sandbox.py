@@ -18,6 +18,7 @@ from e2b import (
     TimeoutException,
 )
 from conftest import LIFETIME_S, RUN, SUITE, aw
+from e2b_code_interpreter import Sandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -314,7 +315,66 @@ async def test_pause_and_connect_resume(sbx, cls, api):
     assert (await aw(resumed.run_code("kept"))).text == "from before the pause"
     assert await aw(resumed.files.read(f"{api}/paused.txt")) == "on disk"
     assert (await aw(cls.get_info(sbx.sandbox_id))).state.value == "running"
-    # E2B's filesystem-only pause (cold boot on resume) is refused by name; the sandbox keeps running.
+    # Paused with memory, it cannot be resumed by a cold boot (on_resume="reboot"): refused by name (501).
+    assert await aw(resumed.pause()) is True
     with pytest.raises(SandboxException, match="not supported"):
-        await aw(resumed.pause(mode="filesystem"))
-    assert await aw(resumed.is_running()) is True
+        await aw(cls.connect(sbx.sandbox_id, timeout=LIFETIME_S, on_resume="reboot"))
+    assert (await aw(cls.get_info(sbx.sandbox_id))).state.value == "paused"
+    resumed = await aw(cls.connect(sbx.sandbox_id, timeout=LIFETIME_S))
+    assert (await aw(resumed.run_code("kept"))).text == "from before the pause"
+
+
+async def test_filesystem_pause_resumes_by_a_cold_boot():
+    """pause(mode="filesystem") keeps the disk, id and tokens but not the processes; connect() cold-boots it.
+    Sync API only: one cold boot is what this costs under TCG."""
+    sandbox = Sandbox.create(
+        envs={"GREETING": "from-create"}, metadata={"suite": SUITE, "run": RUN, "api": "fs-pause"}, timeout=600
+    )
+    sandbox_id = sandbox.sandbox_id
+    try:
+        sandbox.files.write("/home/user/fs-pause.txt", "written before the pause")
+        sleeper = sandbox.commands.run("sleep 3600", background=True)
+        assert sandbox.pause(mode="filesystem") is True
+        assert Sandbox.get_info(sandbox_id).state.value == "paused"
+        assert Sandbox.pause(sandbox_id, mode="filesystem") is False, "already paused"
+        resumed = Sandbox.connect(sandbox_id, timeout=600)
+        assert resumed.sandbox_id == sandbox_id
+        assert Sandbox.get_info(sandbox_id).state.value == "running"
+        assert resumed.files.read("/home/user/fs-pause.txt") == "written before the pause"
+        assert sleeper.pid not in [p.pid for p in resumed.commands.list()], "the old process is gone"
+        assert resumed.commands.run("echo $GREETING").stdout == "from-create\n"
+        # Its memory is no snapshot's now: a pause with memory is refused by name (501); it keeps running.
+        with pytest.raises(SandboxException, match="memory: false"):
+            resumed.pause()
+        assert resumed.is_running() is True
+    finally:
+        Sandbox.kill(sandbox_id)
+    # The end of a lifetime with on_timeout mode "filesystem" pauses it so (autoPauseMemory false on the wire).
+    timed = Sandbox.create(
+        timeout=4,
+        lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+        metadata={"suite": SUITE, "run": RUN, "api": "fs-autopause"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while Sandbox.get_info(timed.sandbox_id).state.value != "paused":
+            assert time.monotonic() < deadline, "the lifetime's end did not pause it"
+            time.sleep(0.5)
+        # Paused without memory: asking to restore its memory is E2B's 400 (a memory pause would resume).
+        request = urllib.request.Request(
+            f"{os.environ['E2B_API_URL']}/sandboxes/{timed.sandbox_id}/resume",
+            data=b'{"memory": true}',
+            method="POST",
+            headers={"X-API-KEY": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+        )
+        # E2B's "paused" includes a pause still in progress (409 then): asked again until it has finished.
+        while True:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=60)
+            if refused.value.code != 409 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert refused.value.code == 400
+        assert "paused with memory: false" in refused.value.read().decode()
+    finally:
+        assert Sandbox.kill(timed.sandbox_id) is True
