@@ -45,6 +45,7 @@ import {
 } from "./recipe.js";
 import {
   customizeTree,
+  DEBIAN_TREE_VERSION,
   debootstrap,
   type Ext4Result,
   makeExt4,
@@ -99,6 +100,7 @@ export async function resolveRecipe(template: Template, options: ImageOptions = 
     busyboxVersion: boot.busyboxVersion,
     payloadHash,
     template: normalized,
+    ...(plan ? {} : { debianTree: DEBIAN_TREE_VERSION }),
   };
   return { recipe, hash: recipeHash(recipe), distro, boot, plan };
 }

@@ -44,6 +44,11 @@ export interface Recipe {
   /** Content hash of the guest payload directory (dist/guest). */
   payloadHash: string;
   template: ImageTemplate;
+  /**
+   * Format 1 only (always a Debian tree): DEBIAN_TREE_VERSION, forkd's edits to the tree mmdebstrap made. A
+   * format-2 Debian base has it in its step key, so images from other bases keep their hashes.
+   */
+  debianTree?: number;
 }
 
 export async function sha256File(file: string): Promise<string> {

@@ -134,6 +134,45 @@ export async function debootstrap(options: DebootstrapOptions): Promise<void> {
       options.onStatus?.(m[1]!, fraction);
     },
   });
+  await trimLoginProfiles(options.target);
+}
+
+/**
+ * Bump when trimLoginProfiles (or anything else forkd changes in a tree mmdebstrap made) changes: it enters
+ * format-1 recipes and the key of a format-2 Debian base, so images made the old way rebuild. Images made from
+ * other bases (OCI, Dockerfiles) are never edited, so their recipes do not carry it.
+ */
+export const DEBIAN_TREE_VERSION = 1;
+
+/** Debian's /etc/profile (base-files): the uid test that picks root's PATH runs `id -u`, a process. */
+const PROFILE_UID_TEST = '\nif [ "$(id -u)" -eq 0 ]; then\n  PATH="/usr/local/sbin:';
+const PROFILE_UID_TEST_FAST =
+  "\n# forkd: bash knows its uid ($EUID) without a process; other shells ask id(1).\n" +
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: shell text for the guest, not a template.
+  'if { [ "${BASH_VERSION-}" ] && [ "$EUID" -eq 0 ]; } || { [ -z "${BASH_VERSION-}" ] && [ "$(id -u)" -eq 0 ]; }; then\n  PATH="/usr/local/sbin:';
+/** Root's ~/.profile (base-files): `mesg n` does nothing without a terminal on stdin but is a process. */
+const ROOT_PROFILE_MESG = "\nmesg n 2> /dev/null || true\n";
+const ROOT_PROFILE_MESG_FAST =
+  "\n# forkd: mesg(1) only acts on a terminal on stdin; without one it is a process that fails.\n" +
+  "if [ -t 0 ]; then\n  mesg n 2> /dev/null || true\nfi\n";
+
+/**
+ * A login shell (`bash -l -c cmd`, how E2B's SDKs run every command) in forkd's Debian images without the two
+ * processes Debian's profiles start for nothing in a sandbox: `id -u` (under bash; other shells still run it)
+ * and `mesg n` without a terminal. Under TCG each costs a process creation. The same PATH for root and for
+ * other users, and mesg on a terminal, as before. A file that is not Debian's text as known is left as it is.
+ */
+export async function trimLoginProfiles(root: string): Promise<void> {
+  const edit = async (guestPath: string, rewrite: (text: string) => string) => {
+    const file = await resolveInRoot(root, guestPath);
+    const st = await fs.lstat(file).catch(() => undefined);
+    if (!st?.isFile()) return;
+    const text = await fs.readFile(file, "utf8");
+    const next = rewrite(text);
+    if (next !== text) await writeGuestFile(root, guestPath, next, st.mode & 0o7777);
+  };
+  await edit("/etc/profile", (text) => text.replace(PROFILE_UID_TEST, () => PROFILE_UID_TEST_FAST));
+  await edit("/root/.profile", (text) => text.replace(ROOT_PROFILE_MESG, () => ROOT_PROFILE_MESG_FAST));
 }
 
 /**

@@ -10,6 +10,7 @@ import { createHash, randomUUID } from "node:crypto";
 import { ForkdError } from "../common/errors.js";
 import { resolveImage } from "./oci-layout.js";
 import { canonicalJson, hashTree, sha256File } from "./recipe.js";
+import { DEBIAN_TREE_VERSION } from "./rootfs.js";
 import type { ImageSource, Template, TemplateStep } from "./template.js";
 
 /** Bump when how a base is made or a step is applied changes (so old step entries are not reused). */
@@ -97,7 +98,13 @@ export function describeStep(step: TemplateStep): string {
 async function sourceIdentity(source: ImageSource, packages: string[]): Promise<unknown> {
   switch (source.kind) {
     case "debian":
-      return { kind: source.kind, suite: source.suite, packages: [...packages].sort() };
+      return {
+        kind: source.kind,
+        suite: source.suite,
+        packages: [...packages].sort(),
+        // forkd's edits to the tree mmdebstrap made: a base made before they changed is not reused.
+        forkdEdits: DEBIAN_TREE_VERSION,
+      };
     case "oci-layout":
       return { kind: source.kind, manifest: (await resolveImage(source.path, source.ref)).manifestDigest };
     case "archive":

@@ -253,6 +253,9 @@ describe("image build", { skip: !isRoot && "image builds need root (mmdebstrap -
       interpreter: "none",
     });
     assert.equal(await debugfsCat(built.rootfs, "/etc/hostname"), "forkd\n");
+    // Login shells without `id -u` under bash or `mesg n` without a terminal (trimLoginProfiles).
+    assert.match(await debugfsCat(built.rootfs, "/etc/profile"), /\[ "\$EUID" -eq 0 \]/);
+    assert.match(await debugfsCat(built.rootfs, "/root/.profile"), /^if \[ -t 0 \]; then\n {2}mesg n/m);
     assert.equal((await debugfsStat(built.rootfs, "/")).uid, 0);
     await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/node"), "minimal has no Node.js");
     await assert.rejects(debugfsStat(built.rootfs, "/usr/bin/tini"), "minimal has no tini");

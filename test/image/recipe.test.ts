@@ -25,6 +25,7 @@ import {
   type Recipe,
   recipeHash,
 } from "../../src/image/recipe.js";
+import { DEBIAN_TREE_VERSION } from "../../src/image/rootfs.js";
 
 let dir: string;
 
@@ -63,6 +64,7 @@ async function hashOf(toml: string, overrides: Partial<Recipe> = {}): Promise<st
     busyboxVersion: "1:1.35.0-4+deb12u1+b1",
     payloadHash: "0".repeat(64),
     template: await imageTemplate(template),
+    debianTree: DEBIAN_TREE_VERSION,
     ...overrides,
   };
   return recipeHash(recipe);
@@ -108,7 +110,7 @@ describe("recipe hash", () => {
     assert.equal(await hashOf(BASE_TOML), base);
   });
 
-  test("changes with the builder version, boot recipe, host suite, kernel, busybox and payload", async () => {
+  test("changes with the builder version, boot recipe, host suite, kernel, busybox, payload and Debian tree edits", async () => {
     const base = await hashOf(BASE_TOML);
     const overrides: Partial<Recipe>[] = [
       { builderVersion: BUILDER_VERSION + 1 },
@@ -119,6 +121,7 @@ describe("recipe hash", () => {
       { busyboxVersion: "1:1.36.1-1" },
       { payloadHash: "1".repeat(64) },
       { bootRecipe: "2".repeat(64) },
+      { debianTree: DEBIAN_TREE_VERSION + 1 },
     ];
     const seen = new Set([base]);
     for (const o of overrides) {

@@ -1,9 +1,11 @@
 /** Root filesystem customization and ext4 creation on a small hand-made tree (mmdebstrap is in build.test.ts). */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { promisify } from "node:util";
 import { ForkdError } from "../../src/common/errors.js";
 import { parseTemplate } from "../../src/image/index.js";
 import {
@@ -12,10 +14,12 @@ import {
   makeExt4,
   resolveInRoot,
   rootfsPackages,
+  trimLoginProfiles,
 } from "../../src/image/rootfs.js";
 import { debugfsCat, debugfsStat } from "./helpers.js";
 
 const isRoot = process.geteuid?.() === 0;
+const execFileAsync = promisify(execFile);
 
 let dir: string;
 let root: string;
@@ -204,5 +208,105 @@ describe("makeExt4", () => {
     });
     await assert.rejects(fs.stat(image), "no image file is left behind");
     await fs.rm(big, { recursive: true });
+  });
+});
+
+/** Debian 12's /etc/profile and /root/.profile (base-files 12.4), as mmdebstrap leaves them. */
+const DEBIAN_PROFILE = `# /etc/profile: system-wide .profile file for the Bourne shell (sh(1))
+# and Bourne compatible shells (bash(1), ksh(1), ash(1), ...).
+
+if [ "$(id -u)" -eq 0 ]; then
+  PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+else
+  PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+fi
+export PATH
+`;
+const DEBIAN_ROOT_PROFILE = `# ~/.profile: executed by Bourne-compatible login shells.
+
+if [ "$BASH" ]; then
+  if [ -f ~/.bashrc ]; then
+    . ~/.bashrc
+  fi
+fi
+
+mesg n 2> /dev/null || true
+`;
+
+describe("trimLoginProfiles", () => {
+  let tree: string;
+  let bin: string;
+  before(async () => {
+    tree = path.join(dir, "profiles");
+    await fs.mkdir(path.join(tree, "etc"), { recursive: true });
+    await fs.mkdir(path.join(tree, "root"), { recursive: true });
+    await fs.writeFile(path.join(tree, "etc/profile"), DEBIAN_PROFILE, { mode: 0o644 });
+    await fs.writeFile(path.join(tree, "root/.profile"), DEBIAN_ROOT_PROFILE, { mode: 0o644 });
+    await fs.writeFile(path.join(dir, "profile.orig"), DEBIAN_PROFILE);
+    await trimLoginProfiles(tree);
+    // `id` and `mesg` that leave a mark, ahead of the real ones, to see which processes a profile starts.
+    bin = path.join(dir, "marking-bin");
+    await fs.mkdir(bin);
+    for (const name of ["id", "mesg"]) {
+      const real = name === "id" ? "/usr/bin/id" : "/usr/bin/mesg";
+      await fs.writeFile(path.join(bin, name), `#!/bin/sh\necho ${name} >> "$MARKS"\nexec ${real} "$@"\n`, {
+        mode: 0o755,
+      });
+    }
+    await fs.chmod(dir, 0o755); // the non-root runs below read the profiles
+  });
+
+  /** The PATH a shell gets from `profile` (as `uid`), and the marked programs it ran. */
+  async function source(shell: string, profile: string, uid: number, tty = false) {
+    const marks = path.join(dir, `marks-${Math.random().toString(36).slice(2)}`);
+    await fs.writeFile(marks, "", { mode: 0o666 });
+    await fs.chmod(marks, 0o666);
+    const script = `${marks}.sh`;
+    await fs.writeFile(script, `. '${profile}'\necho "$PATH"\n`, { mode: 0o644 });
+    const argv = ["setpriv", `--reuid=${uid}`, `--regid=${uid}`, "--clear-groups", shell, script];
+    // script(1) gives the shell a terminal on stdin (the paths here have no spaces).
+    const run = tty ? ["script", "-qec", argv.join(" "), "/dev/null"] : argv;
+    const { stdout } = await execFileAsync(run[0]!, run.slice(1), {
+      env: { PATH: `${bin}:/usr/bin:/bin`, MARKS: marks },
+    });
+    const ran = (await fs.readFile(marks, "utf8")).split("\n").filter((l) => l !== "");
+    return { path: stdout.trim().split("\n").at(-1)?.trim(), ran };
+  }
+
+  test("keeps the PATH for root and others under bash and dash, without `id` under bash", {
+    skip: !isRoot && "switching uid needs root",
+  }, async () => {
+    const profile = path.join(tree, "etc/profile");
+    for (const uid of [0, 65534]) {
+      for (const shell of ["/bin/bash", "/bin/dash"]) {
+        const before = await source(shell, path.join(dir, "profile.orig"), uid);
+        const now = await source(shell, profile, uid);
+        assert.equal(now.path, before.path, `${shell} as ${uid}: the same PATH`);
+        assert.match(now.path ?? "", uid === 0 ? /^\/usr\/local\/sbin:/ : /^\/usr\/local\/bin:.*games$/);
+        assert.deepEqual(before.ran, ["id"]);
+        assert.deepEqual(now.ran, shell === "/bin/bash" ? [] : ["id"], `${shell} as ${uid}: processes`);
+      }
+    }
+  });
+
+  test("root's .profile runs mesg only with a terminal on stdin", {
+    skip: !isRoot && "needs root",
+  }, async () => {
+    const profile = path.join(tree, "root/.profile");
+    assert.deepEqual((await source("/bin/bash", profile, 0)).ran, []);
+    assert.deepEqual((await source("/bin/bash", profile, 0, true)).ran, ["mesg"]);
+    assert.equal((await fs.stat(profile)).mode & 0o7777, 0o644);
+  });
+
+  test("leaves a profile that is not Debian's text alone and never writes through a link", async () => {
+    const other = path.join(dir, "other-profiles");
+    await fs.mkdir(path.join(other, "etc"), { recursive: true });
+    await fs.writeFile(path.join(other, "etc/profile"), "PATH=/opt/bin\n");
+    await fs.writeFile(path.join(outside, "profile"), DEBIAN_ROOT_PROFILE);
+    await fs.mkdir(path.join(other, "root"));
+    await fs.symlink(path.join(outside, "profile"), path.join(other, "root/.profile"));
+    await trimLoginProfiles(other);
+    assert.equal(await fs.readFile(path.join(other, "etc/profile"), "utf8"), "PATH=/opt/bin\n");
+    assert.equal(await fs.readFile(path.join(outside, "profile"), "utf8"), DEBIAN_ROOT_PROFILE);
   });
 });
