@@ -311,17 +311,9 @@ export class PauseResume {
       });
       const sandbox = await this.restoreVm(row, plan, snapshot, request.signal);
       crashPoint("resume.restored");
-      db.updateSandbox(id, {
-        status: "running",
-        memory_image: sandbox.memoryImage,
+      this.recordResumed(sandbox, timeoutMs, {
         memory_tag: plan.memoryTag === row.snapshot_tag ? null : plan.memoryTag,
-        ready_ms: Math.round(sandbox.readyMs * 10) / 10,
-        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
-        expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
-        paused_at_unix_ms: null,
       });
-      this.ctx.live.add(sandbox);
-      this.ctx.teardown.watchExit(sandbox);
     } catch (err) {
       await this.revertResume(id);
       throw err;
@@ -370,19 +362,7 @@ export class PauseResume {
         },
       });
       crashPoint("resume.restored");
-      db.updateSandbox(id, {
-        status: "running",
-        kept_disk: null,
-        cold_booted: 1,
-        memory_image: sandbox.memoryImage,
-        memory_tag: null,
-        ready_ms: round1(sandbox.readyMs),
-        timeout_ms: timeoutMs === 0 ? null : timeoutMs,
-        expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
-        paused_at_unix_ms: null,
-      });
-      this.ctx.live.add(sandbox);
-      this.ctx.teardown.watchExit(sandbox);
+      this.recordResumed(sandbox, timeoutMs, { kept_disk: null, cold_booted: 1, memory_tag: null });
     } catch (err) {
       await this.revertResume(id);
       throw err;
@@ -394,6 +374,21 @@ export class PauseResume {
     crashPoint("resume.recorded");
     this.ctx.log.info({ id }, "sandbox resumed by a cold boot (filesystem-only pause)");
     return this.ctx.get(id);
+  }
+
+  /** The resumed VM recorded as running (its timeout restarted from now), served and watched. */
+  private recordResumed(sandbox: Sandbox, timeoutMs: number, fields: Partial<Omit<SandboxRow, "id">>): void {
+    this.ctx.db.updateSandbox(sandbox.id, {
+      ...fields,
+      status: "running",
+      memory_image: sandbox.memoryImage,
+      ready_ms: round1(sandbox.readyMs),
+      timeout_ms: timeoutMs === 0 ? null : timeoutMs,
+      expires_at_unix_ms: timeoutMs === 0 ? null : Date.now() + timeoutMs,
+      paused_at_unix_ms: null,
+    });
+    this.ctx.live.add(sandbox);
+    this.ctx.teardown.watchExit(sandbox);
   }
 
   /** Fresh cgroups with the sandbox's limits (recorded before they are made, as at spawn); none without cgroups. */
