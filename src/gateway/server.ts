@@ -20,7 +20,7 @@ import { toHttpError } from "../api/errors.js";
 import { isLoopbackHost, type TcpAddress } from "../api/listen.js";
 import { checkHostAndOrigin, type OriginPolicy, originPolicyFor } from "../api/origin-policy.js";
 import { typeboxValidatorCompiler } from "../api/validation.js";
-import { errorMessage, ForkdError } from "../common/errors.js";
+import { errorMessage, ForkdError, invalidArgument } from "../common/errors.js";
 import type { Token } from "../common/tokens.js";
 import { toE2bError } from "../e2b/errors.js";
 import { isSandboxOrigin, sandboxAddressOf } from "../e2b/routing.js";
@@ -36,6 +36,7 @@ import { registerE2bRoutes } from "./e2b-routes.js";
 import { registerForkdRoutes } from "./forkd-routes.js";
 import { SandboxLocator } from "./locate.js";
 import { GatewayMcp } from "./mcp.js";
+import { advertisedUrl } from "./mcp-sessions.js";
 import { NodeCaller } from "./node-calls.js";
 import { NodeLinks } from "./node-links.js";
 import { Placer } from "./placement.js";
@@ -58,6 +59,8 @@ export interface GatewayOptions {
   tenantMaxSandboxes?: number;
   insecureRegistry?: boolean;
   perSandboxMiB?: number;
+  /** Where the other replicas reach this one (its pod IP): MCP sessions then work through any replica. */
+  advertiseAddress?: string;
   logger: Logger;
 }
 
@@ -90,7 +93,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
   await view.ready;
 
   let ownUrl = "";
-  const mcp = new GatewayMcp(context, () => ownUrl);
+  const mcp = new GatewayMcp(context, () => ownUrl, peerUrlOf(options));
   const app = gatewayApp(context, mcp, options);
   await app.listen({ host: options.listen.host, port: options.listen.port });
   ownUrl = ownUrlOf(options, listeningPort(app, options));
@@ -194,6 +197,13 @@ function ownUrlOf(options: GatewayOptions, port: number): string {
   const scheme = options.tls ? "https" : "http";
   const host = options.listen.host.includes(":") ? `[${options.listen.host}]` : options.listen.host;
   return `${scheme}://${isWildcard(options.listen.host) ? "127.0.0.1" : host}:${port}`;
+}
+
+/** Where peers reach this replica: its advertised address on its listener's scheme and (fixed) port. */
+function peerUrlOf(options: GatewayOptions): string | undefined {
+  if (options.advertiseAddress === undefined) return undefined;
+  if (options.listen.port === 0) throw invalidArgument("an advertised address needs a fixed listen port");
+  return advertisedUrl(options.advertiseAddress, options.listen.port, options.tls !== undefined);
 }
 
 function configureApp(app: FastifyInstance, context: GatewayContext): void {

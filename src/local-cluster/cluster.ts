@@ -591,6 +591,8 @@ export async function startGateway(
     `--token-file=${state.files.userTokens}`,
     `--default-snapshot=${DEFAULT_SNAPSHOT}`,
     "--registry-insecure",
+    // As the Deployment passes its pod IP: MCP sessions work through the balancer, whichever replica it picks.
+    `--advertise-address=${new URL(gateway.url).hostname}`,
   ]);
   gateway.process = record;
   await saveState(state);

@@ -51,6 +51,17 @@ interface Session {
  */
 export type SessionClients = (token: string) => Controller | undefined;
 
+/**
+ * Where sessions are when a listener is one of several serving the same clients (the cluster gateway's
+ * replicas): `newId` names a session this listener opens, and `elsewhere` serves a request for a session this
+ * listener does not hold (by relaying it to the one that does), answering true, or answers false when no other
+ * listener holds it either (the request then gets the transport's 404 and the client initializes again).
+ */
+export interface SessionRouting {
+  newId(): string;
+  elsewhere(sessionId: string, request: IncomingMessage, response: ServerResponse): Promise<boolean>;
+}
+
 export function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
@@ -151,6 +162,7 @@ export class McpListener {
     private readonly clients: SessionClients,
     private readonly host: string | undefined,
     private readonly log: (line: string) => void,
+    private readonly routing?: SessionRouting,
   ) {
     this.loopback = host !== undefined && isLoopback(host);
   }
@@ -170,7 +182,7 @@ export class McpListener {
     const sessionId = headerValue(request.headers["mcp-session-id"]);
     const existing = sessionId === undefined ? undefined : this.sessions.get(sessionId);
     if (existing && !timingSafeEqual(existing.token, digest(token))) {
-      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
+      return jsonError(response, 404, UNKNOWN_SESSION);
     }
     if (existing) {
       existing.lastUsed = Date.now();
@@ -179,8 +191,10 @@ export class McpListener {
       await existing.transport.handleRequest(request, response, body);
       return;
     }
-    if (sessionId !== undefined)
-      return jsonError(response, 404, "unknown or expired MCP session; initialize again");
+    if (sessionId !== undefined) {
+      if (await this.routing?.elsewhere(sessionId, request, response)) return;
+      return jsonError(response, 404, UNKNOWN_SESSION);
+    }
     await this.open(request, response, controller, digest(token));
   }
 
@@ -221,7 +235,7 @@ export class McpListener {
       return jsonError(response, 503, `${MAX_SESSIONS} MCP sessions are open; retry later`);
     const mcp = createMcpSession(controller);
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
-      sessionIdGenerator: () => randomUUID(),
+      sessionIdGenerator: () => this.routing?.newId() ?? randomUUID(),
       onsessioninitialized: (id) => {
         this.sessions.set(id, { transport, mcp, lastUsed: Date.now(), token });
         this.log(`MCP session ${id} opened`);
@@ -250,6 +264,9 @@ export class McpListener {
 
 const REFUSED = Symbol("refused");
 
+/** What a request for a session nobody holds gets (with 404, which tells MCP clients to initialize again). */
+export const UNKNOWN_SESSION = "unknown or expired MCP session; initialize again";
+
 /** The request's JSON body, or REFUSED after answering 400/413 itself. */
 async function readJson(
   request: IncomingMessage,
@@ -274,7 +291,7 @@ async function readJson(
   }
 }
 
-function jsonError(response: ServerResponse, status: number, message: string): void {
+export function jsonError(response: ServerResponse, status: number, message: string): void {
   response.writeHead(status, { "content-type": "application/json" });
   response.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message }, id: null }));
 }

@@ -268,20 +268,25 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     await assert.rejects(admin.getSandbox(out.id), /not found|not_found|404/i);
   });
 
-  it("MCP over HTTP at a gateway replica: a tenant's session creates, runs and kills, and sees only its own", async () => {
+  it("MCP over HTTP through the Service: a tenant's session creates, runs and kills, and sees only its own", async () => {
     const other = await spawn(tenant("beta"), "pyagent");
-    // An MCP session lives in the replica that opened it: the client talks to one replica (docs/kubernetes.md).
-    const replica = state.gateways[0]?.url as string;
-    const transport = new StreamableHTTPClientTransport(new URL(MCP_PATH, replica), {
-      requestInit: { headers: { authorization: `Bearer ${state.tokens.tenants.alpha}` } },
-    });
-    const client = new McpClient({ name: "forkd-cluster-test", version: "0" });
-    await client.connect(transport);
-    const call = async (name: string, args: Record<string, unknown>) => {
+    const mcpClient = async (url: string, sessionId?: string) => {
+      const transport = new StreamableHTTPClientTransport(new URL(MCP_PATH, url), {
+        sessionId,
+        requestInit: { headers: { authorization: `Bearer ${state.tokens.tenants.alpha}` } },
+      });
+      const client = new McpClient({ name: "forkd-cluster-test", version: "0" });
+      await client.connect(transport);
+      return { client, sessionId: transport.sessionId as string };
+    };
+    const callOn = async (client: McpClient, name: string, args: Record<string, unknown>) => {
       const answer = await client.callTool({ name, arguments: args });
       assert.notEqual(answer.isError, true, `${name}: ${JSON.stringify(answer.content)}`);
       return answer.structuredContent as Record<string, unknown>;
     };
+    // Through the Service's stand-in, which spreads connections over the replicas (docs/kubernetes.md).
+    const { client, sessionId } = await mcpClient(state.url);
+    const call = (name: string, args: Record<string, unknown>) => callOn(client, name, args);
     try {
       const created = await call("create_sandboxes", { snapshot_tag: "pyagent", n: 1 });
       const [mine] = created.sandboxes as { id: string; status: string }[];
@@ -290,6 +295,16 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
       const ran = await call("run_command", { sandbox_id: mine.id, command: "echo mcp-through-the-gateway" });
       assert.deepEqual([ran.exit_code, ran.stdout], [0, "mcp-through-the-gateway\n"]);
       assert.equal((await call("run_code", { sandbox_id: mine.id, code: "6 * 7" })).result, "42");
+      // The same session continued at each replica by name: the one that holds it and the one that relays.
+      for (const replica of state.gateways) {
+        const there = await mcpClient(replica.url, sessionId);
+        const echoed = await callOn(there.client, "run_command", {
+          sandbox_id: mine.id,
+          command: "echo again",
+        });
+        assert.equal(echoed.stdout, "again\n", `the session at replica ${replica.index}`);
+        await there.client.close(); // closes its connection only; the session goes on
+      }
       const listed = ((await call("list_sandboxes", {})).result as { id: string }[]).map((x) => x.id);
       assert.deepEqual(listed, [mine.id], "alpha's session sees alpha's sandbox only");
       const refused = await client.callTool({

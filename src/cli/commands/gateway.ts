@@ -4,6 +4,7 @@
  * MCP for every node behind it, until SIGTERM.
  */
 import { readFile } from "node:fs/promises";
+import { isIP } from "node:net";
 import type { Command } from "commander";
 import pino from "pino";
 import { parseBind } from "../../api/listen.js";
@@ -31,6 +32,7 @@ interface GatewayFlags {
   tenantMaxSandboxes?: number;
   registryInsecure?: boolean;
   perSandboxMib?: number;
+  advertiseAddress?: string;
   logLevel: string;
 }
 
@@ -70,6 +72,10 @@ export function registerGateway(program: Command): void {
       "memory one sandbox is assumed to take of a node when placing (default 128)",
       parseIntOption("--per-sandbox-mib", 16, 1 << 20),
     )
+    .option(
+      "--advertise-address <ip>",
+      "where the other gateway replicas reach this one (its pod IP): MCP sessions then work through any replica",
+    )
     .option("--log-level <level>", "pino log level", "info")
     .action(async (flags: GatewayFlags) => {
       try {
@@ -95,6 +101,15 @@ async function serveGateway(flags: GatewayFlags): Promise<void> {
     throw invalidArgument("--tls-cert and --tls-key go together");
   }
   assertTag(flags.defaultSnapshot, "--default-snapshot");
+  if (
+    flags.advertiseAddress !== undefined &&
+    isIP(flags.advertiseAddress) === 0 &&
+    !DOMAIN.test(flags.advertiseAddress)
+  ) {
+    throw invalidArgument(
+      `invalid --advertise-address ${JSON.stringify(flags.advertiseAddress)}: expected an IP address or DNS name`,
+    );
+  }
   const logger = pino(
     { name: "forkd-gateway", level: flags.logLevel },
     pino.destination({ dest: 2, sync: true }),
@@ -133,6 +148,7 @@ async function serveGateway(flags: GatewayFlags): Promise<void> {
     tenantMaxSandboxes: flags.tenantMaxSandboxes,
     insecureRegistry: flags.registryInsecure === true,
     perSandboxMiB: flags.perSandboxMib,
+    advertiseAddress: flags.advertiseAddress,
     logger,
   });
   await new Promise<void>((resolve) => {
