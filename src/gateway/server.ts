@@ -29,7 +29,7 @@ import { Leases } from "../kube/leases.js";
 import { forkdObjects } from "../kube/objects.js";
 import { TenantAdmission } from "./admission.js";
 import { type Caller, GatewayAuth } from "./auth.js";
-import { ClusterView } from "./cluster-view.js";
+import { type ClusterReads, ClusterView, kubeReads } from "./cluster-view.js";
 import type { GatewayContext } from "./context.js";
 import { Directory } from "./directory.js";
 import { registerE2bRoutes } from "./e2b-routes.js";
@@ -47,6 +47,11 @@ export interface GatewayOptions {
   tls?: { key: Buffer; cert: Buffer };
   namespace: string;
   kubeconfig?: string;
+  /**
+   * Where the cluster's lists come from instead of the API server named by `kubeconfig` (the gateway's unit
+   * tests: a stand-in at that boundary).
+   */
+  cluster?: ClusterReads;
   /** The cluster credential nodes take (the node token). */
   nodeToken: string;
   /** The admin token and users' tokens (with their tenants). */
@@ -115,12 +120,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
 /** The gateway's parts, wired: what it reads of the cluster, its directory, links, placement and relay. */
 function gatewayContext(options: GatewayOptions): GatewayContext {
   const { logger } = options;
-  const config = loadKubeConfig(options.kubeconfig);
-  const view = new ClusterView(
-    forkdObjects(config, options.namespace),
-    new Leases(config, options.namespace),
-    logger,
-  );
+  const view = new ClusterView(options.cluster ?? clusterReadsOf(options), logger);
   const directory = new Directory();
   const links = new NodeLinks(view, options.nodeToken, directory, logger);
   const calls = new NodeCaller(links);
@@ -148,6 +148,11 @@ function gatewayContext(options: GatewayOptions): GatewayContext {
     defaultSnapshot: options.defaultSnapshot,
     logger,
   };
+}
+
+function clusterReadsOf(options: GatewayOptions): ClusterReads {
+  const config = loadKubeConfig(options.kubeconfig);
+  return kubeReads(forkdObjects(config, options.namespace), new Leases(config, options.namespace));
 }
 
 /** Fastify behind the gateway's own dispatch (relay, MCP) for requests and upgrades. */
