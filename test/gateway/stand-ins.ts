@@ -44,6 +44,8 @@ export class StandInNode {
   readonly seen: SeenRequest[] = [];
   /** Free slots its ForkdNode status reports. */
   freeSandboxes = 10;
+  /** >0: its answer to a sandbox list declares this many bytes (a node answering more than the gateway reads). */
+  oversizedAnswer = 0;
   /** Its ForkdNode's spec.epoch (the controller raises it to fence the node); it runs under 1. */
   specEpoch = 1;
   private readonly streams = new Set<http.ServerResponse>();
@@ -89,7 +91,7 @@ export class StandInNode {
       const body = Buffer.concat(chunks).toString("utf8");
       this.seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
       if (req.headers[CLUSTER_HEADERS.token] !== NODE_TOKEN) {
-        return answer(res, 401, { error: "not the cluster credential", code: "unauthorized" });
+        answer(res, 401, { error: "not the cluster credential", code: "unauthorized" });
       }
       this.route(req, res, body);
     });
@@ -98,26 +100,59 @@ export class StandInNode {
   private route(req: http.IncomingMessage, res: http.ServerResponse, body: string): void {
     const path = (req.url ?? "/").split("?")[0] as string;
     const tenant = (req.headers[CLUSTER_HEADERS.tenant] as string | undefined) ?? null;
-    if (req.method === "GET" && path === NODE_ROUTES.events) return this.follow(res);
+    if (req.method === "GET" && path === NODE_ROUTES.events) {
+      this.follow(res);
+      return;
+    }
     const snapshot = /^\/v1\/snapshots\/([^/]+)$/.exec(path);
     if (req.method === "GET" && snapshot) {
       const held = this.snapshots.get(decodeURIComponent(snapshot[1] as string));
       if (!held || (tenant !== null && held.owner !== null && held.owner !== tenant)) {
-        return answer(res, 404, { error: "snapshot not found", code: "not_found" });
+        answer(res, 404, { error: "snapshot not found", code: "not_found" });
+        return;
       }
-      return answer(res, 200, { ...held, dir: "/srv/host/path" });
+      answer(res, 200, { ...held, dir: "/srv/host/path" });
+      return;
     }
     const sandbox = /^\/v1\/sandboxes\/([^/]+)$/.exec(path);
     if (req.method === "GET" && sandbox) {
       const ref = this.sandboxes.get(sandbox[1] as string);
       if (!ref || (tenant !== null && ref.owner !== tenant)) {
-        return answer(res, 404, { error: "sandbox not found", code: "not_found" });
+        answer(res, 404, { error: "sandbox not found", code: "not_found" });
+        return;
       }
-      return answer(res, 200, ref);
+      answer(res, 200, ref);
+      return;
     }
-    if (req.method === "POST" && path === "/v1/sandboxes") return this.spawn(res, body, tenant);
+    if (req.method === "POST" && path === "/v1/sandboxes") {
+      this.spawn(res, body, tenant);
+      return;
+    }
+    if (req.method === "GET" && path === "/v1/sandboxes") {
+      this.list(res, tenant);
+      return;
+    }
+    if (req.method === "POST" && path === NODE_ROUTES.pull) {
+      const pull = JSON.parse(body) as { tag: string; digest: string };
+      this.snapshots.set(pull.tag, { tag: pull.tag, owner: null, digest: pull.digest });
+      answer(res, 200, { tag: pull.tag, digest: pull.digest, installed: [], pulled: true, ms: 1 });
+      return;
+    }
     // Anything else: what the relay delivered, for the test to read.
     answer(res, 200, { node: this.name, method: req.method, url: req.url, headers: req.headers, body });
+  }
+
+  private list(res: http.ServerResponse, tenant: string | null): void {
+    if (this.oversizedAnswer > 0) {
+      res.writeHead(200, { "content-type": "application/json", "content-length": this.oversizedAnswer });
+      res.end("[");
+      return;
+    }
+    answer(
+      res,
+      200,
+      [...this.sandboxes.values()].filter((s) => tenant === null || s.owner === tenant),
+    );
   }
 
   private follow(res: http.ServerResponse): void {
@@ -137,7 +172,8 @@ export class StandInNode {
   private spawn(res: http.ServerResponse, body: string, tenant: string | null): void {
     const request = JSON.parse(body) as { snapshot_tag: string; n?: number };
     if (!this.snapshots.has(request.snapshot_tag)) {
-      return answer(res, 404, { error: `snapshot ${request.snapshot_tag} not found`, code: "not_found" });
+      answer(res, 404, { error: `snapshot ${request.snapshot_tag} not found`, code: "not_found" });
+      return;
     }
     const made: SandboxRef[] = [];
     for (let i = 0; i < (request.n ?? 1); i++) {
