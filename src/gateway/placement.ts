@@ -1,7 +1,8 @@
 /**
  * Where new sandboxes go. A snapshot the cluster knows as a ForkdSnapshot is placed on the nodes holding its
  * digest; any other snapshot (a BRANCH, a tenant's own) on the nodes the directory says hold its tag (asked of
- * the nodes when the directory does not know it: a node's stream reports new snapshots every 2 s). Among
+ * the nodes when the directory does not know it, or when the nodes it knows have no room: a node's stream
+ * reports new snapshots every 2 s, so a node that just got the tag is not among them yet). Among
  * those, best-of-K (E2B's scheduler does the same with K = 3): K nodes drawn at random, the one with the most
  * free slots wins, so load spreads without every gateway replica piling onto the same "emptiest" node. A spawn
  * of more children than one node has room for spills over to the next best. A ForkdSnapshot no schedulable
