@@ -244,6 +244,7 @@ async function dispatch(
   scheme: "http" | "https",
 ): Promise<void> {
   let surface: Surface = "forkd";
+  const arrived = performance.now();
   try {
     const url = req.url ?? "/";
     if (url === "/healthz" || url === "/healthz/") return toFastify();
@@ -251,7 +252,7 @@ async function dispatch(
     const address = sandboxAddressOf(req.headers);
     if (address) {
       surface = "data";
-      return await relay(context, req, res, surface, address.sandboxId, undefined);
+      return await relay(context, { req, res, arrived }, surface, address.sandboxId, undefined);
     }
     if (isSandboxOrigin(req.headers.origin)) {
       throw new ForkdError("forbidden", "a sandbox's page may call sandboxes only, never the cluster's API");
@@ -260,13 +261,13 @@ async function dispatch(
     const forkdCall = FORKD_SANDBOX.exec(url);
     if (forkdCall && !(req.method === "POST" && ANSWERED_HERE.has(forkdCall[2] ?? ""))) {
       const caller = context.auth.bearer(req.headers);
-      return await relay(context, req, res, surface, forkdCall[1] as string, caller.tenant);
+      return await relay(context, { req, res, arrived }, surface, forkdCall[1] as string, caller.tenant);
     }
     const e2bCall = E2B_SANDBOX.exec(url);
     if (e2bCall) {
       surface = "e2b";
       const caller = context.auth.apiKey(req.headers);
-      return await relay(context, req, res, surface, e2bCall[1] as string, caller.tenant);
+      return await relay(context, { req, res, arrived }, surface, e2bCall[1] as string, caller.tenant);
     }
     toFastify();
   } catch (err) {
@@ -280,8 +281,7 @@ async function dispatch(
 /** Relays a call for sandbox `id` to its node; `tenant` undefined: the data plane (any owner). */
 async function relay(
   context: GatewayContext,
-  req: IncomingMessage,
-  res: ServerResponse,
+  call: { req: IncomingMessage; res: ServerResponse; arrived: number },
   surface: Surface,
   id: string,
   tenant: string | null | undefined,
@@ -295,13 +295,15 @@ async function relay(
       `node ${placement.node} of sandbox ${id} is not reachable from this gateway`,
     );
   }
-  const failed = await context.proxy.web(req, res, {
+  const { req, res, arrived } = call;
+  const target = {
     node: node.name,
     url: node.url,
     epoch,
     nodeToken: context.nodeToken,
     tenant: tenant ?? null,
-  });
+  };
+  const failed = await context.proxy.web(req, res, target, arrived);
   if (failed !== null && !res.headersSent) sendIn(surface, res, new ForkdError("unavailable", failed));
 }
 

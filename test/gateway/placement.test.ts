@@ -28,10 +28,12 @@ async function spawn(h: Harness, tag: string, n = 1, token = ADMIN_TOKEN) {
     headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
     body: JSON.stringify({ snapshot_tag: tag, n }),
   });
-  return {
-    status: answer.status,
-    body: (await answer.json()) as { id: string; node: string; error?: string }[],
-  };
+  const body = (await answer.json()) as { id: string; node: string; error?: string }[];
+  if (answer.status === 201) {
+    // Where the spawn's time went: the gateway's own share and the wait on the nodes.
+    assert.match(answer.headers.get("server-timing") ?? "", /^gateway;dur=\d+\.\d\d, node;dur=\d+\.\d\d$/);
+  }
+  return { status: answer.status, body };
 }
 
 const nodesOf = (kids: { node: string }[]) => kids.map((k) => k.node).sort();

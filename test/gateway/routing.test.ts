@@ -102,6 +102,7 @@ describe("gateway routing", () => {
       "sandbox-own-token",
       "the node checks the sandbox's own token",
     );
+    assert.match(String(r.headers["server-timing"]), /^gateway;dur=\d+\.\d\d, node;dur=\d+\.\d\d$/);
   });
 
   it("relays by the E2b-Sandbox-Id header, and a caller's cluster headers are not passed on", async () => {
