@@ -62,6 +62,47 @@ function registerStatusRoutes(app: FastifyInstance, context: GatewayContext): vo
 
 /** Spawn (placed here), the lists and kill-all (every node), fork (across nodes). */
 function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): void {
+  registerSpawnRoute(app, context);
+  app.get<{ Querystring: Static<typeof ListSandboxesQuery> }>(
+    "/v1/sandboxes",
+    { ...forkd, schema: { querystring: ListSandboxesQuery } },
+    async (request, reply) => {
+      const answers = await fanout<SpawnedSandbox[]>(
+        context,
+        { method: "GET", path: "/v1/sandboxes", query: request.query },
+        request.tenant,
+        reply,
+      );
+      return answers
+        .flatMap((a) => a.value.map((s) => ({ ...s, node: a.node })))
+        .sort((a, b) => a.created_at_unix - b.created_at_unix || a.id.localeCompare(b.id));
+    },
+  );
+
+  app.delete<{ Querystring: Static<typeof KillManyQuery> }>(
+    "/v1/sandboxes",
+    { ...forkd, schema: { querystring: KillManyQuery } },
+    async (request, reply) => {
+      const answers = await fanout<{ killed: string[] }>(
+        context,
+        { method: "DELETE", path: "/v1/sandboxes", query: request.query },
+        request.tenant,
+        reply,
+      );
+      return { killed: answers.flatMap((a) => a.value.killed) };
+    },
+  );
+
+  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof ForkBody> }>(
+    "/v1/sandboxes/:id/fork",
+    { ...forkd, schema: { params: SandboxParams, body: ForkBody } },
+    async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
+  );
+  registerBranchRoute(app, context);
+}
+
+/** A spawn: placed here (placement.ts), each node's share sent as the caller's tenant. */
+function registerSpawnRoute(app: FastifyInstance, context: GatewayContext): void {
   app.post<{ Body: Static<typeof SpawnBody> }>(
     "/v1/sandboxes",
     { ...forkd, schema: { body: SpawnBody } },
@@ -99,43 +140,6 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
       return children.flatMap((child) => child.value.map((s) => ({ ...s, node: child.node })));
     },
   );
-
-  app.get<{ Querystring: Static<typeof ListSandboxesQuery> }>(
-    "/v1/sandboxes",
-    { ...forkd, schema: { querystring: ListSandboxesQuery } },
-    async (request, reply) => {
-      const answers = await fanout<SpawnedSandbox[]>(
-        context,
-        { method: "GET", path: "/v1/sandboxes", query: request.query },
-        request.tenant,
-        reply,
-      );
-      return answers
-        .flatMap((a) => a.value.map((s) => ({ ...s, node: a.node })))
-        .sort((a, b) => a.created_at_unix - b.created_at_unix || a.id.localeCompare(b.id));
-    },
-  );
-
-  app.delete<{ Querystring: Static<typeof KillManyQuery> }>(
-    "/v1/sandboxes",
-    { ...forkd, schema: { querystring: KillManyQuery } },
-    async (request, reply) => {
-      const answers = await fanout<{ killed: string[] }>(
-        context,
-        { method: "DELETE", path: "/v1/sandboxes", query: request.query },
-        request.tenant,
-        reply,
-      );
-      return { killed: answers.flatMap((a) => a.value.killed) };
-    },
-  );
-
-  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof ForkBody> }>(
-    "/v1/sandboxes/:id/fork",
-    { ...forkd, schema: { params: SandboxParams, body: ForkBody } },
-    async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
-  );
-  registerBranchRoute(app, context);
 }
 
 /** BRANCH is the node's, answered here (not relayed as it is) so that its snapshot record loses host paths. */
