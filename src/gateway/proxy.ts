@@ -43,10 +43,10 @@ export class NodeProxy {
     this.proxy.on("proxyRes", (proxyRes: http.IncomingMessage, req: http.IncomingMessage) => {
       const timing = this.timings.get(req);
       if (!timing) return;
-      proxyRes.headers["server-timing"] = serverTiming(
-        timing.sent - timing.arrived,
-        performance.now() - timing.sent,
-      );
+      const ours = serverTiming(timing.sent - timing.arrived, performance.now() - timing.sent);
+      // A guest's own Server-Timing (a sandbox's web server, through the data plane) stays, after the gateway's.
+      const theirs = proxyRes.headers["server-timing"];
+      proxyRes.headers["server-timing"] = theirs ? `${ours}, ${theirs}` : ours;
     });
   }
 

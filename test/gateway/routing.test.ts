@@ -107,7 +107,7 @@ describe("gateway routing", () => {
 
   it("relays by the E2b-Sandbox-Id header, and a caller's cluster headers are not passed on", async () => {
     const r = await request(h.gateway.url, {
-      path: "/health",
+      path: "/health?timing=1",
       headers: {
         "e2b-sandbox-id": ON_NODE_1,
         "e2b-sandbox-port": "49983",
@@ -120,6 +120,7 @@ describe("gateway routing", () => {
     assert.equal(echo.node, "node-1");
     assert.equal(echo.headers[CLUSTER_HEADERS.token], NODE_TOKEN);
     assert.equal(echo.headers[CLUSTER_HEADERS.tenant], undefined);
+    assert.match(String(r.headers["server-timing"]), /^gateway;dur=[\d.]+, node;dur=[\d.]+, app;dur=5$/);
   });
 
   it("answers an unknown sandbox at once, in each API's shape", async () => {

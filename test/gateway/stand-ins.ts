@@ -138,7 +138,8 @@ export class StandInNode {
       answer(res, 200, { tag: pull.tag, digest: pull.digest, installed: [], pulled: true, ms: 1 });
       return;
     }
-    // Anything else: what the relay delivered, for the test to read.
+    // Anything else: what the relay delivered, for the test to read (a guest's own Server-Timing on ?timing).
+    if (req.url?.includes("timing=1")) res.setHeader("server-timing", "app;dur=5");
     answer(res, 200, { node: this.name, method: req.method, url: req.url, headers: req.headers, body });
   }
 
