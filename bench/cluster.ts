@@ -1,7 +1,8 @@
 /**
  * bench/cluster: what the cluster costs a user, side by side in one run on a local cluster
  * (scripts/local-cluster.sh up --nodes 2 --gateways 1): create + first exec through the gateway vs the same
- * node directly (its front, with the node token), p50/p99, alternating; a spawn that needs a pull (a snapshot
+ * node directly (its front, with the node token), p50/p99, alternating, with the gateway's own share of each
+ * create and exec (its Server-Timing header: its time apart from the wait on the node); a spawn that needs a pull (a snapshot
  * published from node-0, node-0 cordoned) vs a spawn of the same snapshot once held; the time a kill -9'd node
  * takes to be answered "lost"; where the gateway's share goes (create and first exec timed apart, and a call
  * without guest work, GET /v1/sandboxes/<id>, at the node, at the gateway replica and through the Service's
@@ -73,14 +74,43 @@ const direct = new Controller({ url: node0.url, headers: await nodeHeaders(node0
 
 const replica = new Controller({ url: state.gateways[0]?.url, token: state.tokens.admin, env: {} });
 
-async function createAndExec(c: Controller): Promise<{ ms: number; createMs: number; ok: boolean }> {
+interface CreateAndExec {
+  ms: number;
+  createMs: number;
+  ok: boolean;
+  /** The gateway's own ms in the create and in the exec, by its Server-Timing header (undefined: direct). */
+  gatewayCreateMs?: number;
+  gatewayExecMs?: number;
+}
+
+/** `gateway;dur=<ms>` of a Server-Timing header. */
+function gatewayShare(headers: Record<string, string | string[] | undefined>): number | undefined {
+  const match = /(?:^|,)\s*gateway;dur=([\d.]+)/.exec(String(headers["server-timing"] ?? ""));
+  return match ? Number(match[1]) : undefined;
+}
+
+/** A create and a first exec as the SDK sends them, read whole so the answers' headers are seen. */
+async function createAndExec(c: Controller): Promise<CreateAndExec> {
   const t0 = performance.now();
-  const [kid] = await c.spawnSandboxes({ snapshotTag: "pyagent" });
+  const created = await c.send({ method: "POST", path: "/v1/sandboxes", json: { snapshot_tag: "pyagent" } });
   const createMs = performance.now() - t0;
-  const r = await c.execCommand(kid?.id as string, ["echo", "ok"]);
+  const [kid] = JSON.parse(created.body.toString("utf8")) as { id: string }[];
+  const exec = await c.send({
+    method: "POST",
+    path: `/v1/sandboxes/${kid?.id}/exec`,
+    json: { args: ["echo", "ok"], timeout_ms: 60_000 },
+    deadlineMs: 120_000,
+  });
   const ms = performance.now() - t0;
   await c.killSandbox(kid?.id as string);
-  return { ms, createMs, ok: r.stdout.trim() === "ok" };
+  const stdout = (JSON.parse(exec.body.toString("utf8")) as { stdout: string }).stdout;
+  return {
+    ms,
+    createMs,
+    ok: stdout.trim() === "ok",
+    gatewayCreateMs: gatewayShare(created.headers),
+    gatewayExecMs: gatewayShare(exec.headers),
+  };
 }
 
 /** A call with no guest work (the sandbox's record), `n` times on each path, alternating: what a hop costs. */
@@ -139,6 +169,7 @@ try {
   await createAndExec(direct);
   const times = { gateway: [] as number[], direct: [] as number[] };
   const createTimes = { gateway: [] as number[], direct: [] as number[] };
+  const gatewayOwn = { create: [] as number[], exec: [] as number[] };
   let wrong = 0;
   for (let i = 0; i < ROUNDS; i++) {
     for (const [name, c] of (i % 2 === 0
@@ -153,6 +184,8 @@ try {
       const r = await createAndExec(c);
       times[name].push(r.ms);
       createTimes[name].push(r.createMs);
+      if (r.gatewayCreateMs !== undefined) gatewayOwn.create.push(r.gatewayCreateMs);
+      if (r.gatewayExecMs !== undefined) gatewayOwn.exec.push(r.gatewayExecMs);
       if (!r.ok) wrong++;
     }
   }
@@ -249,6 +282,11 @@ try {
       note: `exec alone: ${fmt(p50(times.direct) - p50(createTimes.direct))} / ${fmt(p50(times.gateway) - p50(createTimes.gateway))} (p50 differences)`,
     },
     {
+      metric: "  the gateway's own time in them (its Server-Timing), create / exec, p50 / p99",
+      value: `${ms1(p50(gatewayOwn.create))} / ${ms1(p99(gatewayOwn.create))}, ${ms1(p50(gatewayOwn.exec))} / ${ms1(p99(gatewayOwn.exec))}`,
+      note: `${(((p50(gatewayOwn.create) + p50(gatewayOwn.exec)) / p50(times.direct)) * 100).toFixed(1)} % of direct's p50: the rest of the difference is the hops and the guest's spread`,
+    },
+    {
       metric: `GET /v1/sandboxes/<id> p50 / p99, ${RECORD_ROUNDS} each, alternating: node directly`,
       value: `${ms1(p50(records.direct))} / ${ms1(p99(records.direct))}`,
     },
@@ -289,6 +327,7 @@ try {
       measured: {
         times,
         createTimes,
+        gatewayOwn,
         records,
         localFork,
         crossFork,

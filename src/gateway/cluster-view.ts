@@ -12,7 +12,7 @@
 import type { Logger } from "pino";
 import type { ForkdNode, ForkdSnapshot } from "../cluster/schemas.js";
 import { describeKubeError } from "../kube/errors.js";
-import { LeaseObserver, type Leases } from "../kube/leases.js";
+import { LeaseObserver, type Leases, type V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
 
 export const READ_INTERVAL_MS = 1_000;
@@ -29,6 +29,25 @@ export interface NodeView {
   /** When its Lease was seen expired (ms), or null while it holds. */
   lostSince: number | null;
   node: ForkdNode;
+}
+
+/**
+ * The three lists the view is made of. In the gateway they come from the API server (kubeReads); the gateway's
+ * unit tests hand in lists of their own (a stand-in at the API server's boundary, test/gateway).
+ */
+export interface ClusterReads {
+  nodes(): Promise<ForkdNode[]>;
+  leases(): Promise<V1Lease[]>;
+  snapshots(): Promise<ForkdSnapshot[]>;
+}
+
+/** The lists as the API server has them (the gateway's read-only rights). */
+export function kubeReads(objects: ForkdObjects, leases: Leases): ClusterReads {
+  return {
+    nodes: async () => (await objects.nodes.list()) as ForkdNode[],
+    leases: () => leases.list(),
+    snapshots: async () => (await objects.snapshots.list()) as ForkdSnapshot[],
+  };
 }
 
 export interface SnapshotView {
@@ -56,8 +75,7 @@ export class ClusterView {
   private markReady!: () => void;
 
   constructor(
-    private readonly objects: ForkdObjects,
-    private readonly leaseApi: Leases,
+    private readonly reads: ClusterReads,
     private readonly logger: Logger,
     private readonly intervalMs = READ_INTERVAL_MS,
   ) {
@@ -90,13 +108,13 @@ export class ClusterView {
   async read(): Promise<void> {
     try {
       const [nodes, leases, snapshots] = await Promise.all([
-        this.objects.nodes.list(),
-        this.leaseApi.list(),
-        this.objects.snapshots.list(),
+        this.reads.nodes(),
+        this.reads.leases(),
+        this.reads.snapshots(),
       ]);
       this.leases.observe(leases);
       const next = new Map<string, NodeView>();
-      for (const node of nodes as ForkdNode[]) {
+      for (const node of nodes) {
         const view = this.viewOf(node);
         next.set(view.name, view);
         if (!view.leaseHeld) {
@@ -105,7 +123,7 @@ export class ClusterView {
         }
       }
       this.nodes = next;
-      this.snapshots = (snapshots as ForkdSnapshot[]).map((s) => ({
+      this.snapshots = snapshots.map((s) => ({
         name: s.metadata.name,
         reference: s.spec.reference,
         digest: s.spec.digest,

@@ -23,6 +23,7 @@ import type { GatewayContext } from "./context.js";
 import { fanout } from "./fanout.js";
 import { forkAcrossNodes } from "./fork.js";
 import { withoutHostPaths } from "./host-paths.js";
+import { serverTiming } from "./proxy.js";
 import type { SpawnedSandbox } from "./spawn.js";
 
 declare module "fastify" {
@@ -61,34 +62,7 @@ function registerStatusRoutes(app: FastifyInstance, context: GatewayContext): vo
 
 /** Spawn (placed here), the lists and kill-all (every node), fork (across nodes). */
 function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): void {
-  app.post<{ Body: Static<typeof SpawnBody> }>(
-    "/v1/sandboxes",
-    { ...forkd, schema: { body: SpawnBody } },
-    async (request, reply) => {
-      const body = request.body;
-      const target = await context.placer.resolve(body.snapshot_tag, request.tenant);
-      const children = await context.spawner.spawn(
-        request.tenant,
-        target,
-        body.n ?? 1,
-        (share) =>
-          context.calls.json<SpawnedSandbox[]>(
-            share.node,
-            {
-              method: "POST",
-              path: "/v1/sandboxes",
-              json: { ...body, snapshot_tag: target.tag, n: share.count },
-              deadlineMs: 0,
-            },
-            request.tenant,
-          ),
-        (answer) => answer,
-      );
-      reply.status(201);
-      return children.flatMap((child) => child.value.map((s) => ({ ...s, node: child.node })));
-    },
-  );
-
+  registerSpawnRoute(app, context);
   app.get<{ Querystring: Static<typeof ListSandboxesQuery> }>(
     "/v1/sandboxes",
     { ...forkd, schema: { querystring: ListSandboxesQuery } },
@@ -125,6 +99,47 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
     async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
   );
   registerBranchRoute(app, context);
+}
+
+/** A spawn: placed here (placement.ts), each node's share sent as the caller's tenant. */
+function registerSpawnRoute(app: FastifyInstance, context: GatewayContext): void {
+  app.post<{ Body: Static<typeof SpawnBody> }>(
+    "/v1/sandboxes",
+    { ...forkd, schema: { body: SpawnBody } },
+    async (request, reply) => {
+      const body = request.body;
+      const target = await context.placer.resolve(body.snapshot_tag, request.tenant);
+      let nodeMs = 0;
+      const children = await context.spawner.spawn(
+        request.tenant,
+        target,
+        body.n ?? 1,
+        async (share) => {
+          const sent = performance.now();
+          try {
+            return await context.calls.json<SpawnedSandbox[]>(
+              share.node,
+              {
+                method: "POST",
+                path: "/v1/sandboxes",
+                json: { ...body, snapshot_tag: target.tag, n: share.count },
+                deadlineMs: 0,
+              },
+              request.tenant,
+            );
+          } finally {
+            // Shares run in parallel: the longest is what the spawn waited on nodes.
+            nodeMs = Math.max(nodeMs, performance.now() - sent);
+          }
+        },
+        (answer) => answer,
+      );
+      reply.status(201);
+      // elapsedTime: since the request arrived (Fastify's onRequest), parsing and authentication included.
+      reply.header("server-timing", serverTiming(reply.elapsedTime - nodeMs, nodeMs));
+      return children.flatMap((child) => child.value.map((s) => ({ ...s, node: child.node })));
+    },
+  );
 }
 
 /** BRANCH is the node's, answered here (not relayed as it is) so that its snapshot record loses host paths. */

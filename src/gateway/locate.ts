@@ -7,12 +7,14 @@
 
 import type { SandboxRef } from "../cluster/protocol.js";
 import { ForkdError, notFound } from "../common/errors.js";
+import { SANDBOX_ID_PATTERN } from "../common/limits.js";
 import type { ClusterView } from "./cluster-view.js";
 import type { Directory, Placement } from "./directory.js";
 import type { NodeCaller } from "./node-calls.js";
 import type { NodeLinks } from "./node-links.js";
 
 export const LOOKUP_TIMEOUT_MS = 3_000;
+const SANDBOX_ID = new RegExp(SANDBOX_ID_PATTERN);
 
 /** The error for a sandbox whose node was lost: it is gone, and stays gone (its node kills it when fenced). */
 export function lostError(id: string, why: string): ForkdError {
@@ -34,6 +36,8 @@ export class SandboxLocator {
    * not_found (unknown, another tenant's, or lost: then saying so).
    */
   async locate(id: string, tenant: string | null | undefined): Promise<Placement> {
+    // A name no sandbox can have (an E2b-Sandbox-Id header is the caller's text) is unknown: no node is asked.
+    if (!SANDBOX_ID.test(id)) throw notFound(`sandbox ${JSON.stringify(id.slice(0, 80))} not found`);
     let entry = this.directory.lookup(id);
     if (!entry) entry = await this.ask(id, tenant ?? null);
     if (!entry) throw notFound(`sandbox ${JSON.stringify(id)} not found`);

@@ -5,7 +5,7 @@
  */
 import { CLUSTER_HEADERS } from "../cluster/protocol.js";
 import { ERROR_CODES, type ErrorCode, ForkdError } from "../common/errors.js";
-import { ForkdSdkError } from "../sdk/index.js";
+import { type Controller, ForkdSdkError } from "../sdk/index.js";
 import type { NodeLinks } from "./node-links.js";
 
 export interface NodeCall {
@@ -48,26 +48,20 @@ export function fromNodeError(node: string, err: unknown): unknown {
   return err;
 }
 
+/**
+ * The largest answer of a node the gateway reads into memory (a list of every sandbox of a full node is a few
+ * MiB): a node's answer beyond it fails that call, never the gateway. Relayed calls are streamed, not bounded here.
+ */
+export const MAX_NODE_ANSWER_BYTES = 32 * 1024 * 1024;
+
 export class NodeCaller {
   constructor(private readonly links: NodeLinks) {}
 
   /** The parsed JSON answer of `call` on `node`, acting for `tenant` (null: an admin). */
   async json<T>(node: string, call: NodeCall, tenant: string | null, signal?: AbortSignal): Promise<T> {
-    const link = this.links.client(node);
-    if (!link) throw new ForkdError("unavailable", `node ${node} is not reachable from this gateway now`);
-    const headers: Record<string, string> = { [CLUSTER_HEADERS.epoch]: String(link.epoch) };
-    if (tenant !== null) headers[CLUSTER_HEADERS.tenant] = tenant;
+    const { client, request, options } = this.prepare(node, call, tenant, signal);
     try {
-      return await link.client.json<T>(
-        {
-          method: call.method,
-          path: call.path,
-          query: call.query,
-          json: call.json,
-          ...(call.deadlineMs === undefined ? {} : { deadlineMs: call.deadlineMs }),
-        },
-        { headers, signal },
-      );
+      return await client.json<T>(request, options);
     } catch (err) {
       throw fromNodeError(node, err);
     }
@@ -80,21 +74,9 @@ export class NodeCaller {
     tenant: string | null,
     signal?: AbortSignal,
   ): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }> {
-    const link = this.links.client(node);
-    if (!link) throw new ForkdError("unavailable", `node ${node} is not reachable from this gateway now`);
-    const headers: Record<string, string> = { [CLUSTER_HEADERS.epoch]: String(link.epoch) };
-    if (tenant !== null) headers[CLUSTER_HEADERS.tenant] = tenant;
+    const { client, request, options } = this.prepare(node, call, tenant, signal);
     try {
-      return await link.client.send(
-        {
-          method: call.method,
-          path: call.path,
-          query: call.query,
-          json: call.json,
-          ...(call.deadlineMs === undefined ? {} : { deadlineMs: call.deadlineMs }),
-        },
-        { headers, signal },
-      );
+      return await client.send(request, options);
     } catch (err) {
       throw fromNodeError(node, err);
     }
@@ -103,5 +85,21 @@ export class NodeCaller {
   /** The epoch calls to `node` carry now. */
   epochOf(node: string): number | undefined {
     return this.links.client(node)?.epoch;
+  }
+
+  private prepare(node: string, call: NodeCall, tenant: string | null, signal: AbortSignal | undefined) {
+    const link = this.links.client(node);
+    if (!link) throw new ForkdError("unavailable", `node ${node} is not reachable from this gateway now`);
+    const headers: Record<string, string> = { [CLUSTER_HEADERS.epoch]: String(link.epoch) };
+    if (tenant !== null) headers[CLUSTER_HEADERS.tenant] = tenant;
+    const request: Parameters<Controller["send"]>[0] = {
+      method: call.method,
+      path: call.path,
+      query: call.query,
+      json: call.json,
+      maxResponseBytes: MAX_NODE_ANSWER_BYTES,
+      ...(call.deadlineMs === undefined ? {} : { deadlineMs: call.deadlineMs }),
+    };
+    return { client: link.client, request, options: { headers, signal } };
   }
 }

@@ -1,7 +1,8 @@
 /**
  * Where new sandboxes go. A snapshot the cluster knows as a ForkdSnapshot is placed on the nodes holding its
  * digest; any other snapshot (a BRANCH, a tenant's own) on the nodes the directory says hold its tag (asked of
- * the nodes when the directory does not know it: a node's stream reports new snapshots every 2 s). Among
+ * the nodes when the directory does not know it, or when the nodes it knows have no room: a node's stream
+ * reports new snapshots every 2 s, so a node that just got the tag is not among them yet). Among
  * those, best-of-K (E2B's scheduler does the same with K = 3): K nodes drawn at random, the one with the most
  * free slots wins, so load spreads without every gateway replica piling onto the same "emptiest" node. A spawn
  * of more children than one node has room for spills over to the next best. A ForkdSnapshot no schedulable
@@ -29,7 +30,17 @@ const PULL_DEADLINE_MS = 30 * 60_000;
 /** What a spawn names, resolved: a ForkdSnapshot, or a node-local tag. */
 export type SnapshotTarget =
   | { kind: "cluster"; tag: string; snapshot: SnapshotView }
-  | { kind: "local"; tag: string; nodes: string[] };
+  | {
+      kind: "local";
+      tag: string;
+      nodes: string[];
+      /**
+       * Set when the nodes are what the directory knew (resolve): the tenant to ask the other nodes as when they
+       * have too little room, since a node that got the tag since its stream's last snapshot poll is not in
+       * `nodes` yet. Unset: `nodes` is the whole list (a fork's branch, pulled where it goes).
+       */
+      askAs?: string | null;
+    };
 
 export interface Share {
   node: string;
@@ -73,19 +84,20 @@ export class Placer {
     const snapshot = this.view.snapshot(name);
     if (snapshot) return { kind: "cluster", tag: snapshot.name, snapshot };
     let nodes = this.directory.snapshotPlaces(name).map((p) => p.node);
-    if (nodes.length === 0 && options.ask !== false) nodes = await this.askHolders(name, tenant);
-    if (nodes.length > 0) return { kind: "local", tag: name, nodes };
+    if (nodes.length === 0 && options.ask !== false) nodes = await this.askHolders(name, tenant, []);
+    if (nodes.length > 0) return { kind: "local", tag: name, nodes, askAs: tenant };
     throw notFound(`snapshot ${JSON.stringify(name)} not found in the cluster`);
   }
 
   /**
-   * Asks every node that takes work whether it holds `tag` as `tenant` sees it (bounded by LOOKUP_TIMEOUT_MS);
-   * each that does is recorded in the directory and returned.
+   * Asks every node that takes work, but those in `known`, whether it holds `tag` as `tenant` sees it (bounded by
+   * LOOKUP_TIMEOUT_MS); each that does is recorded in the directory and returned.
    */
-  private async askHolders(tag: string, tenant: string | null): Promise<string[]> {
+  private async askHolders(tag: string, tenant: string | null, known: readonly string[]): Promise<string[]> {
     const signal = AbortSignal.timeout(LOOKUP_TIMEOUT_MS);
+    const others = this.usable().filter((n) => !known.includes(n.name));
     const answers = await Promise.allSettled(
-      this.usable().map(async (node) => {
+      others.map(async (node) => {
         const epoch = this.calls.epochOf(node.name) ?? node.epoch;
         const info = await this.calls.json<{ tag: string; owner?: string | null }>(
           node.name,
@@ -118,6 +130,11 @@ export class Placer {
     return Math.max(0, Math.min(available.sandboxes, byMemory) - (this.placing.get(node.name) ?? 0));
   }
 
+  /** Free slots of `nodes` together. */
+  private room(nodes: readonly NodeView[]): number {
+    return nodes.reduce((sum, node) => sum + this.slots(node), 0);
+  }
+
   /** The nodes holding `target`, among those that take work. */
   holders(target: SnapshotTarget): NodeView[] {
     const usable = this.usable();
@@ -131,7 +148,14 @@ export class Placer {
    * with too few holders, the best other nodes pull it first. Reserves the slots until `release`.
    */
   async place(target: SnapshotTarget, n: number): Promise<{ shares: Share[]; release: () => void }> {
-    const shares = this.share(this.holders(target), n);
+    let holders = this.holders(target);
+    if (target.kind === "local" && target.askAs !== undefined && this.room(holders) < n) {
+      // The directory's holders are full: a node that got the tag since its stream last reported may have room.
+      const more = await this.askHolders(target.tag, target.askAs, target.nodes);
+      target.nodes.push(...more);
+      holders = this.holders(target);
+    }
+    const shares = this.share(holders, n);
     let placed = shares.reduce((sum, s) => sum + s.count, 0);
     if (placed < n && target.kind === "cluster") {
       const others = this.usable().filter((node) => !shares.some((s) => s.node === node.name));

@@ -5,6 +5,10 @@
  * a guest). The request's path and Host go on unchanged: the node routes E2B's `<port>-<id>.<domain>` host
  * names as a single daemon does. Every call in flight is tracked by node: when the gateway sees a node lost,
  * its calls are cut at once instead of waiting on a dead link.
+ *
+ * Each relayed answer carries a Server-Timing header saying where its time went before the node's answer began:
+ * `gateway` (from the request's arrival to its relay: authentication, locating the sandbox) and `node` (from the
+ * relay to the node's answer headers). bench/cluster reads it to tell the gateway's share from the node's.
  */
 import http from "node:http";
 import type net from "node:net";
@@ -26,6 +30,8 @@ export class NodeProxy {
   private readonly proxy = createProxyServer({ xfwd: false, ws: true });
   private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 256 });
   private readonly inFlight = new Map<string, Set<{ destroy(err?: Error): void }>>();
+  /** When each request in relay arrived at the gateway and was sent on (performance.now()). */
+  private readonly timings = new WeakMap<http.IncomingMessage, { arrived: number; sent: number }>();
 
   constructor(
     /** The gateway's own tokens: removed from every relayed request. */
@@ -34,14 +40,28 @@ export class NodeProxy {
   ) {
     // A caller socket's error is re-emitted on the proxy; with no listener it would end the gateway.
     this.proxy.on("error", (err: Error) => onError(err));
+    this.proxy.on("proxyRes", (proxyRes: http.IncomingMessage, req: http.IncomingMessage) => {
+      const timing = this.timings.get(req);
+      if (!timing) return;
+      const ours = serverTiming(timing.sent - timing.arrived, performance.now() - timing.sent);
+      // A guest's own Server-Timing (a sandbox's web server, through the data plane) stays, after the gateway's.
+      const theirs = proxyRes.headers["server-timing"];
+      proxyRes.headers["server-timing"] = theirs ? `${ours}, ${theirs}` : ours;
+    });
   }
 
   /**
    * Relays one request. Resolves with null once the response is done, or with why the node could not be reached
    * while nothing was written yet (the caller answers in its API's shape).
    */
-  web(req: http.IncomingMessage, res: http.ServerResponse, target: ProxyTarget): Promise<string | null> {
+  web(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    target: ProxyTarget,
+    arrived = performance.now(),
+  ): Promise<string | null> {
     this.prepare(req);
+    this.timings.set(req, { arrived, sent: performance.now() });
     const untrack = this.track(target.node, res);
     return new Promise((resolve) => {
       res.once("close", () => {
@@ -117,4 +137,9 @@ export class NodeProxy {
       if (open.size === 0 && this.inFlight.get(node) === open) this.inFlight.delete(node);
     };
   }
+}
+
+/** A Server-Timing value: the gateway's own time and the time waiting on the node, in ms. */
+export function serverTiming(gatewayMs: number, nodeMs: number): string {
+  return `gateway;dur=${gatewayMs.toFixed(2)}, node;dur=${nodeMs.toFixed(2)}`;
 }

@@ -29,7 +29,7 @@ import { Leases } from "../kube/leases.js";
 import { forkdObjects } from "../kube/objects.js";
 import { TenantAdmission } from "./admission.js";
 import { type Caller, GatewayAuth } from "./auth.js";
-import { ClusterView } from "./cluster-view.js";
+import { type ClusterReads, ClusterView, kubeReads } from "./cluster-view.js";
 import type { GatewayContext } from "./context.js";
 import { Directory } from "./directory.js";
 import { registerE2bRoutes } from "./e2b-routes.js";
@@ -48,6 +48,11 @@ export interface GatewayOptions {
   tls?: { key: Buffer; cert: Buffer };
   namespace: string;
   kubeconfig?: string;
+  /**
+   * Where the cluster's lists come from instead of the API server named by `kubeconfig` (the gateway's unit
+   * tests: a stand-in at that boundary).
+   */
+  cluster?: ClusterReads;
   /** The cluster credential nodes take (the node token). */
   nodeToken: string;
   /** The admin token and users' tokens (with their tenants). */
@@ -118,12 +123,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
 /** The gateway's parts, wired: what it reads of the cluster, its directory, links, placement and relay. */
 function gatewayContext(options: GatewayOptions): GatewayContext {
   const { logger } = options;
-  const config = loadKubeConfig(options.kubeconfig);
-  const view = new ClusterView(
-    forkdObjects(config, options.namespace),
-    new Leases(config, options.namespace),
-    logger,
-  );
+  const view = new ClusterView(options.cluster ?? clusterReadsOf(options), logger);
   const directory = new Directory();
   const links = new NodeLinks(view, options.nodeToken, directory, logger);
   const calls = new NodeCaller(links);
@@ -151,6 +151,11 @@ function gatewayContext(options: GatewayOptions): GatewayContext {
     defaultSnapshot: options.defaultSnapshot,
     logger,
   };
+}
+
+function clusterReadsOf(options: GatewayOptions): ClusterReads {
+  const config = loadKubeConfig(options.kubeconfig);
+  return kubeReads(forkdObjects(config, options.namespace), new Leases(config, options.namespace));
 }
 
 /** Fastify behind the gateway's own dispatch (relay, MCP) for requests and upgrades. */
@@ -249,6 +254,7 @@ async function dispatch(
   scheme: "http" | "https",
 ): Promise<void> {
   let surface: Surface = "forkd";
+  const arrived = performance.now();
   try {
     const url = req.url ?? "/";
     if (url === "/healthz" || url === "/healthz/") return toFastify();
@@ -256,7 +262,7 @@ async function dispatch(
     const address = sandboxAddressOf(req.headers);
     if (address) {
       surface = "data";
-      return await relay(context, req, res, surface, address.sandboxId, undefined);
+      return await relay(context, { req, res, arrived }, surface, address.sandboxId, undefined);
     }
     if (isSandboxOrigin(req.headers.origin)) {
       throw new ForkdError("forbidden", "a sandbox's page may call sandboxes only, never the cluster's API");
@@ -265,13 +271,13 @@ async function dispatch(
     const forkdCall = FORKD_SANDBOX.exec(url);
     if (forkdCall && !(req.method === "POST" && ANSWERED_HERE.has(forkdCall[2] ?? ""))) {
       const caller = context.auth.bearer(req.headers);
-      return await relay(context, req, res, surface, forkdCall[1] as string, caller.tenant);
+      return await relay(context, { req, res, arrived }, surface, forkdCall[1] as string, caller.tenant);
     }
     const e2bCall = E2B_SANDBOX.exec(url);
     if (e2bCall) {
       surface = "e2b";
       const caller = context.auth.apiKey(req.headers);
-      return await relay(context, req, res, surface, e2bCall[1] as string, caller.tenant);
+      return await relay(context, { req, res, arrived }, surface, e2bCall[1] as string, caller.tenant);
     }
     toFastify();
   } catch (err) {
@@ -285,8 +291,7 @@ async function dispatch(
 /** Relays a call for sandbox `id` to its node; `tenant` undefined: the data plane (any owner). */
 async function relay(
   context: GatewayContext,
-  req: IncomingMessage,
-  res: ServerResponse,
+  call: { req: IncomingMessage; res: ServerResponse; arrived: number },
   surface: Surface,
   id: string,
   tenant: string | null | undefined,
@@ -300,13 +305,15 @@ async function relay(
       `node ${placement.node} of sandbox ${id} is not reachable from this gateway`,
     );
   }
-  const failed = await context.proxy.web(req, res, {
+  const { req, res, arrived } = call;
+  const target = {
     node: node.name,
     url: node.url,
     epoch,
     nodeToken: context.nodeToken,
     tenant: tenant ?? null,
-  });
+  };
+  const failed = await context.proxy.web(req, res, target, arrived);
   if (failed !== null && !res.headersSent) sendIn(surface, res, new ForkdError("unavailable", failed));
 }
 
