@@ -341,6 +341,8 @@ try {
       },
     },
     `# bench/cluster\n\n${hostDescription()}, 2 nodes and 1 gateway on one machine (scripts/local-cluster.sh), ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}`,
+    // The nodes' snapshot came from the seed home (through the registry): its manifest names the machine.
+    seedHome ?? path.join(clusterDir, "seed"),
   );
 } finally {
   await run(SCRIPT, ["down", "--dir", clusterDir], { encoding: "utf8" }).catch((err: Error) =>

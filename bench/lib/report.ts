@@ -81,14 +81,21 @@ export function printRows(title: string, rows: Row[]): void {
 /**
  * Writes `<name>.json` and `<name>.md`. Every result records the machine its guests ran on: a result that does
  * not say it itself (accelerator, cpu_model, qemu_version) gets them from the snapshot it names (`tag`,
- * else BENCH_TAG, else pyagent) in FORKD_HOME, and the markdown gets a line saying them.
+ * else BENCH_TAG, else pyagent) in FORKD_HOME (or `home`), and the markdown gets a line saying them.
  */
-export async function writeResults(name: string, json: unknown, markdown: string): Promise<void> {
+export async function writeResults(
+  name: string,
+  json: unknown,
+  markdown: string,
+  /** The forkd home holding that snapshot, when it is not FORKD_HOME (a local cluster's seed home). */
+  home?: string,
+): Promise<void> {
   const record = json as Record<string, unknown>;
   let conditions: Partial<BenchConditions> = {};
   if (record.cpu_model === undefined || record.qemu_version === undefined) {
     const tag = typeof record.tag === "string" ? record.tag : (process.env.BENCH_TAG ?? "pyagent");
-    const manifest = await new SnapshotStore(resolvePaths().snapshots)
+    const paths = resolvePaths(home === undefined ? process.env : { ...process.env, FORKD_HOME: home });
+    const manifest = await new SnapshotStore(paths.snapshots)
       .get(tag)
       .then((s) => s.manifest)
       .catch(() => undefined);
