@@ -108,7 +108,7 @@ export const DurablePause = Type.Object({
   pausedAt: Type.String({ format: "date-time", description: "when it was paused" }),
   record: Type.String({
     maxLength: CLUSTER_LIMITS.sealedRecordChars,
-    pattern: "^[A-Za-z0-9+/=._-]+$",
+    pattern: "^v1\\.[A-Za-z0-9_-]+$",
     description: "the sandbox's record, sealed with a key of the cluster credential (AES-256-GCM)",
   }),
 });
