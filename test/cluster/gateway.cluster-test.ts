@@ -567,7 +567,7 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
           signal: AbortSignal.timeout(60_000),
         }).catch((err: Error) => ({ status: 0, json: async () => ({ message: err.message }) }));
         const body = (await answer.json()) as Record<string, unknown>;
-        seen.add(`${answer.status} ${JSON.stringify(body.message ?? "").slice(0, 90)}`);
+        seen.add(`${answer.status} ${JSON.stringify(body).slice(0, 160)}`);
         assert.notEqual(answer.status, 404, `never answered not found: ${JSON.stringify(body)}`);
         return answer.status === 200 ? Date.now() : undefined;
       },
