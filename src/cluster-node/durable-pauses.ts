@@ -6,6 +6,7 @@
  * ForkdNode under the epoch it was paused in, its record unsealed with the node token (altered, moved or
  * invalid: refused), the chain pulled by digest, the sandbox inserted as paused under its id.
  */
+import { readFile, rename, writeFile } from "node:fs/promises";
 import type { Logger } from "pino";
 import { type DurableRecord, sealRecord, unsealRecord } from "../cluster/durable-record.js";
 import type { DurablePauseAnswer } from "../cluster/protocol.js";
@@ -27,17 +28,42 @@ export interface DurablePauseSettings {
 
 /** How often an adoption that failed is tried again. */
 const ADOPT_RETRY_MS = 5_000;
+/** Adoptions remembered as done (a sandbox adopted, then killed, must not be adopted again). */
+const MAX_DONE = 1024;
+const adoptionKey = (a: { id: string; fromNode: string; fromEpoch: number }) =>
+  `${a.id}@${a.fromNode}@${a.fromEpoch}`;
 
 export class DurablePauses {
   private readonly entries = new Map<string, DurablePause>();
   private readonly adopting = new Map<string, number>();
+  private done: string[] = [];
 
   constructor(
     private readonly settings: DurablePauseSettings,
     private readonly objects: ForkdObjects,
     private readonly digests: HeldDigests,
     private readonly logger: Logger,
+    /** Where done adoptions are kept across restarts (a JSON list, replaced atomically). */
+    private readonly doneFile: string,
   ) {}
+
+  /** Reads the adoptions done before a restart. */
+  async load(): Promise<void> {
+    const text = await readFile(this.doneFile, "utf8").catch(() => "[]");
+    try {
+      const list = JSON.parse(text) as unknown;
+      if (Array.isArray(list))
+        this.done = list.filter((k): k is string => typeof k === "string").slice(-MAX_DONE);
+    } catch {
+      this.done = [];
+    }
+  }
+
+  private async markDone(key: string): Promise<void> {
+    this.done = [...this.done.filter((k) => k !== key), key].slice(-MAX_DONE);
+    await writeFile(`${this.doneFile}.tmp`, JSON.stringify(this.done), { mode: 0o600 });
+    await rename(`${this.doneFile}.tmp`, this.doneFile);
+  }
 
   /** The entries this node listed before a restart (its ForkdNode's status). */
   restore(node: ForkdNode): void {
@@ -121,10 +147,12 @@ export class DurablePauses {
   /** Starts the adoptions `node` (this node's ForkdNode) lists that are not here yet (each retried until done). */
   adoptListed(services: Services, node: ForkdNode): void {
     for (const adoption of node.spec.adoptions ?? []) {
+      if (this.done.includes(adoptionKey(adoption))) continue;
       if (services.sandboxes.list().some((s) => s.id === adoption.id)) continue;
       if (Date.now() < (this.adopting.get(adoption.id) ?? 0)) continue;
       this.adopting.set(adoption.id, Number.POSITIVE_INFINITY);
       void this.adopt(services, adoption.id, adoption.fromNode, adoption.fromEpoch)
+        .then(() => this.markDone(adoptionKey(adoption)))
         .then(() => this.adopting.delete(adoption.id))
         .catch((err: unknown) => {
           this.adopting.set(adoption.id, Date.now() + ADOPT_RETRY_MS);

@@ -73,6 +73,7 @@ export class ClusterNode {
       objects,
       digests,
       logger,
+      path.join(options.home, "cluster", "adopted.json"),
     );
     this.membership = new NodeMembership({
       objects,
@@ -93,7 +94,9 @@ export class ClusterNode {
 
   static async open(options: ClusterNodeOptions): Promise<ClusterNode> {
     const digests = await HeldDigests.open(path.join(options.home, "cluster"));
-    return new ClusterNode(options, digests, undefined);
+    const node = new ClusterNode(options, digests, undefined);
+    await node.durable.load();
+    return node;
   }
 
   /** The daemon's pools, once its services are open. */
