@@ -6,6 +6,8 @@
  * - fencing: a node whose Lease has expired and that still runs under its spec.epoch gets its epoch raised
  *   (once per loss): the cluster gives up its sandboxes, the gateway stops routing to them, and the node kills
  *   them when it comes back, before it takes work again;
+ * - hand-over (hand-over.ts): each durable pause of a fenced node goes to one live node's spec.adoptions, then
+ *   is marked in the fenced node's spec.handedOver;
  * - prepull: a ForkdSnapshot with `prepull: N` is pulled by nodes until N live nodes hold it (those with the
  *   most free disk first, one pull per node at a time); its status says how many hold it;
  * - pools: a ForkdWarmPool's replicas are spread over the live nodes holding its snapshot (evenly, at most
@@ -23,6 +25,7 @@ import { describeKubeError } from "../kube/errors.js";
 import { LeaseObserver, type Leases } from "../kube/leases.js";
 import { callOptions, type ForkdObjects } from "../kube/objects.js";
 import { Controller } from "../sdk/index.js";
+import { HandOver } from "./hand-over.js";
 
 export const RECONCILE_MS = 1_000;
 const POOL_RETRY_MS = 30_000;
@@ -55,6 +58,7 @@ export class Reconciler {
   /** Pool targets a node refused (it keeps no pools): asked again after POOL_RETRY_MS. */
   private readonly poolRefused = new Map<string, number>();
   private readonly written = new Map<string, string>();
+  private handOverValue: HandOver | undefined;
 
   constructor(private readonly options: ReconcilerOptions) {}
 
@@ -91,6 +95,8 @@ export class Reconciler {
         (node.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false),
     }));
     await this.fence(nodes);
+    this.handOverValue ??= new HandOver(objects, logger);
+    await this.handOverValue.round(live);
     for (const snapshot of snapshots) {
       await this.prepull(snapshot, live).catch((err: unknown) =>
         logger.warn({ snapshot: snapshot.metadata.name, err: errorMessage(err) }, "prepull"),

@@ -16,6 +16,7 @@ import { loadKubeConfig } from "../kube/config.js";
 import { Leases } from "../kube/leases.js";
 import { forkdObjects } from "../kube/objects.js";
 import { HeldDigests } from "./digests.js";
+import { DurablePauses } from "./durable-pauses.js";
 import { ClusterFront } from "./front.js";
 import { NodeMembership } from "./membership.js";
 import { clusterRoutesExtension } from "./routes.js";
@@ -31,6 +32,10 @@ export interface ClusterNodeOptions {
   home: string;
   /** The cluster credential (the node token). */
   tokens: readonly Token[];
+  /** host[:port] of the cluster's registry, where durable pauses go (--cluster-registry); none: refused. */
+  registry?: string;
+  /** Plain HTTP or unverified TLS to that registry when it is not on loopback. */
+  registryInsecure?: boolean;
   limits: CapacityLimits;
   logger: Logger;
 }
@@ -46,6 +51,7 @@ const START_RETRY_MS = 2_000;
 export class ClusterNode {
   readonly front: TrustedFront;
   private readonly membership: NodeMembership;
+  private readonly durable: DurablePauses;
   private starting: Promise<void> | undefined;
   private stopped = false;
 
@@ -55,8 +61,22 @@ export class ClusterNode {
     private pools: NodePools | undefined,
   ) {
     const config = loadKubeConfig(options.kubeconfig);
+    const objects = forkdObjects(config, options.namespace);
+    const logger = options.logger.child({ component: "cluster" });
+    this.durable = new DurablePauses(
+      {
+        registry: options.registry,
+        insecure: options.registryInsecure === true,
+        // The seal's key comes from the node token as the node holds it (its digest: never written anywhere).
+        credential: options.tokens[0]?.digest.toString("hex") ?? "",
+      },
+      objects,
+      digests,
+      logger,
+      path.join(options.home, "cluster", "adopted.json"),
+    );
     this.membership = new NodeMembership({
-      objects: forkdObjects(config, options.namespace),
+      objects,
       leases: new Leases(config, options.namespace),
       nodeName: options.nodeName,
       url: options.url,
@@ -66,14 +86,17 @@ export class ClusterNode {
         digests,
         pools: () => this.pools?.stats() ?? [],
       }),
-      logger: options.logger.child({ component: "cluster" }),
+      durable: this.durable,
+      logger,
     });
     this.front = new ClusterFront(options.tokens, this.membership);
   }
 
   static async open(options: ClusterNodeOptions): Promise<ClusterNode> {
     const digests = await HeldDigests.open(path.join(options.home, "cluster"));
-    return new ClusterNode(options, digests, undefined);
+    const node = new ClusterNode(options, digests, undefined);
+    await node.durable.load();
+    return node;
   }
 
   /** The daemon's pools, once its services are open. */
@@ -91,6 +114,7 @@ export class ClusterNode {
       const routes = clusterRoutesExtension({
         membership: this.membership,
         digests: this.digests,
+        durable: this.durable,
         setPool: this.pools ? (tag, size) => void this.setPool(tag, size) : undefined,
       });
       return {

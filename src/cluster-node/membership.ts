@@ -21,6 +21,7 @@ import type { Services } from "../controller/tenancy/tenant-view.js";
 import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
 import type { Leases, V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
+import type { DurablePauses } from "./durable-pauses.js";
 import { type MembershipState, type NodeStatusSource, readyCondition, statusKey } from "./status.js";
 
 /** How often the node reads its ForkdNode for a raised epoch (a call under a newer epoch reads it at once). */
@@ -37,6 +38,8 @@ export interface MembershipOptions {
   /** Where the gateway reaches this daemon (its spec.url). */
   url: string;
   status: NodeStatusSource;
+  /** Its durable pauses (listed in its status) and adoptions (from its spec). */
+  durable: DurablePauses;
   logger: Logger;
   /** For tests: shorter Lease timings. */
   leaseDurationSeconds?: number;
@@ -57,6 +60,8 @@ export class NodeMembership {
   private readonly readyTransitions = { ready: false, since: new Date().toISOString() };
   private pollNow: (() => void) | undefined;
   private readonly loops: Promise<void>[] = [];
+  /** The ForkdNode as last read (its spec's hand-overs and adoptions). */
+  private lastNode: ForkdNode | undefined;
 
   constructor(private readonly options: MembershipOptions) {}
 
@@ -87,6 +92,8 @@ export class NodeMembership {
   async start(services: Services): Promise<void> {
     this.services = services;
     const node = await this.register();
+    this.lastNode = node;
+    this.options.durable.restore(node);
     const observed = node.status?.observedEpoch ?? 0;
     this.epochValue = observed;
     await this.renewLease();
@@ -175,8 +182,11 @@ export class NodeMembership {
       if (signal.aborted) return;
       try {
         const node = (await this.options.objects.nodes.get(this.options.nodeName)) as ForkdNode;
+        this.lastNode = node;
         if (node.spec.epoch > this.epochValue) {
           await this.fence(node.spec.epoch, "the controller raised its epoch (it fenced this node)");
+        } else if (this.stateValue === "serving" && this.services) {
+          this.options.durable.adoptListed(this.services, node);
         }
       } catch (err) {
         this.options.logger.warn(
@@ -221,8 +231,13 @@ export class NodeMembership {
     return this.fencing;
   }
 
+  /** Writes the status now; throws unless the API server accepted it (an answer that says "durable" must be). */
+  async publishNow(): Promise<void> {
+    await this.writeStatus(true, true);
+  }
+
   /** Writes the status when it changed (at most every NODE_STATUS_MIN_INTERVAL_MS unless `force`). */
-  private async writeStatus(force: boolean): Promise<void> {
+  private async writeStatus(force: boolean, strict = false): Promise<void> {
     const interval = this.options.statusIntervalMs ?? NODE_STATUS_MIN_INTERVAL_MS;
     if (!force && Date.now() - this.lastStatusAt < interval) return;
     const services = this.services;
@@ -231,6 +246,7 @@ export class NodeMembership {
     try {
       status = await this.options.status.read(services);
     } catch (err) {
+      if (strict) throw err;
       this.options.logger.warn({ err: errorMessage(err) }, "could not read this node's status");
       return;
     }
@@ -239,8 +255,15 @@ export class NodeMembership {
       this.readyTransitions.ready = ready;
       this.readyTransitions.since = new Date().toISOString();
     }
+    const paused = new Set(
+      services.sandboxes
+        .list()
+        .filter((s) => s.status === "paused")
+        .map((s) => s.id),
+    );
     const full: ForkdNodeStatus = {
       ...status,
+      durablePauses: this.options.durable.listed(this.lastNode, this.epochValue, paused),
       observedEpoch: this.epochValue,
       conditions: [readyCondition(this.stateValue, this.readyTransitions.since)],
     };
@@ -251,10 +274,9 @@ export class NodeMembership {
       this.lastStatusKey = key;
       this.lastStatusAt = Date.now();
     } catch (err) {
-      this.options.logger.warn(
-        { err: describeKubeError(`writing ForkdNode ${this.options.nodeName} status`, err) },
-        "status write failed",
-      );
+      const message = describeKubeError(`writing ForkdNode ${this.options.nodeName} status`, err);
+      if (strict) throw new Error(message);
+      this.options.logger.warn({ err: message }, "status write failed");
     }
   }
 

@@ -20,12 +20,13 @@ import {
   type SnapshotRef,
 } from "../cluster/protocol.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
-import { TAG_PATTERN } from "../common/limits.js";
+import { SANDBOX_ID_PATTERN, TAG_PATTERN } from "../common/limits.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import type { SandboxInfo, SnapshotInfo } from "../controller/sandbox-service.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
 import { adminServicesOf, clientSignal } from "../http/request-scope.js";
 import type { HeldDigests } from "./digests.js";
+import type { DurablePauses } from "./durable-pauses.js";
 import type { NodeMembership } from "./membership.js";
 import { registryFailure } from "./registry-errors.js";
 
@@ -66,6 +67,7 @@ const MAX_EVENT_STREAMS = 32;
 export interface ClusterRoutesOptions {
   membership: NodeMembership;
   digests: HeldDigests;
+  durable: DurablePauses;
   /** Sets a snapshot's warm pool (0 drains it); undefined when the daemon cannot pool (confinement on). */
   setPool?: (tag: string, size: number) => void;
 }
@@ -96,6 +98,7 @@ export function clusterRoutesExtension(options: ClusterRoutesOptions): ApiExtens
           ),
       );
       registerPoolRoute(app, options);
+      registerDurablePauseRoute(app, options);
     },
     async close() {
       for (const res of streams) res.end();
@@ -159,6 +162,23 @@ async function push(
   } catch (err) {
     throw registryFailure(reference, err);
   }
+}
+
+/** A paused sandbox made durable: pushed to the cluster's registry, listed in the ForkdNode (durable-pauses.ts). */
+function registerDurablePauseRoute(app: FastifyInstance, options: ClusterRoutesOptions): void {
+  app.post<{ Params: { id: string } }>(
+    `${NODE_ROUTES.durablePauses}/:id`,
+    {
+      schema: { hide: true, params: Type.Object({ id: Type.String({ pattern: SANDBOX_ID_PATTERN }) }) },
+    },
+    async (request) => {
+      const services = adminServicesOf(request, "durable pauses");
+      const { membership } = options;
+      return options.durable.push(services, request.params.id, membership.epoch, () =>
+        membership.publishNow(),
+      );
+    },
+  );
 }
 
 /** The warm pools the controller asks for. */

@@ -28,6 +28,11 @@ export const NODE_ROUTES = {
   push: "/v1/cluster/push",
   /** PUT /v1/cluster/pools/:tag PoolBody: keep that many VMs of a snapshot warm (0 drains it). */
   pools: "/v1/cluster/pools",
+  /**
+   * POST /v1/cluster/durable-pauses/:id (no body): push paused sandbox id's chain to the cluster's registry and
+   * list it, sealed, in the node's ForkdNode status (DurablePauseAnswer once both are accepted).
+   */
+  durablePauses: "/v1/cluster/durable-pauses",
 } as const;
 
 /** A sandbox as the node's event stream names it: enough for the gateway's directory and its admission. */
@@ -112,6 +117,17 @@ export interface PushAnswer {
   /** Bytes the registry did not have yet. */
   uploaded_bytes: number;
   ms: number;
+}
+
+export interface DurablePauseAnswer {
+  id: string;
+  reference: string;
+  digest: string;
+  /** Bytes the registry did not have yet (the pause layer, on a chain it holds). */
+  uploaded_bytes: number;
+  push_ms: number;
+  /** The ForkdNode status write. */
+  status_ms: number;
 }
 
 export interface PoolBody {

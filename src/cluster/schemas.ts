@@ -8,7 +8,7 @@
  * seconds (docs/kubernetes.md).
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
-import { TAG_PATTERN } from "../common/limits.js";
+import { SANDBOX_ID_PATTERN, TAG_PATTERN } from "../common/limits.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import type { FORKD_API } from "./api-group.js";
 
@@ -32,10 +32,22 @@ export const CLUSTER_LIMITS = {
   replicas: 100_000,
   /** A DNS subdomain (RFC 1123), as Kubernetes names objects and nodes. */
   objectNameChars: 253,
+  /** Durable pauses one node lists (a pause beyond answers 507): each entry carries its sealed record. */
+  durablePausesPerNode: 32,
+  /** A sealed sandbox record (durable-record.ts), base64: 32 of them keep a ForkdNode far below etcd's limit. */
+  sealedRecordChars: 12_288,
+  /** Adoptions handed to one node, and entries handed over from one, at once. */
+  handOversPerNode: 64,
+  sandboxIdChars: 64,
 } as const;
 
+const TENANT_PATTERN = "^[a-z0-9][a-z0-9_-]{0,62}$";
 const SHA256_DIGEST = "^sha256:[0-9a-f]{64}$";
 const DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/** A sandbox id as daemons make them (it becomes a path on the adopting node: never trusted as is). */
+const sandboxId = (description: string) =>
+  Type.String({ pattern: SANDBOX_ID_PATTERN, maxLength: CLUSTER_LIMITS.sandboxIdChars, description });
 
 const count = (description: string, max?: number) =>
   Type.Integer({ minimum: 0, ...(max === undefined ? {} : { maximum: max }), description });
@@ -79,6 +91,44 @@ const listMap = <T extends TSchema>(item: T, key: string, maxItems: number, desc
 
 // ---- ForkdNode: one per Kubernetes node running the daemon, named after that node ----
 
+/** A paused sandbox whose layers are in the registry and whose sealed record is here (docs/kubernetes.md). */
+export const DurablePause = Type.Object({
+  id: sandboxId("the sandbox's id (kept on the node that adopts it)"),
+  owner: Type.Optional(
+    Type.String({ pattern: TENANT_PATTERN, description: "its tenant (absent: an admin's)" }),
+  ),
+  reference: Type.String({
+    pattern: IMAGE_REFERENCE.source,
+    maxLength: CLUSTER_LIMITS.referenceChars,
+    description: "the pushed pause chain: host[:port]/name:tag",
+  }),
+  digest: digest("the pushed chain's manifest digest"),
+  parentDigest: Type.Optional(digest("the digest of the snapshot it was spawned from, when it has one")),
+  epoch: count("the node's epoch when it paused"),
+  pausedAt: Type.String({ format: "date-time", description: "when it was paused" }),
+  record: Type.String({
+    maxLength: CLUSTER_LIMITS.sealedRecordChars,
+    pattern: "^v1\\.[A-Za-z0-9_-]+$",
+    description: "the sandbox's record, sealed with a key of the cluster credential (AES-256-GCM)",
+  }),
+});
+export type DurablePause = Static<typeof DurablePause>;
+
+/** A durable pause of a fenced node handed to this node by the controller. */
+export const Adoption = Type.Object({
+  id: sandboxId("the sandbox's id"),
+  fromNode: objectName("the fenced node it was paused on"),
+  fromEpoch: count("that node's epoch when it paused (its entry is looked up under it)"),
+});
+export type Adoption = Static<typeof Adoption>;
+
+/** A durable pause of this (fenced) node that the controller handed to another node. */
+export const HandedOver = Type.Object({
+  id: sandboxId("the sandbox's id"),
+  toNode: objectName("the node that adopts it"),
+});
+export type HandedOver = Static<typeof HandedOver>;
+
 export const ForkdNodeSpec = Type.Object(
   {
     url: Type.String({
@@ -93,6 +143,22 @@ export const ForkdNodeSpec = Type.Object(
         "set by the controller, never lowered: raised each time the node is fenced; a node whose status.observedEpoch is below it kills what it no longer owns before it takes work",
     }),
     unschedulable: Type.Boolean({ default: false, description: "no new sandboxes are placed here (cordon)" }),
+    adoptions: Type.Optional(
+      listMap(
+        Adoption,
+        "id",
+        CLUSTER_LIMITS.handOversPerNode,
+        "durable pauses of fenced nodes the controller handed to this node: it pulls and inserts each",
+      ),
+    ),
+    handedOver: Type.Optional(
+      listMap(
+        HandedOver,
+        "id",
+        CLUSTER_LIMITS.handOversPerNode,
+        "durable pauses of this node the controller handed to another once it fenced this one: they are not this node's any more",
+      ),
+    ),
   },
   rules({ rule: "self.epoch >= oldSelf.epoch", message: "spec.epoch may only be raised" }),
 );
@@ -134,6 +200,14 @@ export const ForkdNodeStatus = Type.Object({
     listMap(HeldSnapshot, "digest", CLUSTER_LIMITS.snapshotsPerNode, "snapshots held on local disk"),
   ),
   pools: Type.Optional(listMap(PoolLevel, "digest", CLUSTER_LIMITS.poolsPerNode, "warm pool levels here")),
+  durablePauses: Type.Optional(
+    listMap(
+      DurablePause,
+      "id",
+      CLUSTER_LIMITS.durablePausesPerNode,
+      "paused sandboxes pushed to the registry: another node can resume them once this one is fenced",
+    ),
+  ),
   conditions: Type.Optional(conditions),
 });
 export type ForkdNodeStatus = Static<typeof ForkdNodeStatus>;

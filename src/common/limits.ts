@@ -193,6 +193,8 @@ export const ERROR_CODES = {
   not_implemented: 501,
   unavailable: 503,
   timeout: 504,
+  /** A bounded store is full (a node's durable pauses). */
+  insufficient_storage: 507,
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -32,10 +32,11 @@ import type { ForkdError } from "../common/errors.js";
 import type { EgressPolicy, EgressPolicyInput } from "../net/policy.js";
 import type { SnapshotManifest } from "../store/manifest.js";
 import type { NetworkRequest, SandboxNetworkInfo } from "./networks/sandbox-networks.js";
+import type { PausedSandboxRecord } from "./paused-record.js";
 import type { LimitsRequest, SandboxLimits } from "./sandboxes/limits.js";
 import type { ResolvedTemplate, TemplateAlias } from "./snapshots/template-aliases.js";
 
-export type { EgressPolicy, EgressPolicyInput, NetworkRequest, SandboxNetworkInfo };
+export type { EgressPolicy, EgressPolicyInput, NetworkRequest, PausedSandboxRecord, SandboxNetworkInfo };
 
 /** How the daemon networks sandboxes (GET /v1/network, forkd doctor). */
 export interface NetworkStatus {
@@ -395,6 +396,10 @@ export interface SandboxService {
    * clock and fresh entropy; its lifetime starts again. conflict if it is not paused.
    */
   resume(id: string, request?: ResumeRequest): Promise<SandboxInfo>;
+  /** The record of paused sandbox `id` for a durable pause (admin only; a daemon without it: not a node). */
+  pausedRecord?(id: string): PausedSandboxRecord;
+  /** Inserts another node's paused sandbox, whose chain was pulled, as paused here (a durable pause's adoption). */
+  adoptPaused?(record: PausedSandboxRecord): Promise<void>;
   workspaces: WorkspaceService;
   /** Kills every sandbox (of one snapshot, if given); returns the ids killed. */
   killAll(filter?: { snapshotTag?: string }): Promise<string[]>;

@@ -54,6 +54,7 @@ const CONNECT_CODES: Record<ErrorCode, Code> = {
   not_implemented: Code.Unimplemented,
   unavailable: Code.Unavailable,
   timeout: Code.DeadlineExceeded,
+  insufficient_storage: Code.ResourceExhausted,
 };
 
 /** A Connect error for anything a handler throws (ConnectErrors pass through). */

@@ -169,6 +169,20 @@ export class ClusterView {
     return [...this.nodes.values()];
   }
 
+  /**
+   * The durable pause of sandbox `id` a fenced or lost node lists (docs/kubernetes.md, "The durable pause"):
+   * where it was paused, its owner, and the node the controller handed it to (once it has).
+   */
+  durablePause(id: string): { from: string; owner: string | null; to: string | undefined } | undefined {
+    for (const view of this.nodes.values()) {
+      const entry = view.node.status?.durablePauses?.find((p) => p.id === id);
+      if (!entry) continue;
+      const to = view.node.spec.handedOver?.find((h) => h.id === id)?.toNode;
+      return { from: view.name, owner: entry.owner ?? null, to };
+    }
+    return undefined;
+  }
+
   /** Nodes that take new work. */
   schedulable(): NodeView[] {
     return this.allNodes().filter(

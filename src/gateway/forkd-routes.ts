@@ -12,11 +12,12 @@ import {
   ForkBody,
   KillManyQuery,
   ListSandboxesQuery,
+  PauseBody,
   SandboxParams,
   SpawnBody,
   TagParams,
 } from "../api/schemas.js";
-import type { SandboxRef } from "../cluster/protocol.js";
+import { type DurablePauseAnswer, NODE_ROUTES, type SandboxRef } from "../cluster/protocol.js";
 import { ForkdError, notFound } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { GatewayContext } from "./context.js";
@@ -99,6 +100,49 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
     async (request) => forkAcrossNodes(context, request.tenant, request.params.id, request.body ?? {}),
   );
   registerBranchRoute(app, context);
+  registerPauseRoute(app, context);
+}
+
+/**
+ * A pause is the node's; answered here so that `durable: true` (docs/kubernetes.md, "The durable pause") can
+ * follow it: the node then pushes the pause chain and lists it in its ForkdNode; the answer waits for both.
+ * A durable pause that could not be made durable leaves the sandbox paused on its node, and says so (503).
+ */
+function registerPauseRoute(app: FastifyInstance, context: GatewayContext): void {
+  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof PauseBody> | undefined }>(
+    "/v1/sandboxes/:id/pause",
+    { ...forkd, schema: { params: SandboxParams, body: PauseBody } },
+    async (request) => {
+      const id = request.params.id;
+      const { durable, ...body } = request.body ?? {};
+      const placement = await context.locator.locate(id, request.tenant);
+      if (durable === true && body.memory === false) {
+        throw new ForkdError(
+          "invalid_argument",
+          "a durable pause keeps memory: memory false keeps a local disk only",
+        );
+      }
+      const call = { method: "POST" as const, path: `/v1/sandboxes/${id}/pause`, json: body, deadlineMs: 0 };
+      const paused = await context.calls.json<Record<string, unknown>>(placement.node, call, request.tenant);
+      if (durable !== true) return { ...paused, node: placement.node };
+      const path = `${NODE_ROUTES.durablePauses}/${id}`;
+      const made = await context.calls
+        .json<DurablePauseAnswer>(placement.node, { method: "POST", path, deadlineMs: 0 }, null)
+        .catch((err: unknown) => {
+          const why = err instanceof ForkdError ? err.message : String(err);
+          const code =
+            err instanceof ForkdError && err.code === "insufficient_storage" ? err.code : "unavailable";
+          throw new ForkdError(
+            code,
+            `sandbox ${id} is paused on node ${placement.node}, but not durably: ${why}`,
+            {
+              detail: { paused: true, durable: false },
+            },
+          );
+        });
+      return { ...paused, node: placement.node, durable: made };
+    },
+  );
 }
 
 /** A spawn: placed here (placement.ts), each node's share sent as the caller's tenant. */

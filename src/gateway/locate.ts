@@ -23,6 +23,22 @@ export function lostError(id: string, why: string): ForkdError {
   });
 }
 
+/** Seconds a client should wait before asking again about a sandbox being moved. */
+export const MOVING_RETRY_AFTER_S = 2;
+
+/**
+ * The error for a durably paused sandbox of a lost node that is being handed to another node: retryable (503),
+ * unlike `lost`; it is answered until the adopting node reports the sandbox.
+ */
+export function movingError(id: string, from: string, to: string | undefined): ForkdError {
+  const where = to === undefined ? "a node is being chosen" : `node ${to} is adopting it`;
+  return new ForkdError(
+    "unavailable",
+    `sandbox ${id} is being moved from node ${from} (lost; its pause is durable): ${where}; retry in a few seconds`,
+    { detail: { moving: true, retryable: true, from, to: to ?? null, retry_after_s: MOVING_RETRY_AFTER_S } },
+  );
+}
+
 export class SandboxLocator {
   constructor(
     private readonly view: ClusterView,
@@ -40,13 +56,29 @@ export class SandboxLocator {
     if (!SANDBOX_ID.test(id)) throw notFound(`sandbox ${JSON.stringify(id.slice(0, 80))} not found`);
     let entry = this.directory.lookup(id);
     if (!entry) entry = await this.ask(id, tenant ?? null);
-    if (!entry) throw notFound(`sandbox ${JSON.stringify(id)} not found`);
+    if (!entry) {
+      this.throwIfMoving(id, tenant, undefined);
+      throw notFound(`sandbox ${JSON.stringify(id)} not found`);
+    }
     if (tenant !== undefined && tenant !== null && entry.owner !== tenant) {
       throw notFound(`sandbox ${JSON.stringify(id)} not found`);
     }
     const lost = this.view.isLost(entry.node, entry.epoch);
-    if (lost.lost) throw lostError(id, lost.why);
+    if (lost.lost) {
+      this.throwIfMoving(id, tenant, entry.node);
+      throw lostError(id, lost.why);
+    }
     return entry;
+  }
+
+  /** Throws movingError when a lost node's durable pause of `id` (visible to `tenant`) is being handed over. */
+  private throwIfMoving(id: string, tenant: string | null | undefined, from: string | undefined): void {
+    const pause = this.view.durablePause(id);
+    if (!pause || (from !== undefined && pause.from !== from)) return;
+    if (tenant !== undefined && tenant !== null && pause.owner !== tenant) return;
+    const node = this.view.node(pause.from);
+    if (node && !this.view.isLost(pause.from, node.observedEpoch).lost && from === undefined) return;
+    throw movingError(id, pause.from, pause.to);
   }
 
   /** Asks every node with a link up whether it has `id`; the first that does is recorded. */

@@ -79,8 +79,11 @@ type Surface = "forkd" | "e2b" | "data";
 
 /** `/v1/sandboxes/<id>[/...]` and `/[v2/]sandboxes/<id>[/...]`: calls for one sandbox. */
 const FORKD_SANDBOX = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)?$/;
-/** A sandbox's POST routes the gateway answers itself (forkd-routes.ts): fork (across nodes), branch (host paths). */
-const ANSWERED_HERE = new Set(["fork", "branch"]);
+/**
+ * A sandbox's POST routes the gateway answers itself (forkd-routes.ts): fork (across nodes), branch (host paths),
+ * pause (a durable one).
+ */
+const ANSWERED_HERE = new Set(["fork", "branch", "pause"]);
 const E2B_SANDBOX = /^\/(?:v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/[^?]*)?(?:\?.*)?$/;
 
 export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {

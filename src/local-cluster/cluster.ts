@@ -458,6 +458,9 @@ export async function startNode(state: ClusterState, node: NodeState): Promise<P
       `--cluster-namespace=${NAMESPACE}`,
       `--cluster-node-name=${node.name}`,
       `--cluster-url=${node.url}`,
+      `--cluster-registry=${state.registry}`,
+      // On the node network's address, not loopback: plain HTTP there is allowed explicitly.
+      "--cluster-registry-insecure",
       `--kubeconfig=${node.kubeconfig}`,
       ...(state.nodeMaxSandboxes ? [`--max-sandboxes=${state.nodeMaxSandboxes}`] : []),
     ],

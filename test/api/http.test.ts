@@ -610,4 +610,10 @@ describe("REST API over the services test double", () => {
       await expectError("GET", `/v1/sandboxes/${bad}`, undefined, 400, /"id"/);
     }
   });
+
+  it("a single daemon refuses a durable pause (a cluster's gateway makes them) and pauses nothing", async () => {
+    double.lastPause = undefined;
+    await expectError("POST", `/v1/sandboxes/${id}/pause`, { durable: true }, 400, /cluster's gateway/);
+    assert.equal(double.lastPause, undefined);
+  });
 });

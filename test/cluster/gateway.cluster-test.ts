@@ -544,6 +544,82 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     for (const k of onVictim) assert.ok(!listed.includes(k.id), `${k.id} did not come back`);
     for (const k of kids.filter((k) => k.node !== victimName)) await admin.killSandbox(k.id);
   });
+  it("a durable pause survives its node: kill -9, fenced, resumed on another node under its id with its file and variable; the node does not bring it back", async () => {
+    const [kid] = await spawn(admin, "pyagent");
+    const id = kid?.id as string;
+    const from = kid?.node as string;
+    await sh(admin, id, 'echo durable-file > "$HOME/durable.txt"');
+    await admin.evalCode(id, "durable_var = 4242");
+    const started = Date.now();
+    const paused = await api("POST", `/v1/sandboxes/${id}/pause`, { durable: true });
+    assert.equal(paused.status, 200, JSON.stringify(paused.json));
+    const made = paused.json.durable as {
+      push_ms: number;
+      status_ms: number;
+      uploaded_bytes: number;
+      digest: string;
+    };
+    console.log(
+      `# durable pause: ${Date.now() - started} ms in all; the pause ${paused.json.pause_ms} ms (+ write ${paused.json.write_ms} ms); push ${made.push_ms} ms (${made.uploaded_bytes} bytes uploaded); status write ${made.status_ms} ms`,
+    );
+    const objects = forkdObjects(kube, NAMESPACE);
+    const listedOn = async (name: string) =>
+      ((await objects.nodes.get(name)).status?.durablePauses ?? []).map((p) => p.id);
+    assert.deepEqual(await listedOn(from), [id]);
+    const victim = state.nodes.find((n) => n.name === from);
+    assert.ok(victim?.process);
+    const killedAt = Date.now();
+    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    const seen = new Set<string>();
+    const resumed = await waitFor(
+      "the resume through the gateway to succeed elsewhere",
+      240_000,
+      async () => {
+        const answer = await fetch(`${state.url}/v1/sandboxes/${id}/resume`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${env.FORKD_TOKEN}`, "content-type": "application/json" },
+          body: "{}",
+          signal: AbortSignal.timeout(60_000),
+        }).catch((err: Error) => ({ status: 0, json: async () => ({ message: err.message }) }));
+        const body = (await answer.json()) as Record<string, unknown>;
+        seen.add(`${answer.status} ${JSON.stringify(body).slice(0, 160)}`);
+        assert.notEqual(answer.status, 404, `never answered not found: ${JSON.stringify(body)}`);
+        return answer.status === 200 ? Date.now() : undefined;
+      },
+    );
+    console.log(
+      `# durable pause resumed elsewhere ${resumed - killedAt} ms after the kill -9; answers meanwhile: ${[...seen].join(" | ")}`,
+    );
+    assert.ok(
+      [...seen].some((line) => line.startsWith("503") && line.includes("being moved")),
+      [...seen].join("\n"),
+    );
+    const where = (await admin.listSandboxes()) as unknown as { id: string; node?: string; status: string }[];
+    const mine = where.filter((s) => s.id === id);
+    assert.equal(mine.length, 1);
+    assert.ok(mine[0]?.node && mine[0].node !== from, `on another node: ${mine[0]?.node}`);
+    assert.equal(await sh(admin, id, 'cat "$HOME/durable.txt"'), "durable-file");
+    const value = await admin.evalCode(id, "durable_var + 1");
+    assert.match(JSON.stringify(value), /4243/);
+    // The node returns fenced: it drops the handed-over entry and does not bring the sandbox back.
+    await startNode(state, victim);
+    await waitFor("the returned node to run under its new epoch", 120_000, async () => {
+      const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === from);
+      return n && n.spec.epoch > 0 && n.status?.observedEpoch === n.spec.epoch ? true : undefined;
+    });
+    await waitFor("the returned node to drop the entry", 30_000, async () =>
+      (await listedOn(from)).includes(id) ? undefined : true,
+    );
+    const after = ((await admin.listSandboxes()) as unknown as { id: string; node?: string }[]).filter(
+      (s) => s.id === id,
+    );
+    assert.deepEqual(
+      after.map((s) => s.node),
+      [mine[0]?.node],
+    );
+    await admin.killSandbox(id);
+  });
+
   it("a node's link cut: no call hangs, lost at detection and answered at once, placement avoids it; fenced on return", async () => {
     const kids = await spawn(admin, "pyagent", 2);
     const victimName = kids[0]?.node as string;

@@ -311,5 +311,6 @@ ERROR_CODES: Final[Mapping[str, int]] = MappingProxyType(
         "not_implemented": 501,
         "unavailable": 503,
         "timeout": 504,
+        "insufficient_storage": 507,
     }
 )

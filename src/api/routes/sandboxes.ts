@@ -192,6 +192,9 @@ const pauseSchema = {
 };
 
 async function pauseSandbox(request: FastifyRequest<PauseRoute>, reply: FastifyReply) {
+  if (request.body?.durable === true) {
+    throw invalidArgument("durable pauses are a cluster's: pause through the cluster's gateway");
+  }
   const outcome = await servicesOf(request).sandboxes.pause(request.params.id, {
     merge: request.body?.merge === true ? "always" : "auto",
     memory: request.body?.memory,

@@ -88,6 +88,8 @@ interface DaemonOptions {
   clusterNamespace?: string;
   clusterNodeName?: string;
   clusterUrl?: string;
+  clusterRegistry?: string;
+  clusterRegistryInsecure?: boolean;
   kubeconfig?: string;
 }
 
@@ -340,6 +342,14 @@ function clusterOptions(command: Command): void {
       "where the gateway reaches this daemon's --bind listener, e.g. http://10.0.0.5:8889",
     )
     .option(
+      "--cluster-registry <host[:port]>",
+      "the cluster's OCI registry, where durable pauses are pushed (none: durable pauses are refused)",
+    )
+    .option(
+      "--cluster-registry-insecure",
+      "plain HTTP or unverified TLS to the cluster registry when it is not on loopback",
+    )
+    .option(
       "--kubeconfig <file>",
       "Kubernetes client configuration (default: KUBECONFIG, then the pod's ServiceAccount)",
     );
@@ -420,6 +430,8 @@ async function clusterNodeOf(
     kubeconfig: opts.kubeconfig,
     home: paths.home,
     tokens: await loadTokenFile(opts.tokenFile),
+    registry: checkRegistryHost(opts.clusterRegistry),
+    registryInsecure: opts.clusterRegistryInsecure === true,
     limits: {
       maxSandboxes: opts.maxSandboxes ?? DEFAULT_ADMISSION_LIMITS.maxSandboxes,
       reserveMiB: opts.memoryReserveMib ?? DEFAULT_ADMISSION_LIMITS.reserveMiB,
@@ -429,6 +441,15 @@ async function clusterNodeOf(
   config.front = cluster.front;
   config.extensions = [...(config.extensions ?? []), cluster.extension()];
   return cluster;
+}
+
+/** host[:port] of a registry (it becomes the start of every durable pause's reference). */
+function checkRegistryHost(text: string | undefined): string | undefined {
+  if (text === undefined) return undefined;
+  if (!/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})(:[0-9]{1,5})?$/.test(text)) {
+    throw invalidArgument(`--cluster-registry ${JSON.stringify(text)} is not host[:port]`);
+  }
+  return text;
 }
 
 function checkClusterUrl(text: string): string {

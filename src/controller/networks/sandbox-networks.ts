@@ -177,6 +177,31 @@ export class SandboxNetworks {
   }
 
   /**
+   * Records the network of a sandbox adopted from another node (its durable pause) with `policyJson` and a free
+   * address here, as "creating": its resume builds it (reattach).
+   */
+  recordAdopted(sandboxId: string, policyJson: string): void {
+    const names = sandboxNetNames(sandboxId);
+    const address = this.db.insertNetwork(
+      {
+        sandbox_id: sandboxId,
+        state: "creating",
+        netns: names.netns,
+        veth: names.veth,
+        policy: policyJson,
+        generation: 1,
+      },
+      this.addressCandidates(),
+    );
+    if (address === null) {
+      throw new ForkdError(
+        "unavailable",
+        `no free address left in the sandbox subnet of ${this.config.bridge}`,
+      );
+    }
+  }
+
+  /**
    * Creates sandbox `sandboxId`'s network for a snapshot whose NIC is `nic` (null: the snapshot has none) and
    * returns how its QEMU attaches the NIC. Recorded before anything is created.
    */

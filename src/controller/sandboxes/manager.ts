@@ -46,6 +46,7 @@ import type {
   ForkOutcome,
   HostStatus,
   NetworkStatus,
+  PausedSandboxRecord,
   PauseOutcome,
   PauseRequest,
   ResumeRequest,
@@ -61,6 +62,7 @@ import { accessTokensOf, verifyAccessToken } from "./access-tokens.js";
 import { Admission, type AdmissionLimits, DEFAULT_ADMISSION_LIMITS } from "./admission.js";
 import { Branching, type SandboxBranchRequest } from "./branching.js";
 import { readConsole } from "./console.js";
+import { insertAdopted, pausedRecordOf } from "./durable-pause.js";
 import { type ForkRequest, forkSandbox } from "./fork.js";
 import { GuestCalls } from "./guest-calls.js";
 import { KeyedLock } from "./keyed-lock.js";
@@ -421,6 +423,21 @@ export class SandboxManager implements SandboxService {
   /** See SandboxService.resume: restored like a spawn (Sandbox.restore), from its pause layer, under its id. */
   resume(id: string, request: ResumeRequest = {}): Promise<SandboxInfo> {
     return this.verbs.pauseResume.resume(id, request);
+  }
+
+  /** See SandboxService.pausedRecord (durable-pause.ts). */
+  pausedRecord(id: string): PausedSandboxRecord {
+    return pausedRecordOf(this.db, id);
+  }
+
+  /** See SandboxService.adoptPaused (durable-pause.ts): under the id's lock, as any change of its record. */
+  adoptPaused(record: PausedSandboxRecord): Promise<void> {
+    return this.locks.run(record.id, () =>
+      insertAdopted(
+        { paths: this.verbs.paths, db: this.db, store: this.verbs.store, networks: this.networks },
+        record,
+      ),
+    );
   }
 
   setTimeout(id: string, timeoutMs: number): SandboxInfo {

@@ -1,0 +1,175 @@
+/**
+ * The controller's hand-over of durable pauses (cluster-controller/hand-over.ts) on the real API server, with
+ * the chart's CRDs: a fenced node's entry goes to exactly one live node even when two controllers race (the
+ * resourceVersion makes the second write a 409), the fenced node's spec says where it went, and the gateway's
+ * view (ClusterView.durablePause) reads it. An entry of a node that was not fenced stays where it is.
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import { ApiextensionsV1Api, CoreV1Api } from "@kubernetes/client-node";
+import pino from "pino";
+import { FORKD_API_GROUP, FORKD_KINDS } from "../../src/cluster/api-group.js";
+import { type DurableRecord, sealRecord } from "../../src/cluster/durable-record.js";
+import type { DurablePause, ForkdNode } from "../../src/cluster/schemas.js";
+import { chooseAdopter, HandOver, pendingHandOvers } from "../../src/cluster-controller/hand-over.js";
+import { ClusterView, kubeReads } from "../../src/gateway/cluster-view.js";
+import { Leases } from "../../src/kube/leases.js";
+import { type ForkdObjects, forkdObjects } from "../../src/kube/objects.js";
+import { CHART_DIR } from "../support/deploy-files.js";
+import { waitFor } from "../support/host.js";
+import { type KubeTestCluster, startKubeCluster } from "../support/kube-cluster.js";
+
+const NAMESPACE = "handover";
+const PARENT = `sha256:${"a".repeat(64)}`;
+const PUSHED = `sha256:${"c".repeat(64)}`;
+const logger = pino({ level: process.env.TEST_LOG ?? "silent" });
+
+function pauseEntry(id: string, epoch: number): DurablePause {
+  const record = {
+    id,
+    owner: "alpha",
+    snapshot_tag: "pyagent",
+    layer_tags: ["pyagent", `pause-${id}-1`],
+    pause_tag: `pause-${id}-1`,
+    last_branch_tag: null,
+    memory_tag: null,
+    template_alias: null,
+    accelerator: "tcg",
+    live_fork: 0,
+    created_at_unix: 1,
+    memory_limit_mib: null,
+    limits: "{}",
+    metadata: "{}",
+    env_vars: "{}",
+    inbound: "{}",
+    network: "private",
+    network_policy: null,
+    access_token: "t",
+    traffic_token: null,
+    timeout_ms: null,
+    on_timeout: "kill",
+    auto_resume: 0,
+    auto_pause_memory: 1,
+    paused_at_unix_ms: 1,
+  } satisfies DurableRecord;
+  return {
+    id,
+    owner: "alpha",
+    reference: `127.0.0.1:5000/forkd/paused/${id}:1`,
+    digest: PUSHED,
+    parentDigest: PARENT,
+    epoch,
+    pausedAt: new Date().toISOString(),
+    record: sealRecord(record, PUSHED, "node-token-for-the-test-0123"),
+  };
+}
+
+describe("hand-over of durable pauses", () => {
+  let cluster: KubeTestCluster;
+  let objects: ForkdObjects;
+
+  async function node(name: string, status: ForkdNode["status"], epoch = 0): Promise<ForkdNode> {
+    await objects.nodes.create(name, { url: "http://10.1.0.1:8889", epoch: 0, unschedulable: false });
+    if (epoch > 0) await objects.nodes.patchSpec(name, { epoch });
+    await objects.nodes.patchStatus(name, status ?? {});
+    return (await objects.nodes.get(name)) as ForkdNode;
+  }
+
+  before(async () => {
+    cluster = await startKubeCluster();
+    await cluster.admin.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name: NAMESPACE } } });
+    await promisify(execFile)(cluster.tools.kubectl, [
+      "--kubeconfig",
+      cluster.kubeconfigPath,
+      "apply",
+      "--server-side",
+      "-f",
+      path.join(CHART_DIR, "crds"),
+    ]);
+    const extensions = cluster.admin.makeApiClient(ApiextensionsV1Api);
+    for (const kind of FORKD_KINDS) {
+      await waitFor(`${kind.plural} established`, 30_000, async () => {
+        const crd = await extensions.readCustomResourceDefinition({
+          name: `${kind.plural}.${FORKD_API_GROUP}`,
+        });
+        return crd.status?.conditions?.some((c) => c.type === "Established" && c.status === "True")
+          ? true
+          : undefined;
+      });
+    }
+    objects = forkdObjects(cluster.admin, NAMESPACE);
+  });
+  after(async () => {
+    await cluster?.stop();
+  });
+
+  it("hands a fenced node's entry to one live node, once, even with two controllers racing", async () => {
+    const lost = await node(
+      "lost",
+      { observedEpoch: 0, durablePauses: [pauseEntry("sb-000000000001", 0)] },
+      1,
+    );
+    await node("kept", { observedEpoch: 0, durablePauses: [pauseEntry("sb-000000000002", 0)] });
+    const holder = await node("holder", {
+      observedEpoch: 0,
+      snapshots: [{ digest: PARENT }],
+      available: { sandboxes: 1, memoryMiB: 0, vcpus: 1, diskMiB: 0 },
+    });
+    const roomy = await node("roomy", {
+      observedEpoch: 0,
+      available: { sandboxes: 9, memoryMiB: 0, vcpus: 1, diskMiB: 0 },
+    });
+    assert.deepEqual(
+      pendingHandOvers(lost).map((e) => e.id),
+      ["sb-000000000001"],
+    );
+    const candidates = [lost, holder, roomy].map((n) => ({ node: n, live: n !== lost }));
+    const entry = pendingHandOvers(lost)[0] as DurablePause;
+    assert.equal(chooseAdopter(entry, "lost", candidates)?.metadata.name, "holder");
+    assert.equal(
+      chooseAdopter({ ...entry, parentDigest: undefined }, "lost", candidates)?.metadata.name,
+      "roomy",
+    );
+
+    const read = async () =>
+      ((await objects.nodes.list()) as ForkdNode[]).map((n) => ({
+        node: n,
+        live: n.metadata.name !== "lost",
+      }));
+    const snapshot = await read();
+    // Two controllers that read the same state: the resourceVersion lets one adoption through.
+    await Promise.all([
+      new HandOver(objects, logger).round(snapshot),
+      new HandOver(objects, logger).round(snapshot),
+    ]);
+    await new HandOver(objects, logger).round(await read());
+    const after = (await objects.nodes.list()) as ForkdNode[];
+    const adoptions = after.flatMap((n) =>
+      (n.spec.adoptions ?? []).map((a) => ({ ...a, by: n.metadata.name })),
+    );
+    assert.deepEqual(adoptions, [{ id: "sb-000000000001", fromNode: "lost", fromEpoch: 0, by: "holder" }]);
+    const lostAfter = after.find((n) => n.metadata.name === "lost") as ForkdNode;
+    assert.deepEqual(lostAfter.spec.handedOver, [{ id: "sb-000000000001", toNode: "holder" }]);
+    assert.deepEqual(pendingHandOvers(lostAfter), []);
+
+    const view = new ClusterView(kubeReads(objects, new Leases(cluster.admin, NAMESPACE)), logger);
+    // A fresh CRD's storage can answer 429 "(re)initializing" for a moment: read until the API server answers.
+    for (let tries = 0; view.lastRead === 0 && tries < 50; tries++) {
+      await view.read();
+      if (view.lastRead === 0) await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    assert.deepEqual(view.durablePause("sb-000000000001"), { from: "lost", owner: "alpha", to: "holder" });
+    assert.deepEqual(view.durablePause("sb-000000000002"), { from: "kept", owner: "alpha", to: undefined });
+  });
+
+  it("refuses a status entry whose record is not a seal's text, and more entries than the bound", async () => {
+    const bad = { ...pauseEntry("sb-000000000009", 0), record: "../etc/passwd" };
+    await node("bounded", {});
+    await assert.rejects(objects.nodes.patchStatus("bounded", { durablePauses: [bad] }), /record/);
+    const many = Array.from({ length: 33 }, (_, i) => pauseEntry(`sb-${String(i).padStart(12, "0")}`, 0));
+    await assert.rejects(objects.nodes.patchStatus("bounded", { durablePauses: many }), /durablePauses/);
+  });
+});
