@@ -159,6 +159,15 @@ describe("E2B Template.build (JS SDK) on a real daemon", {
     const server = await resumed.commands.run("ps -o user,args | grep '[h]ttpd -f -p 8000'");
     assert.match(server.stdout, /^\s*user\s+httpd -f -p 8000 -h \/srv\/site\s*$/m, server.stdout);
 
+    // Without a `sync` in the guest a filesystem-only pause is refused saying why, and the sandbox runs on.
+    await resumed.commands.run("rm /bin/sync", { user: "root" });
+    await assert.rejects(resumed.pause({ keepMemory: false }), (err: Error) => {
+      assert.match(err.message, /a filesystem-only pause needs a `sync` program in the image/);
+      return true;
+    });
+    assert.equal((await Sandbox.getInfo(id)).state, "running");
+    await resumed.commands.run("busybox ln -s busybox /bin/sync", { user: "root" });
+
     // Its start command cannot start any more (httpd exits without its directory): the resume fails saying so,
     // and the sandbox stays paused on its kept disk.
     await resumed.commands.run("rm -rf /srv/site", { user: "root" });

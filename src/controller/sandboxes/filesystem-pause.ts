@@ -122,7 +122,18 @@ export async function keepDisk(
   target: string,
   signal: AbortSignal | undefined,
 ): Promise<{ pause_ms: number; bytes: number }> {
-  const synced = await handle.agent.exec(["sync"], { timeoutMs: GUEST_SYNC_TIMEOUT_MS, signal });
+  const synced = await handle.agent
+    .exec(["sync"], { timeoutMs: GUEST_SYNC_TIMEOUT_MS, signal })
+    .catch((err: unknown) => {
+      // Not the sandbox's absence (E2B's SDK reads a 404 as "sandbox not found"): its image has no sync.
+      if (!(err instanceof ForkdError) || err.code !== "not_found") throw err;
+      throw new ForkdError(
+        "unprocessable",
+        `sandbox ${handle.id}: sync cannot run in the guest (${err.message}): a filesystem-only pause needs a ` +
+          "`sync` program in the image (coreutils' or busybox's); not paused",
+        { cause: err },
+      );
+    });
   if (synced.exitCode !== 0) {
     throw new ForkdError(
       "unavailable",
