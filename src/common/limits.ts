@@ -165,6 +165,25 @@ export const MAX_TEMPLATE_UPLOAD_BYTES = 1024 * 1024 * 1024;
 export const MAX_TEMPLATE_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024;
 export const MAX_TEMPLATE_UPLOAD_ENTRIES = 100_000;
 
+// --- A template's start and ready commands (format 2 `[start]`/`[ready]`, E2B's setStartCmd) -----------------------
+// Declared here because a snapshot's manifest records them too (the store checks them when it reads one).
+
+/** A user a start or ready command runs as: a name of the image's passwd (the guest agent takes names). */
+export const GUEST_USER_NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$";
+/** Characters of a command (a shell command, or one argv item), argv items, env entries, an env value, a cwd. */
+export const MAX_TEMPLATE_COMMAND_CHARS = 64 * 1024;
+export const MAX_TEMPLATE_COMMAND_ARGV = 1024;
+export const MAX_TEMPLATE_COMMAND_ENV = 256;
+export const MAX_TEMPLATE_ENV_VALUE_CHARS = 32 * 1024;
+export const MAX_GUEST_CWD_CHARS = 1024;
+/** How long a ready command may take to succeed (seconds), and the pause between two of its attempts (ms). */
+export const MIN_READY_TIMEOUT_S = 1;
+export const MAX_READY_TIMEOUT_S = 3600;
+export const DEFAULT_READY_TIMEOUT_S = 300;
+export const MIN_READY_INTERVAL_MS = 50;
+export const MAX_READY_INTERVAL_MS = 60_000;
+export const DEFAULT_READY_INTERVAL_MS = 500;
+
 // --- Wire names --------------------------------------------------------------------------------------------------
 
 /** The streamed exec's request and answer (one JSON document per line). */

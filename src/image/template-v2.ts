@@ -5,7 +5,21 @@
  * host paths inside the template's directory) are checked by `checkV2`, which reports every problem at once.
  */
 import { Type } from "@sinclair/typebox";
-import { TAG_PATTERN } from "../common/limits.js";
+import {
+  DEFAULT_READY_INTERVAL_MS,
+  DEFAULT_READY_TIMEOUT_S,
+  GUEST_USER_NAME_PATTERN,
+  MAX_GUEST_CWD_CHARS,
+  MAX_READY_INTERVAL_MS,
+  MAX_READY_TIMEOUT_S,
+  MAX_TEMPLATE_COMMAND_ARGV,
+  MAX_TEMPLATE_COMMAND_CHARS,
+  MAX_TEMPLATE_COMMAND_ENV,
+  MAX_TEMPLATE_ENV_VALUE_CHARS,
+  MIN_READY_INTERVAL_MS,
+  MIN_READY_TIMEOUT_S,
+  TAG_PATTERN,
+} from "../common/limits.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import {
   describeValue,
@@ -90,13 +104,17 @@ export interface ReadyCheck extends TemplateCommand {
 
 export const V2_LIMITS = {
   steps: 128,
-  commandChars: 64 * 1024,
-  argvItems: 1024,
-  envEntries: 256,
-  envValueChars: 32 * 1024,
+  commandChars: MAX_TEMPLATE_COMMAND_CHARS,
+  argvItems: MAX_TEMPLATE_COMMAND_ARGV,
+  envEntries: MAX_TEMPLATE_COMMAND_ENV,
+  envValueChars: MAX_TEMPLATE_ENV_VALUE_CHARS,
   stepTimeoutS: { min: 1, max: 24 * 3600, default: 3600 },
-  readyTimeoutS: { min: 1, max: 3600, default: 300 },
-  readyIntervalMs: { min: 50, max: 60_000, default: 500 },
+  readyTimeoutS: { min: MIN_READY_TIMEOUT_S, max: MAX_READY_TIMEOUT_S, default: DEFAULT_READY_TIMEOUT_S },
+  readyIntervalMs: {
+    min: MIN_READY_INTERVAL_MS,
+    max: MAX_READY_INTERVAL_MS,
+    default: DEFAULT_READY_INTERVAL_MS,
+  },
   buildArgs: 128,
   packages: 256,
   packageChars: 256,
@@ -226,13 +244,10 @@ const CommandTableSchema = Type.Object(
   {
     command: Type.Union([commandText, argvArray], { rule: "must be a shell command or an argv list" }),
     user: Type.Optional(
-      Type.String({
-        pattern: "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$",
-        rule: "must be the name of a user of the image",
-      }),
+      Type.String({ pattern: GUEST_USER_NAME_PATTERN, rule: "must be the name of a user of the image" }),
     ),
     cwd: Type.Optional(
-      Type.String({ minLength: 1, maxLength: 1024, rule: "must be an absolute guest path" }),
+      Type.String({ minLength: 1, maxLength: MAX_GUEST_CWD_CHARS, rule: "must be an absolute guest path" }),
     ),
     env: Type.Optional(envTable),
     timeout_s: Type.Optional(intInRange(V2_LIMITS.readyTimeoutS.min, V2_LIMITS.readyTimeoutS.max)),

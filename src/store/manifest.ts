@@ -2,6 +2,19 @@
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { ForkdError } from "../common/errors.js";
+import {
+  ENV_NAME_PATTERN,
+  GUEST_USER_NAME_PATTERN,
+  MAX_GUEST_CWD_CHARS,
+  MAX_READY_INTERVAL_MS,
+  MAX_READY_TIMEOUT_S,
+  MAX_TEMPLATE_COMMAND_ARGV,
+  MAX_TEMPLATE_COMMAND_CHARS,
+  MAX_TEMPLATE_COMMAND_ENV,
+  MAX_TEMPLATE_ENV_VALUE_CHARS,
+  MIN_READY_INTERVAL_MS,
+  MIN_READY_TIMEOUT_S,
+} from "../common/limits.js";
 
 export const MANIFEST_FORMAT = 2;
 export const MANIFEST_FILE = "manifest.json";
@@ -10,6 +23,37 @@ const FileEntry = Type.Object({
   size: Type.Integer({ minimum: 0 }),
   sha256: Type.String({ pattern: "^[0-9a-f]{64}$" }),
 });
+
+/** A command as a snapshot's template runs it through the guest agent: argv, and who, where, with what env. */
+const guestCommandFields = {
+  argv: Type.Array(Type.String({ maxLength: MAX_TEMPLATE_COMMAND_CHARS }), {
+    minItems: 1,
+    maxItems: MAX_TEMPLATE_COMMAND_ARGV,
+  }),
+  /** Absent: root. Already resolved against the image's default user when the snapshot was made. */
+  user: Type.Optional(Type.String({ pattern: GUEST_USER_NAME_PATTERN })),
+  cwd: Type.Optional(Type.String({ pattern: "^/", maxLength: MAX_GUEST_CWD_CHARS })),
+  env: Type.Record(
+    Type.String({ pattern: ENV_NAME_PATTERN }),
+    Type.String({ maxLength: MAX_TEMPLATE_ENV_VALUE_CHARS }),
+    { maxProperties: MAX_TEMPLATE_COMMAND_ENV, additionalProperties: false },
+  ),
+};
+
+export const ManifestStartCommandSchema = Type.Object(guestCommandFields, { additionalProperties: false });
+
+export const ManifestReadyCheckSchema = Type.Object(
+  {
+    ...guestCommandFields,
+    /** How long the check may take to succeed, and the pause between two attempts. */
+    timeoutMs: Type.Integer({ minimum: MIN_READY_TIMEOUT_S * 1000, maximum: MAX_READY_TIMEOUT_S * 1000 }),
+    intervalMs: Type.Integer({ minimum: MIN_READY_INTERVAL_MS, maximum: MAX_READY_INTERVAL_MS }),
+  },
+  { additionalProperties: false },
+);
+
+export type ManifestStartCommand = Static<typeof ManifestStartCommandSchema>;
+export type ManifestReadyCheck = Static<typeof ManifestReadyCheckSchema>;
 
 export const SnapshotManifestSchema = Type.Object({
   format: Type.Literal(MANIFEST_FORMAT),
@@ -29,6 +73,13 @@ export const SnapshotManifestSchema = Type.Object({
         denyOut: Type.Array(Type.String()),
       }),
     ),
+    /**
+     * The template's `start` command and `ready` check, as they ran in the parent before it was saved. A restore
+     * keeps the started process; a cold boot (a filesystem-only pause's resume) runs them again. Absent: none (and
+     * in manifests written before forkd recorded them).
+     */
+    start: Type.Optional(ManifestStartCommandSchema),
+    ready: Type.Optional(ManifestReadyCheckSchema),
   }),
   image: Type.Object({
     hash: Type.String(),

@@ -3,13 +3,17 @@
  * named crash point of a pause and of a resume (FORKD_CRASH_AT, src/common/crash-points.ts), and a daemon killed
  * -9 from outside while a sandbox is paused. After each restart the sandbox is running (exactly one QEMU) or
  * paused (none, no run directory), never both and never lost, no staging directory is left, and what it wrote
- * before is still there. One sandbox goes through all of it. Then a host reboot while paused, simulated (a real
+ * before is still there. One sandbox goes through all of it. Kept disks (filesystem-only pauses) at a start: an
+ * orphan a crash left after a cold boot, a planted stray and a symlink out of the home are swept (the link not
+ * followed), a paused sandbox whose kept disk is gone is dead as lost, at the start or at its resume. Then a host
+ * reboot while paused, simulated (a real
  * one cannot happen in a test): the daemon stops, the database's boot id changes and the sandbox's network
  * namespace is deleted, as a reboot leaves them; the restarted daemon resumes it with its address.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { readdir } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
@@ -187,6 +191,95 @@ describe("pause and resume survive a daemon killed at any step", { timeout: 40 *
     await expectFs("running");
     assert.equal(await exec(id, "cat /root/fs-kept.txt"), "before-the-pause\n");
     assert.equal((await send((daemon as DaemonProcess).socket, "DELETE", `/v1/sandboxes/${id}`)).status, 204);
+    assert.deepEqual(await qemusMentioning(home.run), []);
+  });
+
+  it("kept disks at the daemon's start: what no paused sandbox owns is swept, a paused one whose disk is gone is lost", async () => {
+    await daemon?.stop();
+    await start("resume.recorded");
+    const current = () => daemon as DaemonProcess;
+    const spawn = async () => {
+      const spawned = await send(current().socket, "POST", "/v1/sandboxes", {
+        json: { snapshot_tag: tag, n: 1 },
+      });
+      assert.equal(spawned.status, 201, spawned.text);
+      return (spawned.json<Info[]>() as unknown as Info[])[0]?.id as string;
+    };
+    const pauseFs = async (id: string) => {
+      const r = await send(current().socket, "POST", `/v1/sandboxes/${id}/pause`, {
+        json: { memory: false },
+      });
+      assert.equal(r.status, 200, r.text);
+    };
+    const keptRoot = path.join(home.home, "kept-disks");
+    const entries = async () => (await readdir(keptRoot).catch(() => [] as string[])).sort();
+
+    // A cold boot recorded running, the daemon killed before it removed the kept name: an orphan kept disk.
+    const booted = await spawn();
+    await exec(booted, "echo cold-booted > /root/sweep.txt");
+    await pauseFs(booted);
+    await crashes("POST", `/v1/sandboxes/${booted}/resume`);
+    assert.deepEqual(
+      await readdir(path.join(keptRoot, booted)),
+      ["disk.qcow2"],
+      "the crash left the kept name",
+    );
+    // Planted beside it: a kept disk of no sandbox, a symlink to outside the home, something not named like ours.
+    const stray = "sb-0123456789ab";
+    await mkdir(path.join(keptRoot, stray));
+    await writeFile(path.join(keptRoot, stray, "disk.qcow2"), "no sandbox owns this");
+    const outside = await mkdtemp(path.join(os.tmpdir(), "forkd-kept-outside-"));
+    await writeFile(path.join(outside, "precious"), "not the daemon's");
+    await symlink(outside, path.join(keptRoot, "sb-abcdefabcdef"));
+    await writeFile(path.join(keptRoot, "not-a-sandbox"), "someone else's");
+
+    await start();
+    assert.equal((await get(booted)).status, "running");
+    assert.equal((await qemusMentioning(path.join(home.run, booted))).length, 1, "its VM re-attached");
+    assert.equal(await exec(booted, "cat /root/sweep.txt"), "cold-booted\n");
+    assert.deepEqual(
+      await entries(),
+      ["not-a-sandbox"],
+      "orphans and the symlink swept; the foreign entry left",
+    );
+    assert.equal(
+      await readFile(path.join(outside, "precious"), "utf8"),
+      "not the daemon's",
+      "the link not followed",
+    );
+    await rm(outside, { recursive: true, force: true });
+
+    // A paused sandbox whose kept disk went while the daemon was down: dead, saying it is lost.
+    const lostAtStart = await spawn();
+    await pauseFs(lostAtStart);
+    await current().stop();
+    await rm(path.join(keptRoot, lostAtStart), { recursive: true });
+    await start();
+    assert.equal((await get(lostAtStart)).status, "dead");
+    const refused = await send(current().socket, "POST", `/v1/sandboxes/${lostAtStart}/resume`, { json: {} });
+    assert.equal(refused.status, 409, refused.text);
+    assert.match(
+      refused.text,
+      /lost: its kept disk \(a filesystem-only pause's\) was missing at the daemon's start/,
+    );
+
+    // One whose kept disk goes while the daemon runs: its resume answers 409 saying so, and it is dead.
+    const lostAtResume = await spawn();
+    await pauseFs(lostAtResume);
+    await rm(path.join(keptRoot, lostAtResume), { recursive: true });
+    const atResume = await send(current().socket, "POST", `/v1/sandboxes/${lostAtResume}/resume`, {
+      json: {},
+    });
+    assert.equal(atResume.status, 409, atResume.text);
+    assert.match(atResume.text, /cannot be resumed: lost: its kept disk .* was missing at its resume/);
+    assert.equal((await get(lostAtResume)).status, "dead");
+    assert.deepEqual(await qemusMentioning(path.join(home.run, lostAtResume)), []);
+
+    for (const id of [booted, lostAtStart, lostAtResume]) {
+      assert.equal((await send(current().socket, "DELETE", `/v1/sandboxes/${id}`)).status, 204);
+    }
+    assert.deepEqual(await entries(), ["not-a-sandbox"]);
+    await rm(path.join(keptRoot, "not-a-sandbox"));
     assert.deepEqual(await qemusMentioning(home.run), []);
   });
 

@@ -138,6 +138,55 @@ describe("E2B Template.build (JS SDK) on a real daemon", {
     assert.equal(tags[0]?.buildId, info.buildId);
   });
 
+  it("pause({keepMemory: false}) then connect(): the cold boot runs the start command again; one that fails leaves it paused", async () => {
+    assert.ok(firstBuild, "needs the template the first case built");
+    const sbx = await Sandbox.create("e2b-app", { timeoutMs: 10 * 60_000 });
+    sandboxes.push(sbx);
+    const id = sbx.sandboxId;
+    const page = "wget -q -O - http://127.0.0.1:8000/index.html";
+    assert.equal((await sbx.commands.run(page)).stdout, "hello from a template build\n");
+    // A process of its own, so the test knows the resume was a boot (a warm restore would keep it).
+    const sleeper = await sbx.commands.run("sleep 3600", { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    const resumed = await Sandbox.connect(id, { timeoutMs: 10 * 60_000 });
+    const pids = (await resumed.commands.list()).map((p) => p.pid);
+    assert.ok(
+      !pids.includes(sleeper.pid),
+      `booted afresh: the process from before is gone (${pids.join(",")})`,
+    );
+    // The template's start command (httpd, as `user` in /srv) runs again, and ready passed before connect answered.
+    assert.equal((await resumed.commands.run(page)).stdout, "hello from a template build\n");
+    const server = await resumed.commands.run("ps -o user,args | grep '[h]ttpd -f -p 8000'");
+    assert.match(server.stdout, /^\s*user\s+httpd -f -p 8000 -h \/srv\/site\s*$/m, server.stdout);
+
+    // Without a `sync` in the guest a filesystem-only pause is refused saying why, and the sandbox runs on.
+    await resumed.commands.run("rm /bin/sync", { user: "root" });
+    await assert.rejects(resumed.pause({ keepMemory: false }), (err: Error) => {
+      assert.match(err.message, /a filesystem-only pause needs a `sync` program in the image/);
+      return true;
+    });
+    assert.equal((await Sandbox.getInfo(id)).state, "running");
+    await resumed.commands.run("busybox ln -s busybox /bin/sync", { user: "root" });
+
+    // Its start command cannot start any more (httpd exits without its directory): the resume fails saying so,
+    // and the sandbox stays paused on its kept disk.
+    await resumed.commands.run("rm -rf /srv/site", { user: "root" });
+    assert.equal(await resumed.pause({ keepMemory: false }), true);
+    const kept = path.join(daemon.home, "kept-disks", id, "disk.qcow2");
+    const keptBefore = await fs.stat(kept);
+    await assert.rejects(Sandbox.connect(id, { timeoutMs: 10 * 60_000 }), (err: Error) => {
+      assert.match(err.message, /start command exited \(exit code \d+\) before ready succeeded/);
+      assert.match(err.message, /stays paused on its kept disk/);
+      return true;
+    });
+    assert.equal((await Sandbox.getInfo(id)).state, "paused");
+    const keptAfter = await fs.stat(kept);
+    assert.equal(keptAfter.ino, keptBefore.ino, "the same kept disk");
+    assert.ok(keptAfter.isFile() && keptAfter.size > 0);
+    assert.equal(await Sandbox.kill(id), true);
+    await assert.rejects(fs.stat(path.dirname(kept)), "a kill removes the kept disk");
+  });
+
   it("a rebuild of the same template reuses every cached step", { skip: FULL_ONLY }, async () => {
     const logs: LogEntry[] = [];
     const info = await Template.build(appTemplate(), "e2b-app:v2", {

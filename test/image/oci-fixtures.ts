@@ -34,6 +34,8 @@ const APPLETS = [
   "true",
   "false",
   "ip",
+  // A filesystem-only pause runs `sync` in the guest.
+  "sync",
 ];
 
 /**

@@ -75,6 +75,18 @@ __all__ = [
     "MAX_TEMPLATE_UPLOAD_BYTES",
     "MAX_TEMPLATE_UNPACKED_BYTES",
     "MAX_TEMPLATE_UPLOAD_ENTRIES",
+    "GUEST_USER_NAME_PATTERN",
+    "MAX_TEMPLATE_COMMAND_CHARS",
+    "MAX_TEMPLATE_COMMAND_ARGV",
+    "MAX_TEMPLATE_COMMAND_ENV",
+    "MAX_TEMPLATE_ENV_VALUE_CHARS",
+    "MAX_GUEST_CWD_CHARS",
+    "MIN_READY_TIMEOUT_S",
+    "MAX_READY_TIMEOUT_S",
+    "DEFAULT_READY_TIMEOUT_S",
+    "MIN_READY_INTERVAL_MS",
+    "MAX_READY_INTERVAL_MS",
+    "DEFAULT_READY_INTERVAL_MS",
     "NDJSON_CONTENT_TYPE",
     "PACK_CONTENT_TYPE",
     "PACK_CHAIN_HEADER",
@@ -281,6 +293,35 @@ MAX_TEMPLATE_UPLOAD_BYTES: Final[int] = 1073741824
 MAX_TEMPLATE_UNPACKED_BYTES: Final[int] = 4294967296
 
 MAX_TEMPLATE_UPLOAD_ENTRIES: Final[int] = 100000
+
+# --- A template's start and ready commands (format 2 `[start]`/`[ready]`, E2B's setStartCmd)
+
+#: A user a start or ready command runs as: a name of the image's passwd (the guest agent takes names).
+GUEST_USER_NAME_PATTERN: Final[str] = "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+
+#: Characters of a command (a shell command, or one argv item), argv items, env entries, an env value, a cwd.
+MAX_TEMPLATE_COMMAND_CHARS: Final[int] = 65536
+
+MAX_TEMPLATE_COMMAND_ARGV: Final[int] = 1024
+
+MAX_TEMPLATE_COMMAND_ENV: Final[int] = 256
+
+MAX_TEMPLATE_ENV_VALUE_CHARS: Final[int] = 32768
+
+MAX_GUEST_CWD_CHARS: Final[int] = 1024
+
+#: How long a ready command may take to succeed (seconds), and the pause between two of its attempts (ms).
+MIN_READY_TIMEOUT_S: Final[int] = 1
+
+MAX_READY_TIMEOUT_S: Final[int] = 3600
+
+DEFAULT_READY_TIMEOUT_S: Final[int] = 300
+
+MIN_READY_INTERVAL_MS: Final[int] = 50
+
+MAX_READY_INTERVAL_MS: Final[int] = 60000
+
+DEFAULT_READY_INTERVAL_MS: Final[int] = 500
 
 # --- Wire names
 

@@ -5,11 +5,10 @@
  */
 import { mkdir, open } from "node:fs/promises";
 import { AgentClient } from "../../agent/host/client.js";
-import type { ProcEnd, ProcHandle } from "../../agent/host/types.js";
 import { deadlineSignal, sleep } from "../../common/deadline.js";
 import { ForkdError } from "../../common/errors.js";
 import { GUEST_MAC } from "../../common/guest-network.js";
-import type { BuiltImage, Template, TemplateCommand } from "../../image/index.js";
+import type { BuiltImage, Template } from "../../image/index.js";
 import { type ConfinementConfig, resolveConfinement } from "../../isolation/confinement.js";
 import { privateNetnsUnavailable } from "../../isolation/launcher.js";
 import { cpuModelFor } from "../../vmm/cpu-model.js";
@@ -19,6 +18,7 @@ import type { FileOwner } from "../../vmm/unix-listener.js";
 import { type NicAttachment, privateNic } from "../networks/sandbox-networks.js";
 import type { AcceleratorChoice } from "./accelerator.js";
 import { type MachineShape, machineSpec } from "./machine.js";
+import { guestCommandsOf, startAndWaitReady } from "./start-ready.js";
 import { confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
@@ -173,7 +173,16 @@ export async function bootWarmVm(options: {
     let readyMs = 0;
     if (template.start || template.ready) {
       const readyStarted = performance.now();
-      await raceExit(vm, startAndWaitReady(agent, template, image, progress, options.signal), "start/ready");
+      const commands = guestCommandsOf(template, image);
+      await raceExit(
+        vm,
+        startAndWaitReady(agent, commands, {
+          what: `template ${template.name}`,
+          progress: (message) => progress("ready", message),
+          signal: options.signal,
+        }),
+        "start/ready",
+      );
       readyMs = performance.now() - readyStarted;
     }
     const warmupMs = await warmUp(vm, agent, template, progress, options.signal);
@@ -231,124 +240,6 @@ async function bootFailed(vm: VmHandle, err: unknown): Promise<unknown> {
 }
 
 export type BootStep = "boot" | "ready" | "warmup";
-
-/** The tag the template's `start` process carries in the guest (proc.list/connect find it by it). */
-export const START_PROCESS_TAG = "forkd-start";
-const OUTPUT_TAIL_BYTES = 4096;
-
-/** Who `start`/`ready` run as: the command's own user, else the image's (format 2), else root. */
-function commandUser(
-  command: TemplateCommand,
-  image: BuiltImage,
-  template: BootTemplate,
-  field: string,
-): string | undefined {
-  const user = command.user ?? image.manifest.settings?.user;
-  if (user === undefined || user === "root") return command.user;
-  if (!/^[A-Za-z_][A-Za-z0-9_.-]{0,31}$/.test(user)) {
-    throw new ForkdError(
-      "invalid_argument",
-      `template ${template.name}: the image's user is ${JSON.stringify(user)}, not a name the guest agent can run ${field} as; set ${field}.user`,
-    );
-  }
-  return user;
-}
-
-class OutputTail {
-  private text = "";
-  add = (chunk: Buffer) => {
-    this.text = (this.text + chunk.toString("utf8")).slice(-OUTPUT_TAIL_BYTES);
-  };
-  toString(): string {
-    return this.text.trim();
-  }
-}
-
-/**
- * Starts the template's `start` command (a process that outlives the call: every child inherits it running)
- * and polls its `ready` command until it exits 0, within ready's deadline. Fails with the output of both when
- * the service exits or never becomes ready; the parent is then not snapshotted.
- */
-async function startAndWaitReady(
-  agent: AgentClient,
-  template: BootTemplate,
-  image: BuiltImage,
-  progress: (step: BootStep, message: string) => void,
-  signal: AbortSignal | undefined,
-): Promise<void> {
-  const startOutput = new OutputTail();
-  let exited: ProcEnd | undefined;
-  let handle: ProcHandle | undefined;
-  if (template.start) {
-    const start = template.start;
-    progress("ready", `starting ${JSON.stringify(start.argv.join(" ")).slice(0, 120)}`);
-    handle = agent.procs.start(start.argv, {
-      tag: START_PROCESS_TAG,
-      user: commandUser(start, image, template, "start"),
-      cwd: start.cwd,
-      env: Object.keys(start.env).length > 0 ? start.env : undefined,
-      onStdout: startOutput.add,
-      onStderr: startOutput.add,
-      signal,
-    });
-    handle.done.then(
-      (end) => {
-        exited = end;
-      },
-      () => {},
-    );
-    const pid = await handle.pid.catch((err: unknown) => {
-      throw new ForkdError(
-        "unprocessable",
-        `template ${template.name}: start command could not be started: ${err instanceof Error ? err.message : String(err)}`,
-      );
-    });
-    progress("ready", `start command running (pid ${pid})`);
-  }
-  try {
-    const ready = template.ready;
-    if (!ready) return;
-    const deadline = performance.now() + ready.timeoutMs;
-    const user = commandUser(ready, image, template, "ready");
-    let attempts = 0;
-    let last = "";
-    for (;;) {
-      if (exited) {
-        throw new ForkdError(
-          "unprocessable",
-          `template ${template.name}: start command exited (${exited.error ?? (exited.signal ? `signal ${exited.signal}` : `exit code ${exited.exitCode}`)}) before ready succeeded` +
-            (startOutput.toString() ? `\n--- start output (last lines) ---\n${startOutput}` : ""),
-        );
-      }
-      const remaining = deadline - performance.now();
-      if (remaining <= 0) {
-        throw new ForkdError(
-          "timeout",
-          `template ${template.name}: ready command did not succeed within ${ready.timeoutMs / 1000} s (${attempts} attempts)` +
-            (last ? `\n--- ready output (last attempt) ---\n${last}` : "") +
-            (startOutput.toString() ? `\n--- start output (last lines) ---\n${startOutput}` : ""),
-        );
-      }
-      attempts++;
-      const result = await agent.exec(ready.argv, {
-        user,
-        cwd: ready.cwd,
-        env: Object.keys(ready.env).length > 0 ? ready.env : undefined,
-        timeoutMs: Math.round(Math.max(1000, Math.min(remaining, 60_000))),
-        signal,
-      });
-      if (result.exitCode === 0) {
-        progress("ready", `ready after ${attempts} attempt${attempts === 1 ? "" : "s"}`);
-        return;
-      }
-      last = `exit code ${result.exitCode ?? result.signal}: ${Buffer.concat([result.stdout, result.stderr]).toString("utf8").trim().slice(-OUTPUT_TAIL_BYTES)}`;
-      await sleep(ready.intervalMs, signal);
-    }
-  } finally {
-    // The process keeps running in the guest (and in every child); only this call stops following it.
-    handle?.detach();
-  }
-}
 
 /**
  * The parent's RAM file, made at its full size before QEMU starts: an unprivileged QEMU cannot create files

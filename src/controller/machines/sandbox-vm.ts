@@ -26,6 +26,7 @@ import { BOOT_TIMEOUT_MS, raceExit } from "./boot.js";
 import { newSandboxId } from "./ids.js";
 import { childSpec, RUN_FILES, SNAPSHOT_FILES } from "./machine.js";
 import type { RestorePlan } from "./restore-plan.js";
+import { startAndWaitReady } from "./start-ready.js";
 import { chainDiskFiles, confineSpec, vmOwner, vmStart } from "./vm-launch.js";
 
 /**
@@ -486,6 +487,9 @@ async function coldBootVm(paths: ForkdPaths, options: ColdBootOptions): Promise<
     await raceExit(launched, agent.waitHello({ signal }), `sandbox ${id}: cold boot`);
     await fixUp(launched, agent, id, signal);
     signal.throwIfAborted();
+    // Booted: the template's start and ready have a deadline of their own (ready's), not the boot's.
+    deadline.dispose();
+    await startAgain(launched, agent, id, manifest, options.signal);
     return {
       memoryImage: memoryFile,
       runDir,
@@ -507,6 +511,32 @@ async function coldBootVm(paths: ForkdPaths, options: ColdBootOptions): Promise<
     });
   } finally {
     deadline.dispose();
+  }
+}
+
+/** Guest `sync` before a cold-booted VM that failed its start or ready is killed: its kept disk stays clean. */
+const FAILED_START_SYNC_TIMEOUT_MS = 30_000;
+
+/**
+ * The snapshot's `start` command and `ready` check run again in a cold-booted sandbox (a warm restore keeps the
+ * started process; a boot has none). When they fail, the guest's writes are synced first, so the kept disk the
+ * VM is killed on is whole (the resume fails; the sandbox stays paused on that disk).
+ */
+async function startAgain(
+  vm: VmHandle,
+  agent: AgentClient,
+  id: string,
+  manifest: StoredSnapshot["manifest"],
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  const { start, ready } = manifest.template;
+  if (!start && !ready) return;
+  const what = `sandbox ${id}: the template's start command after a cold boot`;
+  try {
+    await raceExit(vm, startAndWaitReady(agent, { start, ready }, { what, signal }), what);
+  } catch (err) {
+    await agent.exec(["sync"], { timeoutMs: FAILED_START_SYNC_TIMEOUT_MS }).catch(() => {});
+    throw err;
   }
 }
 

@@ -33,6 +33,7 @@ import {
   keepDisk,
   keptDiskExists,
   keptDiskPath,
+  markKeptDiskLost,
   removeKeptDisk,
 } from "./filesystem-pause.js";
 import type { KeyedLock } from "./keyed-lock.js";
@@ -59,7 +60,7 @@ export interface PauseResumeContext {
   cgroups: CgroupLayout | null;
   confinement: ConfinementConfig;
   consoleLogBytes: number;
-  teardown: Pick<Teardown, "watchExit">;
+  teardown: Pick<Teardown, "watchExit" | "markDead">;
   collection: Pick<SnapshotCollection, "now">;
   usage: Pick<UsageReports, "forgetMetrics">;
   /** The sandbox's record as the service returns it. */
@@ -293,9 +294,11 @@ export class PauseResume {
     const { db } = this.ctx;
     const row = this.ctx.live.row(id);
     if (row.status === "running") throw conflict(`sandbox ${id} is already running`);
+    if (row.status === "dead")
+      throw conflict(`sandbox ${id} is dead, not paused: ${row.error ?? "its VM exited"}`);
     if (row.status !== "paused") throw conflict(`sandbox ${id} is ${row.status}, not paused`);
     checkResumeMemory(row, request.memory);
-    if (row.kept_disk !== null) return this.resumeByColdBoot(row, row.kept_disk, request);
+    if (row.kept_disk !== null) return this.resumeByColdBoot(row, keptDiskPath(this.ctx.paths, id), request);
     const tag = (JSON.parse(row.pause_tags) as string[]).at(-1) ?? row.last_branch_tag;
     if (!tag) throw new ForkdError("internal", `paused sandbox ${id} has no pause layer recorded`);
     const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
@@ -334,6 +337,13 @@ export class PauseResume {
   ): Promise<SandboxInfo> {
     const { db } = this.ctx;
     const { id } = row;
+    if (!(await keptDiskExists(keptDisk))) {
+      const why = await markKeptDiskLost(this.ctx.paths, db, row, "at its resume", (r, w) =>
+        this.ctx.teardown.markDead(r, w),
+      );
+      this.ctx.log.warn({ id }, why);
+      throw conflict(`sandbox ${id} cannot be resumed: ${why}`, { status: "dead" });
+    }
     const timeoutMs = request.timeoutMs ?? row.timeout_ms ?? 0;
     const reservation = this.ctx.admission.reserveSpawn(1);
     db.updateSandbox(id, { status: "resuming" });
@@ -365,13 +375,14 @@ export class PauseResume {
       this.recordResumed(sandbox, timeoutMs, { kept_disk: null, cold_booted: 1, memory_tag: null });
     } catch (err) {
       await this.revertResume(id);
-      throw err;
+      throw stillPaused(id, err);
     } finally {
       reservation.release();
     }
+    // A crash from here on leaves the kept name behind: the next daemon's start sweeps it (reattach.ts).
+    crashPoint("resume.recorded");
     // The running VM holds the disk through its run directory's link; the kept name goes.
     await removeKeptDisk(keptDisk).catch(() => {});
-    crashPoint("resume.recorded");
     this.ctx.log.info({ id }, "sandbox resumed by a cold boot (filesystem-only pause)");
     return this.ctx.get(id);
   }
@@ -433,6 +444,16 @@ export class PauseResume {
     await settlePaused(this.ctx.db, row);
     this.ctx.networks.release(id);
   }
+}
+
+/** A cold boot that failed (its boot, or the template's start or ready in it): the answer says what is left. */
+function stillPaused(id: string, err: unknown): ForkdError {
+  return new ForkdError(
+    err instanceof ForkdError ? err.code : "internal",
+    `${errorMessage(err)}\nsandbox ${id} was not resumed: it stays paused on its kept disk (its files as the ` +
+      "failed boot left them)",
+    { cause: err, detail: err instanceof ForkdError ? err.detail : undefined },
+  );
 }
 
 function round1(n: number): number {

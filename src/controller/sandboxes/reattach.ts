@@ -4,7 +4,9 @@
  * the survivors are re-attached in the background, several at a time with a short deadline each
  * (REATTACH_TIMEOUT_MS), so the API serves meanwhile and one unresponsive guest delays nobody: a call to a
  * sandbox waits only for that sandbox's re-attach, and what cannot wait (setTimeout, branch) answers 503
- * "re-attaching". What dead processes left in the run directory is removed first.
+ * "re-attaching". What dead processes left in the run directory is removed first; kept disks (filesystem-only
+ * pauses) no paused sandbox owns go once the records are settled, and a paused sandbox whose kept disk is gone
+ * is marked dead as lost.
  */
 
 import { readdir, rm, rmdir } from "node:fs/promises";
@@ -25,6 +27,7 @@ import { CHILD_READY_TIMEOUT_MS } from "../machines/sandbox-vm.js";
 import type { SandboxNetworks } from "../networks/sandbox-networks.js";
 import { interruptedBranchTag } from "../snapshots/branch.js";
 import { AdoptedSandbox } from "./adopted-sandbox.js";
+import { keptDiskExists, keptDiskPath, markKeptDiskLost, sweepKeptDisks } from "./filesystem-pause.js";
 import type { LiveSandboxes } from "./live-sandboxes.js";
 import type { PauseResume } from "./pause-resume.js";
 import { settlePaused } from "./paused-state.js";
@@ -77,6 +80,7 @@ export class Reattach {
       if (found === "paused") paused.add(row.id);
       else if (found !== null) survivors.push(found);
     }
+    await this.sweepKeptDisks();
     // Networks of sandboxes that did not survive were removed by markDead; this catches records without one.
     // Paused sandboxes keep theirs (a host reboot removed the namespace: resume makes it again).
     const survivorIds = new Set(survivors.map((s) => s.row.id));
@@ -113,6 +117,13 @@ export class Reattach {
     // A resume that did not finish is undone: the sandbox is paused, as it was before.
     if (row.status === "paused" || row.status === "resuming") {
       await settlePaused(db, row);
+      if (row.kept_disk !== null && !(await keptDiskExists(keptDiskPath(this.ctx.paths, row.id)))) {
+        const why = await markKeptDiskLost(this.ctx.paths, db, row, "at the daemon's start", (r, w) =>
+          teardown.markDead(r, w),
+        );
+        this.ctx.log.warn({ id: row.id, kept_disk: row.kept_disk }, why);
+        return null;
+      }
       return "paused";
     }
     if (row.status !== "running" || !alive || identity === null) {
@@ -187,6 +198,24 @@ export class Reattach {
       () => false,
     );
     if (committed) this.ctx.db.updateSandbox(row.id, { branch_blocked: null });
+  }
+
+  /** Kept disks of no paused sandbox go (settle has finished or undone every interrupted pause and resume). */
+  private async sweepKeptDisks(): Promise<void> {
+    const keep = new Set(
+      this.ctx.db
+        .sandboxes()
+        .filter((r) => r.status === "paused" && r.kept_disk !== null)
+        .map((r) => r.id),
+    );
+    const { removed, foreign } = await sweepKeptDisks(this.ctx.paths, keep);
+    if (removed.length > 0) this.ctx.log.info({ removed }, "removed kept disks no paused sandbox owns");
+    if (foreign.length > 0) {
+      this.ctx.log.warn(
+        { entries: foreign },
+        "kept-disks holds entries not named like a sandbox; left alone",
+      );
+    }
   }
 
   /**

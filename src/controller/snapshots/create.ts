@@ -23,6 +23,7 @@ import { type BootedVm, type BootTemplate, bootWarmVm } from "../machines/boot.j
 import { newSandboxId } from "../machines/ids.js";
 import { SNAPSHOT_FILES } from "../machines/machine.js";
 import { trustFreshImage, verifyImage } from "../machines/restore-plan.js";
+import { guestCommandsOf } from "../machines/start-ready.js";
 
 export interface ProgressEvent {
   step: "image" | "accelerator" | "boot" | "ready" | "warmup" | "save" | "commit";
@@ -208,6 +209,8 @@ function parentManifest(
       name: template.name,
       interpreter: template.interpreter,
       ...(template.egress ? { egress: templateEgressPolicy(template) } : {}),
+      // What ran before the save, so a cold boot of a sandbox of it can run them again.
+      ...guestCommandsOf(template, image),
     },
     image: {
       hash: image.hash,

@@ -19,6 +19,7 @@
  */
 import path from "node:path/posix";
 import { ForkdError, invalidArgument } from "../../common/errors.js";
+import { GUEST_USER_NAME_PATTERN } from "../../common/limits.js";
 import type { BuildRecipe, RecipeCopy } from "../../controller/builds/contract.js";
 
 export interface E2bTemplateStep {
@@ -45,6 +46,7 @@ export const FINALIZE = "finalize";
 /** How long a ready command may take to succeed (E2B gives none; forkd's ready needs one). */
 const READY_TIMEOUT_S = 600;
 const GLOB = /[*?[{]/;
+const GUEST_USER_NAME = new RegExp(GUEST_USER_NAME_PATTERN);
 
 function homeOf(user: string): string {
   return user === "root" || user === "0" ? "/root" : `/home/${user.split(":")[0]}`;
@@ -221,7 +223,7 @@ function setStartAndReady(
   base: BuildRecipe | undefined,
   state: State,
 ): void {
-  const named = /^[A-Za-z_][A-Za-z0-9_.-]{0,31}$/.test(state.user) ? { user: state.user } : {};
+  const named = GUEST_USER_NAME.test(state.user) ? { user: state.user } : {};
   const where = state.workdir ? { cwd: state.workdir } : {};
   if (start.startCmd) template.start = { command: start.startCmd, ...named, ...where };
   else if (!base) delete template.start;
