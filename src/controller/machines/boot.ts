@@ -170,21 +170,7 @@ export async function bootWarmVm(options: {
     const hello = await raceExit(vm, agent.waitHello({ signal: bootSignal }), "boot");
     const bootMs = performance.now() - started;
     progress("boot", `agent ${hello.agentVersion} ready after ${(bootMs / 1000).toFixed(1)} s`);
-    let readyMs = 0;
-    if (template.start || template.ready) {
-      const readyStarted = performance.now();
-      const commands = guestCommandsOf(template, image);
-      await raceExit(
-        vm,
-        startAndWaitReady(agent, commands, {
-          what: `template ${template.name}`,
-          progress: (message) => progress("ready", message),
-          signal: options.signal,
-        }),
-        "start/ready",
-      );
-      readyMs = performance.now() - readyStarted;
-    }
+    const readyMs = await startTemplate(vm, agent, template, image, progress, options.signal);
     const warmupMs = await warmUp(vm, agent, template, progress, options.signal);
     return { vm, owner: vmOwner(confinement, vm.pid), agent, shape, bootMs, warmupMs, readyMs };
   } catch (err) {
@@ -193,6 +179,29 @@ export async function bootWarmVm(options: {
   } finally {
     bootDeadline.dispose();
   }
+}
+
+/** The template's start command and ready check, if it has them; how long they took (ms, 0 without). */
+async function startTemplate(
+  vm: VmHandle,
+  agent: AgentClient,
+  template: BootTemplate,
+  image: BuiltImage,
+  progress: (step: BootStep, message: string) => void,
+  signal: AbortSignal | undefined,
+): Promise<number> {
+  if (!template.start && !template.ready) return 0;
+  const started = performance.now();
+  await raceExit(
+    vm,
+    startAndWaitReady(agent, guestCommandsOf(template, image), {
+      what: `template ${template.name}`,
+      progress: (message) => progress("ready", message),
+      signal,
+    }),
+    "start/ready",
+  );
+  return performance.now() - started;
 }
 
 /**
