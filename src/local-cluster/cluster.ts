@@ -276,7 +276,8 @@ async function applyDeployFiles(state: ClusterState): Promise<void> {
   );
 }
 
-async function startRegistry(state: ClusterState): Promise<void> {
+/** Starts (or restarts, on its data kept on disk) the cluster's loopback registry. */
+export async function startRegistry(state: ClusterState): Promise<void> {
   const registryDir = path.join(state.dir, "registry");
   await mkdir(registryDir, { recursive: true, mode: 0o700 });
   const config = path.join(registryDir, "config.yml");
@@ -304,6 +305,7 @@ async function startRegistry(state: ClusterState): Promise<void> {
     const answer = await fetch(`http://${state.registry}/v2/`);
     return answer.ok ? true : undefined;
   });
+  await saveState(state);
 }
 
 /** A token of `component`'s ServiceAccount from the TokenRequest API (bound to a pod when one is named). */

@@ -33,6 +33,7 @@ import {
   NAMESPACE,
   startGateway,
   startNode,
+  startRegistry,
 } from "../../src/local-cluster/cluster.js";
 import { leftovers, setNodeLink } from "../../src/local-cluster/network.js";
 import { signalRecorded, waitGone } from "../../src/local-cluster/processes.js";
@@ -476,6 +477,8 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
       await snapshots.delete("unpulled");
     }
     const [kid] = await spawn(admin, "pyagent");
+    // The registry back (its data was kept): the cases after this one push to it (the durable pause).
+    await startRegistry(state);
     assert.ok(kid);
     assert.equal(await sh(admin, kid.id, "echo still-working"), "still-working");
     await admin.killSandbox(kid.id);

@@ -181,6 +181,11 @@ export class SandboxNetworks {
    * address here, as "creating": its resume builds it (reattach).
    */
   recordAdopted(sandboxId: string, policyJson: string): void {
+    this.record(sandboxId, policyJson);
+  }
+
+  /** Records sandbox `sandboxId`'s network as "creating" with a free address of the subnet (returned), or throws. */
+  private record(sandboxId: string, policyJson: string) {
     const names = sandboxNetNames(sandboxId);
     const address = this.db.insertNetwork(
       {
@@ -199,6 +204,7 @@ export class SandboxNetworks {
         `no free address left in the sandbox subnet of ${this.config.bridge}`,
       );
     }
+    return address;
   }
 
   /**
@@ -213,23 +219,7 @@ export class SandboxNetworks {
     if (!nic) return undefined;
     if (request === "none") return privateNic(nic.vnetHdr);
     const names = sandboxNetNames(sandboxId);
-    const address = this.db.insertNetwork(
-      {
-        sandbox_id: sandboxId,
-        state: "creating",
-        netns: names.netns,
-        veth: names.veth,
-        policy: JSON.stringify(request),
-        generation: 1,
-      },
-      this.addressCandidates(),
-    );
-    if (address === null) {
-      throw new ForkdError(
-        "unavailable",
-        `no free address left in the sandbox subnet of ${this.config.bridge}`,
-      );
-    }
+    const address = this.record(sandboxId, JSON.stringify(request));
     const policy = compilePolicy(request);
     crashPoint("net.recorded");
     try {
