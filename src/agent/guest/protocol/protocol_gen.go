@@ -41,18 +41,19 @@ const (
 
 // The forkd error catalogue (src/common/errors.ts).
 const (
-	CodeInvalidArgument = "invalid_argument"
-	CodeUnauthorized    = "unauthorized"
-	CodeForbidden       = "forbidden"
-	CodeNotFound        = "not_found"
-	CodeConflict        = "conflict"
-	CodePayloadTooLarge = "payload_too_large"
-	CodeUnprocessable   = "unprocessable"
-	CodeTooManyRequests = "too_many_requests"
-	CodeInternal        = "internal"
-	CodeNotImplemented  = "not_implemented"
-	CodeUnavailable     = "unavailable"
-	CodeTimeout         = "timeout"
+	CodeInvalidArgument     = "invalid_argument"
+	CodeUnauthorized        = "unauthorized"
+	CodeForbidden           = "forbidden"
+	CodeNotFound            = "not_found"
+	CodeConflict            = "conflict"
+	CodePayloadTooLarge     = "payload_too_large"
+	CodeUnprocessable       = "unprocessable"
+	CodeTooManyRequests     = "too_many_requests"
+	CodeInternal            = "internal"
+	CodeNotImplemented      = "not_implemented"
+	CodeUnavailable         = "unavailable"
+	CodeTimeout             = "timeout"
+	CodeInsufficientStorage = "insufficient_storage"
 )
 
 var (
