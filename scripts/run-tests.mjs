@@ -35,7 +35,14 @@ if (files.length === 0) {
   console.error("no test files found under dist/test (run npm run build first)");
   process.exit(1);
 }
-const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...names, ...files], {
+// The usual reporter (spec on a terminal, TAP otherwise), and at the end the slowest files (scripts/test-timings.mjs).
+const reporters = [
+  `--test-reporter=${process.stdout.isTTY ? "spec" : "tap"}`,
+  "--test-reporter-destination=stdout",
+  `--test-reporter=${fileURLToPath(new URL("./test-timings.mjs", import.meta.url))}`,
+  "--test-reporter-destination=stdout",
+];
+const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...reporters, ...names, ...files], {
   stdio: "inherit",
 });
 process.exit(result.status ?? 1);
