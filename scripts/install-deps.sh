@@ -58,4 +58,10 @@ npm ci --no-audit --no-fund
 npm run build
 # The Python E2B tests' venv and wheels, with the machine's own pip configuration (scripts/python-test-deps.mjs).
 node scripts/python-test-deps.mjs
-scripts/k8s-tools.sh build >/dev/null
+# FORKD_K8S_TOOLS=later leaves the Kubernetes tools to the caller: .ci/run builds them in the background while the
+# first tests run (the tests that need them wait for that build: scripts/k8s-tools.sh wait).
+if [ "${FORKD_K8S_TOOLS:-build}" = later ]; then
+  echo "install-deps: the Kubernetes tools are left to the caller (FORKD_K8S_TOOLS=later)" >&2
+else
+  scripts/k8s-tools.sh build >/dev/null
+fi

@@ -14,6 +14,8 @@
 # usage: scripts/k8s-tools.sh [build]   build what is missing (about 15 CPU-minutes the first time), then
 #                                       print the tools' paths as JSON
 #        scripts/k8s-tools.sh paths     print the paths as JSON without building; exit 3 if one is missing
+#        scripts/k8s-tools.sh wait      as paths, after any build under way has ended (the tests use this: CI
+#                                       builds the tools in the background while the first tests run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -141,6 +143,12 @@ all_current() {
 
 case "${1:-build}" in
 paths) print_paths ;;
+wait)
+  mkdir -p "$cache"
+  exec 9>"$cache/.lock"
+  flock -s 9 # a build holds the lock exclusively while it runs
+  print_paths
+  ;;
 build)
   mkdir -p "$cache"
   exec 9>"$cache/.lock"
@@ -154,5 +162,5 @@ build)
   done
   print_paths
   ;;
-*) die "usage: scripts/k8s-tools.sh [build|paths]" ;;
+*) die "usage: scripts/k8s-tools.sh [build|paths|wait]" ;;
 esac

@@ -25,11 +25,16 @@ const names = args
   .filter((a) => a.startsWith(NAME))
   .map((a) => `--test-name-pattern=${a.slice(NAME.length)}`);
 const needles = args.filter((a) => !(a in SUITES) && !a.startsWith(NAME));
+// The files that need the Kubernetes tools run last: CI builds those tools in the background while the others run
+// (.ci/run), and these wait for that build.
+const LAST_OF_ALL = ["cluster/"];
+const isLast = (f) => LAST_OF_ALL.some((dir) => f.startsWith(dir));
+const lastOfAll = (a, b) => Number(isLast(a)) - Number(isLast(b)) || (a < b ? -1 : a > b ? 1 : 0);
 const files = readdirSync(root, { recursive: true })
   .map(String)
   .filter((f) => f.endsWith(suite ? SUITES[suite] : ".test.js"))
   .filter((f) => needles.length === 0 || needles.some((needle) => f.includes(needle)))
-  .sort()
+  .sort(lastOfAll)
   .map((f) => path.join(root, f));
 if (files.length === 0) {
   console.error("no test files found under dist/test (run npm run build first)");

@@ -1,7 +1,8 @@
 /**
  * Where this machine's Kubernetes tools are — kube-apiserver, kubectl, etcd and helm, built from
  * their Go modules once per machine by scripts/k8s-tools.sh (which install-deps.sh runs). Asks the script, so
- * the cache layout is written down once; a missing tool is an error naming the command that builds it.
+ * the cache layout is written down once; a missing tool is an error naming the command that builds it. Asks with
+ * `wait`: a build under way (CI builds the tools in the background while the first tests run) is waited for.
  */
 import { execFile } from "node:child_process";
 import path from "node:path";
@@ -25,7 +26,7 @@ export function kubeTools(): Promise<KubeTools> {
 async function locate(): Promise<KubeTools> {
   const script = path.join(packageRoot(), "scripts", "k8s-tools.sh");
   try {
-    const { stdout } = await promisify(execFile)(script, ["paths"], { encoding: "utf8" });
+    const { stdout } = await promisify(execFile)(script, ["wait"], { encoding: "utf8" });
     return JSON.parse(stdout) as KubeTools;
   } catch (err) {
     const e = err as Error & { stderr?: string };
