@@ -136,7 +136,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
 function gatewayContext(options: GatewayOptions): GatewayContext {
   const { logger } = options;
   const view = new ClusterView(options.cluster ?? clusterReadsOf(options), logger);
-  const directory = new Directory();
+  const directory = new Directory((node, epoch) => view.isLost(node, epoch).lost);
   const links = new NodeLinks(view, options.nodeToken, directory, logger);
   const calls = new NodeCaller(links);
   const placer = new Placer(view, links, directory, calls, {

@@ -682,8 +682,9 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     assert.equal((await connected.files.read(`${home}/e2b-durable.txt`)).trim(), "e2b-durable-file");
     const processes = await connected.commands.list();
     assert.ok(
-      processes.some((p) => p.pid === sleeper.pid && p.cmd.includes("sleep")),
-      `the background process ${sleeper.pid} is there: ${JSON.stringify(processes.map((p) => [p.pid, p.cmd]))}`,
+      // E2B runs a command as `/bin/bash -l -c <command>`: the sleep is in its arguments.
+      processes.some((p) => p.pid === sleeper.pid && [p.cmd, ...p.args].join(" ").includes("sleep 86400")),
+      `the background process ${sleeper.pid} is there: ${JSON.stringify(processes.map((p) => [p.pid, p.cmd, p.args]))}`,
     );
     const venv = await e2bPythonVenv();
     const script = [

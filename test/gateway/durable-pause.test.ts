@@ -203,7 +203,11 @@ describe("the gateway's durable pause", () => {
     before(async () => {
       h = await gatewayOver(2, {
         durablePause: true,
-        prepare: ([, n1]) => n1?.sandboxes.set(ID, ref("paused")),
+        prepare: ([, n1]) => {
+          n1?.sandboxes.set(ID, ref("paused"));
+          // The lost node ran under a later epoch than the adopter does (each node's epoch is its own).
+          if (n1) n1.specEpoch = n1.runEpoch = 5;
+        },
       });
     });
     after(async () => h.stop());
@@ -218,12 +222,12 @@ describe("the gateway's durable pause", () => {
           owner: "tenant-a",
           reference: `registry.test/forkd/paused/${ID}:p1`,
           digest: `sha256:${"d".repeat(64)}`,
-          epoch: 1,
+          epoch: 5,
           pausedAt: new Date().toISOString(),
           record: "c2VhbGVk",
         },
       ];
-      n1.specEpoch = 2;
+      n1.specEpoch = 6;
       h.cluster.publish();
       await h.gateway.context.view.read();
       const moving = await call(h, "POST", `/v2/sandboxes/${ID}/connect`, { timeout: 60 });

@@ -48,6 +48,8 @@ export class StandInNode {
   oversizedAnswer = 0;
   /** Its ForkdNode's spec.epoch (the controller raises it to fence the node); it runs under 1. */
   specEpoch = 1;
+  /** The epoch it runs under (its stream's and its ForkdNode's status.observedEpoch). */
+  runEpoch = 1;
   /** Its ForkdNode's status.durablePauses and spec.handedOver (what a fenced node's durable pauses say). */
   durablePauses: DurablePause[] = [];
   handedOver: HandedOver[] = [];
@@ -206,7 +208,7 @@ export class StandInNode {
     const state: NodeEvent = {
       type: "state",
       node: this.name,
-      epoch: 1,
+      epoch: this.runEpoch,
       sandboxes: [...this.sandboxes.values()],
       snapshots: [...this.snapshots.values()],
     };
@@ -249,7 +251,7 @@ export class StandInNode {
         ...(this.handedOver.length > 0 ? { handedOver: this.handedOver } : {}),
       },
       status: {
-        observedEpoch: 1,
+        observedEpoch: this.runEpoch,
         ...(this.durablePauses.length > 0 ? { durablePauses: this.durablePauses } : {}),
         capacity: free,
         available: free,
