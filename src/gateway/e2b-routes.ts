@@ -8,8 +8,9 @@
  */
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply } from "fastify";
+import { OptionalBody } from "../api/schemas.js";
 import { ForkdError, notFound } from "../common/errors.js";
-import { ListSandboxesQuery, NewSandbox, OptionalBody, PauseBody } from "../e2b/control/schemas.js";
+import { ListSandboxesQuery, NewSandbox, PauseBody } from "../e2b/control/schemas.js";
 import { E2B_DEFAULT_TEMPLATES } from "../e2b/control/templates.js";
 import { paginate } from "../e2b/control/wire.js";
 import type { GatewayContext } from "./context.js";
@@ -50,18 +51,15 @@ export function registerE2bRoutes(app: FastifyInstance, context: GatewayContext)
  * its node: its disk is kept there only.
  */
 function registerDurablePauseRoute(app: FastifyInstance, context: GatewayContext): void {
-  app.post<{ Params: { sandboxID: string }; Body: Static<typeof PauseBody> | undefined }>(
+  app.post<{ Params: { sandboxID: string }; Body: Static<typeof PauseBody> | null | undefined }>(
     "/sandboxes/:sandboxID/pause",
     { ...e2b, schema: { body: OptionalBody(PauseBody) } },
     async (request, reply) => {
       const id = request.params.sandboxID;
       const placement = await context.locator.locate(id, request.tenant);
-      const call = {
-        method: "POST" as const,
-        path: `/sandboxes/${id}/pause`,
-        json: request.body,
-        deadlineMs: 0,
-      };
+      // No body (the SDKs always send one) is the defaults: sent to the node as an empty one.
+      const json = request.body ?? {};
+      const call = { method: "POST" as const, path: `/sandboxes/${id}/pause`, json, deadlineMs: 0 };
       const pause = () => context.calls.send(placement.node, call, request.tenant);
       if (pauseIsDurable(context, undefined, request.body?.memory)) {
         await pauseThenMakeDurable(context, id, placement.node, pause);

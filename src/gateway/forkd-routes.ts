@@ -12,6 +12,7 @@ import {
   ForkBody,
   KillManyQuery,
   ListSandboxesQuery,
+  OptionalBody,
   PauseBody,
   SandboxParams,
   SpawnBody,
@@ -111,9 +112,10 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
  * answer waits for both (durable-pause.ts). One that could not be made durable stays paused, and says so (503).
  */
 function registerPauseRoute(app: FastifyInstance, context: GatewayContext): void {
-  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof PauseBody> | undefined }>(
+  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof PauseBody> | null | undefined }>(
     "/v1/sandboxes/:id/pause",
-    { ...forkd, schema: { params: SandboxParams, body: PauseBody } },
+    // No body is a pause with the defaults, as at a single daemon.
+    { ...forkd, schema: { params: SandboxParams, body: OptionalBody(PauseBody) } },
     async (request) => {
       const id = request.params.id;
       const { durable: asked, ...body } = request.body ?? {};

@@ -171,7 +171,8 @@ describe("the gateway's durable pause", () => {
         error: "this node lists 32 durable pauses, the most it may: resume or kill one first",
         code: "insufficient_storage",
       };
-      const e2b = await call(h, "POST", `/sandboxes/${ID}/pause`, {});
+      // No body at all: a pause with the defaults.
+      const e2b = await call(h, "POST", `/sandboxes/${ID}/pause`);
       assert.equal(e2b.status, 507);
       assert.equal(e2b.json.code, 507);
       assert.match(
@@ -179,7 +180,7 @@ describe("the gateway's durable pause", () => {
         /paused on node node-0, but not durably: this node lists 32 durable pauses/,
       );
       node.sandboxes.set(ID, ref());
-      const forkd = await call(h, "POST", `/v1/sandboxes/${ID}/pause`, { durable: true }, false);
+      const forkd = await call(h, "POST", `/v1/sandboxes/${ID}/pause`, undefined, false);
       assert.equal(forkd.status, 507);
       assert.equal(forkd.json.code, "insufficient_storage");
     });
