@@ -3,8 +3,9 @@
  * name or alias, E2B's default names mean the gateway's default snapshot), the lists (every node's, merged and
  * paged here with the same cursor a single daemon uses), templates and named snapshots (every node's). Every
  * /sandboxes/<id>/... call is relayed to the sandbox's node (server.ts), but for the pause under --durable-pause
- * (answered here: made durable, durable-pause.ts); E2B's fork stays on the source's node there, as on E2B. Answers are the nodes' own E2B documents: nodes run with the gateway's --e2b-domain, so
- * their `domain` fields are right as they are.
+ * (answered here: made durable, durable-pause.ts); E2B's fork stays on the source's node there, as on E2B.
+ * Answers are the nodes' own E2B documents: nodes run with the gateway's --e2b-domain, so their `domain` fields
+ * are right as they are.
  */
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply } from "fastify";
