@@ -34,5 +34,10 @@ export interface GatewayContext {
   registry: RegistrySettings;
   /** The snapshot E2B's default template names (base, code-interpreter-v1) mean. */
   defaultSnapshot: string;
+  /**
+   * `--durable-pause`: every pause with memory through this gateway is durable (E2B's, and forkd's that do not
+   * say `durable: false`); durable-pause.ts.
+   */
+  durablePause: boolean;
   logger: Logger;
 }

@@ -31,6 +31,12 @@ export interface SnapshotPlace {
 const MAX_LOST_ENTRIES = 100_000;
 
 export class Directory {
+  /**
+   * `isLost(node, epoch)`: whether sandboxes placed on `node` under `epoch` are gone (the cluster view's answer);
+   * without it every report counts.
+   */
+  constructor(private readonly isLost: (node: string, epoch: number) => boolean = () => false) {}
+
   private readonly sandboxes = new Map<string, Placement>();
   private readonly lost = new Map<string, Placement>();
   private readonly snapshots = new Map<string, Map<string, SnapshotPlace>>();
@@ -54,8 +60,11 @@ export class Directory {
 
   upsert(node: string, epoch: number, ref: SandboxRef): void {
     const before = this.sandboxes.get(ref.id);
-    // A sandbox learned from its node's stream is where that stream says (a durable resume moves it).
-    if (before && before.node !== node && before.epoch > epoch) return;
+    // A sandbox is where the latest report says (an adopted durable pause moves it to another node), unless that
+    // report is of a lost node's and the entry's node is not lost. Epochs are each node's own: never compared
+    // across nodes (an adopter's epoch may well be below the lost node's).
+    if (before && before.node !== node && this.isLost(node, epoch) && !this.isLost(before.node, before.epoch))
+      return;
     this.sandboxes.set(ref.id, {
       id: ref.id,
       node,

@@ -2,17 +2,20 @@
  * E2B's control plane where it concerns the cluster: create (placement: a template name is a ForkdSnapshot's
  * name or alias, E2B's default names mean the gateway's default snapshot), the lists (every node's, merged and
  * paged here with the same cursor a single daemon uses), templates and named snapshots (every node's). Every
- * /sandboxes/<id>/... call is relayed to the sandbox's node (server.ts); E2B's fork stays on the source's node
- * there, as on E2B. Answers are the nodes' own E2B documents: nodes run with the gateway's --e2b-domain, so
- * their `domain` fields are right as they are.
+ * /sandboxes/<id>/... call is relayed to the sandbox's node (server.ts), but for the pause under --durable-pause
+ * (answered here: made durable, durable-pause.ts); E2B's fork stays on the source's node there, as on E2B.
+ * Answers are the nodes' own E2B documents: nodes run with the gateway's --e2b-domain, so their `domain` fields
+ * are right as they are.
  */
 import type { Static } from "@sinclair/typebox";
 import type { FastifyInstance, FastifyReply } from "fastify";
+import { OptionalBody } from "../api/schemas.js";
 import { ForkdError, notFound } from "../common/errors.js";
-import { ListSandboxesQuery, NewSandbox } from "../e2b/control/schemas.js";
+import { ListSandboxesQuery, NewSandbox, PauseBody } from "../e2b/control/schemas.js";
 import { E2B_DEFAULT_TEMPLATES } from "../e2b/control/templates.js";
 import { paginate } from "../e2b/control/wire.js";
 import type { GatewayContext } from "./context.js";
+import { pauseIsDurable, pauseThenMakeDurable } from "./durable-pause.js";
 import { fanout } from "./fanout.js";
 import type { SnapshotTarget } from "./placement.js";
 
@@ -39,6 +42,34 @@ export function registerE2bRoutes(app: FastifyInstance, context: GatewayContext)
   }
   registerSandboxLists(app, context);
   registerTemplateRoutes(app, context);
+  if (context.durablePause) registerDurablePauseRoute(app, context);
+}
+
+/**
+ * E2B's pause under --durable-pause (server.ts relays it as it is otherwise): the node's own E2B pause (its
+ * 409 for a paused sandbox, requireHealthyGuest, ...), then, when it keeps memory, made durable before the
+ * 204 (durable-pause.ts). A filesystem-only pause (`memory: false`, the SDKs' keepMemory false) stays a pause on
+ * its node: its disk is kept there only.
+ */
+function registerDurablePauseRoute(app: FastifyInstance, context: GatewayContext): void {
+  app.post<{ Params: { sandboxID: string }; Body: Static<typeof PauseBody> | null | undefined }>(
+    "/sandboxes/:sandboxID/pause",
+    { ...e2b, schema: { body: OptionalBody(PauseBody) } },
+    async (request, reply) => {
+      const id = request.params.sandboxID;
+      const placement = await context.locator.locate(id, request.tenant);
+      // No body (the SDKs always send one) is the defaults: sent to the node as an empty one.
+      const json = request.body ?? {};
+      const call = { method: "POST" as const, path: `/sandboxes/${id}/pause`, json, deadlineMs: 0 };
+      const pause = () => context.calls.send(placement.node, call, request.tenant);
+      if (pauseIsDurable(context, undefined, request.body?.memory)) {
+        await pauseThenMakeDurable(context, id, placement.node, pause);
+      } else {
+        await pause();
+      }
+      return reply.status(204).send();
+    },
+  );
 }
 
 /** The sandbox lists and metrics: every node's, merged (and paged, for v2) here. */

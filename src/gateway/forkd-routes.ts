@@ -12,15 +12,17 @@ import {
   ForkBody,
   KillManyQuery,
   ListSandboxesQuery,
+  OptionalBody,
   PauseBody,
   SandboxParams,
   SpawnBody,
   TagParams,
 } from "../api/schemas.js";
-import { type DurablePauseAnswer, NODE_ROUTES, type SandboxRef } from "../cluster/protocol.js";
+import type { SandboxRef } from "../cluster/protocol.js";
 import { ForkdError, notFound } from "../common/errors.js";
 import { FORKD_VERSION } from "../common/version.js";
 import type { GatewayContext } from "./context.js";
+import { pauseIsDurable, pauseThenMakeDurable } from "./durable-pause.js";
 import { fanout } from "./fanout.js";
 import { forkAcrossNodes } from "./fork.js";
 import { withoutHostPaths } from "./host-paths.js";
@@ -104,43 +106,26 @@ function registerSandboxRoutes(app: FastifyInstance, context: GatewayContext): v
 }
 
 /**
- * A pause is the node's; answered here so that `durable: true` (docs/kubernetes.md, "The durable pause") can
- * follow it: the node then pushes the pause chain and lists it in its ForkdNode; the answer waits for both.
- * A durable pause that could not be made durable leaves the sandbox paused on its node, and says so (503).
+ * A pause is the node's; answered here so that a durable one (docs/kubernetes.md, "The durable pause":
+ * `durable: true`, or under the gateway's --durable-pause any pause with memory that does not say
+ * `durable: false`) can follow it: the node then pushes the pause chain and lists it in its ForkdNode; the
+ * answer waits for both (durable-pause.ts). One that could not be made durable stays paused, and says so (503).
  */
 function registerPauseRoute(app: FastifyInstance, context: GatewayContext): void {
-  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof PauseBody> | undefined }>(
+  app.post<{ Params: Static<typeof SandboxParams>; Body: Static<typeof PauseBody> | null | undefined }>(
     "/v1/sandboxes/:id/pause",
-    { ...forkd, schema: { params: SandboxParams, body: PauseBody } },
+    // No body is a pause with the defaults, as at a single daemon.
+    { ...forkd, schema: { params: SandboxParams, body: OptionalBody(PauseBody) } },
     async (request) => {
       const id = request.params.id;
-      const { durable, ...body } = request.body ?? {};
+      const { durable: asked, ...body } = request.body ?? {};
       const placement = await context.locator.locate(id, request.tenant);
-      if (durable === true && body.memory === false) {
-        throw new ForkdError(
-          "invalid_argument",
-          "a durable pause keeps memory: memory false keeps a local disk only",
-        );
-      }
+      const durable = pauseIsDurable(context, asked, body.memory);
       const call = { method: "POST" as const, path: `/v1/sandboxes/${id}/pause`, json: body, deadlineMs: 0 };
-      const paused = await context.calls.json<Record<string, unknown>>(placement.node, call, request.tenant);
-      if (durable !== true) return { ...paused, node: placement.node };
-      const path = `${NODE_ROUTES.durablePauses}/${id}`;
-      const made = await context.calls
-        .json<DurablePauseAnswer>(placement.node, { method: "POST", path, deadlineMs: 0 }, null)
-        .catch((err: unknown) => {
-          const why = err instanceof ForkdError ? err.message : String(err);
-          const code =
-            err instanceof ForkdError && err.code === "insufficient_storage" ? err.code : "unavailable";
-          throw new ForkdError(
-            code,
-            `sandbox ${id} is paused on node ${placement.node}, but not durably: ${why}`,
-            {
-              detail: { paused: true, durable: false },
-            },
-          );
-        });
-      return { ...paused, node: placement.node, durable: made };
+      const pause = () => context.calls.json<Record<string, unknown>>(placement.node, call, request.tenant);
+      if (!durable) return { ...(await pause()), node: placement.node };
+      const made = await pauseThenMakeDurable(context, id, placement.node, pause);
+      return { ...made.paused, node: placement.node, durable: made.durable };
     },
   );
 }

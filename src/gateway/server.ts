@@ -66,6 +66,8 @@ export interface GatewayOptions {
   perSandboxMiB?: number;
   /** Where the other replicas reach this one (its pod IP): MCP sessions then work through any replica. */
   advertiseAddress?: string;
+  /** Every pause with memory made durable (docs/kubernetes.md, "The durable pause"): E2B's pauses too. */
+  durablePause?: boolean;
   logger: Logger;
 }
 
@@ -84,7 +86,14 @@ const FORKD_SANDBOX = /^\/v1\/sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)
  * pause (a durable one).
  */
 const ANSWERED_HERE = new Set(["fork", "branch", "pause"]);
-const E2B_SANDBOX = /^\/(?:v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/[^?]*)?(?:\?.*)?$/;
+const E2B_SANDBOX = /^\/(v2\/)?sandboxes\/(sb-[0-9a-f]{12})(?:\/([^?]*))?(?:\?.*)?$/;
+
+/** E2B's pause, answered here (e2b-routes.ts) under --durable-pause so that it can be made durable. */
+const answeredHereE2b = (context: GatewayContext, method: string | undefined, call: RegExpExecArray) =>
+  context.durablePause &&
+  method === "POST" &&
+  call[1] === undefined &&
+  call[3]?.replace(/\/$/, "") === "pause";
 
 export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {
   const { logger } = options;
@@ -127,7 +136,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
 function gatewayContext(options: GatewayOptions): GatewayContext {
   const { logger } = options;
   const view = new ClusterView(options.cluster ?? clusterReadsOf(options), logger);
-  const directory = new Directory();
+  const directory = new Directory((node, epoch) => view.isLost(node, epoch).lost);
   const links = new NodeLinks(view, options.nodeToken, directory, logger);
   const calls = new NodeCaller(links);
   const placer = new Placer(view, links, directory, calls, {
@@ -152,6 +161,7 @@ function gatewayContext(options: GatewayOptions): GatewayContext {
     nodeToken: options.nodeToken,
     registry: { insecure: options.insecureRegistry === true },
     defaultSnapshot: options.defaultSnapshot,
+    durablePause: options.durablePause === true,
     logger,
   };
 }
@@ -277,10 +287,10 @@ async function dispatch(
       return await relay(context, { req, res, arrived }, surface, forkdCall[1] as string, caller.tenant);
     }
     const e2bCall = E2B_SANDBOX.exec(url);
-    if (e2bCall) {
+    if (e2bCall && !answeredHereE2b(context, req.method, e2bCall)) {
       surface = "e2b";
       const caller = context.auth.apiKey(req.headers);
-      return await relay(context, { req, res, arrived }, surface, e2bCall[1] as string, caller.tenant);
+      return await relay(context, { req, res, arrived }, surface, e2bCall[2] as string, caller.tenant);
     }
     toFastify();
   } catch (err) {
@@ -375,6 +385,9 @@ function sendIn(surface: Surface | "e2b", res: ServerResponse, err: unknown): vo
     res.destroy();
     return;
   }
+  // A sandbox being moved (locate.ts): HTTP's own hint of when to ask again, beside the body's.
+  const retryAfter = err instanceof ForkdError ? err.detail?.retry_after_s : undefined;
+  if (typeof retryAfter === "number") res.setHeader("retry-after", String(retryAfter));
   if (surface === "forkd") {
     const e = toHttpError(err);
     const detail = err instanceof ForkdError && err.detail ? { detail: err.detail } : {};

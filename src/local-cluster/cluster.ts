@@ -92,6 +92,8 @@ export interface ClusterState {
   network: ClusterNetwork;
   nodeCount: number;
   nodeMaxSandboxes?: number;
+  /** The gateways run with --durable-pause (every pause with memory durable, E2B's too). */
+  durablePause?: boolean;
   ports: { etcdClient: number; etcdPeer: number; apiServer: number; registry: number; balancer: number };
   apiServer: string;
   adminKubeconfig: string;
@@ -115,6 +117,8 @@ export interface UpOptions {
   seedHome?: string;
   /** Each node daemon's --max-sandboxes (small ones make a fork of N span nodes with few VMs). */
   nodeMaxSandboxes?: number;
+  /** The gateways' --durable-pause. */
+  durablePause?: boolean;
   log?: (line: string) => void;
 }
 
@@ -187,6 +191,7 @@ export async function up(options: UpOptions): Promise<ClusterState> {
     network,
     nodeCount: options.nodes,
     nodeMaxSandboxes: options.nodeMaxSandboxes,
+    durablePause: options.durablePause === true,
     ports: {
       etcdClient: await freePort("127.0.0.1"),
       etcdPeer: await freePort("127.0.0.1"),
@@ -598,6 +603,7 @@ export async function startGateway(
     "--registry-insecure",
     // As the Deployment passes its pod IP: MCP sessions work through the balancer, whichever replica it picks.
     `--advertise-address=${new URL(gateway.url).hostname}`,
+    ...(state.durablePause ? ["--durable-pause"] : []),
   ]);
   gateway.process = record;
   await saveState(state);

@@ -1,6 +1,7 @@
 /**
  * The local cluster's command line (scripts/local-cluster.sh runs it from dist):
- *   up [--nodes N] [--gateways G] [--dir D] [--seed-home H]   start it; print shell assignments on stdout
+ *   up [--nodes N] [--gateways G] [--dir D] [--seed-home H] [--node-max-sandboxes M] [--durable-pause]
+ *                                                              start it; print shell assignments on stdout
  *   status [--dir D]                                           JSON: nodes, gateway, processes
  *   down [--dir D]                                             stop and remove all of it
  *   balance LISTEN BACKEND...                                  (internal) the gateway Service's stand-in
@@ -11,7 +12,7 @@ import { DEFAULT_NODES, defaultDir } from "./defaults.js";
 import { serveBalancer } from "./service-proxy.js";
 
 const USAGE =
-  "usage: local-cluster.sh up [--nodes N] [--gateways G] [--dir D] [--seed-home H] [--node-max-sandboxes M] | status | down";
+  "usage: local-cluster.sh up [--nodes N] [--gateways G] [--dir D] [--seed-home H] [--node-max-sandboxes M] [--durable-pause] | status | down";
 
 function hostPort(text: string): { host: string; port: number } {
   const at = text.lastIndexOf(":");
@@ -51,6 +52,7 @@ async function main(argv: string[]): Promise<number> {
       dir: { type: "string" },
       "seed-home": { type: "string" },
       "node-max-sandboxes": { type: "string" },
+      "durable-pause": { type: "boolean" },
     },
     strict: true,
   });
@@ -66,6 +68,7 @@ async function main(argv: string[]): Promise<number> {
           values["node-max-sandboxes"] === undefined
             ? undefined
             : count(values["node-max-sandboxes"], 0, "node-max-sandboxes", 100_000),
+        durablePause: values["durable-pause"] === true,
         log: (line) => process.stderr.write(`local-cluster: ${line}\n`),
       });
       for (const [name, value] of Object.entries(shellAssignments(state))) {

@@ -60,6 +60,14 @@ const ALL_OPTIONS = [
     "--set",
     "node.maxSandboxes=50",
   ],
+  ...[
+    "--set",
+    "node.clusterRegistry=registry.forkd.svc:5000",
+    "--set",
+    "node.clusterRegistryInsecure=true",
+    "--set",
+    "gateway.durablePause=true",
+  ],
   ...["--set", "tokens.nodeToken=0123456789abcdef0123", "--set", "gateway.ingress.tlsSecretName=forkd-tls"],
   ...["--set", "gateway.ingress.className=nginx", "--set", "node.priorityClassName=system-node-critical"],
   ...[
@@ -121,6 +129,28 @@ describe("deployment files (generated, rendered)", () => {
     await assert.rejects(
       renderChart(await kubeTools(), ["--set", "tokens.adminToken=short"]),
       /at least 16 characters/,
+    );
+  });
+
+  it("gateway.durablePause passes --durable-pause, node.clusterRegistry --cluster-registry; one needs the other", async () => {
+    const tools = await kubeTools();
+    const argsOf = (objects: Manifest[], kind: string) => {
+      const name = kind === "Deployment" ? "forkd-gateway" : "forkd-node";
+      const o = objects.find((x) => x.kind === kind && x.metadata?.name === name) as unknown as {
+        spec: { template: { spec: { containers: { args: string[] }[] } } };
+      };
+      return o.spec.template.spec.containers[0]?.args ?? [];
+    };
+    const on = await renderChart(tools, ALL_OPTIONS);
+    assert.ok(argsOf(on, "Deployment").includes("--durable-pause"));
+    assert.ok(argsOf(on, "DaemonSet").includes("--cluster-registry=registry.forkd.svc:5000"));
+    assert.ok(argsOf(on, "DaemonSet").includes("--cluster-registry-insecure"));
+    const off = await renderChart(tools);
+    assert.ok(!argsOf(off, "Deployment").includes("--durable-pause"));
+    assert.ok(!argsOf(off, "DaemonSet").some((a) => a.startsWith("--cluster-registry")));
+    await assert.rejects(
+      renderChart(tools, ["--set", "gateway.durablePause=true"]),
+      /gateway.durablePause needs node.clusterRegistry/,
     );
   });
 });

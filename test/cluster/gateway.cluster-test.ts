@@ -9,7 +9,8 @@
  * isolated across nodes; faults: a registry outage (503 naming it, local work goes on), a gateway replica
  * killed and restarted (its directory rebuilt), a node daemon killed with -9 (detected, its sandboxes answered
  * "lost" at once, no call hangs, no create fails after detection, fenced when it returns), a node's link cut (the
- * same, with nothing answering at all on the way). `down` leaves nothing.
+ * same, with nothing answering at all on the way); a durable pause (forkd's, and E2B's under the gateways'
+ * --durable-pause) resumed on another node after its node's kill -9. `down` leaves nothing.
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -23,7 +24,7 @@ import { promisify } from "node:util";
 import { KubeConfig } from "@kubernetes/client-node";
 import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { Sandbox as E2bSandbox } from "e2b";
+import { Sandbox as E2bSandbox, SandboxNotFoundError as E2bSandboxNotFound } from "e2b";
 import { CLUSTER_HEADERS, NODE_ROUTES, type PushAnswer } from "../../src/cluster/protocol.js";
 import { forkdObjects } from "../../src/kube/objects.js";
 import {
@@ -110,6 +111,8 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
         seed,
         "--node-max-sandboxes",
         "2",
+        // Every pause with memory durable, E2B's too (forkd's durable: true case says so itself).
+        "--durable-pause",
       ],
       { encoding: "utf8", maxBuffer: 1 << 24 },
     );
@@ -621,6 +624,95 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
       [mine[0]?.node],
     );
     await admin.killSandbox(id);
+  });
+
+  it("E2B's pause under --durable-pause survives its node: the E2B JS SDK's connect resumes it on another node under its id, its file and process there (and the Python SDK connects to it)", async () => {
+    const sbx = await E2bSandbox.create({ timeoutMs: 600_000 });
+    const id = sbx.sandboxId;
+    alive.push(id);
+    const home = (
+      await sbx.commands.run('echo e2b-durable-file > "$HOME/e2b-durable.txt"; echo "$HOME"')
+    ).stdout.trim();
+    const sleeper = await sbx.commands.run("sleep 86400", { background: true });
+    const nodeOf = async () =>
+      ((await admin.listSandboxes()) as unknown as { id: string; node?: string }[]).filter(
+        (s) => s.id === id,
+      );
+    const from = (await nodeOf())[0]?.node as string;
+    assert.ok(from);
+    const started = Date.now();
+    assert.equal(await sbx.betaPause(), true);
+    const pauseMs = Date.now() - started;
+    const listed = ((await forkdObjects(kube, NAMESPACE).nodes.get(from)).status?.durablePauses ?? []).map(
+      (p) => p.id,
+    );
+    assert.ok(listed.includes(id), `node ${from} lists the durable pause: ${listed.join(",")}`);
+    const victim = state.nodes.find((n) => n.name === from);
+    assert.ok(victim?.process);
+    const killedAt = Date.now();
+    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    const seen = new Set<string>();
+    const connected = await waitFor(
+      "E2B's connect through the gateway to resume it elsewhere",
+      240_000,
+      async () => {
+        try {
+          return await E2bSandbox.connect(id, { timeoutMs: 600_000, requestTimeoutMs: 60_000 });
+        } catch (err) {
+          const e = err as Error;
+          seen.add(`${e.name}: ${e.message.slice(0, 200)}`);
+          assert.ok(!(err instanceof E2bSandboxNotFound), `never not found: ${e.message}`);
+          await new Promise((resolve) => setTimeout(resolve, 250));
+          return undefined;
+        }
+      },
+    );
+    const resumedMs = Date.now() - killedAt;
+    console.log(
+      `# E2B durable pause: betaPause ${pauseMs} ms; connect resumed it elsewhere ${resumedMs} ms after the kill -9; errors meanwhile: ${[...seen].join(" | ")}`,
+    );
+    assert.equal(connected.sandboxId, id);
+    assert.ok(
+      [...seen].some((line) => line.startsWith("ServiceBusyError") && line.includes("being moved")),
+      [...seen].join("\n"),
+    );
+    const now = await nodeOf();
+    assert.equal(now.length, 1);
+    assert.ok(now[0]?.node && now[0].node !== from, `on another node: ${now[0]?.node}`);
+    assert.equal((await connected.files.read(`${home}/e2b-durable.txt`)).trim(), "e2b-durable-file");
+    const processes = await connected.commands.list();
+    assert.ok(
+      // E2B runs a command as `/bin/bash -l -c <command>`: the sleep is in its arguments.
+      processes.some((p) => p.pid === sleeper.pid && [p.cmd, ...p.args].join(" ").includes("sleep 86400")),
+      `the background process ${sleeper.pid} is there: ${JSON.stringify(processes.map((p) => [p.pid, p.cmd, p.args]))}`,
+    );
+    const venv = await e2bPythonVenv();
+    const script = [
+      "import sys",
+      "from e2b import Sandbox",
+      "s = Sandbox.connect(sys.argv[1])",
+      "print(s.sandbox_id)",
+      "print(s.commands.run('cat $HOME/e2b-durable.txt').stdout.strip())",
+    ].join("\n");
+    const { stdout } = await run(venv.python, ["-c", script, id], {
+      encoding: "utf8",
+      timeout: 2 * 60_000,
+      env: {
+        PATH: process.env.PATH ?? "",
+        HOME: process.env.HOME ?? "/root",
+        E2B_API_URL: env.E2B_API_URL,
+        E2B_SANDBOX_URL: env.E2B_SANDBOX_URL,
+        E2B_API_KEY: env.E2B_API_KEY,
+      },
+    });
+    assert.deepEqual(stdout.trim().split("\n"), [id, "e2b-durable-file"]);
+    await connected.kill();
+    // The node returns fenced and runs again (the cases after this one have their 3 nodes).
+    await startNode(state, victim);
+    await waitFor("the returned node to run under its new epoch", 120_000, async () => {
+      const n = (await listForkdNodes(kube)).find((x) => x.metadata.name === from);
+      return n && n.spec.epoch > 0 && n.status?.observedEpoch === n.spec.epoch ? true : undefined;
+    });
   });
 
   it("a node's link cut: no call hangs, lost at detection and answered at once, placement avoids it; fenced on return", async () => {

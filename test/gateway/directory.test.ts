@@ -75,6 +75,18 @@ describe("gateway directory", () => {
     assert.equal(d.snapshotPlaces("br")[0]?.digest, "sha256:bb");
   });
 
+  it("moves a sandbox to the node that reports it, whatever either node's epoch; a lost node's report never displaces a live entry", () => {
+    const lost = new Set(["node-0@3"]);
+    const d = new Directory((node, epoch) => lost.has(`${node}@${epoch}`));
+    d.upsert("node-0", 3, ref("sb-000000000001"));
+    // Adopted by node-1, which runs under epoch 0: epochs are each node's own.
+    d.upsert("node-1", 0, ref("sb-000000000001"));
+    assert.deepEqual([d.lookup("sb-000000000001")?.node, d.lookup("sb-000000000001")?.epoch], ["node-1", 0]);
+    // A late report of the lost node (its stream's last lines) leaves it on the adopter.
+    d.upsert("node-0", 3, ref("sb-000000000001"));
+    assert.equal(d.lookup("sb-000000000001")?.node, "node-1");
+  });
+
   it("is rebuilt by a restarted gateway from the nodes' streams, no node asked about a sandbox", async () => {
     const h = await gatewayOver(2, {
       prepare: ([n0, n1]) => {

@@ -13,7 +13,7 @@ import type { AddressInfo } from "node:net";
 import pino from "pino";
 import { FORKD_API } from "../../src/cluster/api-group.js";
 import { CLUSTER_HEADERS, NODE_ROUTES, type NodeEvent, type SandboxRef } from "../../src/cluster/protocol.js";
-import type { ForkdNode, ForkdSnapshot } from "../../src/cluster/schemas.js";
+import type { DurablePause, ForkdNode, ForkdSnapshot, HandedOver } from "../../src/cluster/schemas.js";
 import { tokenFromString } from "../../src/common/tokens.js";
 import type { ClusterReads } from "../../src/gateway/cluster-view.js";
 import { type RunningGateway, startGateway } from "../../src/gateway/server.js";
@@ -48,6 +48,16 @@ export class StandInNode {
   oversizedAnswer = 0;
   /** Its ForkdNode's spec.epoch (the controller raises it to fence the node); it runs under 1. */
   specEpoch = 1;
+  /** The epoch it runs under (its stream's and its ForkdNode's status.observedEpoch). */
+  runEpoch = 1;
+  /** Its ForkdNode's status.durablePauses and spec.handedOver (what a fenced node's durable pauses say). */
+  durablePauses: DurablePause[] = [];
+  handedOver: HandedOver[] = [];
+  /**
+   * How it answers POST /v1/cluster/durable-pauses/<id> (making a pause durable): undefined, as a node with a
+   * cluster registry does (200 and the push's figures); else this status and forkd error body.
+   */
+  durableRefusal: { status: number; error: string; code: string } | undefined;
   private readonly streams = new Set<http.ServerResponse>();
   private readonly server = http.createServer((req, res) => this.handle(req, res));
   private nextId = 0;
@@ -132,6 +142,7 @@ export class StandInNode {
       this.list(res, tenant);
       return;
     }
+    if (req.method === "POST" && this.pause(res, path, tenant)) return;
     if (req.method === "POST" && path === NODE_ROUTES.pull) {
       const pull = JSON.parse(body) as { tag: string; digest: string };
       this.snapshots.set(pull.tag, { tag: pull.tag, owner: null, digest: pull.digest });
@@ -141,6 +152,40 @@ export class StandInNode {
     // Anything else: what the relay delivered, for the test to read (a guest's own Server-Timing on ?timing).
     if (req.url?.includes("timing=1")) res.setHeader("server-timing", "app;dur=5");
     answer(res, 200, { node: this.name, method: req.method, url: req.url, headers: req.headers, body });
+  }
+
+  /**
+   * The pause routes as a node answers them: forkd's (`/v1/sandboxes/<id>/pause`: the paused record), E2B's
+   * (`/sandboxes/<id>/pause`: 204, 409 when it is paused already), and making a paused sandbox durable. False:
+   * not one of them.
+   */
+  private pause(res: http.ServerResponse, path: string, tenant: string | null): boolean {
+    const durable = new RegExp(`^${NODE_ROUTES.durablePauses}/([^/]+)$`).exec(path);
+    const pause = /^(\/v1)?\/sandboxes\/([^/]+)\/pause$/.exec(path);
+    const id = durable?.[1] ?? pause?.[2];
+    if (id === undefined) return false;
+    const ref = this.sandboxes.get(id);
+    const e2b = pause !== null && pause[1] === undefined;
+    const refuse = (status: number, error: string, code: string) =>
+      answer(res, status, e2b ? { code: status, message: error } : { error, code });
+    if (!ref || (tenant !== null && ref.owner !== tenant))
+      refuse(404, `sandbox ${id} not found`, "not_found");
+    else if (durable && this.durableRefusal) {
+      const { status, error, code } = this.durableRefusal;
+      refuse(status, error, code);
+    } else if (durable) {
+      const digest = `sha256:${"d".repeat(64)}`;
+      const reference = `registry.test/forkd/paused/${id}:p1`;
+      answer(res, 200, { id, reference, digest, uploaded_bytes: 512, push_ms: 3, status_ms: 1 });
+    } else if (ref.status === "paused") refuse(409, `sandbox ${id} is already paused`, "conflict");
+    else {
+      ref.status = "paused";
+      if (e2b) {
+        res.writeHead(204);
+        res.end();
+      } else answer(res, 200, { id, status: "paused", pause_ms: 1 });
+    }
+    return true;
   }
 
   private list(res: http.ServerResponse, tenant: string | null): void {
@@ -163,7 +208,7 @@ export class StandInNode {
     const state: NodeEvent = {
       type: "state",
       node: this.name,
-      epoch: 1,
+      epoch: this.runEpoch,
       sandboxes: [...this.sandboxes.values()],
       snapshots: [...this.snapshots.values()],
     };
@@ -199,9 +244,15 @@ export class StandInNode {
       apiVersion: FORKD_API,
       kind: "ForkdNode",
       metadata: { name: this.name },
-      spec: { url: this.url, epoch: this.specEpoch, unschedulable: false },
+      spec: {
+        url: this.url,
+        epoch: this.specEpoch,
+        unschedulable: false,
+        ...(this.handedOver.length > 0 ? { handedOver: this.handedOver } : {}),
+      },
       status: {
-        observedEpoch: 1,
+        observedEpoch: this.runEpoch,
+        ...(this.durablePauses.length > 0 ? { durablePauses: this.durablePauses } : {}),
         capacity: free,
         available: free,
         snapshots: digests.map((digest) => ({ digest })),
@@ -283,7 +334,11 @@ export interface Harness {
 /** The real gateway in front of `count` stand-in nodes (node-0, node-1, ...) and the stand-in lists. */
 export async function gatewayOver(
   count: number,
-  options: { e2bDomain?: string; prepare?: (nodes: StandInNode[], cluster: StandInCluster) => void } = {},
+  options: {
+    e2bDomain?: string;
+    durablePause?: boolean;
+    prepare?: (nodes: StandInNode[], cluster: StandInCluster) => void;
+  } = {},
 ): Promise<Harness> {
   const nodes = Array.from({ length: count }, (_, i) => new StandInNode(`node-${i}`, `${i}`));
   for (const node of nodes) await node.start();
@@ -298,6 +353,7 @@ export async function gatewayOver(
       nodeToken: NODE_TOKEN,
       tokens: [tokenFromString(ADMIN_TOKEN), tokenFromString(TENANT_TOKEN, "tenant token", "tenant-a")],
       e2bDomain: options.e2bDomain,
+      durablePause: options.durablePause,
       defaultSnapshot: "base",
       logger: pino({ level: "silent" }),
     });

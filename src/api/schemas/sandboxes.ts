@@ -372,7 +372,8 @@ export const PauseBody = Type.Object(
           "Through a cluster's gateway only (docs/kubernetes.md): also push the pause's layers to the cluster's " +
           "registry and record it in the node's ForkdNode, so that another node resumes it under the same id " +
           "once its node is lost and fenced. Answered once both are accepted; 507 when the node lists as many " +
-          "durable pauses as it may. Needs a pause with memory. A single daemon answers 400.",
+          "durable pauses as it may. Needs a pause with memory. A single daemon answers 400. Absent: durable when " +
+          "the gateway runs with --durable-pause and the pause keeps memory; false: a pause on the node only.",
       }),
     ),
   },

@@ -33,6 +33,7 @@ interface GatewayFlags {
   registryInsecure?: boolean;
   perSandboxMib?: number;
   advertiseAddress?: string;
+  durablePause?: boolean;
   logLevel: string;
 }
 
@@ -75,6 +76,11 @@ export function registerGateway(program: Command): void {
     .option(
       "--advertise-address <ip>",
       "where the other gateway replicas reach this one (its pod IP): MCP sessions then work through any replica",
+    )
+    .option(
+      "--durable-pause",
+      "make every pause with memory durable (E2B's too; forkd's unless durable: false): it survives its node " +
+        "(the nodes need --cluster-registry)",
     )
     .option("--log-level <level>", "pino log level", "info")
     .action(async (flags: GatewayFlags) => {
@@ -149,6 +155,7 @@ async function serveGateway(flags: GatewayFlags): Promise<void> {
     insecureRegistry: flags.registryInsecure === true,
     perSandboxMiB: flags.perSandboxMib,
     advertiseAddress: flags.advertiseAddress,
+    durablePause: flags.durablePause === true,
     logger,
   });
   await new Promise<void>((resolve) => {
