@@ -11,15 +11,24 @@ import { killAndWait, processesMentioning, signalIfOurs } from "../../src/contro
 import { waitFor } from "../support/host.js";
 
 const children: ChildProcess[] = [];
+// Each in a process group of its own, killed whole at the end: a `sleep` left behind by its killed `sh` held the
+// stdout pipe open, and this file's process then waited 300 s for it to exit.
 const start = (command: string, args: string[]) => {
-  const child = spawn(command, args, { stdio: ["ignore", "pipe", "ignore"] });
+  const child = spawn(command, args, { stdio: ["ignore", "pipe", "ignore"], detached: true });
   children.push(child);
   return child;
 };
 
 describe("host processes", () => {
   after(() => {
-    for (const child of children) child.kill("SIGKILL");
+    for (const child of children) {
+      try {
+        process.kill(-(child.pid as number), "SIGKILL");
+      } catch {
+        // the group is gone already
+      }
+      child.stdout?.destroy();
+    }
   });
 
   it("signals a process only while its identity matches", async () => {
