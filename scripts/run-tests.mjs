@@ -42,7 +42,11 @@ const reporters = [
   `--test-reporter=${fileURLToPath(new URL("./test-timings.mjs", import.meta.url))}`,
   "--test-reporter-destination=stdout",
 ];
-const result = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...reporters, ...names, ...files], {
-  stdio: "inherit",
-});
+const result = spawnSync(
+  process.execPath,
+  ["--test", "--test-concurrency=1", ...reporters, ...names, ...files],
+  {
+    stdio: "inherit",
+  },
+);
 process.exit(result.status ?? 1);

@@ -15,6 +15,7 @@ import type { Services } from "../controller/tenancy/tenant-view.js";
 import { loadKubeConfig } from "../kube/config.js";
 import { Leases } from "../kube/leases.js";
 import { forkdObjects } from "../kube/objects.js";
+import { ArtifactDeletes } from "./artifact-deletes.js";
 import { HeldDigests } from "./digests.js";
 import { DurablePauses } from "./durable-pauses.js";
 import { ClusterFront } from "./front.js";
@@ -36,6 +37,8 @@ export interface ClusterNodeOptions {
   registry?: string;
   /** Plain HTTP or unverified TLS to that registry when it is not on loopback. */
   registryInsecure?: boolean;
+  /** Deletes a manifest (by digest) from that registry: the durable pauses' artifacts once unusable. */
+  deleteArtifact: (reference: string) => Promise<void>;
   limits: CapacityLimits;
   logger: Logger;
 }
@@ -52,6 +55,7 @@ export class ClusterNode {
   readonly front: TrustedFront;
   private readonly membership: NodeMembership;
   private readonly durable: DurablePauses;
+  private readonly deletes: ArtifactDeletes;
   private starting: Promise<void> | undefined;
   private stopped = false;
 
@@ -63,6 +67,11 @@ export class ClusterNode {
     const config = loadKubeConfig(options.kubeconfig);
     const objects = forkdObjects(config, options.namespace);
     const logger = options.logger.child({ component: "cluster" });
+    this.deletes = new ArtifactDeletes(
+      path.join(options.home, "cluster", "registry-deletes.json"),
+      options.deleteArtifact,
+      logger,
+    );
     this.durable = new DurablePauses(
       {
         registry: options.registry,
@@ -74,6 +83,7 @@ export class ClusterNode {
       digests,
       logger,
       path.join(options.home, "cluster", "adopted.json"),
+      this.deletes,
     );
     this.membership = new NodeMembership({
       objects,
@@ -96,6 +106,7 @@ export class ClusterNode {
     const digests = await HeldDigests.open(path.join(options.home, "cluster"));
     const node = new ClusterNode(options, digests, undefined);
     await node.durable.load();
+    await node.deletes.load();
     return node;
   }
 

@@ -21,6 +21,7 @@ import type { Services } from "../controller/tenancy/tenant-view.js";
 import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
 import type { Leases, V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
+import { DELETE_RETRY_MS } from "./artifact-deletes.js";
 import type { DurablePauses } from "./durable-pauses.js";
 import { type MembershipState, type NodeStatusSource, readyCondition, statusKey } from "./status.js";
 
@@ -108,6 +109,7 @@ export class NodeMembership {
     this.loops.push(this.every(renewMs, signal, () => this.renewLease()));
     this.loops.push(this.epochLoop(signal));
     this.loops.push(this.every(1_000, signal, () => this.writeStatus(false)));
+    this.loops.push(this.every(DELETE_RETRY_MS, signal, () => this.options.durable.retryDeletes()));
     this.options.logger.info(
       { node: this.options.nodeName, epoch: this.epochValue, url: this.options.url },
       "registered with the cluster",
@@ -263,7 +265,13 @@ export class NodeMembership {
     );
     const full: ForkdNodeStatus = {
       ...status,
-      durablePauses: this.options.durable.listed(this.lastNode, this.epochValue, paused),
+      durablePauses: this.options.durable.listed(
+        this.lastNode,
+        this.epochValue,
+        paused,
+        this.stateValue === "fencing",
+      ),
+      adopted: this.options.durable.adoptedIds(this.lastNode),
       observedEpoch: this.epochValue,
       conditions: [readyCondition(this.stateValue, this.readyTransitions.since)],
     };

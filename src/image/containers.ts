@@ -118,6 +118,20 @@ export async function skopeoCopy(src: string, dest: string, options: SkopeoOptio
   }
 }
 
+/**
+ * Deletes a manifest from a registry (`docker://host/name@sha256:...`): the registry must allow deletes
+ * (docker-registry: storage.delete.enabled); its blobs go only with the registry's own garbage collection.
+ */
+export async function skopeoDelete(
+  image: string,
+  options: { tlsVerify?: boolean; signal?: AbortSignal } = {},
+): Promise<void> {
+  const args = ["delete", "--retry-times", "2"];
+  if (options.tlsVerify !== undefined) args.push(`--tls-verify=${options.tlsVerify}`);
+  args.push("--", image);
+  await run("skopeo", args, { signal: options.signal, stdout: "ignore", label: `skopeo delete ${image}` });
+}
+
 /** A registry's raw manifest (`what: "manifest"`) or the config blob it names (`"config"`). */
 export async function skopeoInspectRaw(
   image: string,

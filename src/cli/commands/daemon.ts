@@ -31,6 +31,7 @@ import { openServices, SandboxManager } from "../../controller/sandboxes/manager
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
 import { limitTenants } from "../../controller/tenancy/tenant-view.js";
+import { registryTlsVerify, skopeoDelete } from "../../image/index.js";
 import { confinementMode } from "../../isolation/confinement.js";
 import { checkNamespace, checkObjectName } from "../../kube/config.js";
 import {
@@ -432,6 +433,10 @@ async function clusterNodeOf(
     tokens: await loadTokenFile(opts.tokenFile),
     registry: checkRegistryHost(opts.clusterRegistry),
     registryInsecure: opts.clusterRegistryInsecure === true,
+    deleteArtifact: (reference) =>
+      skopeoDelete(`docker://${reference}`, {
+        tlsVerify: registryTlsVerify(reference, opts.clusterRegistryInsecure === true),
+      }),
     limits: {
       maxSandboxes: opts.maxSandboxes ?? DEFAULT_ADMISSION_LIMITS.maxSandboxes,
       reserveMiB: opts.memoryReserveMib ?? DEFAULT_ADMISSION_LIMITS.reserveMiB,
