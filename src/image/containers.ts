@@ -97,7 +97,8 @@ export async function skopeoCopy(src: string, dest: string, options: SkopeoOptio
   const onLine = (line: string) => {
     const skipped = SKIPPED_BLOB.exec(line);
     if (skipped) options.onBlobSkipped?.(skipped[1] as string);
-    if (line.startsWith("time=")) return;
+    // --debug lines are left out of the failure's message, except the error that ended the copy.
+    if (line.startsWith("time=") && !/ level=(fatal|error) /.test(line)) return;
     plain = `${plain}${line}\n`.slice(-4096);
     options.onLine?.(line);
   };

@@ -5,13 +5,9 @@
  * view (ClusterView.durablePause) reads it. An entry of a node that was not fenced stays where it is.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
-import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import { promisify } from "node:util";
-import { ApiextensionsV1Api, CoreV1Api } from "@kubernetes/client-node";
+import { CoreV1Api } from "@kubernetes/client-node";
 import pino from "pino";
-import { FORKD_API_GROUP, FORKD_KINDS } from "../../src/cluster/api-group.js";
 import { type DurableRecord, sealRecord } from "../../src/cluster/durable-record.js";
 import {
   CLUSTER_LIMITS,
@@ -28,9 +24,7 @@ import {
 import { ClusterView, kubeReads } from "../../src/gateway/cluster-view.js";
 import { Leases } from "../../src/kube/leases.js";
 import { type ForkdObjects, forkdObjects } from "../../src/kube/objects.js";
-import { CHART_DIR } from "../support/deploy-files.js";
-import { waitFor } from "../support/host.js";
-import { type KubeTestCluster, startKubeCluster } from "../support/kube-cluster.js";
+import { applyForkdCrds, type KubeTestCluster, startKubeCluster } from "../support/kube-cluster.js";
 
 const NAMESPACE = "handover";
 const PARENT = `sha256:${"a".repeat(64)}`;
@@ -110,25 +104,7 @@ describe("hand-over of durable pauses", () => {
   before(async () => {
     cluster = await startKubeCluster();
     await cluster.admin.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name: NAMESPACE } } });
-    await promisify(execFile)(cluster.tools.kubectl, [
-      "--kubeconfig",
-      cluster.kubeconfigPath,
-      "apply",
-      "--server-side",
-      "-f",
-      path.join(CHART_DIR, "crds"),
-    ]);
-    const extensions = cluster.admin.makeApiClient(ApiextensionsV1Api);
-    for (const kind of FORKD_KINDS) {
-      await waitFor(`${kind.plural} established`, 30_000, async () => {
-        const crd = await extensions.readCustomResourceDefinition({
-          name: `${kind.plural}.${FORKD_API_GROUP}`,
-        });
-        return crd.status?.conditions?.some((c) => c.type === "Established" && c.status === "True")
-          ? true
-          : undefined;
-      });
-    }
+    await applyForkdCrds(cluster);
     objects = forkdObjects(cluster.admin, NAMESPACE);
   });
   after(async () => {
