@@ -27,6 +27,8 @@ export interface DurablePauseSettings {
   insecure: boolean;
   /** The node token: the record's seal. */
   credential: string;
+  /** The node tokens before a rotation, tried after `credential` to unseal (none: only `credential`). */
+  previousCredentials?: () => Promise<string[]>;
 }
 
 /** The artifact of sandbox `id`'s durable pause, by digest, in `registry` (where every node pushes them). */
@@ -217,13 +219,18 @@ export class DurablePauses {
     }
   }
 
+  private unseal(entry: DurablePause, id: string): Promise<DurableRecord> {
+    const { credential, previousCredentials } = this.settings;
+    return unsealAny(entry, id, credential, previousCredentials ?? (async () => []));
+  }
+
   private async adopt(services: Services, id: string, fromNode: string, fromEpoch: number): Promise<void> {
     const from = (await this.objects.nodes.get(fromNode)) as ForkdNode;
     const entry = from.status?.durablePauses?.find((e) => e.id === id && e.epoch === fromEpoch);
     if (!entry) throw new Error(`node ${fromNode} lists no durable pause of ${id} under epoch ${fromEpoch}`);
     if (!IMAGE_REFERENCE.test(entry.reference))
       throw new RecordError(`the reference of ${id} is not a reference`);
-    const record = unsealRecord(entry.record, id, entry.digest, this.settings.credential);
+    const record = await this.unseal(entry, id);
     const adopt = services.sandboxes.adoptPaused;
     if (!adopt) throw new Error("this daemon's sandboxes cannot be adopted into");
     const held = await services.snapshots.get(record.pause_tag).catch(() => undefined);
@@ -244,6 +251,28 @@ export class DurablePauses {
     const registry = this.settings.registry;
     if (registry) this.deletes.watch(id, artifactOf(registry, id, entry.digest));
     this.logger.warn({ id, from: fromNode }, "adopted a durable pause of a fenced node: paused here now");
+  }
+}
+
+/** Unseals with the node token, then with each token before a rotation; the node token's refusal otherwise. */
+async function unsealAny(
+  entry: DurablePause,
+  id: string,
+  credential: string,
+  previous: () => Promise<string[]>,
+): Promise<DurableRecord> {
+  try {
+    return unsealRecord(entry.record, id, entry.digest, credential);
+  } catch (err) {
+    if (!(err instanceof RecordError)) throw err;
+    for (const other of await previous()) {
+      try {
+        return unsealRecord(entry.record, id, entry.digest, other);
+      } catch {
+        // the next one
+      }
+    }
+    throw err;
   }
 }
 

@@ -4,13 +4,14 @@
  * ForkdNode, Lease, fencing) and its cluster routes (routes.ts: the event stream, pull, push, pools). The API
  * gets the front and the routes as a TrustedFront and an API extension; nothing in src/api knows of clusters.
  */
+import { access } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import type { ApiExtensionFactory } from "../api/extensions.js";
 import type { TrustedFront } from "../api/front.js";
 import { errorMessage } from "../common/errors.js";
-import type { Token } from "../common/tokens.js";
+import { loadTokenFile, type Token } from "../common/tokens.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
 import { loadKubeConfig } from "../kube/config.js";
 import { Leases } from "../kube/leases.js";
@@ -37,6 +38,11 @@ export interface ClusterNodeOptions {
   registry?: string;
   /** Plain HTTP or unverified TLS to that registry when it is not on loopback. */
   registryInsecure?: boolean;
+  /**
+   * A token file of the node token(s) before a rotation (--cluster-previous-token-file): durable pause records
+   * sealed under one of them still unseal. Read at each adoption (the kubelet may add it later); absent: none.
+   */
+  previousTokenFile?: string;
   /** Deletes a manifest (by digest) from that registry: the durable pauses' artifacts once unusable. */
   deleteArtifact: (reference: string) => Promise<void>;
   limits: CapacityLimits;
@@ -50,6 +56,17 @@ export interface NodePools {
 }
 
 const START_RETRY_MS = 2_000;
+
+/** The seal keys of the tokens in `file` (absent: none): as the node token's, each token's digest. */
+export async function previousCredentials(file: string | undefined): Promise<string[]> {
+  if (file === undefined) return [];
+  try {
+    await access(file);
+  } catch {
+    return [];
+  }
+  return (await loadTokenFile(file)).map((t) => t.digest.toString("hex"));
+}
 
 export class ClusterNode {
   readonly front: TrustedFront;
@@ -78,6 +95,7 @@ export class ClusterNode {
         insecure: options.registryInsecure === true,
         // The seal's key comes from the node token as the node holds it (its digest: never written anywhere).
         credential: options.tokens[0]?.digest.toString("hex") ?? "",
+        previousCredentials: () => previousCredentials(options.previousTokenFile),
       },
       objects,
       digests,

@@ -171,15 +171,15 @@ export class NodeMembership {
   private async epochLoop(signal: AbortSignal): Promise<void> {
     while (!signal.aborted) {
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, EPOCH_POLL_MS);
-        this.pollNow = () => {
+        // The abort listener goes with each wait: one per poll would pile up on the daemon's stop signal.
+        const done = () => {
           clearTimeout(timer);
+          signal.removeEventListener("abort", done);
           resolve();
         };
-        signal.addEventListener("abort", () => {
-          clearTimeout(timer);
-          resolve();
-        });
+        const timer = setTimeout(done, EPOCH_POLL_MS);
+        this.pollNow = done;
+        signal.addEventListener("abort", done);
       });
       if (signal.aborted) return;
       try {

@@ -7,25 +7,30 @@
  *   sandbox stays paused: the gateway's "paused, but not durably");
  * - the artifact deleted from the registry once unusable: resumed on its own node; adopted, then resumed on the
  *   adopter (the delete fails while the registry is down, and is done on the retry once it is back);
+ * - node tokens rotated: the adopter, under a new token, unseals a record sealed under its previous one
+ *   (--cluster-previous-token-file);
  * - an adoption whose record does not verify: refused once, logged, nothing inserted, reported done in
  *   status.adopted; the controller prunes it and hands nothing over again.
  */
 import assert from "node:assert/strict";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { CoreV1Api } from "@kubernetes/client-node";
 import pino from "pino";
+import { RecordError, unsealRecord } from "../../src/cluster/durable-record.js";
 import type { DurablePause, ForkdNode } from "../../src/cluster/schemas.js";
 import { CLUSTER_LIMITS } from "../../src/cluster/schemas.js";
 import { HandOver } from "../../src/cluster-controller/hand-over.js";
 import { ArtifactDeletes } from "../../src/cluster-node/artifact-deletes.js";
 import { HeldDigests } from "../../src/cluster-node/digests.js";
 import { artifactOf, DurablePauses } from "../../src/cluster-node/durable-pauses.js";
+import { previousCredentials } from "../../src/cluster-node/index.js";
 import { ForkdError } from "../../src/common/errors.js";
 import { ERROR_CODES } from "../../src/common/limits.js";
+import { tokenFromString } from "../../src/common/tokens.js";
 import { openServices } from "../../src/controller/sandboxes/manager.js";
 import { skopeoDelete } from "../../src/image/index.js";
 import { type ForkdObjects, forkdObjects } from "../../src/kube/objects.js";
@@ -36,7 +41,10 @@ import { linkSharedSnapshot } from "../support/snapshots.js";
 
 const isRoot = process.geteuid?.() === 0;
 const NAMESPACE = "durable";
-const CREDENTIAL = "node-token-digest-for-the-durable-test";
+/** The node token the pauses are sealed under; node-b runs with a rotated one and this one as the previous. */
+const OLD_TOKEN = "old-node-token-for-the-durable-test";
+const CREDENTIAL = tokenFromString(OLD_TOKEN).digest.toString("hex");
+const ROTATED = tokenFromString("new-node-token-for-the-durable-test").digest.toString("hex");
 type Services = Awaited<ReturnType<typeof openServices>>;
 type Home = Awaited<ReturnType<typeof tempHome>>;
 
@@ -73,7 +81,11 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
   let tag: string;
 
   /** A node: its home, services, durable pauses (with real registry deletes) and ForkdNode. */
-  async function daemon(name: string, registryOf = () => registryHost) {
+  async function daemon(
+    name: string,
+    registryOf = () => registryHost,
+    seal: { credential: string; previousFile?: string } = { credential: CREDENTIAL },
+  ) {
     const home = await tempHome(`forkd-durable-${name}-`);
     homes.push(home);
     tag = await linkSharedSnapshot(home.home, "minimal");
@@ -88,7 +100,12 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
       logger,
     );
     const durable = new DurablePauses(
-      { registry: registryOf(), insecure: false, credential: CREDENTIAL },
+      {
+        registry: registryOf(),
+        insecure: false,
+        credential: seal.credential,
+        previousCredentials: () => previousCredentials(seal.previousFile),
+      },
       objects,
       digests,
       logger,
@@ -113,6 +130,7 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
   let a: Daemon;
   let b: Daemon;
   let id: string;
+  let previousFile: string;
 
   const repository = (sandbox: string) => `forkd/paused/${sandbox}`;
 
@@ -131,7 +149,10 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
       async () => (await objects.nodes.list().catch(() => undefined)) && true,
     );
     a = await daemon("node-a");
-    b = await daemon("node-b");
+    // node-b's token was rotated: the one node-a sealed under is its previous token.
+    previousFile = path.join(dir, "node-token-previous");
+    await writeFile(previousFile, `${OLD_TOKEN}\n`, { mode: 0o600 });
+    b = await daemon("node-b", () => registryHost, { credential: ROTATED, previousFile });
     const [info] = await a.services.sandboxes.spawn({ snapshotTag: tag, n: 1, timeoutMs: 600_000 });
     id = (info as { id: string }).id;
     await a.services.sandboxes.files.write(id, "/root/durable.txt", Buffer.from("kept\n"));
@@ -221,6 +242,11 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
     await new HandOver(objects, pino({ level: "silent" })).round(await read());
     const adopter = await b.node();
     assert.deepEqual(adopter.spec.adoptions, [{ id, fromNode: "node-a", fromEpoch: 0 }]);
+    // Sealed under node-b's previous token: its own does not open it, the previous token file does.
+    const entry = ((await a.node()).status?.durablePauses ?? [])[0] as DurablePause;
+    assert.throws(() => unsealRecord(entry.record, id, entry.digest, ROTATED), RecordError);
+    assert.deepEqual(await previousCredentials(path.join(dir, "absent")), []);
+    assert.deepEqual(await previousCredentials(previousFile), [CREDENTIAL]);
     b.durable.adoptListed(b.services, adopter);
     await until("the adoption", () => b.paused().has(id));
     assert.deepEqual(b.durable.adoptedIds(adopter), [id]);

@@ -91,6 +91,7 @@ interface DaemonOptions {
   clusterUrl?: string;
   clusterRegistry?: string;
   clusterRegistryInsecure?: boolean;
+  clusterPreviousTokenFile?: string;
   kubeconfig?: string;
 }
 
@@ -351,6 +352,10 @@ function clusterOptions(command: Command): void {
       "plain HTTP or unverified TLS to the cluster registry when it is not on loopback",
     )
     .option(
+      "--cluster-previous-token-file <file>",
+      "the node token(s) before a rotation: tried after the node token to unseal durable pauses sealed under them (read at each adoption; absent: none)",
+    )
+    .option(
       "--kubeconfig <file>",
       "Kubernetes client configuration (default: KUBECONFIG, then the pod's ServiceAccount)",
     );
@@ -433,6 +438,7 @@ async function clusterNodeOf(
     tokens: await loadTokenFile(opts.tokenFile),
     registry: checkRegistryHost(opts.clusterRegistry),
     registryInsecure: opts.clusterRegistryInsecure === true,
+    previousTokenFile: opts.clusterPreviousTokenFile,
     deleteArtifact: (reference) =>
       skopeoDelete(`docker://${reference}`, {
         tlsVerify: registryTlsVerify(reference, opts.clusterRegistryInsecure === true),
