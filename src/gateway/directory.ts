@@ -54,8 +54,9 @@ export class Directory {
 
   upsert(node: string, epoch: number, ref: SandboxRef): void {
     const before = this.sandboxes.get(ref.id);
-    // A sandbox learned from its node's stream is where that stream says (a durable resume moves it).
-    if (before && before.node !== node && before.epoch > epoch) return;
+    // A sandbox is where the latest stream says (a durable resume moves it to its adopter), unless that is the
+    // same node reporting under an older epoch than the entry's. Epochs are per node: never compared across.
+    if (before && before.node === node && before.epoch > epoch) return;
     this.sandboxes.set(ref.id, {
       id: ref.id,
       node,
