@@ -12,7 +12,7 @@ import { readFile, rename, writeFile } from "node:fs/promises";
 import type { Logger } from "pino";
 import { type DurableRecord, RecordError, sealRecord, unsealRecord } from "../cluster/durable-record.js";
 import type { DurablePauseAnswer } from "../cluster/protocol.js";
-import { CLUSTER_LIMITS, type DurablePause, type ForkdNode } from "../cluster/schemas.js";
+import { CLUSTER_LIMITS, type DurablePause, type ForkdNode, type HandedOver } from "../cluster/schemas.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
@@ -34,6 +34,22 @@ export interface DurablePauseSettings {
 /** The artifact of sandbox `id`'s durable pause, by digest, in `registry` (where every node pushes them). */
 export const artifactOf = (registry: string, id: string, digest: string) =>
   `${registry}/forkd/paused/${id}@${digest}`;
+
+/**
+ * The handed-over ids of node `me` that its adopters are done with: an adopter that lists the id in
+ * status.adopted, or whose spec.adoptions no longer names it from `me` (the controller removed it: done), or
+ * whose ForkdNode is gone. Only those leave `me`'s status: an entry dropped before its adopter read it would
+ * lose the sandbox.
+ */
+export function releasedHandOvers(me: string, handed: readonly HandedOver[], nodes: readonly ForkdNode[]) {
+  const released = new Set<string>();
+  for (const h of handed) {
+    const adopter = nodes.find((n) => n.metadata.name === h.toNode);
+    const pending = adopter?.spec.adoptions?.some((a) => a.id === h.id && a.fromNode === me) ?? false;
+    if (!pending || adopter?.status?.adopted?.includes(h.id)) released.add(h.id);
+  }
+  return released;
+}
 
 /** How often an adoption that failed is tried again. */
 const ADOPT_RETRY_MS = 5_000;
@@ -83,25 +99,32 @@ export class DurablePauses {
 
   /**
    * What status.durablePauses says now: an entry of the current epoch while its sandbox is still paused here;
-   * an entry of an older epoch (this node was fenced since) until the controller handed it over.
+   * an entry of an older epoch (this node was fenced since) until the controller handed it over and its
+   * adopter is done with it (`released`: releasedHandOvers).
    */
   listed(
     node: ForkdNode | undefined,
     epoch: number,
     paused: ReadonlySet<string>,
     fencing = false,
+    released: ReadonlySet<string> = new Set(),
   ): DurablePause[] {
     // While fencing, sandboxes are being killed under the old epoch: nothing is dropped (or deleted) then.
-    if (!fencing) this.drop(node, epoch, paused);
+    if (!fencing) this.drop(node, epoch, paused, released);
     return [...this.entries.values()].sort((a, b) => a.id.localeCompare(b.id));
   }
 
-  private drop(node: ForkdNode | undefined, epoch: number, paused: ReadonlySet<string>): void {
+  private drop(
+    node: ForkdNode | undefined,
+    epoch: number,
+    paused: ReadonlySet<string>,
+    released: ReadonlySet<string>,
+  ): void {
     const handed = new Set((node?.spec.handedOver ?? []).map((h) => h.id));
     for (const [id, entry] of this.entries) {
       if (entry.epoch < epoch) {
-        // Handed over: the artifact is the adopter's now (it deletes it once it is used).
-        if (handed.has(id)) this.entries.delete(id);
+        // Handed over and adopted: the artifact is the adopter's now (it deletes it once it is used).
+        if (handed.has(id) && released.has(id)) this.entries.delete(id);
       } else if (!paused.has(id)) {
         // Resumed, killed or timed out here: nobody can use the artifact any more.
         this.entries.delete(id);

@@ -22,7 +22,7 @@ import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
 import type { Leases, V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
 import { DELETE_RETRY_MS } from "./artifact-deletes.js";
-import type { DurablePauses } from "./durable-pauses.js";
+import { type DurablePauses, releasedHandOvers } from "./durable-pauses.js";
 import { type MembershipState, type NodeStatusSource, readyCondition, statusKey } from "./status.js";
 
 /** How often the node reads its ForkdNode for a raised epoch (a call under a newer epoch reads it at once). */
@@ -63,6 +63,8 @@ export class NodeMembership {
   private readonly loops: Promise<void>[] = [];
   /** The ForkdNode as last read (its spec's hand-overs and adoptions). */
   private lastNode: ForkdNode | undefined;
+  /** Its handed-over durable pauses whose adopters are done with them (read with the ForkdNode). */
+  private released: ReadonlySet<string> = new Set();
 
   constructor(private readonly options: MembershipOptions) {}
 
@@ -185,6 +187,7 @@ export class NodeMembership {
       try {
         const node = (await this.options.objects.nodes.get(this.options.nodeName)) as ForkdNode;
         this.lastNode = node;
+        await this.readReleased(node);
         if (node.spec.epoch > this.epochValue) {
           await this.fence(node.spec.epoch, "the controller raised its epoch (it fenced this node)");
         } else if (this.stateValue === "serving" && this.services) {
@@ -197,6 +200,17 @@ export class NodeMembership {
         );
       }
     }
+  }
+
+  /** Which of its handed-over entries the adopters are done with (the nodes are read only while there are some). */
+  private async readReleased(node: ForkdNode): Promise<void> {
+    const handed = node.spec.handedOver ?? [];
+    if (handed.length === 0) {
+      this.released = new Set();
+      return;
+    }
+    const nodes = (await this.options.objects.nodes.list()) as ForkdNode[];
+    this.released = releasedHandOvers(this.options.nodeName, handed, nodes);
   }
 
   /**
@@ -270,6 +284,7 @@ export class NodeMembership {
         this.epochValue,
         paused,
         this.stateValue === "fencing",
+        this.released,
       ),
       adopted: this.options.durable.adoptedIds(this.lastNode),
       observedEpoch: this.epochValue,

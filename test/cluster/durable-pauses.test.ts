@@ -26,7 +26,7 @@ import { CLUSTER_LIMITS } from "../../src/cluster/schemas.js";
 import { HandOver } from "../../src/cluster-controller/hand-over.js";
 import { ArtifactDeletes } from "../../src/cluster-node/artifact-deletes.js";
 import { HeldDigests } from "../../src/cluster-node/digests.js";
-import { artifactOf, DurablePauses } from "../../src/cluster-node/durable-pauses.js";
+import { artifactOf, DurablePauses, releasedHandOvers } from "../../src/cluster-node/durable-pauses.js";
 import { previousCredentials } from "../../src/cluster-node/index.js";
 import { ForkdError } from "../../src/common/errors.js";
 import { ERROR_CODES } from "../../src/common/limits.js";
@@ -247,11 +247,26 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
     assert.throws(() => unsealRecord(entry.record, id, entry.digest, ROTATED), RecordError);
     assert.deepEqual(await previousCredentials(path.join(dir, "absent")), []);
     assert.deepEqual(await previousCredentials(previousFile), [CREDENTIAL]);
+    // node-a back now would keep its entry: node-b has not adopted it yet.
+    const released = async () => {
+      const nodes = (await objects.nodes.list()) as ForkdNode[];
+      const fenced = nodes.find((n) => n.metadata.name === "node-a") as ForkdNode;
+      return releasedHandOvers("node-a", fenced.spec.handedOver ?? [], nodes);
+    };
+    assert.deepEqual([...(await released())], []);
     b.durable.adoptListed(b.services, adopter);
     await until("the adoption", () => b.paused().has(id));
     assert.deepEqual(b.durable.adoptedIds(adopter), [id]);
     await b.publish();
     assert.deepEqual((await b.node()).status?.adopted, [id]);
+    assert.deepEqual([...(await released())], [id], "adopted: node-a may drop its entry");
+    const fencedA = await a.node();
+    assert.deepEqual(
+      a.durable.listed(fencedA, 1, new Set(), false, new Set()).map((e) => e.id),
+      [id],
+      "not released: kept",
+    );
+    assert.deepEqual(a.durable.listed(fencedA, 1, new Set(), false, await released()), []);
     // Reported done and marked handed over: the controller prunes the adoption.
     await new HandOver(objects, pino({ level: "silent" })).round(await read());
     assert.deepEqual((await b.node()).spec.adoptions, []);
