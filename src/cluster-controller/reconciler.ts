@@ -6,8 +6,9 @@
  * - fencing: a node whose Lease has expired and that still runs under its spec.epoch gets its epoch raised
  *   (once per loss): the cluster gives up its sandboxes, the gateway stops routing to them, and the node kills
  *   them when it comes back, before it takes work again;
- * - hand-over (hand-over.ts): each durable pause of a fenced node goes to one live node's spec.adoptions, then
- *   is marked in the fenced node's spec.handedOver;
+ * - hand-over (hand-over.ts): each durable pause of a fenced node goes to one live node's spec.adoptions (one
+ *   holding its parent snapshot, which is pulled first when none does), then is marked in the fenced node's
+ *   spec.handedOver; both lists are pruned once done;
  * - prepull: a ForkdSnapshot with `prepull: N` is pulled by nodes until N live nodes hold it (those with the
  *   most free disk first, one pull per node at a time); its status says how many hold it;
  * - pools: a ForkdWarmPool's replicas are spread over the live nodes holding its snapshot (evenly, at most
@@ -96,7 +97,10 @@ export class Reconciler {
     }));
     await this.fence(nodes);
     this.handOverValue ??= new HandOver(objects, logger);
-    await this.handOverValue.round(live);
+    await this.handOverValue.round(live, {
+      snapshots,
+      pull: (node, snapshot) => this.startPull(node, snapshot),
+    });
     for (const snapshot of snapshots) {
       await this.prepull(snapshot, live).catch((err: unknown) =>
         logger.warn({ snapshot: snapshot.metadata.name, err: errorMessage(err) }, "prepull"),

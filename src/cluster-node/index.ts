@@ -4,17 +4,19 @@
  * ForkdNode, Lease, fencing) and its cluster routes (routes.ts: the event stream, pull, push, pools). The API
  * gets the front and the routes as a TrustedFront and an API extension; nothing in src/api knows of clusters.
  */
+import { access } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import type { ApiExtensionFactory } from "../api/extensions.js";
 import type { TrustedFront } from "../api/front.js";
 import { errorMessage } from "../common/errors.js";
-import type { Token } from "../common/tokens.js";
+import { loadTokenFile, type Token } from "../common/tokens.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
 import { loadKubeConfig } from "../kube/config.js";
 import { Leases } from "../kube/leases.js";
 import { forkdObjects } from "../kube/objects.js";
+import { ArtifactDeletes } from "./artifact-deletes.js";
 import { HeldDigests } from "./digests.js";
 import { DurablePauses } from "./durable-pauses.js";
 import { ClusterFront } from "./front.js";
@@ -36,6 +38,13 @@ export interface ClusterNodeOptions {
   registry?: string;
   /** Plain HTTP or unverified TLS to that registry when it is not on loopback. */
   registryInsecure?: boolean;
+  /**
+   * A token file of the node token(s) before a rotation (--cluster-previous-token-file): durable pause records
+   * sealed under one of them still unseal. Read at each adoption (the kubelet may add it later); absent: none.
+   */
+  previousTokenFile?: string;
+  /** Deletes a manifest (by digest) from that registry: the durable pauses' artifacts once unusable. */
+  deleteArtifact: (reference: string) => Promise<void>;
   limits: CapacityLimits;
   logger: Logger;
 }
@@ -48,10 +57,22 @@ export interface NodePools {
 
 const START_RETRY_MS = 2_000;
 
+/** The seal keys of the tokens in `file` (absent: none): as the node token's, each token's digest. */
+export async function previousCredentials(file: string | undefined): Promise<string[]> {
+  if (file === undefined) return [];
+  try {
+    await access(file);
+  } catch {
+    return [];
+  }
+  return (await loadTokenFile(file)).map((t) => t.digest.toString("hex"));
+}
+
 export class ClusterNode {
   readonly front: TrustedFront;
   private readonly membership: NodeMembership;
   private readonly durable: DurablePauses;
+  private readonly deletes: ArtifactDeletes;
   private starting: Promise<void> | undefined;
   private stopped = false;
 
@@ -63,17 +84,24 @@ export class ClusterNode {
     const config = loadKubeConfig(options.kubeconfig);
     const objects = forkdObjects(config, options.namespace);
     const logger = options.logger.child({ component: "cluster" });
+    this.deletes = new ArtifactDeletes(
+      path.join(options.home, "cluster", "registry-deletes.json"),
+      options.deleteArtifact,
+      logger,
+    );
     this.durable = new DurablePauses(
       {
         registry: options.registry,
         insecure: options.registryInsecure === true,
         // The seal's key comes from the node token as the node holds it (its digest: never written anywhere).
         credential: options.tokens[0]?.digest.toString("hex") ?? "",
+        previousCredentials: () => previousCredentials(options.previousTokenFile),
       },
       objects,
       digests,
       logger,
       path.join(options.home, "cluster", "adopted.json"),
+      this.deletes,
     );
     this.membership = new NodeMembership({
       objects,
@@ -96,6 +124,7 @@ export class ClusterNode {
     const digests = await HeldDigests.open(path.join(options.home, "cluster"));
     const node = new ClusterNode(options, digests, undefined);
     await node.durable.load();
+    await node.deletes.load();
     return node;
   }
 

@@ -21,7 +21,8 @@ import type { Services } from "../controller/tenancy/tenant-view.js";
 import { describeKubeError, isConflict, isNotFound } from "../kube/errors.js";
 import type { Leases, V1Lease } from "../kube/leases.js";
 import type { ForkdObjects } from "../kube/objects.js";
-import type { DurablePauses } from "./durable-pauses.js";
+import { DELETE_RETRY_MS } from "./artifact-deletes.js";
+import { type DurablePauses, releasedHandOvers } from "./durable-pauses.js";
 import { type MembershipState, type NodeStatusSource, readyCondition, statusKey } from "./status.js";
 
 /** How often the node reads its ForkdNode for a raised epoch (a call under a newer epoch reads it at once). */
@@ -62,6 +63,8 @@ export class NodeMembership {
   private readonly loops: Promise<void>[] = [];
   /** The ForkdNode as last read (its spec's hand-overs and adoptions). */
   private lastNode: ForkdNode | undefined;
+  /** Its handed-over durable pauses whose adopters are done with them (read with the ForkdNode). */
+  private released: ReadonlySet<string> = new Set();
 
   constructor(private readonly options: MembershipOptions) {}
 
@@ -108,6 +111,7 @@ export class NodeMembership {
     this.loops.push(this.every(renewMs, signal, () => this.renewLease()));
     this.loops.push(this.epochLoop(signal));
     this.loops.push(this.every(1_000, signal, () => this.writeStatus(false)));
+    this.loops.push(this.every(DELETE_RETRY_MS, signal, () => this.options.durable.retryDeletes()));
     this.options.logger.info(
       { node: this.options.nodeName, epoch: this.epochValue, url: this.options.url },
       "registered with the cluster",
@@ -169,20 +173,21 @@ export class NodeMembership {
   private async epochLoop(signal: AbortSignal): Promise<void> {
     while (!signal.aborted) {
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, EPOCH_POLL_MS);
-        this.pollNow = () => {
+        // The abort listener goes with each wait: one per poll would pile up on the daemon's stop signal.
+        const done = () => {
           clearTimeout(timer);
+          signal.removeEventListener("abort", done);
           resolve();
         };
-        signal.addEventListener("abort", () => {
-          clearTimeout(timer);
-          resolve();
-        });
+        const timer = setTimeout(done, EPOCH_POLL_MS);
+        this.pollNow = done;
+        signal.addEventListener("abort", done);
       });
       if (signal.aborted) return;
       try {
         const node = (await this.options.objects.nodes.get(this.options.nodeName)) as ForkdNode;
         this.lastNode = node;
+        await this.readReleased(node);
         if (node.spec.epoch > this.epochValue) {
           await this.fence(node.spec.epoch, "the controller raised its epoch (it fenced this node)");
         } else if (this.stateValue === "serving" && this.services) {
@@ -195,6 +200,17 @@ export class NodeMembership {
         );
       }
     }
+  }
+
+  /** Which of its handed-over entries the adopters are done with (the nodes are read only while there are some). */
+  private async readReleased(node: ForkdNode): Promise<void> {
+    const handed = node.spec.handedOver ?? [];
+    if (handed.length === 0) {
+      this.released = new Set();
+      return;
+    }
+    const nodes = (await this.options.objects.nodes.list()) as ForkdNode[];
+    this.released = releasedHandOvers(this.options.nodeName, handed, nodes);
   }
 
   /**
@@ -263,7 +279,14 @@ export class NodeMembership {
     );
     const full: ForkdNodeStatus = {
       ...status,
-      durablePauses: this.options.durable.listed(this.lastNode, this.epochValue, paused),
+      durablePauses: this.options.durable.listed(
+        this.lastNode,
+        this.epochValue,
+        paused,
+        this.stateValue === "fencing",
+        this.released,
+      ),
+      adopted: this.options.durable.adoptedIds(this.lastNode),
       observedEpoch: this.epochValue,
       conditions: [readyCondition(this.stateValue, this.readyTransitions.since)],
     };

@@ -36,7 +36,10 @@ export const CLUSTER_LIMITS = {
   durablePausesPerNode: 32,
   /** A sealed sandbox record (durable-record.ts), base64: 32 of them keep a ForkdNode far below etcd's limit. */
   sealedRecordChars: 12_288,
-  /** Adoptions handed to one node, and entries handed over from one, at once. */
+  /**
+   * Adoptions handed to one node, and entries handed over from one, at once (the controller removes each once
+   * done or moot: hand-over.ts; a node with this many pending adoptions is not chosen).
+   */
   handOversPerNode: 64,
   sandboxIdChars: 64,
 } as const;
@@ -207,6 +210,14 @@ export const ForkdNodeStatus = Type.Object({
       CLUSTER_LIMITS.durablePausesPerNode,
       "paused sandboxes pushed to the registry: another node can resume them once this one is fenced",
     ),
+  ),
+  adopted: Type.Optional(
+    Type.Array(sandboxId("a sandbox id"), {
+      maxItems: CLUSTER_LIMITS.handOversPerNode,
+      "x-kubernetes-list-type": "set",
+      description:
+        "the ids of spec.adoptions this node is done with (adopted, or refused for good: its log says why); the controller then removes them from spec.adoptions",
+    }),
   ),
   conditions: Type.Optional(conditions),
 });

@@ -61,8 +61,9 @@ export class Directory {
   upsert(node: string, epoch: number, ref: SandboxRef): void {
     const before = this.sandboxes.get(ref.id);
     // A sandbox is where the latest report says (an adopted durable pause moves it to another node), unless that
-    // report is of a lost node's and the entry's node is not lost. Epochs are each node's own: never compared
-    // across nodes (an adopter's epoch may well be below the lost node's).
+    // report is the same node's under an older epoch than the entry's, or a lost node's while the entry's node is
+    // not lost. Epochs are each node's own: never compared across nodes (an adopter's may be below the lost one's).
+    if (before && before.node === node && before.epoch > epoch) return;
     if (before && before.node !== node && this.isLost(node, epoch) && !this.isLost(before.node, before.epoch))
       return;
     this.sandboxes.set(ref.id, {

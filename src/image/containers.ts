@@ -97,7 +97,8 @@ export async function skopeoCopy(src: string, dest: string, options: SkopeoOptio
   const onLine = (line: string) => {
     const skipped = SKIPPED_BLOB.exec(line);
     if (skipped) options.onBlobSkipped?.(skipped[1] as string);
-    if (line.startsWith("time=")) return;
+    // --debug lines are left out of the failure's message, except the error that ended the copy.
+    if (line.startsWith("time=") && !/ level=(fatal|error) /.test(line)) return;
     plain = `${plain}${line}\n`.slice(-4096);
     options.onLine?.(line);
   };
@@ -116,6 +117,20 @@ export async function skopeoCopy(src: string, dest: string, options: SkopeoOptio
       cause: err,
     });
   }
+}
+
+/**
+ * Deletes a manifest from a registry (`docker://host/name@sha256:...`): the registry must allow deletes
+ * (docker-registry: storage.delete.enabled); its blobs go only with the registry's own garbage collection.
+ */
+export async function skopeoDelete(
+  image: string,
+  options: { tlsVerify?: boolean; signal?: AbortSignal } = {},
+): Promise<void> {
+  const args = ["delete", "--retry-times", "2"];
+  if (options.tlsVerify !== undefined) args.push(`--tls-verify=${options.tlsVerify}`);
+  args.push("--", image);
+  await run("skopeo", args, { signal: options.signal, stdout: "ignore", label: `skopeo delete ${image}` });
 }
 
 /** A registry's raw manifest (`what: "manifest"`) or the config blob it names (`"config"`). */

@@ -17,6 +17,7 @@ export {
   ociLayoutName,
   registryTlsVerify,
   skopeoCopy,
+  skopeoDelete,
   skopeoInspectRaw,
 } from "./containers.js";
 export {

@@ -607,6 +607,16 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     assert.equal(await sh(admin, id, 'cat "$HOME/durable.txt"'), "durable-file");
     const value = await admin.evalCode(id, "durable_var + 1");
     assert.match(JSON.stringify(value), /4243/);
+    // Resumed on the adopter: nothing can use the pushed artifact any more, so it is deleted from the registry.
+    const manifest = `http://${state.registry}/v2/forkd/paused/${id}/manifests/${made.digest}`;
+    const deletedAfter = await waitFor("the artifact to be deleted from the registry", 60_000, async () => {
+      const answer = await fetch(manifest, {
+        method: "HEAD",
+        headers: { accept: "application/vnd.oci.image.manifest.v1+json" },
+      });
+      return answer.status === 404 ? Date.now() - resumed : undefined;
+    });
+    console.log(`# the artifact deleted ${deletedAfter} ms after the resume`);
     // The node returns fenced: it drops the handed-over entry and does not bring the sandbox back.
     await startNode(state, victim);
     await waitFor("the returned node to run under its new epoch", 120_000, async () => {
@@ -616,6 +626,12 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     await waitFor("the returned node to drop the entry", 30_000, async () =>
       (await listedOn(from)).includes(id) ? undefined : true,
     );
+    // Both hand-over lists are pruned: the adoption (done), then the hand-over (the entry dropped).
+    await waitFor("the controller to prune the adoption and the hand-over", 30_000, async () => {
+      const nodes = await listForkdNodes(kube);
+      const left = nodes.flatMap((n) => [...(n.spec.adoptions ?? []), ...(n.spec.handedOver ?? [])]);
+      return left.some((entry) => entry.id === id) ? undefined : true;
+    });
     const after = ((await admin.listSandboxes()) as unknown as { id: string; node?: string }[]).filter(
       (s) => s.id === id,
     );

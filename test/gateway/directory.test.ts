@@ -70,6 +70,15 @@ describe("gateway directory", () => {
     // A sandbox found live again (a durable resume) leaves the lost list.
     d.upsert("node-1", 1, ref("sb-000000000002"));
     assert.equal(d.lookup("sb-000000000002")?.node, "node-1");
+    // Also from an adopter whose own epoch is below the one the sandbox had on its old node, before that node
+    // is marked lost: epochs are per node (the cluster suite's durable case hung on this in 2 runs of 3).
+    d.applyState("node-2", 3, [ref("sb-000000000003")], []);
+    d.upsert("node-1", 0, { ...ref("sb-000000000003"), status: "paused" });
+    assert.equal(d.lookup("sb-000000000003")?.node, "node-1");
+    // The same node under an older epoch does not overwrite it.
+    d.upsert("node-1", 1, ref("sb-000000000004"));
+    d.upsert("node-1", 0, { ...ref("sb-000000000004"), status: "paused" });
+    assert.equal(d.lookup("sb-000000000004")?.status, "running");
     d.upsertSnapshot("node-1", 1, { tag: "br", owner: null, digest: "sha256:bb" });
     d.learnSnapshot("node-1", 1, { tag: "br", owner: null, digest: null });
     assert.equal(d.snapshotPlaces("br")[0]?.digest, "sha256:bb");

@@ -257,4 +257,54 @@ describe("gateway routing", () => {
     const health = await request(h.gateway.url, { path: "/healthz" });
     assert.equal(health.status, 200);
   });
+  it("a durable pause the node could not make durable: 503 (registry down) or 507 (its list full), paused but not durably", async () => {
+    const node = h.nodes[1];
+    assert.ok(node);
+    const pause = () =>
+      request(h.gateway.url, {
+        method: "POST",
+        path: `/v1/sandboxes/${ON_NODE_1}/pause`,
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}`, "content-type": "application/json" },
+        body: JSON.stringify({ durable: true }),
+      });
+    try {
+      // What a node answers when its push finds the registry down (registry-errors.ts).
+      node.durableAnswer = {
+        status: 503,
+        body: {
+          error:
+            "the registry 10.0.0.9:5000 is unavailable (connection refused); work on this node's own snapshots goes on",
+          code: "unavailable",
+          detail: { registry: "10.0.0.9:5000" },
+        },
+      };
+      const down = await pause();
+      assert.equal(down.status, 503);
+      const body = down.json as { error: string; code: string; detail: Record<string, unknown> };
+      assert.equal(body.code, "unavailable");
+      assert.deepEqual(body.detail, { paused: true, durable: false });
+      assert.match(
+        body.error,
+        new RegExp(
+          `sandbox ${ON_NODE_1} is paused on node node-1, but not durably: .*10\\.0\\.0\\.9:5000 is unavailable`,
+        ),
+      );
+      assert.equal(
+        node.calls("POST", `/v1/sandboxes/${ON_NODE_1}/pause`).length,
+        1,
+        "the pause itself was relayed",
+      );
+      node.durableAnswer = {
+        status: 507,
+        body: { error: "this node lists 32 durable pauses, the most it may", code: "insufficient_storage" },
+      };
+      const full = await pause();
+      assert.equal(full.status, 507);
+      const fullBody = full.json as { code: string; detail: Record<string, unknown> };
+      assert.equal(fullBody.code, "insufficient_storage");
+      assert.deepEqual(fullBody.detail, { paused: true, durable: false });
+    } finally {
+      node.durableAnswer = undefined;
+    }
+  });
 });

@@ -9,14 +9,16 @@
  * `stop()` ends both processes (the ones this helper started, by pid) and removes the directory; a test
  * process that exits without calling it still kills them on its way out.
  */
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { once } from "node:events";
 import { createWriteStream } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { CoreV1Api, type KubeConfig } from "@kubernetes/client-node";
+import { promisify } from "node:util";
+import { ApiextensionsV1Api, CoreV1Api, type KubeConfig } from "@kubernetes/client-node";
+import { FORKD_API_GROUP, FORKD_KINDS } from "../../src/cluster/api-group.js";
 import {
   adminKubeConfig,
   apiServerArgs,
@@ -25,6 +27,8 @@ import {
   makeControlPlaneFiles,
   waitApiServerReady,
 } from "../../src/local-cluster/control-plane.js";
+import { CHART_DIR } from "./deploy-files.js";
+import { waitFor } from "./host.js";
 import { type KubeTools, kubeTools } from "./kube-tools.js";
 
 export interface KubeTestCluster {
@@ -190,4 +194,30 @@ async function stopProcess({ child }: Started): Promise<void> {
 async function logTail(started: Started): Promise<string> {
   const text = await readFile(started.log, "utf8").catch(() => "");
   return text.trim().split("\n").slice(-20).join("\n");
+}
+
+/**
+ * Applies the chart's CRDs (server-side, as an operator would) and waits until each is Established; a fresh
+ * CRD's storage can still answer 429 "(re)initializing" for a moment after that (readers retry).
+ */
+export async function applyForkdCrds(cluster: KubeTestCluster): Promise<void> {
+  await promisify(execFile)(cluster.tools.kubectl, [
+    "--kubeconfig",
+    cluster.kubeconfigPath,
+    "apply",
+    "--server-side",
+    "-f",
+    path.join(CHART_DIR, "crds"),
+  ]);
+  const extensions = cluster.admin.makeApiClient(ApiextensionsV1Api);
+  for (const kind of FORKD_KINDS) {
+    await waitFor(`${kind.plural} established`, 30_000, async () => {
+      const crd = await extensions.readCustomResourceDefinition({
+        name: `${kind.plural}.${FORKD_API_GROUP}`,
+      });
+      return crd.status?.conditions?.some((c) => c.type === "Established" && c.status === "True")
+        ? true
+        : undefined;
+    });
+  }
 }

@@ -1,6 +1,7 @@
 /**
  * A real OCI registry for tests: Debian's docker-registry on a loopback port of its own (plain HTTP, which skopeo
- * and forkd allow on loopback only), its own storage, every request logged as JSON.
+ * and forkd allow on loopback only), its own storage, deletes enabled (as forkd's durable pauses need), every
+ * request logged as JSON.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import fs from "node:fs/promises";
@@ -38,6 +39,8 @@ log:
 storage:
   filesystem:
     rootdirectory: ${path.join(this.dir, "data")}
+  delete:
+    enabled: true
 http:
   addr: 127.0.0.1:${this.port}
 `;
@@ -72,6 +75,18 @@ http:
       }
     }
     return out;
+  }
+
+  /** The HTTP status of a manifest by tag or digest (200 there, 404 gone), asked with the distribution API. */
+  async manifestStatus(repository: string, reference: string): Promise<number> {
+    const answer = await fetch(`http://127.0.0.1:${this.port}/v2/${repository}/manifests/${reference}`, {
+      method: "HEAD",
+      headers: {
+        accept:
+          "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+      },
+    });
+    return answer.status;
   }
 
   /** Blobs the registry stores (its filesystem driver keeps one data file per blob). */

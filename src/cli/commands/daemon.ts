@@ -31,6 +31,7 @@ import { openServices, SandboxManager } from "../../controller/sandboxes/manager
 import { parseWarmPoolTarget, type WarmPoolTarget } from "../../controller/sandboxes/warm-pool.js";
 import { MAX_BRANCH_CONCURRENCY, MAX_CONCURRENT_BRANCHES } from "../../controller/snapshots/branch.js";
 import { limitTenants } from "../../controller/tenancy/tenant-view.js";
+import { registryTlsVerify, skopeoDelete } from "../../image/index.js";
 import { confinementMode } from "../../isolation/confinement.js";
 import { checkNamespace, checkObjectName } from "../../kube/config.js";
 import {
@@ -90,6 +91,7 @@ interface DaemonOptions {
   clusterUrl?: string;
   clusterRegistry?: string;
   clusterRegistryInsecure?: boolean;
+  clusterPreviousTokenFile?: string;
   kubeconfig?: string;
 }
 
@@ -350,6 +352,10 @@ function clusterOptions(command: Command): void {
       "plain HTTP or unverified TLS to the cluster registry when it is not on loopback",
     )
     .option(
+      "--cluster-previous-token-file <file>",
+      "the node token(s) before a rotation: tried after the node token to unseal durable pauses sealed under them (read at each adoption; absent: none)",
+    )
+    .option(
       "--kubeconfig <file>",
       "Kubernetes client configuration (default: KUBECONFIG, then the pod's ServiceAccount)",
     );
@@ -432,6 +438,11 @@ async function clusterNodeOf(
     tokens: await loadTokenFile(opts.tokenFile),
     registry: checkRegistryHost(opts.clusterRegistry),
     registryInsecure: opts.clusterRegistryInsecure === true,
+    previousTokenFile: opts.clusterPreviousTokenFile,
+    deleteArtifact: (reference) =>
+      skopeoDelete(`docker://${reference}`, {
+        tlsVerify: registryTlsVerify(reference, opts.clusterRegistryInsecure === true),
+      }),
     limits: {
       maxSandboxes: opts.maxSandboxes ?? DEFAULT_ADMISSION_LIMITS.maxSandboxes,
       reserveMiB: opts.memoryReserveMib ?? DEFAULT_ADMISSION_LIMITS.reserveMiB,
