@@ -269,14 +269,11 @@ describe("gateway routing", () => {
       });
     try {
       // What a node answers when its push finds the registry down (registry-errors.ts).
-      node.durableAnswer = {
+      node.durableRefusal = {
         status: 503,
-        body: {
-          error:
-            "the registry 10.0.0.9:5000 is unavailable (connection refused); work on this node's own snapshots goes on",
-          code: "unavailable",
-          detail: { registry: "10.0.0.9:5000" },
-        },
+        error:
+          "the registry 10.0.0.9:5000 is unavailable (connection refused); work on this node's own snapshots goes on",
+        code: "unavailable",
       };
       const down = await pause();
       assert.equal(down.status, 503);
@@ -294,9 +291,13 @@ describe("gateway routing", () => {
         1,
         "the pause itself was relayed",
       );
-      node.durableAnswer = {
+      const paused = node.sandboxes.get(ON_NODE_1);
+      assert.equal(paused?.status, "paused");
+      paused.status = "running"; // so that the stand-in pauses it again (a paused sandbox answers 409)
+      node.durableRefusal = {
         status: 507,
-        body: { error: "this node lists 32 durable pauses, the most it may", code: "insufficient_storage" },
+        error: "this node lists 32 durable pauses, the most it may",
+        code: "insufficient_storage",
       };
       const full = await pause();
       assert.equal(full.status, 507);
@@ -304,7 +305,9 @@ describe("gateway routing", () => {
       assert.equal(fullBody.code, "insufficient_storage");
       assert.deepEqual(fullBody.detail, { paused: true, durable: false });
     } finally {
-      node.durableAnswer = undefined;
+      node.durableRefusal = undefined;
+      const ref = node.sandboxes.get(ON_NODE_1);
+      if (ref) ref.status = "running";
     }
   });
 });

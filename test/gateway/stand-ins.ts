@@ -46,8 +46,6 @@ export class StandInNode {
   freeSandboxes = 10;
   /** >0: its answer to a sandbox list declares this many bytes (a node answering more than the gateway reads). */
   oversizedAnswer = 0;
-  /** What it answers a durable pause with (NODE_ROUTES.durablePauses), as a node that could not make it does. */
-  durableAnswer: { status: number; body: unknown } | undefined;
   /** Its ForkdNode's spec.epoch (the controller raises it to fence the node); it runs under 1. */
   specEpoch = 1;
   /** The epoch it runs under (its stream's and its ForkdNode's status.observedEpoch). */
@@ -149,10 +147,6 @@ export class StandInNode {
       const pull = JSON.parse(body) as { tag: string; digest: string };
       this.snapshots.set(pull.tag, { tag: pull.tag, owner: null, digest: pull.digest });
       answer(res, 200, { tag: pull.tag, digest: pull.digest, installed: [], pulled: true, ms: 1 });
-      return;
-    }
-    if (req.method === "POST" && path.startsWith(`${NODE_ROUTES.durablePauses}/`) && this.durableAnswer) {
-      answer(res, this.durableAnswer.status, this.durableAnswer.body);
       return;
     }
     // Anything else: what the relay delivered, for the test to read (a guest's own Server-Timing on ?timing).
