@@ -188,7 +188,9 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     tokenOf(sbx).envdAccessToken = tokenOf(other).envdAccessToken;
     try {
       await assert.rejects(sbx.commands.list(), AuthenticationError);
-      const code = await sbx.runCode("1").catch((e: unknown) => e);
+      // A short request timeout: the SDK leaves its timer running when the request is refused (its runCode clears
+      // it only on success), and the default 60 s one kept this file's process alive a minute after its tests.
+      const code = await sbx.runCode("1", { requestTimeoutMs: 2_000 }).catch((e: unknown) => e);
       assert.ok(code instanceof SandboxError && /401/.test(code.message), `runCode: ${code}`);
     } finally {
       tokenOf(sbx).envdAccessToken = `envd-${sbx.sandboxId}`;
@@ -206,7 +208,7 @@ describe("E2B API: bad input, through the SDK's error classes", () => {
     assert.equal(await doomed.isRunning(), false);
     await assert.rejects(doomed.files.read("/etc/passwd"), TimeoutError);
     await assert.rejects(doomed.commands.run("true"), SandboxNotFoundError);
-    const code = await doomed.runCode("1").catch((e: unknown) => e);
+    const code = await doomed.runCode("1", { requestTimeoutMs: 2_000 }).catch((e: unknown) => e);
     assert.ok(code instanceof TimeoutError, `runCode on a gone sandbox: ${code}`);
   });
 
