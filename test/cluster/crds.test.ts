@@ -5,10 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { promisify } from "node:util";
-import { ApiException, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi } from "@kubernetes/client-node";
+import { ApiException, CoreV1Api, CustomObjectsApi } from "@kubernetes/client-node";
 import {
   FORKD_API,
   FORKD_API_GROUP,
@@ -20,9 +19,7 @@ import {
   type KindNames,
 } from "../../src/cluster/api-group.js";
 import type { ForkdNode, ForkdSnapshot, ForkdWarmPool } from "../../src/cluster/schemas.js";
-import { CHART_DIR } from "../support/deploy-files.js";
-import { waitFor } from "../support/host.js";
-import { type KubeTestCluster, startKubeCluster } from "../support/kube-cluster.js";
+import { applyForkdCrds, type KubeTestCluster, startKubeCluster } from "../support/kube-cluster.js";
 
 const NAMESPACE = "crds";
 const DIGEST = `sha256:${"a".repeat(64)}`;
@@ -80,27 +77,7 @@ describe("forkd CRDs on the API server", () => {
     await cluster.admin.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name: NAMESPACE } } });
     // As users apply them (kubectl): the typed client would send them through its model classes, which
     // know `default` and `x-kubernetes-validations` by other names and drop them.
-    await promisify(execFile)(cluster.tools.kubectl, [
-      ...[
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "apply",
-        "--server-side",
-        "-f",
-        path.join(CHART_DIR, "crds"),
-      ],
-    ]);
-    const extensions = cluster.admin.makeApiClient(ApiextensionsV1Api);
-    for (const kind of FORKD_KINDS) {
-      await waitFor(`${kind.plural} to be established`, 30_000, async () => {
-        const crd = await extensions.readCustomResourceDefinition({
-          name: `${kind.plural}.${FORKD_API_GROUP}`,
-        });
-        return crd.status?.conditions?.some((c) => c.type === "Established" && c.status === "True")
-          ? true
-          : undefined;
-      });
-    }
+    await applyForkdCrds(cluster);
   });
   after(async () => {
     await cluster?.stop();
