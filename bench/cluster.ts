@@ -29,14 +29,17 @@ import {
 import { signalRecorded } from "../src/local-cluster/processes.js";
 import { Controller } from "../src/sdk/index.js";
 import { envNumber } from "./lib/env.js";
+import { mean, median, medianInterval, signs, stdev } from "./lib/paired.js";
 import { hostDescription, markdownTable, printRows, type Row, writeResults } from "./lib/report.js";
 
 const run = promisify(execFile);
-const ROUNDS = envNumber("BENCH_ROUNDS", 10);
+const ROUNDS = envNumber("BENCH_ROUNDS", 40);
 const RECORD_ROUNDS = 100;
 const SCRIPT = path.join(packageRoot(), "scripts", "local-cluster.sh");
 const seedHome = process.env.BENCH_SEED_HOME;
 
+const loadAtStart = os.loadavg();
+const startedAt = new Date().toISOString();
 const dir = await mkdtemp(path.join(os.tmpdir(), "forkd-bench-cluster-"));
 const clusterDir = path.join(dir, "cluster");
 const upStarted = performance.now();
@@ -156,6 +159,66 @@ async function forkThroughGateway(id: string, count: number): Promise<ForkTimed>
 /** Waits until the nodes' statuses (written at most every 3 s) show what changed. */
 const statusSettles = () => new Promise((r) => setTimeout(r, 4_000));
 
+type PathName = "gateway" | "direct";
+
+/**
+ * `rounds` rounds, each a create + first exec directly and one through the gateway back to back on node-0 (the
+ * only node that takes spawns then), in ABBA order (gateway first in even rounds): each round's pair boots the
+ * same snapshot on the same host state, and its difference is what the pairing measures. Both sandboxes are
+ * killed within the round, so the node's 2 sandboxes are never the limit.
+ */
+async function pairedRounds(rounds: number) {
+  const times = { gateway: [] as number[], direct: [] as number[] };
+  const createTimes = { gateway: [] as number[], direct: [] as number[] };
+  const gatewayOwn = { create: [] as number[], exec: [] as number[] };
+  const order: PathName[] = [];
+  let wrong = 0;
+  for (let i = 0; i < rounds; i++) {
+    const first: PathName = i % 2 === 0 ? "gateway" : "direct";
+    order.push(first);
+    for (const name of (first === "gateway" ? ["gateway", "direct"] : ["direct", "gateway"]) as PathName[]) {
+      const r = await createAndExec(name === "gateway" ? gateway : direct);
+      times[name].push(r.ms);
+      createTimes[name].push(r.createMs);
+      if (r.gatewayCreateMs !== undefined) gatewayOwn.create.push(r.gatewayCreateMs);
+      if (r.gatewayExecMs !== undefined) gatewayOwn.exec.push(r.gatewayExecMs);
+      if (!r.ok) wrong++;
+    }
+  }
+  return { times, createTimes, gatewayOwn, wrong, order };
+}
+
+/** The per-round differences (gateway - direct) and what they say, over all rounds and by which went first. */
+function pairedSummary(times: Record<PathName, number[]>, order: PathName[]) {
+  const diffs = times.gateway.map((g, i) => g - (times.direct[i] as number));
+  const directMedian = median(times.direct);
+  const interval = medianInterval(diffs);
+  const byFirst = (first: PathName) => median(diffs.filter((_, i) => order[i] === first));
+  return {
+    diffs,
+    medianDiff: median(diffs),
+    medianRatio: median(diffs) / directMedian,
+    interval,
+    intervalRatio: interval && { low: interval.low / directMedian, high: interval.high / directMedian },
+    meanDiff: mean(diffs),
+    sdDiff: stdev(diffs),
+    signs: signs(diffs),
+    medianDiffGatewayFirst: byFirst("gateway"),
+    medianDiffDirectFirst: byFirst("direct"),
+    directMedian,
+  };
+}
+
+/** The < 10 % target by the paired median, and whether its interval's upper end is under 10 % too. */
+function targetVerdict(p: ReturnType<typeof pairedSummary>): string {
+  const byMedian = p.medianRatio < 0.1 ? "met by the paired median" : "not met by the paired median";
+  if (!p.intervalRatio) return `${byMedian} (too few rounds for an interval)`;
+  return `${byMedian}; the interval's upper end is ${p.intervalRatio.high < 0.1 ? "under" : "not under"} 10 %`;
+}
+
+const pct = (v: number) => `${v >= 0 ? "+" : ""}${(v * 100).toFixed(1)} %`;
+const signed = (v: number) => `${v >= 0 ? "+" : ""}${Math.round(v)} ms`;
+
 const p50 = (v: number[]) => percentile(v, 50);
 const p99 = (v: number[]) => percentile(v, 99);
 const fmt = (v: number) => `${Math.round(v)} ms`;
@@ -165,30 +228,12 @@ try {
   // Only node-0 takes spawns through the gateway, so both paths reach the same node.
   await objects.nodes.patchSpec(node1.name, { unschedulable: true });
   await new Promise((r) => setTimeout(r, 3_000));
-  // The first spawn on a node pays one-time costs (its network, page cache): not counted.
+  // The first spawn on a node pays one-time costs (its network, page cache), and the gateway's first relay its
+  // connection to the node: one of each, not counted.
   await createAndExec(direct);
-  const times = { gateway: [] as number[], direct: [] as number[] };
-  const createTimes = { gateway: [] as number[], direct: [] as number[] };
-  const gatewayOwn = { create: [] as number[], exec: [] as number[] };
-  let wrong = 0;
-  for (let i = 0; i < ROUNDS; i++) {
-    for (const [name, c] of (i % 2 === 0
-      ? [
-          ["gateway", gateway],
-          ["direct", direct],
-        ]
-      : [
-          ["direct", direct],
-          ["gateway", gateway],
-        ]) as [keyof typeof times, Controller][]) {
-      const r = await createAndExec(c);
-      times[name].push(r.ms);
-      createTimes[name].push(r.createMs);
-      if (r.gatewayCreateMs !== undefined) gatewayOwn.create.push(r.gatewayCreateMs);
-      if (r.gatewayExecMs !== undefined) gatewayOwn.exec.push(r.gatewayExecMs);
-      if (!r.ok) wrong++;
-    }
-  }
+  await createAndExec(gateway);
+  const { times, createTimes, gatewayOwn, wrong, order } = await pairedRounds(ROUNDS);
+  const paired = pairedSummary(times, order);
   const overhead = (p50(times.gateway) - p50(times.direct)) / p50(times.direct);
   const [recorded] = await direct.spawnSandboxes({ snapshotTag: "pyagent" });
   const records = await recordCalls(recorded?.id as string, RECORD_ROUNDS);
@@ -265,16 +310,28 @@ try {
   // Back, so down stops it (it is fenced and kills the sandbox it no longer owns).
   await startNode(state, node1);
 
+  const loadAtEnd = os.loadavg();
   const rows: Row[] = [
     {
-      metric: `create + first exec p50 / p99, ${ROUNDS} each, alternating: node directly`,
-      value: `${fmt(p50(times.direct))} / ${fmt(p99(times.direct))}`,
+      metric: `create + first exec p50 / p99 / mean, ${ROUNDS} paired rounds (ABBA): node directly`,
+      value: `${fmt(p50(times.direct))} / ${fmt(p99(times.direct))} / ${fmt(mean(times.direct))}`,
+      note: `sd ${fmt(stdev(times.direct))}`,
     },
     {
-      metric: "  through the gateway (Service stand-in, 1 replica)",
-      value: `${fmt(p50(times.gateway))} / ${fmt(p99(times.gateway))}`,
-      target: "< 10 % over direct",
-      note: `p50 ${(overhead * 100).toFixed(1)} %${wrong ? `; ${wrong} wrong answers` : ""}`,
+      metric: "  through the gateway (Service stand-in, 1 replica), same node",
+      value: `${fmt(p50(times.gateway))} / ${fmt(p99(times.gateway))} / ${fmt(mean(times.gateway))}`,
+      note: `sd ${fmt(stdev(times.gateway))}; p50s ${pct(overhead)}, means ${pct(mean(times.gateway) / mean(times.direct) - 1)}${wrong ? `; ${wrong} wrong answers` : ""}`,
+    },
+    {
+      metric: "  paired: median of the rounds' (gateway - direct), its 95 % interval (sign test)",
+      value: `${signed(paired.medianDiff)} [${paired.interval ? `${signed(paired.interval.low)}, ${signed(paired.interval.high)}` : "n too small"}]`,
+      target: "< 10 % of direct's median",
+      note: `${pct(paired.medianRatio)} of direct's median ${fmt(paired.directMedian)}${paired.intervalRatio ? ` [${pct(paired.intervalRatio.low)}, ${pct(paired.intervalRatio.high)}], coverage ${((paired.interval?.coverage ?? 0) * 100).toFixed(1)} %` : ""}; ${targetVerdict(paired)}`,
+    },
+    {
+      metric: "  paired: mean difference ± sd; rounds the gateway was slower / faster",
+      value: `${signed(paired.meanDiff)} ± ${fmt(paired.sdDiff)}`,
+      note: `${paired.signs.above} / ${paired.signs.below}; median difference with the gateway first ${signed(paired.medianDiffGatewayFirst)}, with direct first ${signed(paired.medianDiffDirectFirst)}`,
     },
     {
       metric: "  of which the create alone, node directly / through the gateway (p50)",
@@ -316,6 +373,11 @@ try {
       note: `Lease 15 s; slowest call meanwhile ${fmt(slowestCallMs)}`,
     },
     { metric: "local-cluster.sh up --nodes 2 --gateways 1", value: `${(upMs / 1000).toFixed(0)} s` },
+    {
+      metric: "load average (1 / 5 / 15 min) at the start / at the end",
+      value: `${loadAtStart.map((l) => l.toFixed(1)).join(" / ")}; ${loadAtEnd.map((l) => l.toFixed(1)).join(" / ")}`,
+      note: "2 shared cores: other sessions' tests ran meanwhile",
+    },
   ];
   printRows(`bench/cluster on ${hostDescription()}`, rows);
   await writeResults(
@@ -324,8 +386,13 @@ try {
       host: hostDescription(),
       tag: "pyagent",
       rounds: ROUNDS,
+      load_average: { start: loadAtStart, end: loadAtEnd },
+      started: startedAt,
+      ended: new Date().toISOString(),
       measured: {
         times,
+        order,
+        paired,
         createTimes,
         gatewayOwn,
         records,
@@ -340,7 +407,7 @@ try {
         wrong,
       },
     },
-    `# bench/cluster\n\n${hostDescription()}, 2 nodes and 1 gateway on one machine (scripts/local-cluster.sh), ${new Date().toISOString().slice(0, 10)}\n\n${markdownTable(rows)}`,
+    `# bench/cluster\n\n${hostDescription()}, 2 nodes and 1 gateway on one machine (scripts/local-cluster.sh), ${startedAt.slice(0, 16)} to ${new Date().toISOString().slice(11, 16)} UTC\n\n${markdownTable(rows)}`,
     // The nodes' snapshot came from the seed home (through the registry): its manifest names the machine.
     seedHome ?? path.join(clusterDir, "seed"),
   );
