@@ -269,14 +269,23 @@ describe("warm pool with sandbox networks (real VMs, netns mode)", {
       env: { ...process.env, FORKD_HOME: home.home },
       stdio: ["ignore", "pipe", "inherit"],
     });
-    const exited = new Promise((r) => child.once("exit", r));
+    let exitedWith: string | undefined;
+    const exited = new Promise((r) =>
+      child.once("exit", (code, signal) => {
+        exitedWith = `code ${code}, signal ${signal}`;
+        r(undefined);
+      }),
+    );
     let out = "";
     child.stdout.on("data", (chunk: Buffer) => {
       out += chunk.toString();
     });
-    await waitFor("a full pool in the helper", 300_000, async () =>
-      out.includes("full") ? true : undefined,
-    );
+    // A helper that dies before its pool is full (its daemon refused to open) fails the case at once.
+    await waitFor("a full pool in the helper", 300_000, async () => {
+      if (out.includes("full")) return true;
+      if (exitedWith) throw new Error(`the helper exited before its pool was full (${exitedWith})`);
+      return undefined;
+    });
     const db = new StateDb(path.join(home.home, "state.db"));
     const recorded = db.networks().map((r) => r.sandbox_id);
     db.close();
