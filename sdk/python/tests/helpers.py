@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import socketserver
 import tempfile
@@ -116,6 +117,9 @@ class StubDaemon:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        # The unix stub's directory and socket (one was left in /tmp per run).
+        if getattr(self, "_dir", None):
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def json_answer(status: int, value: Any, headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
