@@ -133,6 +133,13 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
   let previousFile: string;
 
   const repository = (sandbox: string) => `forkd/paused/${sandbox}`;
+  /** One round of the controller's hand-over, node-b the only live node. */
+  const handOverRound = async () => {
+    const nodes = (await objects.nodes.list()) as ForkdNode[];
+    await new HandOver(objects, pino({ level: "silent" })).round(
+      nodes.map((node) => ({ node, live: node.metadata.name === "node-b" })),
+    );
+  };
 
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), "forkd-durable-registry-"));
@@ -234,12 +241,7 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
     const made = await a.durable.push(a.services, id, 0, a.publish);
     // node-a is lost and fenced; the controller hands its entry to node-b.
     await objects.nodes.patchSpec("node-a", { epoch: 1 });
-    const read = async () =>
-      ((await objects.nodes.list()) as ForkdNode[]).map((n) => ({
-        node: n,
-        live: n.metadata.name === "node-b",
-      }));
-    await new HandOver(objects, pino({ level: "silent" })).round(await read());
+    await handOverRound();
     const adopter = await b.node();
     assert.deepEqual(adopter.spec.adoptions, [{ id, fromNode: "node-a", fromEpoch: 0 }]);
     // Sealed under node-b's previous token: its own does not open it, the previous token file does.
@@ -268,7 +270,7 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
     );
     assert.deepEqual(a.durable.listed(fencedA, 1, new Set(), false, await released()), []);
     // Reported done and marked handed over: the controller prunes the adoption.
-    await new HandOver(objects, pino({ level: "silent" })).round(await read());
+    await handOverRound();
     assert.deepEqual((await b.node()).spec.adoptions, []);
     assert.equal(await registry.manifestStatus(repository(id), made.digest), 200, "kept while paused there");
 
@@ -298,12 +300,7 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
       observedEpoch: 0,
       durablePauses: [{ ...entry, id: other, record: flipped }],
     });
-    const read = async () =>
-      ((await objects.nodes.list()) as ForkdNode[]).map((n) => ({
-        node: n,
-        live: n.metadata.name === "node-b",
-      }));
-    await new HandOver(objects, pino({ level: "silent" })).round(await read());
+    await handOverRound();
     const adopter = await b.node();
     assert.deepEqual(adopter.spec.adoptions, [{ id: other, fromNode: "node-c", fromEpoch: 0 }]);
     b.durable.adoptListed(b.services, adopter);
@@ -320,7 +317,7 @@ describe("a node's durable pauses", { skip: !isRoot && "needs root", timeout: 15
     );
     await b.publish();
     for (let round = 0; round < 3; round++) {
-      await new HandOver(objects, pino({ level: "silent" })).round(await read());
+      await handOverRound();
     }
     const nodes = (await objects.nodes.list()) as ForkdNode[];
     assert.deepEqual(
