@@ -58,6 +58,14 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
   let dir: string;
   let seed: string;
   let state: ClusterState;
+  /** kill -9 of a node daemon (the process local-cluster recorded for it): its entry, and when it was sent. */
+  const killNodeDaemon = async (name: string) => {
+    const victim = state.nodes.find((n) => n.name === name);
+    assert.ok(victim?.process, `node ${name} has a recorded process`);
+    const killedAt = Date.now();
+    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    return { victim, killedAt };
+  };
   let admin: Controller;
   let kube: KubeConfig;
   const env: Record<string, string> = {};
@@ -512,10 +520,7 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     const kids = await spawn(admin, "pyagent", 2);
     const victimName = kids[0]?.node as string;
     const onVictim = kids.filter((k) => k.node === victimName);
-    const victim = state.nodes.find((n) => n.name === victimName);
-    assert.ok(victim?.process);
-    const killedAt = Date.now();
-    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    const { victim, killedAt } = await killNodeDaemon(victimName);
     let slowest = 0;
     const detected = await waitFor("the gateway to call the node's sandboxes lost", 60_000, async () => {
       const t = Date.now();
@@ -572,10 +577,7 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
     const listedOn = async (name: string) =>
       ((await objects.nodes.get(name)).status?.durablePauses ?? []).map((p) => p.id);
     assert.deepEqual(await listedOn(from), [id]);
-    const victim = state.nodes.find((n) => n.name === from);
-    assert.ok(victim?.process);
-    const killedAt = Date.now();
-    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    const { victim, killedAt } = await killNodeDaemon(from);
     const seen = new Set<string>();
     const resumed = await waitFor(
       "the resume through the gateway to succeed elsewhere",
@@ -663,10 +665,7 @@ describe("a forkd cluster through its gateway", { skip: !root && "needs root", t
       (p) => p.id,
     );
     assert.ok(listed.includes(id), `node ${from} lists the durable pause: ${listed.join(",")}`);
-    const victim = state.nodes.find((n) => n.name === from);
-    assert.ok(victim?.process);
-    const killedAt = Date.now();
-    assert.ok(await signalRecorded(victim.process, "SIGKILL"));
+    const { victim, killedAt } = await killNodeDaemon(from);
     const seen = new Set<string>();
     const connected = await waitFor(
       "E2B's connect through the gateway to resume it elsewhere",
