@@ -7,8 +7,9 @@
  * reference is by digest (`host/forkd/paused/<id>@sha256:...`), made by this node from its own registry
  * setting, the sandbox id and a digest its seal verified: never a reference read from another node.
  */
-import { readFile, rename, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import type { Logger } from "pino";
+import { replaceFile } from "../common/durable-fs.js";
 import { errorMessage } from "../common/errors.js";
 
 /** How often deletes that failed are tried again. */
@@ -110,8 +111,7 @@ export class ArtifactDeletes {
     const text = JSON.stringify(this.state);
     this.saving = this.saving.then(async () => {
       try {
-        await writeFile(`${this.file}.tmp`, text, { mode: 0o600 });
-        await rename(`${this.file}.tmp`, this.file);
+        await replaceFile(this.file, text);
       } catch (err) {
         this.logger.warn({ err: errorMessage(err) }, "could not save the registry deletes to do");
       }

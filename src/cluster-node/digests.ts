@@ -4,8 +4,9 @@
  * of the node's home, replaced atomically. A record names the snapshot's creation time as well: a tag deleted
  * and made again is not taken for the snapshot that was pulled.
  */
-import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
+import { mkdir, readFile } from "node:fs/promises";
 import path from "node:path";
+import { replaceFile } from "../common/durable-fs.js";
 
 export interface DigestRecord {
   digest: string;
@@ -70,9 +71,7 @@ export class HeldDigests {
   private save(): Promise<void> {
     const text = `${JSON.stringify(Object.fromEntries(this.records), null, 1)}\n`;
     this.writing = this.writing.then(async () => {
-      const tmp = `${this.file}.tmp`;
-      await writeFile(tmp, text, { mode: 0o600 });
-      await rename(tmp, this.file);
+      await replaceFile(this.file, text);
     });
     return this.writing;
   }

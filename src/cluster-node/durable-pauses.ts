@@ -8,11 +8,12 @@
  * adoptions it is done with are listed in its status (status.adopted) for the controller to remove; the pushed
  * artifacts that can no longer be used are deleted from the registry (artifact-deletes.ts).
  */
-import { readFile, rename, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import type { Logger } from "pino";
 import { type DurableRecord, RecordError, sealRecord, unsealRecord } from "../cluster/durable-record.js";
 import type { DurablePauseAnswer } from "../cluster/protocol.js";
 import { CLUSTER_LIMITS, type DurablePause, type ForkdNode, type HandedOver } from "../cluster/schemas.js";
+import { replaceFile } from "../common/durable-fs.js";
 import { errorMessage, ForkdError } from "../common/errors.js";
 import { IMAGE_REFERENCE } from "../common/names.js";
 import type { Services } from "../controller/tenancy/tenant-view.js";
@@ -88,8 +89,7 @@ export class DurablePauses {
 
   private async markDone(key: string): Promise<void> {
     this.done = [...this.done.filter((k) => k !== key), key].slice(-MAX_DONE);
-    await writeFile(`${this.doneFile}.tmp`, JSON.stringify(this.done), { mode: 0o600 });
-    await rename(`${this.doneFile}.tmp`, this.doneFile);
+    await replaceFile(this.doneFile, JSON.stringify(this.done));
   }
 
   /** The entries this node listed before a restart (its ForkdNode's status). */

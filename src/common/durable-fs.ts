@@ -3,7 +3,7 @@
  * must already be on disk, and so must the rename.
  */
 import { constants as fsConstants } from "node:fs";
-import { open } from "node:fs/promises";
+import { open, rename, writeFile } from "node:fs/promises";
 
 /** fsync of a file or a directory (a directory's fsync makes the renames and creations inside it durable). */
 export async function fsyncPath(file: string): Promise<void> {
@@ -24,4 +24,14 @@ export async function writeDurably(file: string, data: string | Buffer): Promise
   } finally {
     await handle.close();
   }
+}
+
+/**
+ * Replaces a small state file whole: written beside it (`<file>.tmp`), then renamed over it, so a reader or a
+ * crash sees the old content or the new, never part of it. Callers serialize their own writes to one file.
+ */
+export async function replaceFile(file: string, data: string, mode = 0o600): Promise<void> {
+  const tmp = `${file}.tmp`;
+  await writeFile(tmp, data, { mode });
+  await rename(tmp, file);
 }
